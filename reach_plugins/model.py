@@ -1,0 +1,421 @@
+"""The records every part shares: who offers what, where it runs, what is asked, what came back.
+
+Field names listed in DESIGN.md section 3 are a contract: other processes and
+outside checks read them. Config-facing models refuse unknown keys so a typo
+in a YAML file fails loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from reach_plugins.units import Duration, Ratio
+
+NAME_PATTERN = r"^[a-z][a-z0-9_.\-]*$"
+"""Capability and agent names: lowercase letters, digits, ``_``, ``-`` and ``.``.
+
+Semantic ``verb_object`` names (``query_order``, ``extract_clause``) are what the
+docs recommend: the semantic matcher ranks on them.
+"""
+_NAME = re.compile(NAME_PATTERN)
+
+Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a"]
+DangerLevel = Literal["low", "medium", "high"]
+InstanceStatus = Literal["ready", "draining", "down"]
+Priority = Literal["online", "batch"]
+Mode = Literal["request", "broadcast", "callback"]
+ErrorType = Literal[
+    "business",
+    "transient",
+    "timeout",
+    "rejected",
+    "backpressure",
+    "invalid_response",
+    "circuit_open",
+    "rate_limited",
+    "cancelled",
+]
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{what} {value!r} must be a lowercase identifier (letters, digits, '_', '-', '.'), "
+            "starting with a letter; verb_object names such as 'query_order' route best"
+        )
+    return value
+
+
+class Strict(BaseModel):
+    """Base for config-facing records: unknown keys are an error, never ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- policies
+
+
+class Timeouts(Strict):
+    """Three tiers: fail fast on connect, wait long for an answer, cut a silent stream."""
+
+    connect: Duration = 3.0
+    ttfbt: Duration | None = None
+    """Time to first byte of the answer (the seeds' ``ttfbt``); ``None`` means only ``response`` applies."""
+    response: Duration = 120.0
+    total: Duration | None = None
+    """Default whole-request budget when the caller gives no ``timeout_ms``."""
+    stream_idle: Duration = 15.0
+
+
+class RetryPolicy(Strict):
+    """Full-jitter exponential backoff: ``sleep = U(0, min(max_wait, base_wait * 2**n))``."""
+
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    strategy: Literal["full_jitter"] = "full_jitter"
+    base_wait: Duration = 0.2
+    max_wait: Duration = 3.0
+    budget_max_tokens: float = Field(default=10.0, gt=0)
+    """Retry budget size per target agent (gRPC retry throttling ``maxTokens``)."""
+    budget_token_ratio: float = Field(default=0.2, gt=0)
+    """Tokens a success gives back; a failure takes one. No retries below half full."""
+
+
+class RateLimit(Strict):
+    """Token bucket per agent with a bounded wait, then ``RateLimited``."""
+
+    qps: float = Field(gt=0)
+    burst: int | None = Field(default=None, ge=1)
+    max_wait: Duration = 3.0
+
+
+class CircuitBreakerConfig(Strict):
+    """Time-sliding window breaker per instance (defaults from the seeds: 60 s, 30 %, 30 s)."""
+
+    window: Duration = 60.0
+    buckets: int = Field(default=10, ge=1)
+    error_threshold: Ratio = 0.3
+    min_calls: int = Field(default=10, ge=1)
+    slow_call_duration: Duration | None = None
+    slow_call_threshold: Ratio = 1.0
+    open_wait: Duration = 30.0
+    half_open_probes: int = Field(default=3, ge=1)
+
+
+class PoolConfig(Strict):
+    """Connection pool per agent; 64 / 90 s is what the seeds settled on under load."""
+
+    max_conns: int = Field(default=64, ge=1)
+    idle_timeout: Duration = 90.0
+
+
+class Routing(Strict):
+    """Static routing preferences; ``priority`` 1 is tried before 2."""
+
+    weight: int = Field(default=100, ge=0)
+    priority: int = Field(default=1, ge=0)
+    cost: float = Field(default=0.0, ge=0)
+
+
+class HealthCheck(Strict):
+    """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``."""
+
+    path: str = "/healthz"
+    interval: Duration = 10.0
+    missed_heartbeats: int = Field(default=3, ge=1)
+
+
+class Idempotency(Strict):
+    """Agent-wide idempotency: key template and dedup window."""
+
+    key_from: str | None = None
+    window: Duration = 300.0
+
+
+class Auth(Strict):
+    """How to authenticate to an agent. Secrets are references (``*_env``), never literals."""
+
+    type: Literal["none", "header", "query", "bearer", "cert"] = "none"
+    key: str | None = None
+    """Header or query parameter name (``Authorization``, ``api_key``)."""
+    value_env: str | None = None
+    """Environment variable that holds the secret value."""
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_cert_env: str | None = None
+    client_key: str | None = None
+    """Path of the client key file (a path, not the key)."""
+    client_key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> Auth:
+        if self.type in ("header", "query") and not self.key:
+            raise ValueError(f"auth type {self.type!r} needs 'key' (the header or parameter name)")
+        if self.type in ("header", "query", "bearer") and not self.value_env:
+            raise ValueError(f"auth type {self.type!r} needs 'value_env' naming the variable holding the secret")
+        if self.type == "cert" and not (self.client_cert or self.client_cert_env):
+            raise ValueError("auth type 'cert' needs 'client_cert' (a file) or 'client_cert_env'")
+        return self
+
+
+# --------------------------------------------------------------------------- descriptors
+
+
+class Capability(Strict):
+    """One thing an agent can do, named ``verb_object``, with the schemas of its input and output."""
+
+    name: str
+    description: str = ""
+    params_schema: dict[str, Any] | None = None
+    return_schema: dict[str, Any] | None = None
+    scope_tags: list[str] = Field(default_factory=list)
+    danger_level: DangerLevel = "low"
+    require_approval: bool = False
+    idempotency_key: str | None = None
+    """Template such as ``${params.wo_number}``: the business key that makes a retry safe."""
+    retryable: bool = True
+    max_concurrency: int | None = Field(default=None, ge=1)
+    cost: float | None = Field(default=None, ge=0)
+    input_tokens_required: int | None = Field(default=None, ge=0)
+    retry: RetryPolicy | None = None
+    timeouts: Timeouts | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value, "capability name")
+
+    @property
+    def needs_approval(self) -> bool:
+        return self.require_approval or self.danger_level == "high"
+
+
+class Instance(Strict):
+    """A running copy of an agent. ``last_heartbeat`` ``None`` means static (not heartbeat-tracked)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agent: str
+    instance_id: str
+    endpoint: str
+    status: InstanceStatus = "ready"
+    load: float = Field(default=0.0, ge=0.0, le=1.0)
+    heartbeat_seq: int = 0
+    last_heartbeat: float | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentDescriptor(Strict):
+    """Everything the reach layer knows about one agent (DESIGN.md section 3)."""
+
+    name: str
+    version: str = ""
+    namespace: str = "default"
+    description: str = ""
+    protocol: Protocol = "reach"
+    endpoints: list[str] = Field(default_factory=list)
+    instances: list[Instance] = Field(default_factory=list)
+    capabilities: list[Capability] = Field(default_factory=list)
+    intents: list[str] = Field(default_factory=list)
+    auth: Auth = Field(default_factory=Auth)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    routing: Routing = Field(default_factory=Routing)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    rate_limit: RateLimit | None = None
+    circuit_breaker: CircuitBreakerConfig = Field(default_factory=CircuitBreakerConfig)
+    idempotency: Idempotency = Field(default_factory=Idempotency)
+    internal_only: bool = False
+    tenants: list[str] | None = None
+    """Tenants allowed to reach this agent; ``None`` means every tenant the tenant table allows."""
+    trust_level: Literal["L1", "L2", "L3"] = "L1"
+    health_check: HealthCheck = Field(default_factory=HealthCheck)
+    protocol_options: dict[str, Any] = Field(default_factory=dict)
+    """Adapter settings (request template, response mapping for ``raw-http``...)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value, "agent name")
+
+    @field_validator("capabilities", mode="before")
+    @classmethod
+    def _plain_names(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @model_validator(mode="after")
+    def _unique_capabilities(self) -> AgentDescriptor:
+        seen: set[str] = set()
+        for cap in self.capabilities:
+            if cap.name in seen:
+                raise ValueError(f"capability {cap.name!r} is listed twice")
+            seen.add(cap.name)
+        return self
+
+    def capability(self, name: str) -> Capability | None:
+        return next((cap for cap in self.capabilities if cap.name == name), None)
+
+    def static_instances(self) -> list[Instance]:
+        """Instances named by ``endpoints`` (ids ``{name}-0``, ``{name}-1``...) plus registered ones."""
+        listed = [
+            Instance(agent=self.name, instance_id=f"{self.name}-{i}", endpoint=url)
+            for i, url in enumerate(self.endpoints)
+        ]
+        return listed + list(self.instances)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class Hop(BaseModel):
+    """One step of a chain of reaches: which agent served which capability."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agent: str
+    capability: str
+
+    def __str__(self) -> str:
+        return f"{self.agent}/{self.capability}"
+
+    @classmethod
+    def parse(cls, text: str) -> Hop:
+        agent, _, capability = text.strip().partition("/")
+        if not agent or not capability:
+            raise ValueError(f"a hop is written 'agent/capability', got {text!r}")
+        return cls(agent=agent, capability=capability)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class ReachRequest(BaseModel):
+    """A request addressed to a capability, not to a URL."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str = Field(default_factory=new_request_id)
+    capability: str
+    action: str | None = None
+    payload: dict[str, Any] = Field(default_factory=dict)
+    session_id: str | None = None
+    tenant: str | None = None
+    intent: str | None = None
+    idempotency_key: str | None = None
+    deadline: float | None = None
+    """Absolute deadline, seconds since the epoch (it crosses processes)."""
+    timeout_ms: int | None = Field(default=None, gt=0)
+    hops: list[Hop] = Field(default_factory=list)
+    priority: Priority = "online"
+    mode: Mode = "request"
+    retried_upstream: bool = False
+    """Set when a layer above owns retries for this request: this layer must not retry it."""
+    scope_tags: list[str] = Field(default_factory=list)
+    """Required tags: only capabilities carrying all of them qualify."""
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ErrorInfo(BaseModel):
+    """What went wrong, in the wire shape ``{"type", "message"}``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: ErrorType | str
+    message: str
+    retry_after: float | None = None
+
+
+class CandidateScore(BaseModel):
+    """One candidate the router looked at, with its score or why it was skipped."""
+
+    model_config = ConfigDict(frozen=True)
+
+    agent: str
+    instance: str | None = None
+    score: float | None = None
+    skipped: str | None = None
+
+
+class RouteDecision(BaseModel):
+    """Why a request went where it went."""
+
+    model_config = ConfigDict(frozen=True)
+
+    capability: str
+    candidates: list[CandidateScore] = Field(default_factory=list)
+    agent: str
+    instance: str
+    endpoint: str
+    reason: str
+    affinity: Literal["none", "new", "pinned", "restored", "degraded"] = "none"
+    context_restore: bool = False
+    degraded: bool = False
+    elapsed_us: float = 0.0
+
+
+class Attempt(BaseModel):
+    """One try at one instance."""
+
+    model_config = ConfigDict(frozen=True)
+
+    number: int
+    agent: str
+    instance: str
+    endpoint: str
+    started_at: float
+    duration_ms: float
+    outcome: Literal["success", "business", "transient", "timeout", "invalid_response", "backpressure", "cancelled"]
+    error: str | None = None
+    retry_delay_ms: float | None = None
+    breaker_state: str | None = None
+
+
+class ReachTrace(BaseModel):
+    """The trajectory of one request: route decision, every attempt, final status."""
+
+    request_id: str
+    capability: str
+    tenant: str | None = None
+    session_id: str | None = None
+    route: RouteDecision | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    dedup_hit: bool = False
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    status: str = "pending"
+    error: ErrorInfo | None = None
+    started_at: float = 0.0
+    duration_ms: float = 0.0
+
+
+class ReachResponse(BaseModel):
+    """The outcome of a request that reached at least one agent (or a stored duplicate)."""
+
+    request_id: str
+    status: Literal["success", "fail", "timeout"]
+    data: Any = None
+    error: ErrorInfo | None = None
+    agent: str | None = None
+    instance: str | None = None
+    attempts: int = 0
+    cost_ms: float = 0.0
+    context_restore: bool = False
+    degraded: bool = False
+    trace: ReachTrace | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "success"
+
+    def raise_for_status(self) -> ReachResponse:
+        """Raise the matching :mod:`reach_plugins.errors` exception unless the request succeeded."""
+        from reach_plugins.errors import error_for_response
+
+        if self.status != "success":
+            raise error_for_response(self)
+        return self

@@ -1,0 +1,140 @@
+"""The Transport contract: carry one prepared call to one chosen instance, bring the reply back.
+
+Modelled on httpx's ``AsyncBaseTransport``. A transport only moves bytes: it
+maps its library's exceptions to :mod:`reach_plugins.errors` at its boundary
+and never retries, breaks circuits or deduplicates — the core does that, once,
+for every transport.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self, runtime_checkable
+
+from reach_plugins.model import AgentDescriptor, Capability, ErrorInfo, Instance, ReachRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A resolved secret for one downstream agent, chosen per tenant."""
+
+    type: Literal["none", "header", "query", "bearer", "cert"] = "none"
+    key: str | None = None
+    value: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Credential(type={self.type!r}, key={self.key!r}, value=***)"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One attempt, fully decided: what to send, to which instance, within how long."""
+
+    request: ReachRequest
+    agent: AgentDescriptor
+    instance: Instance
+    timeout: float
+    """Seconds this attempt may take: ``min(remaining deadline, per-attempt timeout)``."""
+    attempt: int = 1
+    capability: Capability | None = None
+    credential: Credential = field(default_factory=Credential)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Propagation headers prepared by the core (traceparent, hops, deadline...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What came back from one attempt. The core classifies it; the transport does not."""
+
+    status: Literal["success", "fail"]
+    data: Any = None
+    error: ErrorInfo | None = None
+    status_code: int = 200
+    retry_after: float | None = None
+    agent: str | None = None
+    instance: str | None = None
+    attempts: int = 1
+    """Attempts the far side made (a gateway or node that retried reports more than one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One event of a streamed reply: ``data`` chunks, then ``end`` or ``error``."""
+
+    kind: Literal["data", "end", "error"]
+    data: Any = None
+    error: ErrorInfo | None = None
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Send one call, or stream one call; close pooled resources on ``aclose``."""
+
+    owns_retries: bool
+    """True when the far side (a gateway, a node) retries: the local core then does not."""
+
+    async def send(self, call: Call) -> Reply: ...
+
+    def stream(self, call: Call) -> AsyncIterator[StreamEvent]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class BaseTransport:
+    """Convenience base: context-manager support, no-op close, streaming as one event."""
+
+    owns_retries: bool = False
+
+    async def send(self, call: Call) -> Reply:
+        raise NotImplementedError("send() must be implemented by Transport subclasses")
+
+    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+        reply = await self.send(call)
+        if reply.status == "success":
+            yield StreamEvent("data", reply.data)
+            yield StreamEvent("end")
+        else:
+            yield StreamEvent("error", error=reply.error)
+
+    async def aclose(self) -> None:
+        return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+Handler = Callable[[Call], "Reply | Any | Awaitable[Reply | Any]"]
+
+
+class MockTransport(BaseTransport):
+    """In-memory transport: ``handler(call)`` answers every call (sync or async).
+
+    The handler returns a :class:`Reply`, or plain data (wrapped as a success),
+    or raises a :mod:`reach_plugins.errors` exception to simulate a failure.
+    ``calls`` records every call sent, for assertions.
+    """
+
+    def __init__(self, handler: Handler, *, owns_retries: bool = False) -> None:
+        self._handler = handler
+        self.owns_retries = owns_retries
+        self.calls: list[Call] = []
+
+    async def send(self, call: Call) -> Reply:
+        self.calls.append(call)
+        result = self._handler(call)
+        if inspect.isawaitable(result):
+            result = await result
+        if isinstance(result, Reply):
+            return result
+        return Reply(status="success", data=result, agent=call.agent.name, instance=call.instance.instance_id)
