@@ -1,5 +1,13 @@
-"""reach-plugins: reach other agents by capability, reliably, from any agent framework."""
+"""reach-plugins: reach other agents by capability, reliably, from any agent framework.
 
+Importing this package never imports a framework or an optional extra; the
+adapters (``reach_plugins.langchain``, ``.llamaindex``, ``.dify``) and the
+transports (``transports.direct``, ``.gateway``, ``.grpcnode``) are imported
+on demand.
+"""
+
+from reach_plugins import errors
+from reach_plugins.client import ReachClient
 from reach_plugins.model import (
     AgentDescriptor,
     Attempt,
@@ -10,14 +18,14 @@ from reach_plugins.model import (
     ReachTrace,
 )
 
-__all__ = sorted(
-    [
-        "AgentDescriptor",
-        "Attempt",
-        "Capability",
-        "Instance",
-        "ReachRequest",
-        "ReachResponse",
-        "ReachTrace",
-    ]
-)
+__all__ = [
+    "AgentDescriptor",
+    "Attempt",
+    "Capability",
+    "Instance",
+    "ReachClient",
+    "ReachRequest",
+    "ReachResponse",
+    "ReachTrace",
+    "errors",
+]

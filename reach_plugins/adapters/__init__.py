@@ -1,0 +1,55 @@
+"""Protocol adapters: build the downstream HTTP request for a call, normalise the reply.
+
+Pure functions of plain data (no HTTP library is imported here), so every wire
+engine and the gateway share them. ``adapter_for(agent.protocol)`` picks one.
+"""
+
+from __future__ import annotations
+
+from reach_plugins.adapters.a2a import A2AAdapter
+from reach_plugins.adapters.base import (
+    Adapter,
+    HttpRequest,
+    HttpResponse,
+    StreamDecoder,
+    check_return,
+    parse_retry_after,
+    reach_headers,
+)
+from reach_plugins.adapters.openai import OpenAIAdapter
+from reach_plugins.adapters.rawhttp import RawHttpAdapter
+from reach_plugins.adapters.reach import ReachAdapter
+from reach_plugins.adapters.sse import SseDecoder, SseEvent, encode_sse
+from reach_plugins.errors import ConfigError
+
+ADAPTERS: dict[str, Adapter] = {
+    adapter.protocol: adapter for adapter in (ReachAdapter(), OpenAIAdapter(), RawHttpAdapter(), A2AAdapter())
+}
+
+
+def adapter_for(protocol: str) -> Adapter:
+    """The adapter of ``protocol`` (``reach``, ``openai-compatible``, ``raw-http``, ``a2a``)."""
+    try:
+        return ADAPTERS[protocol]
+    except KeyError:
+        raise ConfigError(f"unknown agent protocol {protocol!r}; use one of: {', '.join(sorted(ADAPTERS))}") from None
+
+
+__all__ = [
+    "ADAPTERS",
+    "A2AAdapter",
+    "Adapter",
+    "HttpRequest",
+    "HttpResponse",
+    "OpenAIAdapter",
+    "RawHttpAdapter",
+    "ReachAdapter",
+    "SseDecoder",
+    "SseEvent",
+    "StreamDecoder",
+    "adapter_for",
+    "check_return",
+    "encode_sse",
+    "parse_retry_after",
+    "reach_headers",
+]

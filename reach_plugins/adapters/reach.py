@@ -1,0 +1,105 @@
+"""The ``reach`` protocol (DESIGN.md section 4): ``POST /reach`` and ``POST /reach/stream`` (SSE).
+
+Stream frames are ``event: data`` (a JSON chunk), ``event: end`` and
+``event: error`` (``{"type", "message"}``); a stream that closes without
+``end`` was cut.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from reach_plugins.adapters.base import (
+    HttpRequest,
+    HttpResponse,
+    decode_json,
+    encode_json,
+    endpoint_url,
+    error_info,
+    failure,
+    http_failure,
+    invalid,
+    reach_headers,
+    success,
+)
+from reach_plugins.adapters.sse import SseEvent
+from reach_plugins.model import ErrorInfo
+from reach_plugins.transport import Call, Reply, StreamEvent
+
+
+def reach_body(call: Call) -> dict[str, Any]:
+    """The wire body of DESIGN.md section 4; ``deadline_ms`` is the remaining budget, as in ``X-Reach-Deadline``."""
+    request = call.request
+    return {
+        "request_id": request.request_id,
+        "capability": request.capability,
+        "action": request.action,
+        "payload": request.payload,
+        "session_id": request.session_id,
+        "tenant": request.tenant,
+        "idempotency_key": request.idempotency_key,
+        "deadline_ms": max(0, int(call.timeout * 1000)),
+    }
+
+
+class ReachAdapter:
+    """Client side of the reach wire protocol."""
+
+    protocol = "reach"
+
+    def discovery(self, call: Call) -> HttpRequest | None:
+        return None
+
+    def discovered(self, call: Call, response: HttpResponse) -> Any:
+        return None
+
+    def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
+        path = "/reach/stream" if stream else "/reach"
+        accept = "text/event-stream" if stream else "application/json"
+        body = encode_json(reach_body(call))
+        return HttpRequest("POST", endpoint_url(call, path), reach_headers(call, accept=accept), body)
+
+    def parse(self, call: Call, response: HttpResponse) -> Reply:
+        if not 200 <= response.status < 300:
+            return http_failure(call, response)
+        body = decode_json(call, response.body)
+        if not isinstance(body, dict) or body.get("status") not in ("success", "fail"):
+            raise invalid(call, 'expected {"status": "success"|"fail", "data", "error"}')
+        if body["status"] == "fail":
+            info = error_info(body.get("error"), "transient", "the agent replied fail without an error")
+            return failure(call, info, response.status, info.retry_after)
+        return success(call, body.get("data"), response.status)
+
+    def decoder(self, call: Call) -> ReachStreamDecoder:
+        return ReachStreamDecoder(call)
+
+
+class ReachStreamDecoder:
+    """``data`` / ``end`` / ``error`` SSE frames into stream events."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._done = False
+
+    def feed(self, event: SseEvent) -> list[StreamEvent]:
+        if self._done:
+            return []
+        if event.event == "end":
+            self._done = True
+            return [StreamEvent("end")]
+        try:
+            value = json.loads(event.data) if event.data else None
+        except ValueError:
+            raise invalid(self._call, f"a stream frame is not JSON ({event.data[:80]!r})") from None
+        if event.event == "error":
+            self._done = True
+            return [StreamEvent("error", error=error_info(value, "transient", "the agent's stream failed"))]
+        return [StreamEvent("data", value)]
+
+    def close(self) -> list[StreamEvent]:
+        if self._done:
+            return []
+        self._done = True
+        cut = ErrorInfo(type="transient", message=f"the stream from {self._call.instance.endpoint} ended before 'end'")
+        return [StreamEvent("error", error=cut)]

@@ -1,0 +1,78 @@
+"""Server-sent events, sans-IO: decode a byte stream into events, encode events into bytes.
+
+Chunks may split lines, CRLF pairs and multi-byte characters anywhere; the
+decoder keeps the partial line and an incremental UTF-8 decoder between
+``feed`` calls.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from dataclasses import dataclass
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+"""SSE lines end with CRLF, CR or LF (and nothing else: ``str.splitlines`` would split on more)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One dispatched event: its name (``message`` by default) and its joined ``data`` lines."""
+
+    event: str
+    data: str
+    id: str | None = None
+
+
+class SseDecoder:
+    """Feed bytes as they arrive; get back the events completed by them."""
+
+    def __init__(self) -> None:
+        self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        text = self._pending + self._text.decode(chunk)
+        held = ""
+        if text.endswith("\r"):
+            text, held = text[:-1], "\r"
+        lines = _LINE_END.split(text)
+        self._pending = lines.pop() + held
+        events: list[SseEvent] = []
+        for line in lines:
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def _line(self, line: str) -> SseEvent | None:
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            self._id = value
+        return None
+
+    def _dispatch(self) -> SseEvent | None:
+        if not self._data and not self._event:
+            return None
+        event = SseEvent(event=self._event or "message", data="\n".join(self._data), id=self._id)
+        self._event, self._data = "", []
+        return event
+
+
+def encode_sse(data: str, event: str | None = None) -> bytes:
+    """One SSE frame; multi-line ``data`` becomes several ``data:`` lines."""
+    head = f"event: {event}\n" if event else ""
+    body = "".join(f"data: {line}\n" for line in data.split("\n"))
+    return (head + body + "\n").encode()

@@ -1,0 +1,358 @@
+"""ReachAgent: serve Python functions as capabilities over the reach wire protocol (DESIGN.md section 4).
+
+    agent = ReachAgent("orders")
+
+    @agent.capability("query_order", description="Where an order is")
+    async def query_order(order_id: str) -> dict: ...
+
+    serve(agent, port=8101)          # or mount agent.app in any ASGI server
+
+The agent answers business errors (a raised :class:`BusinessError`) as
+``error.type == "business"``, runs each ``Idempotency-Key`` once, honours
+``X-Reach-Deadline``, and reports readiness from a user callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from opentelemetry import propagate, trace
+from pydantic import ValidationError
+
+from reach_plugins.adapters import encode_sse
+from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
+from reach_plugins.agent.idempotency import IdempotencyCache
+from reach_plugins.agent.snapshots import SnapshotStore
+from reach_plugins.errors import BusinessError, ConfigError, ReachError
+from reach_plugins.model import AgentDescriptor, Capability, DangerLevel
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from reach_plugins.agent.registration import Registration
+    from reach_plugins.registry.base import Registry
+
+log = logging.getLogger("reach_plugins.agent")
+F = TypeVar("F", bound=Callable[..., Any])
+Readiness = Callable[[], "bool | Awaitable[bool]"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One HTTP answer of the agent: status code, JSON body, extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return dumps(self.body).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A checked request, ready to run."""
+
+    handler: CapabilityHandler
+    payload: dict[str, Any]
+    kwargs: dict[str, Any]
+    ctx: ReachContext
+
+
+def _fail(request_id: Any, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> Outcome:
+    body = {"request_id": request_id, "status": "fail", "data": None, "error": {"type": kind, "message": message}}
+    return Outcome(status, body, headers or {})
+
+
+def _deadline(headers: Mapping[str, str], body: Mapping[str, Any]) -> float | None:
+    """Monotonic deadline from ``X-Reach-Deadline`` (remaining ms), else the body's ``deadline_ms``."""
+    raw = headers.get("x-reach-deadline", body.get("deadline_ms"))
+    try:
+        return None if raw is None else time.monotonic() + float(raw) / 1000
+    except (TypeError, ValueError):
+        return None
+
+
+class ReachAgent:
+    """A Reach agent: capabilities, their handlers, and the ASGI app that serves them."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: str = "",
+        description: str = "",
+        namespace: str = "default",
+        readiness: Readiness | None = None,
+        idempotency_window: float = 300.0,
+        idempotency_max_entries: int = 10_000,
+        snapshots: SnapshotStore | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        try:
+            AgentDescriptor(name=name)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid agent name: {exc.errors()[0]['msg']}") from None
+        self.name, self.version, self.description, self.namespace = name, version, description, namespace
+        self.readiness = readiness
+        self.draining = False
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.snapshots = snapshots
+        self._handlers: dict[str, CapabilityHandler] = {}
+        self._idempotency: IdempotencyCache[Outcome] = IdempotencyCache(
+            window=idempotency_window, max_entries=idempotency_max_entries, keep=lambda o: o.status < 500, clock=clock
+        )
+        self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
+        self._announce: list[tuple[Registry, str, dict[str, Any]]] = []
+        self._registrations: list[Registration] = []
+
+    # ------------------------------------------------------------------ declaring
+
+    def capability(
+        self,
+        name: str,
+        *,
+        description: str | None = None,
+        params_schema: dict[str, Any] | None = None,
+        return_schema: dict[str, Any] | None = None,
+        scope_tags: Sequence[str] = (),
+        danger_level: DangerLevel = "low",
+        require_approval: bool = False,
+        idempotency_key: str | None = None,
+        retryable: bool = True,
+        max_concurrency: int | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function (sync, async or a generator for streaming) as capability ``name``."""
+
+        def register(fn: F) -> F:
+            if name in self._handlers:
+                raise ConfigError(f"agent {self.name!r} already has a capability {name!r}")
+            try:
+                capability = Capability(
+                    name=name,
+                    description=description if description is not None else inspect.getdoc(fn) or "",
+                    params_schema=params_schema,
+                    return_schema=return_schema,
+                    scope_tags=list(scope_tags),
+                    danger_level=danger_level,
+                    require_approval=require_approval,
+                    idempotency_key=idempotency_key,
+                    retryable=retryable,
+                    max_concurrency=max_concurrency,
+                )
+            except ValidationError as exc:
+                raise ConfigError(f"invalid capability {name!r}: {exc.errors()[0]['msg']}") from None
+            self._handlers[name] = CapabilityHandler(capability, fn)
+            return fn
+
+        return register
+
+    @property
+    def capabilities(self) -> list[Capability]:
+        return [handler.capability for handler in self._handlers.values()]
+
+    def descriptor(self, *endpoints: str) -> AgentDescriptor:
+        """The descriptor to register: this agent's capabilities, at ``endpoints`` if given."""
+        return AgentDescriptor(
+            name=self.name,
+            version=self.version,
+            description=self.description,
+            namespace=self.namespace,
+            protocol="reach",
+            endpoints=list(endpoints),
+            capabilities=self.capabilities,
+        )
+
+    # ------------------------------------------------------------------ health
+
+    async def is_ready(self) -> bool:
+        """Ready to take work: not draining, and the readiness callback (if any) agrees."""
+        if self.draining:
+            return False
+        if self.readiness is None:
+            return True
+        answer = self.readiness()
+        return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+
+    # ------------------------------------------------------------------ serving
+
+    def _context(self, body: Mapping[str, Any], headers: Mapping[str, str], capability: str) -> ReachContext:
+        session_id = body.get("session_id")
+        hops = headers.get("x-reach-hops")
+        return ReachContext(
+            request_id=str(body.get("request_id") or ""),
+            capability=capability,
+            action=body.get("action"),
+            session_id=session_id,
+            tenant=body.get("tenant") or headers.get("x-tenant"),
+            idempotency_key=headers.get("idempotency-key") or body.get("idempotency_key"),
+            deadline=_deadline(headers, body),
+            hops=tuple(hop for hop in hops.split(",") if hop) if hops else (),
+            headers=headers,
+            state=self.sessions.setdefault(session_id, {}) if session_id else {},
+        )
+
+    def _prepare(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | _Prepared:
+        """Parse and check one request body: an early :class:`Outcome`, or what is needed to run it."""
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("capability"), str):
+            return _fail(None, 400, "rejected", 'the body must be a JSON object with "capability" and "payload"')
+        request_id, name = body.get("request_id"), body["capability"]
+        if self.draining:
+            return _fail(request_id, 503, "backpressure", f"agent {self.name!r} is draining", {"Retry-After": "1"})
+        handler = self._handlers.get(name)
+        if handler is None:
+            offered = ", ".join(sorted(self._handlers)) or "nothing"
+            return _fail(
+                request_id, 404, "rejected", f"agent {self.name!r} has no capability {name!r}; it offers: {offered}"
+            )
+        payload = body.get("payload") or {}
+        ctx = self._context(body, headers, name)
+        remaining = ctx.remaining()
+        if remaining is not None and remaining <= 0:
+            return _fail(request_id, 504, "timeout", "the caller's deadline had passed on arrival; not executed")
+        try:
+            if not isinstance(payload, dict):
+                raise BusinessError("the payload must be a JSON object")
+            kwargs = handler.arguments(payload, ctx)
+        except ReachError as exc:
+            return _fail(request_id, 400, exc.error_type if exc.error_type != "rejected" else "business", exc.message)
+        return _Prepared(handler, payload, kwargs, ctx)
+
+    async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
+        """Answer one ``POST /reach`` body (``headers`` with lowercase names)."""
+        prepared = self._prepare(raw, headers)
+        if isinstance(prepared, Outcome):
+            return prepared
+        ctx = prepared.ctx
+        with self._span(ctx, headers):
+            if not ctx.idempotency_key:
+                return await self._execute(prepared)
+            key = (ctx.tenant, ctx.capability, ctx.idempotency_key)
+            fingerprint = json.dumps(prepared.payload, sort_keys=True, default=str)
+            try:
+                outcome, replayed = await self._idempotency.run(key, fingerprint, lambda: self._execute(prepared))
+            except ReachError as exc:
+                return _fail(ctx.request_id, 409, exc.error_type, exc.message)
+            if replayed:
+                return Outcome(outcome.status, outcome.body, {**outcome.headers, "Idempotent-Replayed": "true"})
+            return outcome
+
+    async def _execute(self, prepared: _Prepared) -> Outcome:
+        ctx = prepared.ctx
+        try:
+            async with asyncio.timeout(ctx.remaining()):
+                data = await prepared.handler.call(prepared.kwargs)
+            body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
+            dumps(body)
+            return Outcome(200, body)
+        except ReachError as exc:
+            return _fail(ctx.request_id, 200, exc.error_type, exc.message)
+        except TimeoutError:
+            return _fail(
+                ctx.request_id, 504, "timeout", f"{ctx.capability!r} did not finish within the caller's deadline"
+            )
+        except Exception as exc:
+            log.exception("handler of %r failed", ctx.capability)
+            return _fail(ctx.request_id, 500, "transient", f"{ctx.capability!r} failed: {type(exc).__name__}: {exc}")
+
+    async def open_stream(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | AsyncIterator[bytes]:
+        """Answer one ``POST /reach/stream`` body: an early :class:`Outcome`, or the SSE frames to send."""
+        prepared = self._prepare(raw, headers)
+        if isinstance(prepared, Outcome):
+            return prepared
+        return self._frames(prepared)
+
+    async def _frames(self, prepared: _Prepared) -> AsyncIterator[bytes]:
+        ctx = prepared.ctx
+        chunks = prepared.handler.chunks(prepared.kwargs)
+        span = self._tracer.start_span(
+            f"reach.agent {ctx.capability}",
+            context=propagate.extract(ctx.headers),
+            kind=trace.SpanKind.SERVER,
+            attributes={"reach.agent": self.name, "reach.capability": ctx.capability, "reach.stream": True},
+        )
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(ctx.remaining()):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                yield encode_sse(dumps(chunk), "data")
+            yield encode_sse("", "end")
+        except ReachError as exc:
+            yield encode_sse(dumps({"type": exc.error_type, "message": exc.message}), "error")
+        except TimeoutError:
+            yield encode_sse(dumps({"type": "timeout", "message": "the stream passed the caller's deadline"}), "error")
+        except Exception as exc:
+            log.exception("streaming handler of %r failed", ctx.capability)
+            yield encode_sse(dumps({"type": "transient", "message": f"{type(exc).__name__}: {exc}"}), "error")
+        finally:
+            await chunks.aclose()
+            span.end()
+
+    def _span(self, ctx: ReachContext, headers: Mapping[str, str]) -> Any:
+        """A server span continuing the caller's trace (``traceparent``)."""
+        return self._tracer.start_as_current_span(
+            f"reach.agent {ctx.capability}",
+            context=propagate.extract(headers),
+            kind=trace.SpanKind.SERVER,
+            attributes={
+                "reach.agent": self.name,
+                "reach.capability": ctx.capability,
+                "reach.request_id": ctx.request_id,
+            },
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def register_on_startup(self, registry: Registry, endpoint: str, **options: Any) -> None:
+        """Register in ``registry`` at ``endpoint`` when the app starts, deregister when it stops."""
+        self._announce.append((registry, endpoint, options))
+
+    async def register(self, registry: Registry, endpoint: str, **options: Any) -> Registration:
+        """Register now and keep heartbeats going; ``await registration.stop()`` drains and deregisters."""
+        from reach_plugins.agent.registration import Registration
+
+        registration = Registration(self, registry, endpoint, **options)
+        await registration.start()
+        return registration
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """Restore sessions and register on start; drain, deregister and save sessions on stop."""
+        if self.snapshots is not None:
+            self.sessions.update(await self.snapshots.load(self.name))
+        self.draining = False
+        for registry, endpoint, options in self._announce:
+            self._registrations.append(await self.register(registry, endpoint, **options))
+        try:
+            yield
+        finally:
+            self.draining = True
+            for registration in self._registrations:
+                await registration.stop()
+            self._registrations.clear()
+            if self.snapshots is not None:
+                await self.snapshots.save(self.name, self.sessions)
+
+    @cached_property
+    def app(self) -> Starlette:
+        """The Starlette app: ``POST /reach``, ``POST /reach/stream``, ``GET /healthz``, ``GET /readyz``."""
+        from reach_plugins.agent.asgi import build_app
+
+        return build_app(self)

@@ -1,0 +1,56 @@
+"""The agent's Starlette app: thin HTTP glue around :class:`~reach_plugins.agent.agent.ReachAgent`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from reach_plugins.agent.agent import Outcome
+
+if TYPE_CHECKING:
+    from reach_plugins.agent.agent import ReachAgent
+
+
+def _json(outcome: Outcome) -> Response:
+    return Response(outcome.encode(), outcome.status, outcome.headers, media_type="application/json")
+
+
+def build_app(agent: ReachAgent) -> Starlette:
+    """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work)."""
+
+    async def reach(request: Request) -> Response:
+        return _json(await agent.handle(await request.body(), request.headers))
+
+    async def reach_stream(request: Request) -> Response:
+        answer = await agent.open_stream(await request.body(), request.headers)
+        if isinstance(answer, Outcome):
+            return _json(answer)
+        return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "alive", "agent": agent.name})
+
+    async def readyz(request: Request) -> Response:
+        if await agent.is_ready():
+            return JSONResponse({"status": "ready", "agent": agent.name})
+        state = "draining" if agent.draining else "not ready"
+        return JSONResponse({"status": state, "agent": agent.name}, status_code=503)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with agent.lifespan():
+            yield
+
+    routes = [
+        Route("/reach", reach, methods=["POST"]),
+        Route("/reach/stream", reach_stream, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

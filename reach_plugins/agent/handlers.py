@@ -1,0 +1,121 @@
+"""Capability handlers: plain Python functions (sync, async, generators) called with the payload as keywords.
+
+A handler takes the payload's fields as keyword arguments, plus ``ctx`` (a
+:class:`ReachContext`) when it declares a parameter of that name. Generators
+and async generators stream: each item is one event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import time
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+from pydantic import BaseModel
+
+from reach_plugins.errors import ConfigError, InvalidPayload
+from reach_plugins.model import Capability
+
+_DONE = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ReachContext:
+    """What a handler may want to know about the call besides its payload."""
+
+    request_id: str
+    capability: str
+    action: str | None = None
+    session_id: str | None = None
+    tenant: str | None = None
+    idempotency_key: str | None = None
+    deadline: float | None = None
+    """``time.monotonic()`` value by which the caller stops waiting (from ``X-Reach-Deadline``)."""
+    hops: tuple[str, ...] = ()
+    headers: Mapping[str, str] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    """The session's state (kept across calls of one ``session_id``, saved by the snapshot store)."""
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline, or ``None`` when the caller gave none."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+
+def to_jsonable(value: Any) -> Any:
+    """``json.dumps`` fallback for pydantic models and dataclasses a handler may return."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"a handler returned {type(value).__name__}, which is not JSON serialisable")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, default=to_jsonable, ensure_ascii=False, separators=(",", ":"))
+
+
+class CapabilityHandler:
+    """One capability and the function that serves it."""
+
+    def __init__(self, capability: Capability, fn: Callable[..., Any]) -> None:
+        self.capability = capability
+        self.fn = fn
+        self.signature = inspect.signature(fn)
+        self.wants_ctx = "ctx" in self.signature.parameters
+        self.streaming = inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+        schema = capability.params_schema
+        if schema is not None:
+            try:
+                validator_for(schema).check_schema(schema)
+            except SchemaError as exc:
+                message = f"params_schema of {capability.name!r} is not a valid JSON Schema: {exc.message}"
+                raise ConfigError(message) from None
+        self._validator = validator_for(schema)(schema) if schema is not None else None
+
+    def arguments(self, payload: Mapping[str, Any], ctx: ReachContext) -> dict[str, Any]:
+        """The keyword arguments for one call; :class:`InvalidPayload` names what does not fit."""
+        name = self.capability.name
+        if self._validator is not None:
+            error = next(iter(sorted(self._validator.iter_errors(payload), key=lambda e: list(e.path))), None)
+            if error is not None:
+                where = "/".join(str(part) for part in error.path) or "(root)"
+                raise InvalidPayload(f"payload of {name!r} does not fit params_schema at {where}: {error.message}")
+        kwargs = dict(payload)
+        if self.wants_ctx:
+            kwargs["ctx"] = ctx
+        try:
+            self.signature.bind(**kwargs)
+        except TypeError as exc:
+            takes = ", ".join(p for p in self.signature.parameters if p != "ctx") or "no fields"
+            raise InvalidPayload(f"payload of {name!r} does not fit its handler ({exc}); it takes: {takes}") from None
+        return kwargs
+
+    async def call(self, kwargs: dict[str, Any]) -> Any:
+        """The handler's result; a streaming handler's items are collected (strings joined)."""
+        if self.streaming:
+            items = [item async for item in self.chunks(kwargs)]
+            return "".join(items) if items and all(isinstance(item, str) for item in items) else items
+        if self._is_async:
+            return await self.fn(**kwargs)
+        return await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
+
+    async def chunks(self, kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        """The handler's items, one per event (a plain handler yields its one result)."""
+        if not self.streaming:
+            yield await self.call(kwargs)
+            return
+        if self._is_async:
+            async for item in self.fn(**kwargs):
+                yield item
+            return
+        iterator: Iterator[Any] = await anyio.to_thread.run_sync(lambda: iter(self.fn(**kwargs)))
+        while (item := await anyio.to_thread.run_sync(next, iterator, _DONE)) is not _DONE:
+            yield item

@@ -1,0 +1,96 @@
+"""Registration of a running agent in a Registry, kept alive by heartbeats with sequence numbers.
+
+On start: the descriptor and one Instance (``ready``). Then a heartbeat every
+``health_check.interval`` (10 s by default), reporting ``draining`` while the
+agent's readiness says no. On stop: a last ``draining`` heartbeat, then
+deregistration, so routers stop sending before the process goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from reach_plugins.model import Instance, InstanceStatus
+from reach_plugins.registry.base import Registry
+
+if TYPE_CHECKING:
+    from reach_plugins.agent.agent import ReachAgent
+
+log = logging.getLogger("reach_plugins.agent")
+
+
+class Registration:
+    """One instance of an agent, registered at ``endpoint`` in ``registry``."""
+
+    def __init__(
+        self,
+        agent: ReachAgent,
+        registry: Registry,
+        endpoint: str,
+        *,
+        instance_id: str | None = None,
+        interval: float | None = None,
+        load: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.agent = agent
+        self.registry = registry
+        self.endpoint = endpoint
+        self.instance_id = instance_id or f"{agent.name}-{uuid.uuid4().hex[:8]}"
+        descriptor = agent.descriptor()
+        self.interval = interval if interval is not None else descriptor.health_check.interval
+        self.seq = 0
+        self._load = load
+        self._sleep = sleep
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Register the descriptor and this instance, then start the heartbeat loop."""
+        await self.registry.register_agent(self.agent.descriptor())
+        instance = Instance(
+            agent=self.agent.name,
+            instance_id=self.instance_id,
+            endpoint=self.endpoint,
+            status="ready",
+            heartbeat_seq=self.seq,
+            last_heartbeat=self.registry.clock(),
+        )
+        await self.registry.register_instance(instance)
+        self._task = asyncio.create_task(self._beat_forever(), name=f"heartbeat {self.instance_id}")
+
+    async def beat(self, status: InstanceStatus | None = None) -> None:
+        """Send one heartbeat with the next sequence number (status from readiness unless given)."""
+        self.seq += 1
+        if status is None:
+            status = "ready" if await self.agent.is_ready() else "draining"
+        load = self._load() if self._load else None
+        await self.registry.heartbeat(self.agent.name, self.instance_id, self.seq, load=load, status=status)
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await self._sleep(self.interval)
+            try:
+                await self.beat()
+            except Exception:
+                log.warning("heartbeat of %s failed; will try again", self.instance_id, exc_info=True)
+
+    async def stop(self) -> None:
+        """Stop heartbeats, announce ``draining``, deregister the instance."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.beat("draining")
+        await self.registry.deregister_instance(self.agent.name, self.instance_id)
+
+    async def __aenter__(self) -> Registration:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

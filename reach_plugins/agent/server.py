@@ -1,0 +1,106 @@
+"""Run an agent's app under uvicorn: ``serve()`` for a process, ``BackgroundServer`` for tests and notebooks.
+
+uvloop and httptools are used when installed (the ``server`` extra brings
+them). The server keeps idle connections longer than clients do (the pool's
+90 s), so a client never reuses a connection the server is closing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+from typing import Any
+
+import uvicorn
+
+from reach_plugins.agent.agent import ReachAgent
+from reach_plugins.registry.base import Registry
+
+KEEP_ALIVE = 100
+"""Seconds the server keeps an idle connection: longer than the client pools' 90 s idle timeout."""
+
+
+def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> uvicorn.Config:
+    """A uvicorn config with the fast loop and parser when available; ``options`` override anything."""
+    settings: dict[str, Any] = {
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "timeout_keep_alive": KEEP_ALIVE,
+        "lifespan": "on",
+        "log_level": "warning",
+        "access_log": False,
+    }
+    settings.update(options)
+    return uvicorn.Config(app, host=host, port=port, **settings)
+
+
+def serve(
+    agent: ReachAgent,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    registry: Registry | None = None,
+    endpoint: str | None = None,
+    **options: Any,
+) -> None:
+    """Serve ``agent`` until interrupted; with ``registry``, register at ``endpoint`` (default from host/port)."""
+    if registry is not None:
+        agent.register_on_startup(registry, endpoint or f"http://{host}:{port}")
+    uvicorn.Server(uvicorn_config(agent.app, host=host, port=port, **options)).run()
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that signals a thread-safe event once it is listening."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.ready.set()
+
+
+class BackgroundServer:
+    """An ASGI app served by uvicorn in a daemon thread, on a free port (or the one given).
+
+    ``with BackgroundServer(agent.app) as server: ... server.url ...``; the
+    app's own event loop runs in the thread, so blocking handlers never stall
+    the caller's loop.
+    """
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host = host
+        self.port: int = self._socket.getsockname()[1]
+        self._server = _Server(uvicorn_config(app, host=host, port=self.port, **options))
+        self._thread = threading.Thread(target=self._run, name=f"uvicorn :{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        self._server.run(sockets=[self._socket])
+
+    def start(self, timeout: float = 10.0) -> BackgroundServer:
+        """Start and wait until the server listens (``RuntimeError`` if it does not within ``timeout``)."""
+        self._thread.start()
+        if not self._server.ready.wait(timeout):
+            raise RuntimeError(f"the server on port {self.port} did not start within {timeout}s")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the server to exit (it drains and runs the app's shutdown) and wait for the thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        self._socket.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,76 @@
+"""The ``reach`` command: the demo, and the operator's view of a registry."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from reach_plugins.errors import ReachError
+from reach_plugins.registry import Registry, open_registry
+
+app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
+console = Console()
+
+
+@app.command()
+def demo(
+    seed: Annotated[int, typer.Option(help="Random seed of the scripted run.")] = 7,
+) -> None:
+    """Run the customer-service scenario on the embedded default: no servers, no API key."""
+    from reach_plugins.demo import run_demo
+
+    asyncio.run(run_demo(console, seed=seed))
+
+
+@app.command()
+def agents(
+    registry: Annotated[str, typer.Option(help="Registry URL: memory://, file://agents.yaml, etcd://host:port.")],
+    load: Annotated[Path | None, typer.Option(help="Upsert the agents of this YAML file first.")] = None,
+) -> None:
+    """List agents, their instances and health; with --load, upsert a YAML file's agents first."""
+    try:
+        asyncio.run(_agents(registry, load))
+    except ReachError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+async def _agents(url: str, load: Path | None) -> None:
+    reg = open_registry(url)
+    try:
+        if load is not None:
+            from reach_plugins.config import load_config
+
+            for descriptor in load_config(load).agents:
+                await reg.register_agent(descriptor)
+            console.print(f"loaded {load} into {url}")
+        console.print(_agents_table(reg))
+    finally:
+        await reg.aclose()
+
+
+def _agents_table(reg: Registry) -> Table:
+    table = Table(title="agents")
+    for column in ("agent", "capabilities", "instance", "endpoint", "status", "health"):
+        table.add_column(column)
+    now = reg.clock()
+    for name, descriptor in sorted(reg.agents().items()):
+        caps = ", ".join(cap.name for cap in descriptor.capabilities)
+        instances = reg.instances(name)
+        if not instances:
+            table.add_row(name, caps, "-", "-", "-", "no instance")
+        for instance in instances.values():
+            alive = reg.is_alive(instance, now)
+            health = "[green]alive[/green]" if alive else "[red]heartbeat missed[/red]"
+            table.add_row(name, caps, instance.instance_id, instance.endpoint, instance.status, health)
+            name, caps = "", ""
+    return table
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,184 @@
+"""ReachClient: name a capability, get an answer — route, then the resilience core, then a transport."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from reach_plugins.config import TenantConfig, resolve_credential
+from reach_plugins.core.pipeline import Pipeline
+from reach_plugins.core.trace import TraceSink
+from reach_plugins.model import AgentDescriptor, Hop, Priority, ReachRequest, ReachResponse
+from reach_plugins.registry import Registry, open_registry
+from reach_plugins.routing import Router
+from reach_plugins.stores import open_sessions, open_store
+from reach_plugins.syncbridge import SyncBridge
+from reach_plugins.transport import Credential, StreamEvent, Transport
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from reach_plugins.core.dedup import DedupStore
+    from reach_plugins.registry.base import Clock
+    from reach_plugins.sessions import SessionStore
+
+
+class ReachClient:
+    """Reach any agent by capability.
+
+    ``registry`` and the shared stores are objects or URLs (``memory://``,
+    ``file://agents.yaml``, ``etcd://host:port``, ``redis://host:port/db``).
+    Without a ``transport`` the client reaches agents directly over HTTP.
+    """
+
+    def __init__(
+        self,
+        registry: Registry | str = "memory://",
+        transport: Transport | None = None,
+        tenant: str | None = None,
+        *,
+        store: DedupStore | str | None = None,
+        sessions: SessionStore | str | None = None,
+        tenants: Mapping[str, TenantConfig] | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        sink: TraceSink | None = None,
+        tracer_provider: TracerProvider | None = None,
+        default_timeout: float = 30.0,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.registry = open_registry(registry) if isinstance(registry, str) else registry
+        if transport is None:
+            from transports.direct import DirectTransport
+
+            transport = DirectTransport()
+        self.transport = transport
+        self.tenant = tenant
+        self.tenants: Mapping[str, TenantConfig] | None = (
+            tenants if tenants is not None else getattr(self.registry, "tenants", None)
+        )
+        self.sessions = open_sessions(sessions, clock=clock) if sessions is not None else None
+        self._environ = environ if environ is not None else os.environ
+        self.router = Router(
+            self.registry,
+            tenants=self.tenants,
+            is_available=lambda agent, instance: self.pipeline.is_available(agent, instance),
+            clock=clock,
+            rng=rng,
+        )
+        self.pipeline = Pipeline(
+            router=self.router,
+            transport=transport,
+            store=open_store(store),
+            clock=clock,
+            rng=rng,
+            credentials=self._credential,
+            sink=sink,
+            tracer_provider=tracer_provider,
+            default_timeout=default_timeout,
+        )
+        self._bridge = SyncBridge()
+
+    def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
+        config = self.tenants.get(tenant) if self.tenants is not None and tenant is not None else None
+        return resolve_credential(agent, config, self._environ)
+
+    def request(
+        self,
+        capability: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        session_id: str | None = None,
+        idempotency_key: str | None = None,
+        timeout_ms: int | None = None,
+        intent: str | None = None,
+        action: str | None = None,
+        tenant: str | None = None,
+        hops: Iterable[Hop | str] = (),
+        priority: Priority = "online",
+        scope_tags: Iterable[str] = (),
+        retried_upstream: bool = False,
+    ) -> ReachRequest:
+        """Build the :class:`ReachRequest` that :meth:`reach` would send."""
+        return ReachRequest(
+            capability=capability,
+            action=action,
+            payload=dict(payload or {}),
+            session_id=session_id,
+            tenant=tenant if tenant is not None else self.tenant,
+            intent=intent,
+            idempotency_key=idempotency_key,
+            timeout_ms=timeout_ms,
+            hops=[hop if isinstance(hop, Hop) else Hop.parse(hop) for hop in hops],
+            priority=priority,
+            scope_tags=list(scope_tags),
+            retried_upstream=retried_upstream,
+        )
+
+    async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
+        """Send a prepared request through the resilience core (session liveness checked first)."""
+        if self.sessions is None or request.session_id is None:
+            return await self.pipeline.run(request, trace=trace)
+        await self.sessions.check(request.session_id)
+        async with self.sessions.guard(request.session_id):
+            return await self.pipeline.run(request, trace=trace)
+
+    async def reach(
+        self,
+        capability: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        trace: bool = False,
+        **options: Any,
+    ) -> ReachResponse:
+        """Reach ``capability`` with ``payload``; options as for :meth:`request`.
+
+        Raises a :class:`~reach_plugins.errors.RequestError` or ``NoHealthyAgent``
+        when nothing could be sent; otherwise returns the response, whose
+        ``status`` says how it went (``raise_for_status()`` turns failure into an error).
+        """
+        return await self.send(self.request(capability, payload, **options), trace=trace)
+
+    def reach_sync(
+        self,
+        capability: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        trace: bool = False,
+        **options: Any,
+    ) -> ReachResponse:
+        """Blocking :meth:`reach`; safe inside a running event loop (runs on the client's own loop)."""
+        return self._bridge.run(self.reach(capability, payload, trace=trace, **options))
+
+    async def stream(
+        self, capability: str, payload: Mapping[str, Any] | None = None, **options: Any
+    ) -> AsyncIterator[StreamEvent]:
+        """Stream the answer of ``capability`` event by event."""
+        request = self.request(capability, payload, **options)
+        if self.sessions is not None and request.session_id is not None:
+            await self.sessions.check(request.session_id)
+        async for event in self.pipeline.stream(request):
+            yield event
+
+    async def aclose(self) -> None:
+        """Close the pipeline and the transport's pooled connections."""
+        await self.pipeline.aclose()
+        await self.transport.aclose()
+        self._bridge.close()
+
+    def close(self) -> None:
+        """Blocking :meth:`aclose` for clients used through :meth:`reach_sync`."""
+        self._bridge.run(self.pipeline.aclose())
+        self._bridge.run(self.transport.aclose())
+        self._bridge.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

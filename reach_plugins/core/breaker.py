@@ -1,0 +1,221 @@
+"""Circuit breaker per target instance: a time-sliding window, open, half-open probes.
+
+Closed: calls flow and land in a window of ``buckets`` time buckets spanning
+``window`` seconds. With at least ``min_calls`` in the window, a failure rate
+``>= error_threshold`` (or a slow-call rate ``>= slow_call_threshold``) opens
+the breaker. Open: nothing is admitted for ``open_wait`` seconds. Half-open:
+up to ``half_open_probes`` calls go through; the first probe to finish
+decides — success closes (with a fresh window), failure reopens. The seeds
+learned that 10 % on consecutive failures flaps; a minute-long window at
+30 % does not. Every transition goes to the listener.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from reach_plugins.model import AgentDescriptor, CircuitBreakerConfig
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTransition:
+    """One change of state of one instance's breaker, with the reason in words."""
+
+    agent: str
+    instance: str
+    before: BreakerState
+    after: BreakerState
+    at: float
+    reason: str
+
+
+Listener = Callable[[BreakerTransition], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """Admission for one call; hand it back to ``record`` or ``release``."""
+
+    probe: bool
+    generation: int
+
+
+class _Window:
+    """Counts of calls, failures and slow calls over the last ``window`` seconds, in buckets."""
+
+    __slots__ = ("calls", "failures", "head", "slow", "width")
+
+    def __init__(self, window: float, buckets: int) -> None:
+        self.width = window / buckets
+        self.calls = [0] * buckets
+        self.failures = [0] * buckets
+        self.slow = [0] * buckets
+        self.head = -1
+
+    def _slot(self, now: float) -> int:
+        index = int(now // self.width)
+        size = len(self.calls)
+        if self.head < 0 or index - self.head >= size:
+            self.clear()
+        else:
+            for stale in range(self.head + 1, index + 1):
+                slot = stale % size
+                self.calls[slot] = self.failures[slot] = self.slow[slot] = 0
+        self.head = max(self.head, index)
+        return self.head % size
+
+    def add(self, now: float, *, failure: bool, slow: bool) -> None:
+        slot = self._slot(now)
+        self.calls[slot] += 1
+        self.failures[slot] += failure
+        self.slow[slot] += slow
+
+    def totals(self, now: float) -> tuple[int, int, int]:
+        self._slot(now)
+        return sum(self.calls), sum(self.failures), sum(self.slow)
+
+    def clear(self) -> None:
+        size = len(self.calls)
+        self.calls = [0] * size
+        self.failures = [0] * size
+        self.slow = [0] * size
+
+
+class CircuitBreaker:
+    """The breaker of one instance. Pure state: every method takes ``now``."""
+
+    def __init__(
+        self,
+        config: CircuitBreakerConfig | None = None,
+        *,
+        agent: str = "",
+        instance: str = "",
+        listener: Listener | None = None,
+    ) -> None:
+        self.config = config or CircuitBreakerConfig()
+        self.agent = agent
+        self.instance = instance
+        self._listener = listener
+        self._window = _Window(self.config.window, self.config.buckets)
+        self._state: BreakerState = "closed"
+        self._opened_at = 0.0
+        self._probes = 0
+        self._generation = 0
+
+    def state(self, now: float) -> BreakerState:
+        """The state as of ``now`` (an open breaker whose wait is over reads as half-open)."""
+        if self._state == "open" and now >= self._opened_at + self.config.open_wait:
+            return "half_open"
+        return self._state
+
+    @property
+    def is_closed(self) -> bool:
+        return self._state == "closed"
+
+    def available(self, now: float) -> bool:
+        """Whether a call could be admitted now; never changes state (the router asks this)."""
+        state = self.state(now)
+        if state == "closed":
+            return True
+        if state == "half_open":
+            return self._state == "open" or self._probes < self.config.half_open_probes
+        return False
+
+    def acquire(self, now: float) -> Permit | None:
+        """Admit one call (``None``: rejected). Past ``open_wait`` this moves open to half-open."""
+        if self._state == "closed":
+            return Permit(False, self._generation)
+        if self._state == "open":
+            if now < self._opened_at + self.config.open_wait:
+                return None
+            self._move("half_open", now, f"open_wait {self.config.open_wait:g}s passed; probing")
+        if self._probes >= self.config.half_open_probes:
+            return None
+        self._probes += 1
+        return Permit(True, self._generation)
+
+    def record(self, permit: Permit, now: float, *, failure: bool, duration: float) -> None:
+        """Feed the result of an admitted call; results from before the last transition only count if closed."""
+        slow_after = self.config.slow_call_duration
+        slow = slow_after is not None and duration >= slow_after
+        if permit.generation != self._generation:
+            if self._state == "closed":
+                self._window.add(now, failure=failure, slow=slow)
+            return
+        if permit.probe:
+            self._probes = max(0, self._probes - 1)
+            if failure or slow:
+                self._open(now, "a half-open probe failed" if failure else f"a half-open probe took {duration:.3g}s")
+            else:
+                self._move("closed", now, "a half-open probe succeeded")
+            return
+        self._window.add(now, failure=failure, slow=slow)
+        self._check(now)
+
+    def release(self, permit: Permit) -> None:
+        """Give back an admission whose call was abandoned (cancelled) without a result."""
+        if permit.probe and permit.generation == self._generation:
+            self._probes = max(0, self._probes - 1)
+
+    def _check(self, now: float) -> None:
+        calls, failures, slow = self._window.totals(now)
+        if calls < self.config.min_calls:
+            return
+        window = f"{calls} calls in {self.config.window:g}s"
+        if failures / calls >= self.config.error_threshold:
+            self._open(now, f"failure rate {failures / calls:.0%} over {window}")
+        elif self.config.slow_call_duration is not None and slow / calls >= self.config.slow_call_threshold:
+            self._open(now, f"slow-call rate {slow / calls:.0%} over {window}")
+
+    def _open(self, now: float, reason: str) -> None:
+        self._opened_at = now
+        self._move("open", now, reason)
+
+    def _move(self, after: BreakerState, now: float, reason: str) -> None:
+        before = self._state
+        self._state = after
+        self._generation += 1
+        self._probes = 0
+        if after == "closed":
+            self._window.clear()
+        if self._listener is not None:
+            self._listener(BreakerTransition(self.agent, self.instance, before, after, now, reason))
+
+
+class Breakers:
+    """One breaker per (agent, instance), created on first use from the agent's config.
+
+    Bounded: past ``max_breakers`` the closed, idle breakers are dropped first.
+    """
+
+    def __init__(self, listener: Listener | None = None, *, max_breakers: int = 10_000) -> None:
+        self._listener = listener
+        self._max = max_breakers
+        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+
+    def get(self, agent: AgentDescriptor, instance_id: str) -> CircuitBreaker:
+        key = (agent.name, instance_id)
+        breaker = self._breakers.get(key)
+        config = agent.circuit_breaker
+        if breaker is None or (breaker.config is not config and breaker.config != config):
+            if breaker is None and len(self._breakers) >= self._max:
+                self._prune()
+            breaker = CircuitBreaker(config, agent=agent.name, instance=instance_id, listener=self._emit)
+            self._breakers[key] = breaker
+        return breaker
+
+    def find(self, agent: str, instance_id: str) -> CircuitBreaker | None:
+        return self._breakers.get((agent, instance_id))
+
+    def _emit(self, transition: BreakerTransition) -> None:
+        if self._listener is not None:
+            self._listener(transition)
+
+    def _prune(self) -> None:
+        closed = [key for key, breaker in self._breakers.items() if breaker.is_closed]
+        for key in closed[: max(1, len(closed) // 2)]:
+            del self._breakers[key]

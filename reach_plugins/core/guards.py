@@ -1,0 +1,129 @@
+"""Per-agent admission state: retry budget, rate limit, adaptive concurrency, per-capability limits.
+
+One :class:`AgentGuards` per target agent, built from its descriptor and
+rebuilt when the descriptor's limits change (a registry reload). ``admit``
+is the only place that waits: for a rate-limit token, then for a
+concurrency slot, both bounded by ``max_wait`` and the request's deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reach_plugins.core.budget import RetryBudget
+from reach_plugins.core.clock import Clock
+from reach_plugins.core.deadline import Deadline
+from reach_plugins.core.limits import AdaptiveLimit, ConcurrencyLimiter, TokenBucket
+from reach_plugins.errors import RateLimited
+from reach_plugins.model import AgentDescriptor, Capability
+
+DEFAULT_MAX_WAIT = 3.0
+"""Longest wait for a concurrency slot when the agent sets no ``rate_limit.max_wait``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """The concurrency slots one attempt holds, and how long it waited for them."""
+
+    limiters: tuple[ConcurrencyLimiter, ...]
+    waited: float
+
+
+class AgentGuards:
+    """The mutable, per-agent part of the core."""
+
+    def __init__(self, agent: AgentDescriptor, now: float) -> None:
+        self.agent = agent
+        self.budget = RetryBudget.from_policy(agent.retry)
+        limit = agent.rate_limit
+        self.bucket = TokenBucket(limit.qps, limit.burst, now=now) if limit else None
+        self.max_wait = limit.max_wait if limit else DEFAULT_MAX_WAIT
+        size = agent.pool.max_conns
+        self.adaptive = AdaptiveLimit(size)
+        self.limiter = ConcurrencyLimiter(size, max_queue=size, name=f"agent {agent.name!r}")
+        self._by_capability: dict[str, ConcurrencyLimiter] = {}
+
+    def fits(self, agent: AgentDescriptor) -> bool:
+        """Whether these guards were built from limits equal to ``agent``'s (else they are rebuilt)."""
+        mine = self.agent
+        return mine.retry == agent.retry and mine.rate_limit == agent.rate_limit and mine.pool == agent.pool
+
+    def _capability_limiter(self, capability: Capability | None) -> ConcurrencyLimiter | None:
+        if capability is None or capability.max_concurrency is None:
+            return None
+        limiter = self._by_capability.get(capability.name)
+        if limiter is None or limiter.limit != capability.max_concurrency:
+            size = capability.max_concurrency
+            limiter = ConcurrencyLimiter(size, max_queue=size, name=f"capability {capability.name!r}")
+            self._by_capability[capability.name] = limiter
+        return limiter
+
+    async def admit(self, capability: Capability | None, clock: Clock, deadline: Deadline) -> Slot:
+        """Wait (bounded) for a rate token and concurrency slots; raise RateLimited when none frees up."""
+        start = clock.now()
+        wait_until = start + min(self.max_wait, deadline.remaining(start))
+        if self.bucket is not None:
+            delay = self.bucket.reserve(start, wait_until - start)
+            if delay is None:
+                raise RateLimited(
+                    f"agent {self.agent.name!r} allows {self.bucket.rate:g} calls/s (burst {self.bucket.burst}) and "
+                    f"no call slot frees up within {wait_until - start:.3g}s; slow down or raise rate_limit.qps"
+                )
+            if delay > 0:
+                try:
+                    await clock.sleep(delay)
+                except BaseException:
+                    self.bucket.refund(clock.now())
+                    raise
+        held: list[ConcurrencyLimiter] = []
+        limiters = [self.limiter]
+        extra = self._capability_limiter(capability)
+        if extra is not None:
+            limiters.append(extra)
+        try:
+            for limiter in limiters:
+                if not limiter.try_acquire():
+                    await self._queue(limiter, clock, wait_until, start)
+                held.append(limiter)
+        except BaseException:
+            self._release(held)
+            raise
+        return Slot(tuple(held), clock.now() - start)
+
+    @staticmethod
+    async def _queue(limiter: ConcurrencyLimiter, clock: Clock, wait_until: float, start: float) -> None:
+        try:
+            async with clock.timeout_at(wait_until):
+                await limiter.acquire()
+        except TimeoutError:
+            raise RateLimited(
+                f"{limiter.name} has {limiter.in_flight} calls in flight (limit {limiter.limit}) and no slot "
+                f"freed up within {wait_until - start:.3g}s; slow down or raise the concurrency limit"
+            ) from None
+
+    def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool) -> None:
+        """Give the slots back and let the adaptive limit learn from the attempt."""
+        in_flight = self.limiter.in_flight
+        self._release(list(slot.limiters))
+        self.limiter.limit = self.adaptive.record(now, latency, overload=overload, in_flight=in_flight)
+
+    @staticmethod
+    def _release(held: list[ConcurrencyLimiter]) -> None:
+        for limiter in held:
+            limiter.release()
+
+
+class GuardTable:
+    """``AgentGuards`` by agent name, created on first use."""
+
+    def __init__(self) -> None:
+        self._guards: dict[str, AgentGuards] = {}
+
+    def get(self, agent: AgentDescriptor, now: float) -> AgentGuards:
+        guards = self._guards.get(agent.name)
+        if guards is None or (guards.agent is not agent and not guards.fits(agent)):
+            guards = AgentGuards(agent, now)
+            self._guards[agent.name] = guards
+        elif guards.agent is not agent:
+            guards.agent = agent
+        return guards

@@ -1,0 +1,158 @@
+"""Rate limit and backpressure primitives: a token bucket, a concurrency limiter, an adaptive limit.
+
+The bucket and the adaptive limit are pure state fed ``now``; the limiter
+hands slots to a bounded FIFO of waiters and never sleeps itself (the caller
+bounds the wait with its clock). Bounded waits turn moderate overload into
+slower answers and only sustained overload into fast ``RateLimited`` errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+
+from reach_plugins.errors import ConfigError, RateLimited
+
+
+class TokenBucket:
+    """``rate`` tokens a second up to ``burst``; a reservation may run into debt it then waits out."""
+
+    __slots__ = ("_stamp", "_tokens", "burst", "rate")
+
+    def __init__(self, rate: float, burst: int | None = None, *, now: float) -> None:
+        if rate <= 0:
+            raise ConfigError(f"rate_limit.qps must be > 0, got {rate}")
+        self.rate = rate
+        self.burst = burst if burst is not None else max(1, math.ceil(rate))
+        self._tokens = float(self.burst)
+        self._stamp = now
+
+    def _refill(self, now: float) -> None:
+        if now > self._stamp:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+
+    def reserve(self, now: float, max_wait: float) -> float | None:
+        """Seconds to wait before the call may go (0: now), or None if that would exceed ``max_wait``."""
+        self._refill(now)
+        after = self._tokens - 1.0
+        wait = 0.0 if after >= 0 else -after / self.rate
+        if wait > max_wait:
+            return None
+        self._tokens = after
+        return wait
+
+    def refund(self, now: float) -> None:
+        """Return a reserved token whose call was abandoned."""
+        self._refill(now)
+        self._tokens = min(float(self.burst), self._tokens + 1.0)
+
+
+class ConcurrencyLimiter:
+    """At most ``limit`` calls in flight; up to ``max_queue`` more wait in FIFO order, the rest are refused."""
+
+    def __init__(self, limit: int, *, max_queue: int, name: str = "") -> None:
+        if limit < 1 or max_queue < 0:
+            raise ConfigError(f"a concurrency limit needs limit >= 1 and max_queue >= 0, got {limit} and {max_queue}")
+        self._limit = limit
+        self._max_queue = max_queue
+        self._in_flight = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.name = name
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        self._limit = max(1, value)
+        self._wake()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def try_acquire(self) -> bool:
+        if self._in_flight < self._limit and not self._waiters:
+            self._in_flight += 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting in line if needed; raise RateLimited at once when the line is full."""
+        if self.try_acquire():
+            return
+        if len(self._waiters) >= self._max_queue:
+            raise RateLimited(
+                f"{self.name or 'agent'}: {self._in_flight} calls in flight (limit {self._limit}) and "
+                f"{len(self._waiters)} waiting; the wait queue is full — slow down or raise pool.max_conns"
+            )
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        self._in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._in_flight < self._limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._in_flight += 1
+                waiter.set_result(None)
+
+
+class AdaptiveLimit:
+    """AIMD concurrency: shrink by ``backoff`` on overload or rising latency, grow by one when the window is used.
+
+    Latency "rises" when a short moving average exceeds ``tolerance`` times a
+    long one (a gradient, as in Netflix's concurrency-limits); a lasting
+    change becomes the new normal as the long average catches up. At most one
+    decrease per observed round trip, so one burst of errors costs one step.
+    """
+
+    __slots__ = ("_calm_until", "_long", "_short", "backoff", "limit", "max_limit", "min_limit", "tolerance")
+
+    def __init__(self, max_limit: int, *, min_limit: int = 1, backoff: float = 0.9, tolerance: float = 2.0) -> None:
+        if not 1 <= min_limit <= max_limit or not 0 < backoff < 1 or tolerance <= 1:
+            raise ConfigError(
+                f"adaptive limit needs 1 <= min_limit <= max_limit, 0 < backoff < 1 and tolerance > 1; "
+                f"got {min_limit}, {max_limit}, {backoff}, {tolerance}"
+            )
+        self.max_limit = max_limit
+        self.min_limit = min_limit
+        self.backoff = backoff
+        self.tolerance = tolerance
+        self.limit = max_limit
+        self._short: float | None = None
+        self._long: float | None = None
+        self._calm_until = 0.0
+
+    def record(self, now: float, latency: float | None, *, overload: bool, in_flight: int) -> int:
+        """Feed one finished call (``latency`` None when it says nothing about speed); return the new limit."""
+        slow = False
+        if latency is not None:
+            self._short = latency if self._short is None else self._short + 0.2 * (latency - self._short)
+            self._long = latency if self._long is None else self._long + 0.02 * (latency - self._long)
+            slow = self._short > self.tolerance * self._long
+        if overload or slow:
+            if now >= self._calm_until:
+                self.limit = max(self.min_limit, int(self.limit * self.backoff))
+                self._calm_until = now + (self._short or 0.0)
+        elif in_flight * 2 >= self.limit:
+            self.limit = min(self.max_limit, self.limit + 1)
+        return self.limit

@@ -1,0 +1,42 @@
+"""What the pipeline needs from its neighbours, stated structurally so either side can change alone.
+
+``reach_plugins.routing.Router`` satisfies :class:`RouterLike`; its ``Route``
+(a frozen dataclass) satisfies :class:`RouteLike`. Tests use small fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Protocol
+
+from reach_plugins.model import AgentDescriptor, Capability, Instance, ReachRequest, RouteDecision
+from reach_plugins.transport import Credential
+
+
+class RouteLike(Protocol):
+    """One routing answer: where to send, what serves it there, and why."""
+
+    @property
+    def decision(self) -> RouteDecision: ...
+
+    @property
+    def agent(self) -> AgentDescriptor: ...
+
+    @property
+    def instance(self) -> Instance: ...
+
+    @property
+    def capability(self) -> Capability: ...
+
+
+class RouterLike(Protocol):
+    """Picks an instance for a request, skipping ``exclude`` (agent, instance_id) pairs.
+
+    Raises UnknownCapability, PermissionDenied, NoHealthyAgent or CircuitOpen itself.
+    """
+
+    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> RouteLike: ...
+
+
+CredentialResolver = Callable[[AgentDescriptor, str | None], Credential]
+"""``(agent, tenant) -> Credential``: the secret this tenant presents to that agent."""

@@ -1,0 +1,161 @@
+"""Session affinity: rendezvous (HRW) hashing with bounded load, and the table of pinned sessions.
+
+Rendezvous hashing scores every (session, instance) pair and takes the highest
+score: removing an instance moves only the sessions that were on it, adding
+one takes about ``1/(N+1)`` of them, and no ring has to be maintained. The
+session id is digested once with BLAKE2b; each instance's digest is mixed in
+with the SplitMix64 finalizer, which is cheap and spreads even near-identical
+keys (``a-prod``, ``b-prod``...) uniformly.
+
+Bounded load (Mirrokni, Thorup, Zadimoghaddam, "Consistent hashing with
+bounded loads") caps each instance at ``ceil(c * (active + 1) / n)`` pinned
+sessions: a new session goes to its best-scoring instance that is under the
+cap, so a hot key range cannot pile onto one instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from reach_plugins.errors import ConfigError
+
+InstanceKey = tuple[str, str]
+"""``(agent, instance_id)``."""
+
+_MASK: Final = (1 << 64) - 1
+_SCALE: Final = float(1 << 64)
+_MAX_DIGESTS: Final = 1_000_000
+
+
+def digest(text: str) -> int:
+    """64-bit BLAKE2b digest of ``text``."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a session landed: the chosen key, the cap that applied, and every key's score (best first)."""
+
+    key: InstanceKey
+    cap: int
+    ranked: list[tuple[float, InstanceKey]]
+
+
+class Rendezvous:
+    """HRW ranking with bounded load; caches instance digests."""
+
+    def __init__(self, bounded_load: float = 1.25) -> None:
+        if not bounded_load >= 1.0:
+            raise ConfigError(f"bounded_load must be >= 1.0 (1.25 allows 25 % above the average), got {bounded_load}")
+        self.bounded_load = bounded_load
+        self._digests: dict[InstanceKey, int] = {}
+
+    def scores(self, session_id: str, keys: Sequence[InstanceKey]) -> list[tuple[float, InstanceKey]]:
+        """``(score in [0, 1), key)`` pairs, best first."""
+        session = digest(session_id)
+        digests = self._digests
+        scored = []
+        for key in keys:
+            own = digests.get(key)
+            if own is None:
+                if len(digests) >= _MAX_DIGESTS:
+                    digests.clear()
+                own = digests[key] = digest(f"{key[0]}/{key[1]}")
+            x = ((session ^ own) + 0x9E3779B97F4A7C15) & _MASK  # SplitMix64 finalizer, inlined: hot path
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+            scored.append(((x ^ (x >> 31)) / _SCALE, key))
+        scored.sort(reverse=True)
+        return scored
+
+    def place(self, session_id: str, keys: Sequence[InstanceKey], active: Mapping[InstanceKey, int]) -> Placement:
+        """The best-scoring key holding fewer than ``ceil(c * (total + 1) / n)`` active sessions."""
+        ranked = self.scores(session_id, keys)
+        cap = math.ceil(self.bounded_load * (sum([active.get(key, 0) for key in keys]) + 1) / len(keys))
+        chosen = next(key for _, key in ranked if active.get(key, 0) < cap)
+        return Placement(chosen, cap, ranked)
+
+
+@dataclass(slots=True)
+class Pins:
+    """One session's pins: the instance it uses on each agent, and the agent it uses for each capability."""
+
+    instances: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, str] = field(default_factory=dict)
+
+    def agent_for(self, capability: str, offered: Container[str]) -> str | None:
+        """The agent this session uses for ``capability``: the one pinned for it, else any pinned agent offering it."""
+        agent = self.groups.get(capability)
+        if agent is not None:
+            return agent
+        return next((name for name in self.instances if name in offered), None)
+
+
+class SessionTable:
+    """Pinned sessions, LRU-bounded, with the number of sessions pinned to each instance."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        if capacity < 1:
+            raise ConfigError(f"session table capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._pins: OrderedDict[str, Pins] = OrderedDict()
+        self._active: dict[InstanceKey, int] = {}
+
+    @property
+    def active(self) -> Mapping[InstanceKey, int]:
+        """Pinned sessions per instance."""
+        return self._active
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def get(self, session_id: str) -> Pins | None:
+        """The pins of a session (refreshes its LRU position)."""
+        pins = self._pins.get(session_id)
+        if pins is not None:
+            self._pins.move_to_end(session_id)
+        return pins
+
+    def pin(self, session_id: str, capability: str, agent: str, instance_id: str) -> None:
+        """Pin a session's ``capability`` to an instance of ``agent``, dropping a pin nothing uses any more."""
+        pins = self._pins.get(session_id)
+        if pins is None:
+            pins = self._pins[session_id] = Pins()
+            if len(self._pins) > self.capacity:
+                self._uncount(self._pins.popitem(last=False)[1].instances)
+        else:
+            self._pins.move_to_end(session_id)
+        former = pins.groups.get(capability)
+        pins.groups[capability] = agent
+        old = pins.instances.get(agent)
+        if old != instance_id:
+            if old is not None:
+                self._count((agent, old), -1)
+            pins.instances[agent] = instance_id
+            self._count((agent, instance_id), +1)
+        if former is not None and former != agent and former not in pins.groups.values():
+            self._count((former, pins.instances.pop(former)), -1)
+
+    def release(self, session_id: str) -> bool:
+        """Forget a session (it was closed); return whether it was pinned."""
+        pins = self._pins.pop(session_id, None)
+        if pins is None:
+            return False
+        self._uncount(pins.instances)
+        return True
+
+    def _uncount(self, instances: Mapping[str, str]) -> None:
+        for agent, instance_id in instances.items():
+            self._count((agent, instance_id), -1)
+
+    def _count(self, key: InstanceKey, delta: int) -> None:
+        value = self._active.get(key, 0) + delta
+        if value > 0:
+            self._active[key] = value
+        else:
+            self._active.pop(key, None)

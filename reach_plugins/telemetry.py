@@ -1,0 +1,112 @@
+"""Telemetry vocabulary and helpers: span and attribute names, header names, W3C context propagation.
+
+Library code depends on ``opentelemetry-api`` only: spans are no-ops until the
+application installs an SDK, and every entry point accepts an optional
+``tracer_provider`` instead of touching the global one. Names live here as
+``Final`` constants so spans, trace files and dashboards agree on spelling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from importlib import metadata
+from typing import Final
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import Tracer, TracerProvider
+
+INSTRUMENTATION_NAME: Final = "reach_plugins"
+
+# --------------------------------------------------------------------------- span attributes
+ATTR_CAPABILITY: Final = "reach.capability"
+ATTR_REQUEST_ID: Final = "reach.request_id"
+ATTR_TENANT: Final = "reach.tenant"
+ATTR_SESSION_ID: Final = "reach.session_id"
+ATTR_AGENT: Final = "reach.agent"
+ATTR_INSTANCE: Final = "reach.instance"
+ATTR_ENDPOINT: Final = "reach.endpoint"
+ATTR_ROUTE_REASON: Final = "reach.route.reason"
+ATTR_CONTEXT_RESTORE: Final = "reach.context_restore"
+ATTR_DEGRADED: Final = "reach.degraded"
+ATTR_HOPS: Final = "reach.hops"
+ATTR_ATTEMPT: Final = "reach.attempt"
+ATTR_ATTEMPTS: Final = "reach.attempts"
+ATTR_OUTCOME: Final = "reach.outcome"
+ATTR_STATUS: Final = "reach.status"
+ATTR_DURATION_MS: Final = "reach.duration_ms"
+ATTR_RETRY_DELAY_MS: Final = "reach.retry.delay_ms"
+ATTR_DEDUP_HIT: Final = "reach.dedup.hit"
+ATTR_BREAKER_FROM: Final = "reach.breaker.from"
+ATTR_BREAKER_TO: Final = "reach.breaker.to"
+ATTR_REASON: Final = "reach.reason"
+ATTR_ERROR_TYPE: Final = "error.type"
+ATTR_ERROR_MESSAGE: Final = "reach.error.message"
+
+# --------------------------------------------------------------------------- span events
+EVENT_ATTEMPT: Final = "reach.attempt"
+EVENT_RETRY: Final = "reach.retry"
+EVENT_FAILOVER: Final = "reach.failover"
+EVENT_GIVE_UP: Final = "reach.give_up"
+EVENT_BREAKER: Final = "reach.breaker"
+EVENT_DEDUP_HIT: Final = "reach.dedup_hit"
+EVENT_DEDUP_WAIT: Final = "reach.dedup_wait"
+EVENT_RATE_WAIT: Final = "reach.rate_limit_wait"
+
+# --------------------------------------------------------------------------- wire headers (DESIGN.md section 4)
+HEADER_TRACEPARENT: Final = "traceparent"
+HEADER_DEADLINE: Final = "X-Reach-Deadline"
+HEADER_HOPS: Final = "X-Reach-Hops"
+HEADER_IDEMPOTENCY_KEY: Final = "Idempotency-Key"
+HEADER_TENANT: Final = "X-Tenant"
+HEADER_RETRY: Final = "X-Reach-Retry"
+RETRY_UPSTREAM: Final = "upstream"
+"""``X-Reach-Retry: upstream``: a layer above retries this request, so this one must not."""
+
+
+def _version() -> str:
+    try:
+        return metadata.version("reach-plugins")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+_VERSION: Final = _version()
+
+
+def span_name(capability: str) -> str:
+    """The client span of one reach: ``reach {capability}``."""
+    return f"reach {capability}"
+
+
+def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:
+    """Our tracer from ``tracer_provider``, or from the global provider (a no-op until an SDK is set)."""
+    return trace.get_tracer(INSTRUMENTATION_NAME, _VERSION, tracer_provider=tracer_provider)
+
+
+class _CaseInsensitiveGetter(Getter[Mapping[str, str]]):
+    """Header lookup that ignores case, as HTTP does (``Traceparent`` is ``traceparent``)."""
+
+    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        if value is None:
+            lowered = key.lower()
+            value = next((v for k, v in carrier.items() if k.lower() == lowered), None)
+        return None if value is None else [value]
+
+    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+        return list(carrier.keys())
+
+
+_GETTER: Final = _CaseInsensitiveGetter()
+
+
+def inject_context(carrier: MutableMapping[str, str], context: Context | None = None) -> None:
+    """Write ``traceparent`` (and baggage) for ``context`` (default: the current one) into ``carrier``."""
+    propagate.inject(carrier, context=context)
+
+
+def extract_context(carrier: Mapping[str, str], context: Context | None = None) -> Context:
+    """Read the caller's ``traceparent`` from incoming headers; start spans with the result as parent."""
+    return propagate.extract(carrier, context=context, getter=_GETTER)

@@ -1,0 +1,114 @@
+"""The httpx wire engine: for users who need httpx's transports, HTTP/2 or ``httpx.MockTransport``.
+
+httpx's timeouts are per operation, so the whole attempt is also bounded with
+``asyncio.timeout``; ``sniffio`` must be installed or every request pays for
+a failed import (DESIGN.md section 10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import ssl
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+
+import httpx
+
+from reach_plugins.adapters import HttpRequest, HttpResponse
+from reach_plugins.errors import ConfigError, ConnectError, ConnectionLost, ReadTimeout
+from reach_plugins.model import PoolConfig
+
+
+@contextmanager
+def mapped_errors(request: HttpRequest) -> Iterator[None]:
+    """httpx's exceptions as ours; a pool timeout means the request was never sent."""
+    where = f"{request.method} {request.url}"
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise ConnectError(f"cannot connect for {where}: {exc}") from exc
+    except httpx.PoolTimeout as exc:
+        raise ConnectError(f"no pooled connection became free for {where}") from exc
+    except (httpx.TimeoutException, TimeoutError) as exc:
+        raise ReadTimeout(f"no complete answer to {where} in time") from exc
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        raise ConfigError(f"the agent endpoint is not a valid URL: {request.url!r} ({exc})") from exc
+    except httpx.HTTPError as exc:
+        raise ConnectionLost(f"the connection broke during {where}: {exc!r}") from exc
+
+
+class HttpxStream:
+    """A streamed httpx response."""
+
+    def __init__(self, response: httpx.Response, request: HttpRequest) -> None:
+        self._response = response
+        self._request = request
+        self._chunks = response.aiter_raw()
+        self.status = response.status_code
+        self.headers: Mapping[str, str] = response.headers
+
+    async def next_chunk(self) -> bytes:
+        with mapped_errors(self._request):
+            return await anext(self._chunks, b"")
+
+    async def read(self) -> bytes:
+        with mapped_errors(self._request):
+            return await self._response.aread()
+
+
+class HttpxEngine:
+    """One ``httpx.AsyncClient``: built from the pool settings, or the caller's own (then not closed here)."""
+
+    def __init__(self, client: httpx.AsyncClient, *, owned: bool = True) -> None:
+        self._client = client
+        self._owned = owned
+
+    async def send(self, request: HttpRequest, *, timeout: float, connect_timeout: float) -> HttpResponse:
+        limits = httpx.Timeout(timeout, connect=connect_timeout)
+        with mapped_errors(request):
+            async with asyncio.timeout(timeout):
+                response = await self._client.request(
+                    request.method,
+                    request.url,
+                    content=request.body,
+                    headers=request.headers,
+                    params=request.params or None,
+                    timeout=limits,
+                )
+        return HttpResponse(response.status_code, response.headers, response.content)
+
+    @asynccontextmanager
+    async def stream(
+        self, request: HttpRequest, *, timeout: float, connect_timeout: float
+    ) -> AsyncIterator[HttpxStream]:
+        limits = httpx.Timeout(None, connect=connect_timeout)
+        built = self._client.build_request(
+            request.method,
+            request.url,
+            content=request.body,
+            headers=request.headers,
+            params=request.params or None,
+            timeout=limits,
+        )
+        with mapped_errors(request):
+            async with asyncio.timeout(timeout):
+                response = await self._client.send(built, stream=True)
+        try:
+            yield HttpxStream(response, request)
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self._client.aclose()
+
+
+def create(pool: PoolConfig, tls: ssl.SSLContext | None, *, http2: bool = False) -> HttpxEngine:
+    if http2 and importlib.util.find_spec("h2") is None:
+        raise ImportError('HTTP/2 needs the h2 package: pip install "reach-plugins[http2]"')
+    limits = httpx.Limits(
+        max_connections=pool.max_conns, max_keepalive_connections=pool.max_conns, keepalive_expiry=pool.idle_timeout
+    )
+    client = httpx.AsyncClient(limits=limits, verify=tls or True, http2=http2, trust_env=False, follow_redirects=False)
+    return HttpxEngine(client)

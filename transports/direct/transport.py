@@ -1,0 +1,177 @@
+"""DirectTransport: one prepared call, straight to the agent's endpoint over HTTP.
+
+It only moves bytes: the protocol adapter builds the request and normalises
+the reply, the wire engine (aiohttp by default, httpx on request) carries it
+over one pooled client per agent. It never retries, breaks circuits or
+dedups; the resilience core does that for every transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import AsyncIterator, Hashable
+from typing import TYPE_CHECKING, Any, Literal
+
+from reach_plugins.adapters import Adapter, HttpResponse, SseDecoder, StreamDecoder, adapter_for
+from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, StreamIdle, TransportError
+from reach_plugins.model import ErrorInfo, Timeouts
+from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
+from transports.direct.auth import tls_context, tls_identity, with_credential
+from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
+
+if TYPE_CHECKING:
+    import httpx
+
+
+def _timeouts(call: Call) -> tuple[float, float]:
+    """``(connect, stream_idle)``: the agent's, overridden by what the capability sets explicitly."""
+    agent: Timeouts = call.agent.timeouts
+    own = call.capability.timeouts if call.capability else None
+    connect, idle = agent.connect, agent.stream_idle
+    if own is not None:
+        connect = own.connect if "connect" in own.model_fields_set else connect
+        idle = own.stream_idle if "stream_idle" in own.model_fields_set else idle
+    return min(connect, call.timeout), idle
+
+
+def _error_event(exc: ReachError) -> StreamEvent:
+    return StreamEvent("error", error=ErrorInfo(type=exc.error_type, message=exc.message))
+
+
+class DirectTransport(BaseTransport):
+    """HTTP straight to agents, speaking their protocol (``reach``, ``openai-compatible``, ``raw-http``, ``a2a``).
+
+    ``engine="aiohttp"`` (default) or ``"httpx"``; passing ``client`` (an
+    ``httpx.AsyncClient``) selects httpx with the caller's pool and settings.
+    ``http2=True`` needs the httpx engine and the ``h2`` package.
+    """
+
+    owns_retries = False
+
+    def __init__(
+        self,
+        *,
+        engine: Literal["aiohttp", "httpx"] = "aiohttp",
+        client: httpx.AsyncClient | None = None,
+        http2: bool = False,
+    ) -> None:
+        if engine not in ("aiohttp", "httpx"):
+            raise ConfigError(f"unknown engine {engine!r}: use 'aiohttp' (default) or 'httpx'")
+        self.engine: EngineName = "httpx" if client is not None else engine
+        if http2 and self.engine != "httpx":
+            raise ConfigError("HTTP/2 needs the httpx engine: DirectTransport(engine='httpx', http2=True)")
+        if http2 and client is None and importlib.util.find_spec("h2") is None:
+            raise ImportError('HTTP/2 needs the h2 package: pip install "reach-plugins[http2]"')
+        self._http2 = http2
+        self._shared = wrap_client(client) if client is not None else None
+        self._engines: dict[Hashable, Engine] = {}
+        self._discovered: dict[tuple[str, str], Any] = {}
+
+    def _engine_for(self, call: Call) -> Engine:
+        identity = tls_identity(call.credential)
+        if self._shared is not None:
+            if identity is not None:
+                raise ConfigError(
+                    "a 'cert' credential cannot be applied to a caller's httpx client: configure the client's "
+                    "certificate yourself, or let DirectTransport build its clients"
+                )
+            return self._shared
+        key = (call.agent.name, call.agent.pool, identity)
+        engine = self._engines.get(key)
+        if engine is None:
+            tls = tls_context(*identity) if identity else None
+            engine = self._engines[key] = make_engine(self.engine, call.agent.pool, tls, http2=self._http2)
+        return engine
+
+    async def _discover(self, adapter: Adapter, engine: Engine, call: Call) -> Any:
+        """Run the adapter's discovery request once per endpoint (an A2A agent card) and cache what it teaches."""
+        request = adapter.discovery(call)
+        if request is None:
+            return None
+        key = (adapter.protocol, call.instance.endpoint)
+        if key not in self._discovered:
+            connect, _ = _timeouts(call)
+            response = await engine.send(request, timeout=call.timeout, connect_timeout=connect)
+            self._discovered[key] = adapter.discovered(call, response)
+        return self._discovered[key]
+
+    async def send(self, call: Call) -> Reply:
+        adapter = adapter_for(call.agent.protocol)
+        engine = self._engine_for(call)
+        discovered = await self._discover(adapter, engine, call)
+        request = with_credential(adapter.build(call, discovered=discovered), call.credential)
+        connect, _ = _timeouts(call)
+        response = await engine.send(request, timeout=call.timeout, connect_timeout=connect)
+        return adapter.parse(call, response)
+
+    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+        """Stream events; failures before the first event raise (retryable), later ones end with an error event."""
+        adapter = adapter_for(call.agent.protocol)
+        decoder = adapter.decoder(call)
+        if decoder is None:
+            async for event in super().stream(call):
+                yield event
+            return
+        engine = self._engine_for(call)
+        discovered = await self._discover(adapter, engine, call)
+        request = with_credential(adapter.build(call, stream=True, discovered=discovered), call.credential)
+        connect, idle = _timeouts(call)
+        deadline = asyncio.get_running_loop().time() + call.timeout
+        async with engine.stream(request, timeout=call.timeout, connect_timeout=connect) as wire:
+            content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
+            if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
+                reply = adapter.parse(call, HttpResponse(wire.status, wire.headers, await wire.read()))
+                for event in _reply_events(reply):
+                    yield event
+                return
+            async for event in _events(call, wire, decoder, deadline, idle):
+                yield event
+
+    async def aclose(self) -> None:
+        engines = list(self._engines.values()) + ([self._shared] if self._shared else [])
+        self._engines.clear()
+        for engine in engines:
+            await engine.aclose()
+
+
+def _reply_events(reply: Reply) -> list[StreamEvent]:
+    """A whole (non-SSE) reply as stream events."""
+    if reply.status == "success":
+        return [StreamEvent("data", reply.data), StreamEvent("end")]
+    return [StreamEvent("error", error=reply.error)]
+
+
+async def _events(
+    call: Call, wire: WireStream, decoder: StreamDecoder, deadline: float, idle: float
+) -> AsyncIterator[StreamEvent]:
+    """Decode SSE from ``wire`` until the end, an error, ``stream_idle`` of silence or the attempt's deadline."""
+    loop = asyncio.get_running_loop()
+    sse = SseDecoder()
+    started = False
+    while True:
+        remaining = deadline - loop.time()
+        try:
+            async with asyncio.timeout(min(idle, remaining)):
+                chunk = await wire.next_chunk()
+            events = [event for frame in sse.feed(chunk) for event in decoder.feed(frame)] if chunk else decoder.close()
+        except TimeoutError:
+            silent = idle <= remaining
+            what = f"no event for {idle:g}s (stream_idle)" if silent else "the attempt's deadline passed"
+            failure = StreamIdle(f"stream from {call.instance.endpoint}: {what}", agent=call.agent.name)
+            if not started:
+                raise failure from None
+            yield _error_event(failure)
+            return
+        except (TransportError, InvalidResponse) as exc:
+            if not started:
+                raise
+            yield _error_event(exc)
+            return
+        for event in events:
+            started = True
+            yield event
+            if event.kind != "data":
+                return
+        if not chunk:
+            return
