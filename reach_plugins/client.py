@@ -50,7 +50,7 @@ class ReachClient:
         default_timeout: float = 30.0,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.registry = open_registry(registry) if isinstance(registry, str) else registry
+        self.registry = open_registry(registry, clock=clock)
         if transport is None:
             from transports.direct import DirectTransport
 
@@ -72,7 +72,7 @@ class ReachClient:
         self.pipeline = Pipeline(
             router=self.router,
             transport=transport,
-            store=open_store(store),
+            store=open_store(store) if store is not None else None,
             clock=clock,
             rng=rng,
             credentials=self._credential,

@@ -27,7 +27,8 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── InvalidResponse              the downstream answered garbage or broke return_schema
     ├── RemoteError                  the agent answered with an error
     │   └── BusinessError            error.type == "business": never retried
-    └── DeadlineExceeded             the request's deadline passed (lists the attempts)
+    ├── DeadlineExceeded             the request's deadline passed (lists the attempts)
+    └── BackendUnavailable           etcd or Redis (shared registry/state) did not answer
 """
 
 from __future__ import annotations
@@ -180,6 +181,12 @@ class DeadlineExceeded(ReachError):
     def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
         super().__init__(message, attempts=list(attempts))
         self.attempts = list(attempts)
+
+
+class BackendUnavailable(ReachError):
+    """A shared backend (etcd registry, Redis store) could not be reached; names the backend and the fix."""
+
+    error_type = "transient"
 
 
 _BY_TYPE: dict[str, type[ReachError]] = {

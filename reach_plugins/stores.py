@@ -22,12 +22,10 @@ def _scheme(url: str, what: str) -> str:
     return scheme
 
 
-def open_store(store: DedupStore | str | None) -> DedupStore:
-    """The idempotency/dedup store: the in-memory one by default."""
+def open_store(store: DedupStore | str) -> DedupStore:
+    """The idempotency/dedup store named by ``store`` (an object is used as is)."""
     from reach_plugins.core.dedup import MemoryDedupStore
 
-    if store is None:
-        return MemoryDedupStore()
     if isinstance(store, str):
         _scheme(store, "store")
         return MemoryDedupStore()

@@ -51,7 +51,7 @@ def agent(name: str, *capabilities: str, endpoints: int = 0, **fields: object) -
     )
 
 
-def tracked(agent_name: str, instance_id: str, clock: FakeClock, **fields: object) -> Instance:
+def tracked(agent_name: str, instance_id: str, clock: Callable[[], float], **fields: object) -> Instance:
     """A heartbeat-tracked instance whose last heartbeat is now."""
     return Instance.model_validate(
         {

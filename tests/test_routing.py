@@ -27,8 +27,8 @@ def registry(clock: FakeClock) -> MemoryRegistry:
     return MemoryRegistry(clock=clock)
 
 
-def router(registry: MemoryRegistry, **options: object) -> Router:
-    return Router(registry, clock=registry.clock, rng=random.Random(7), **options)  # type: ignore[arg-type]
+def router(registry: MemoryRegistry, **options: Any) -> Router:
+    return Router(registry, clock=registry.clock, rng=random.Random(7), **options)
 
 
 def ask(capability: str = "query_order", **fields: object) -> ReachRequest:
@@ -37,14 +37,16 @@ def ask(capability: str = "query_order", **fields: object) -> ReachRequest:
 
 def picks(r: Router, request: ReachRequest, times: int) -> Counter[str]:
     """How often each ``agent/instance`` was chosen."""
-    return Counter(f"{route.agent.name}/{route.instance.instance_id}" for route in (r.route(request) for _ in range(times)))
+    return Counter(
+        f"{route.agent.name}/{route.instance.instance_id}" for route in (r.route(request) for _ in range(times))
+    )
 
 
-async def live(registry: MemoryRegistry, name: str, ids: list[str], **fields: object) -> None:
+async def live(registry: MemoryRegistry, name: str, ids: list[str], **fields: Any) -> None:
     """Register agent ``name`` with heartbeat-tracked instances ``ids``, heard from just now."""
     await registry.register_agent(agent(name, "query_order", **fields))
     for instance_id in ids:
-        await registry.register_instance(tracked(name, instance_id, registry.clock))  # type: ignore[arg-type]
+        await registry.register_instance(tracked(name, instance_id, registry.clock))
 
 
 SEQ = itertools.count(1)
@@ -180,7 +182,7 @@ def test_permission_wins_over_other_refusals(registry: MemoryRegistry) -> None:
 # ---------------------------------------------------------------------- health
 
 
-def test_missed_heartbeats_leave_routing_and_come_back(registry: MemoryRegistry, clock: FakeClock) -> None:
+async def test_missed_heartbeats_leave_routing_and_come_back(registry: MemoryRegistry, clock: FakeClock) -> None:
     """An instance silent past 3 intervals is skipped with the age of its last heartbeat; a heartbeat restores it."""
     await live(registry, "orders", ["o-1", "o-2"])
     r = router(registry)
@@ -195,7 +197,7 @@ def test_missed_heartbeats_leave_routing_and_come_back(registry: MemoryRegistry,
     assert set(picks(r, ask(), 4)) == {"orders/o-1", "orders/o-2"}
 
 
-def test_nobody_healthy_says_why_for_each(registry: MemoryRegistry, clock: FakeClock) -> None:
+async def test_nobody_healthy_says_why_for_each(registry: MemoryRegistry, clock: FakeClock) -> None:
     """NoHealthyAgent carries a reason per agent/instance."""
     await live(registry, "orders", ["o-1"])
     registry.put_agent(agent("empty", "query_order"))
@@ -265,7 +267,7 @@ def test_weight_zero_takes_no_traffic(registry: MemoryRegistry) -> None:
 # ---------------------------------------------------------------------- priority tiers and weights
 
 
-def test_best_priority_tier_wins_while_healthy(registry: MemoryRegistry, clock: FakeClock) -> None:
+async def test_best_priority_tier_wins_while_healthy(registry: MemoryRegistry, clock: FakeClock) -> None:
     """Priority 1 takes all traffic while it has a healthy instance; priority 2 takes over when it has none."""
     await live(registry, "primary", ["p-1"], routing={"priority": 1})
     registry.put_agent(agent("backup", "query_order", endpoints=1, routing={"priority": 2, "weight": 1000}))
@@ -285,7 +287,7 @@ def test_weights_split_traffic_exactly(registry: MemoryRegistry) -> None:
     assert abs(counts["big/big-0"] - 300) <= 2 and abs(counts["small/small-0"] - 100) <= 2
 
 
-def test_load_scales_weights_but_never_to_zero(registry: MemoryRegistry, clock: FakeClock) -> None:
+async def test_load_scales_weights_but_never_to_zero(registry: MemoryRegistry, clock: FakeClock) -> None:
     """An instance at load 0.75 gets a quarter of an idle one's share; a fully loaded one still gets some."""
     await live(registry, "orders", ["idle", "busy", "full"])
     for instance_id, load in (("busy", 0.75), ("full", 1.0)):
@@ -310,19 +312,21 @@ def test_session_stays_on_its_instance(registry: MemoryRegistry) -> None:
     assert {route.decision.affinity for route in following} == {"pinned"}
 
 
-def test_pinned_session_survives_draining(registry: MemoryRegistry, clock: FakeClock) -> None:
+async def test_pinned_session_survives_draining(registry: MemoryRegistry, clock: FakeClock) -> None:
     """A draining instance keeps serving the sessions already pinned to it, but takes no new one."""
     await live(registry, "orders", ["o-1"])
     r = router(registry)
     assert r.route(ask(session_id="old")).instance.instance_id == "o-1"
-    await beat(registry, "orders", "o-2")
+    await registry.register_instance(tracked("orders", "o-2", clock))
     await beat(registry, "orders", "o-1", status="draining")
     assert r.route(ask(session_id="old")).decision.affinity == "pinned"
     assert {r.route(ask(session_id=f"new-{i}")).instance.instance_id for i in range(10)} == {"o-2"}
 
 
 @pytest.mark.parametrize("failure", ["heartbeat", "breaker", "exclude"])
-def test_gone_pinned_instance_restores_on_another(registry: MemoryRegistry, clock: FakeClock, failure: str) -> None:
+async def test_gone_pinned_instance_restores_on_another(
+    registry: MemoryRegistry, clock: FakeClock, failure: str
+) -> None:
     """When the pinned instance is gone, another instance of the same agent serves it with context_restore."""
     await live(registry, "orders", ["o-1", "o-2", "o-3"])
     broken: set[str] = set()
@@ -345,7 +349,7 @@ def test_gone_pinned_instance_restores_on_another(registry: MemoryRegistry, cloc
     assert (again.instance.instance_id, again.decision.affinity) == (restored.instance.instance_id, "pinned")
 
 
-def test_gone_agent_degrades_to_another_agent(registry: MemoryRegistry, clock: FakeClock) -> None:
+async def test_gone_agent_degrades_to_another_agent(registry: MemoryRegistry, clock: FakeClock) -> None:
     """When no instance of the pinned agent is left, another agent with the capability serves it, degraded."""
     await live(registry, "orders", ["o-1"], routing={"priority": 1})
     registry.put_agent(agent("orders-b", "query_order", endpoints=1, routing={"priority": 2}))
@@ -427,7 +431,7 @@ def test_decision_records_candidates_skips_and_timing(registry: MemoryRegistry) 
     scored = {c.instance: c.score for c in decision.candidates if c.skipped is None}
     assert scored == {"orders-0": 50.0, "orders-1": 50.0}
     assert [(c.instance, c.skipped) for c in decision.candidates if c.skipped] == [("orders-2", "circuit open")]
-    assert "smooth weighted round robin over 2 healthy instance(s) in priority tier 1" == decision.reason
+    assert decision.reason == "smooth weighted round robin over 2 healthy instance(s) in priority tier 1"
     assert decision.elapsed_us > 0
 
 

@@ -25,7 +25,15 @@ from reach_plugins.errors import ConnectError, ConnectionLost, InvalidResponse, 
 from reach_plugins.model import AgentDescriptor, Hop, PoolConfig, ReachRequest
 from reach_plugins.transport import Call, Credential, Transport
 
-ECHOED = ("traceparent", "idempotency-key", "x-reach-deadline", "x-reach-hops", "x-tenant", "authorization", "x-api-key")
+ECHOED = (
+    "traceparent",
+    "idempotency-key",
+    "x-reach-deadline",
+    "x-reach-hops",
+    "x-tenant",
+    "authorization",
+    "x-api-key",
+)
 
 
 async def _scripted(request: Request) -> Response:
@@ -97,7 +105,8 @@ class TransportConformance:
     """What every DirectTransport engine must do; subclasses provide the ``transport`` fixture."""
 
     @pytest.fixture(scope="class")
-    def server(self) -> Iterator[BackgroundServer]:
+    @classmethod
+    def server(cls) -> Iterator[BackgroundServer]:
         with BackgroundServer(scripted_app()) as server:
             yield server
 

@@ -2,7 +2,8 @@
 
 On start: the descriptor and one Instance (``ready``). Then a heartbeat every
 ``health_check.interval`` (10 s by default), reporting ``draining`` while the
-agent's readiness says no. On stop: a last ``draining`` heartbeat, then
+agent's readiness says no; a registry that forgot the instance (restarted,
+lease lost) gets it registered again. On stop: a last ``draining`` heartbeat, then
 deregistration, so routers stop sending before the process goes.
 """
 
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from reach_plugins.errors import RequestError
 from reach_plugins.model import Instance, InstanceStatus
 from reach_plugins.registry.base import Registry
 
@@ -51,6 +53,10 @@ class Registration:
 
     async def start(self) -> None:
         """Register the descriptor and this instance, then start the heartbeat loop."""
+        await self._register()
+        self._task = asyncio.create_task(self._beat_forever(), name=f"heartbeat {self.instance_id}")
+
+    async def _register(self) -> None:
         await self.registry.register_agent(self.agent.descriptor())
         instance = Instance(
             agent=self.agent.name,
@@ -61,7 +67,6 @@ class Registration:
             last_heartbeat=self.registry.clock(),
         )
         await self.registry.register_instance(instance)
-        self._task = asyncio.create_task(self._beat_forever(), name=f"heartbeat {self.instance_id}")
 
     async def beat(self, status: InstanceStatus | None = None) -> None:
         """Send one heartbeat with the next sequence number (status from readiness unless given)."""
@@ -76,8 +81,17 @@ class Registration:
             await self._sleep(self.interval)
             try:
                 await self.beat()
+            except RequestError:
+                log.warning("registry forgot %s; registering it again", self.instance_id)
+                await self._reregister()
             except Exception:
                 log.warning("heartbeat of %s failed; will try again", self.instance_id, exc_info=True)
+
+    async def _reregister(self) -> None:
+        try:
+            await self._register()
+        except Exception:
+            log.warning("registering %s again failed; will try again", self.instance_id, exc_info=True)
 
     async def stop(self) -> None:
         """Stop heartbeats, announce ``draining``, deregister the instance."""

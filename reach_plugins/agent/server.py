@@ -76,12 +76,13 @@ class BackgroundServer:
         self._socket.bind((host, port))
         self.host = host
         self.port: int = self._socket.getsockname()[1]
+        self.scheme = "https" if options.get("ssl_certfile") else "http"
         self._server = _Server(uvicorn_config(app, host=host, port=self.port, **options))
         self._thread = threading.Thread(target=self._run, name=f"uvicorn :{self.port}", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def _run(self) -> None:
         self._server.run(sockets=[self._socket])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from reach_plugins.core.backoff import retry_delay
 from reach_plugins.core.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
@@ -21,7 +21,7 @@ from reach_plugins.core.guards import AgentGuards, GuardTable, Slot
 from reach_plugins.core.loopguard import check_target, hops_header
 from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.trace import TraceRecorder
-from reach_plugins.errors import ReachError
+from reach_plugins.errors import CircuitOpen, NoHealthyAgent, ReachError
 from reach_plugins.model import Attempt, ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry import (
     ATTR_BREAKER_FROM,
@@ -36,6 +36,8 @@ from reach_plugins.telemetry import (
 from reach_plugins.transport import Call, Credential, Reply, Transport
 
 logger = logging.getLogger("reach_plugins.core")
+
+Status = Literal["success", "fail", "timeout"]
 
 
 def _no_credential(agent: Any, tenant: str | None) -> Credential:
@@ -104,8 +106,15 @@ class Engine:
 
     def _on_transition(self, transition: BreakerTransition) -> None:
         level = logging.WARNING if transition.after == "open" else logging.INFO
-        logger.log(level, "breaker %s/%s: %s -> %s (%s)", transition.agent, transition.instance,
-                   transition.before, transition.after, transition.reason)
+        logger.log(
+            level,
+            "breaker %s/%s: %s -> %s (%s)",
+            transition.agent,
+            transition.instance,
+            transition.before,
+            transition.after,
+            transition.reason,
+        )
         if self.observer is not None:
             self.observer.event(
                 EVENT_BREAKER,
@@ -131,7 +140,15 @@ class Engine:
             if permit is not None:
                 return Admission(guards, slot, breaker, permit)
             guards.done(slot, now, latency=None, overload=False)
-            self.fail_over(flight, f"breaker of {route.instance.instance_id} is {breaker.state(now)}")
+            state = breaker.state(now)
+            try:
+                self.fail_over(flight, f"breaker of {route.instance.instance_id} is {state}")
+            except NoHealthyAgent as exc:
+                raise CircuitOpen(
+                    f"the breaker of {route.agent.name}/{route.instance.instance_id} is {state} and no other "
+                    f"instance can take the request ({exc.message})",
+                    reasons={route.instance.instance_id: f"breaker {state}", **exc.reasons},
+                ) from exc
 
     def fail_over(self, flight: Flight, reason: str) -> None:
         """Route again without the instances tried so far (raises NoHealthyAgent/CircuitOpen when none is left)."""
@@ -143,7 +160,11 @@ class Engine:
         flight.route = route
         flight.rec.route = route.decision
         flight.rec.event(
-            EVENT_FAILOVER, self.clock.now(), reason=reason, **{"from": old.instance.instance_id}, to=route.instance.instance_id
+            EVENT_FAILOVER,
+            self.clock.now(),
+            reason=reason,
+            **{"from": old.instance.instance_id},
+            to=route.instance.instance_id,
         )
 
     def prepare(self, flight: Flight, timeout: float, now: float) -> Call:
@@ -215,8 +236,9 @@ class Engine:
             return Plan(None, f"a retry after {delay:.3g}s would start past the deadline", out_of_time=True)
         return Plan(delay, "retry")
 
-    def record(self, flight: Flight, verdict: Verdict, admission: Admission, started: float, now: float,
-               delay: float | None) -> None:
+    def record(
+        self, flight: Flight, verdict: Verdict, admission: Admission, started: float, now: float, delay: float | None
+    ) -> None:
         route = flight.route
         attempt = Attempt.model_construct(
             number=flight.attempts,
@@ -232,7 +254,7 @@ class Engine:
         )
         flight.rec.attempt(attempt)
 
-    def respond(self, flight: Flight, status: str, data: Any, error: ErrorInfo | None) -> ReachResponse:
+    def respond(self, flight: Flight, status: Status, data: Any, error: ErrorInfo | None) -> ReachResponse:
         route = flight.route
         decision = route.decision
         return ReachResponse.model_construct(
@@ -257,8 +279,12 @@ class Engine:
         flight.rec.event(EVENT_GIVE_UP, now, reason=why, outcome=verdict.outcome)
         last = verdict.error.message if verdict.error else verdict.outcome
         if verdict.outcome == "invalid_response":
-            logger.warning("request %s: invalid response from %s: %s", flight.request.request_id,
-                           flight.route.instance.instance_id, last)
+            logger.warning(
+                "request %s: invalid response from %s: %s",
+                flight.request.request_id,
+                flight.route.instance.instance_id,
+                last,
+            )
         if out_of_time or verdict.outcome == "timeout" or flight.deadline.expired(now):
             message = f"deadline reached after {flight.attempts} attempt(s) ({why}); last error: {last}"
             return self.respond(flight, "timeout", None, ErrorInfo(type="timeout", message=message))

@@ -2,10 +2,11 @@
 
 Each failed attempt takes one token, each success gives back ``token_ratio``;
 retries are allowed only while the bucket is more than half full. With the
-defaults (10 tokens, 0.2 per success) the bucket keeps filling as long as
-fewer than one attempt in six fails (``0.2 * (1 - p) > p``), so a 10 %
-transient failure rate is still fully retried; a full outage drains it after
-about five failures and from then on each request makes one attempt only.
+defaults (20 tokens, 0.2 per success) the bucket keeps filling as long as
+fewer than one attempt in six fails (``0.2 * (1 - p) > p``) and is deep
+enough that random bursts at 10 % never drain it, so a 10 % transient failure
+rate is still fully retried; a full outage drains it after ten failures and
+from then on each request makes one attempt only.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class RetryBudget:
 
     __slots__ = ("max_tokens", "token_ratio", "tokens")
 
-    def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.2) -> None:
+    def __init__(self, max_tokens: float = 20.0, token_ratio: float = 0.2) -> None:
         if max_tokens <= 0 or token_ratio <= 0:
             raise ConfigError(
                 f"retry budget needs budget_max_tokens > 0 and budget_token_ratio > 0, "

@@ -22,7 +22,11 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Clock(Protocol):
-    """Seconds since the epoch, sleeping, and a timeout bound on an absolute epoch deadline."""
+    """Seconds since the epoch, sleeping, and a timeout bound on an absolute epoch deadline.
+
+    Both clocks here are also plain time functions (``clock()`` is ``clock.now()``),
+    so one object can drive the registry, the router and the pipeline.
+    """
 
     def now(self) -> float: ...
 
@@ -36,14 +40,29 @@ class Clock(Protocol):
 class SystemClock:
     """Wall-clock time and the event loop's own sleeping and timeouts."""
 
+    def __init__(self, time_fn: Callable[[], float] = time.time) -> None:
+        self._time = time_fn
+
+    def __call__(self) -> float:
+        return self._time()
+
     def now(self) -> float:
-        return time.time()
+        return self._time()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
 
     def timeout_at(self, deadline: float) -> AbstractAsyncContextManager[object]:
-        return asyncio.timeout(max(0.0, deadline - time.time()))
+        return asyncio.timeout(max(0.0, deadline - self._time()))
+
+
+def as_clock(clock: Clock | Callable[[], float] | None) -> Clock:
+    """A :class:`Clock` from a Clock, a bare time function (real sleeping, its notion of now), or None (system)."""
+    if clock is None:
+        return SystemClock()
+    if isinstance(clock, Clock):
+        return clock
+    return SystemClock(clock)
 
 
 @dataclass(order=True, slots=True)
@@ -72,6 +91,9 @@ class FakeClock:
         self._settle_rounds = settle_rounds
         self._driver: asyncio.Task[None] | None = None
 
+    def __call__(self) -> float:
+        return self.now()
+
     def now(self) -> float:
         self._activity += 1
         return self._now
@@ -89,7 +111,7 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.call_at(self._now + seconds, lambda: future.done() or future.set_result(None))
+        timer = self.call_at(self._now + seconds, lambda: _resolve(future))
         try:
             await future
         finally:
@@ -135,6 +157,11 @@ def _discard(_: object) -> None:
     return None
 
 
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _FakeTimeout:
     """``asyncio.timeout`` semantics on virtual time: cancel the task at the deadline, raise TimeoutError."""
 
@@ -164,6 +191,6 @@ class _FakeTimeout:
     ) -> None:
         if self._timer is not None:
             self._timer.cancelled = True
-        if self._fired and self._task is not None and self._task.uncancel() <= self._cancelling:
-            if exc_type is asyncio.CancelledError:
-                raise TimeoutError(f"virtual deadline {self._deadline} passed") from exc
+        expired = self._fired and self._task is not None and self._task.uncancel() <= self._cancelling
+        if expired and exc_type is asyncio.CancelledError:
+            raise TimeoutError(f"virtual deadline {self._deadline} passed") from exc

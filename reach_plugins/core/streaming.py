@@ -3,19 +3,20 @@
 Three tiers of time: the first event must come within the attempt's time;
 after that each gap between events is bounded by ``stream_idle`` (and by the
 request's deadline only when the caller set one), so a long, lively stream is
-never cut by a total timeout — the seeds' half-finished answers.
+never cut by a total timeout — the seeds' half-finished answers. Every stream
+ends with exactly one ``end`` or ``error`` event.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from reach_plugins.core.attempts import Admission, Engine, Flight
+from reach_plugins.core.attempts import Engine, Flight
 from reach_plugins.core.classify import SUCCESS, Verdict, classify_exception, classify_reply
 from reach_plugins.core.deadline import per_attempt_timeout, timeouts_for
 from reach_plugins.errors import ReachError
-from reach_plugins.model import ErrorInfo
+from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.telemetry import EVENT_RETRY
 from reach_plugins.transport import Reply, StreamEvent
 
@@ -34,7 +35,33 @@ async def _close(events: AsyncIterator[StreamEvent]) -> None:
         await aclose()
 
 
-def _error_event(verdict: Verdict) -> StreamEvent:
+def _final(flight: Flight, response: ReachResponse) -> StreamEvent:
+    flight.status, flight.error = response.status, response.error
+    return StreamEvent("error", error=response.error)
+
+
+async def _open(
+    engine: Engine, flight: Flight, started: float
+) -> tuple[AsyncIterator[StreamEvent], StreamEvent, Verdict]:
+    """Start the stream and wait for its first event within the attempt's time."""
+    route = flight.route
+    timeout = flight.deadline.attempt_timeout(started, per_attempt_timeout(route.agent, route.capability))
+    events = engine.transport.stream(engine.prepare(flight, timeout, started))
+    try:
+        async with engine.clock.timeout_at(started + timeout):
+            first = await anext(events)
+    except StopAsyncIteration:
+        first = StreamEvent("end")
+    except (ReachError, TimeoutError) as exc:
+        verdict = classify_exception(exc)
+        return events, _error_of(verdict), verdict
+    except BaseException:
+        await _close(events)
+        raise
+    return events, first, classify_event(first)
+
+
+def _error_of(verdict: Verdict) -> StreamEvent:
     return StreamEvent("error", error=verdict.error or ErrorInfo(type=verdict.outcome, message=verdict.outcome))
 
 
@@ -50,62 +77,61 @@ async def stream_attempts(engine: Engine, flight: Flight, *, explicit_deadline: 
             flight.attempts -= 1
             if last is None:
                 raise
-            final = engine.give_up(flight, last, None, f"no instance could take the retry: {exc.message}")
-            flight.status, flight.error = final.status, final.error
-            yield StreamEvent("error", error=final.error)
+            yield _final(flight, engine.give_up(flight, last, None, f"no instance could take the retry: {exc.message}"))
             return
-        settled = False
         started = clock.now()
-        route = flight.route
-        timeout = flight.deadline.attempt_timeout(started, per_attempt_timeout(route.agent, route.capability))
-        events = engine.transport.stream(engine.prepare(flight, timeout, started))
         try:
-            first: StreamEvent | None = None
-            try:
-                async with clock.timeout_at(started + timeout):
-                    first = await anext(events)
-            except StopAsyncIteration:
-                first = StreamEvent("end")
-            except (ReachError, TimeoutError) as exc:
-                verdict = classify_exception(exc)
-            if first is not None:
-                verdict = classify_event(first)
-            now = clock.now()
-            flight.far_attempts += 1
-            if first is None or not verdict.ok:
-                engine.settle(flight, admission, verdict, now - started, now)
-                settled = True
-                plan = engine.plan_retry(flight, verdict, admission, now)
-                engine.record(flight, verdict, admission, started, now, plan.delay)
-                if plan.delay is None:
-                    final = engine.give_up(flight, verdict, None, plan.why, out_of_time=plan.out_of_time)
-                    flight.status, flight.error = final.status, final.error
-                    yield StreamEvent("error", error=final.error)
-                    return
-                last = verdict
-                flight.rec.event(EVENT_RETRY, now, attempt=flight.attempts, delay_ms=plan.delay * 1000.0)
-                await clock.sleep(plan.delay)
-                if verdict.unreachable or not admission.breaker.available(clock.now()):
-                    try:
-                        engine.fail_over(flight, f"{route.instance.instance_id} failed before its first event")
-                    except ReachError:
-                        if not admission.breaker.available(clock.now()):
-                            raise
-                continue
-            first_delay = now - started
+            events, first, verdict = await _open(engine, flight, started)
+        except BaseException:
+            engine.abandon(admission)
+            raise
+        opened = clock.now()
+        flight.far_attempts += 1
+        if not verdict.ok:
+            await _close(events)
+            engine.settle(flight, admission, verdict, opened - started, opened)
+            plan = engine.plan_retry(flight, verdict, admission, opened)
+            engine.record(flight, verdict, admission, started, opened, plan.delay)
+            if plan.delay is None:
+                yield _final(flight, engine.give_up(flight, verdict, None, plan.why, out_of_time=plan.out_of_time))
+                return
+            last = verdict
+            flight.rec.event(EVENT_RETRY, opened, attempt=flight.attempts, delay_ms=plan.delay * 1000.0)
+            await clock.sleep(plan.delay)
+            if verdict.unreachable or not admission.breaker.available(clock.now()):
+                try:
+                    engine.fail_over(flight, f"{flight.route.instance.instance_id} failed before its first event")
+                except ReachError as exc:
+                    if not admission.breaker.available(clock.now()):
+                        yield _final(flight, engine.give_up(flight, verdict, None, f"no other instance: {exc.message}"))
+                        return
+            continue
+        settled = False
+        try:
             yield first
-            verdict = SUCCESS if first.kind == "end" else await _follow(engine, flight, events, admission)
+            verdict = SUCCESS
+            if first.kind != "end":
+                follower = _follow(engine, flight, events, explicit_deadline)
+                try:
+                    async for item in follower:
+                        if isinstance(item, Verdict):
+                            verdict = item
+                            break
+                        yield item
+                finally:
+                    await follower.aclose()
+            end = clock.now()
+            engine.settle(flight, admission, verdict, opened - started, end)
+            settled = True
+            engine.record(flight, verdict, admission, started, end, None)
             if verdict.ok:
                 flight.status = "success"
+                if first.kind != "end":
+                    yield StreamEvent("end")
             else:
                 flight.status = "timeout" if verdict.outcome == "timeout" else "fail"
                 flight.error = verdict.error
-            end = clock.now()
-            engine.settle(flight, admission, verdict, first_delay, end)
-            settled = True
-            engine.record(flight, verdict, admission, started, end, None)
-            if verdict.error is not None:
-                yield _error_event(verdict)
+                yield _error_of(verdict)
             return
         finally:
             if not settled:
@@ -113,10 +139,34 @@ async def stream_attempts(engine: Engine, flight: Flight, *, explicit_deadline: 
             await _close(events)
 
 
-async def _follow(engine: Engine, flight: Flight, events: AsyncIterator[StreamEvent], admission: Admission) -> Verdict:
-    """Pass events on until the end; the verdict says how the stream finished (an error is not retried now)."""
+async def _follow(
+    engine: Engine, flight: Flight, events: AsyncIterator[StreamEvent], explicit_deadline: bool
+) -> AsyncGenerator[StreamEvent | Verdict, None]:
+    """Data events after the first, then a Verdict if the stream did not end cleanly with ``end``."""
     clock = engine.clock
     route = flight.route
     idle = timeouts_for(route.agent, route.capability).stream_idle
-    explicit_end = flight.deadline.at if flight.explicit_deadline else None
-    raise NotImplementedError
+    while True:
+        now = clock.now()
+        limit = now + idle
+        cut_by_deadline = explicit_deadline and flight.deadline.at < limit
+        if cut_by_deadline:
+            limit = flight.deadline.at
+        try:
+            async with clock.timeout_at(limit):
+                event = await anext(events)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            why = "the request's deadline passed mid-stream" if cut_by_deadline else f"no event for {idle:g}s"
+            yield Verdict("timeout", ErrorInfo(type="timeout", message=f"stream cut: {why}"), overload=True)
+            return
+        except ReachError as exc:
+            yield classify_exception(exc)
+            return
+        if event.kind == "error":
+            yield classify_event(event)
+            return
+        if event.kind == "end":
+            return
+        yield event

@@ -7,20 +7,28 @@ tier with a healthy instance -> session affinity (rendezvous hashing with
 bounded load) or smooth weighted round robin with load-aware weights.
 
 Draining instances take no new work, but a session already pinned to one stays
-there: draining exists to let open conversations finish.
+there: draining exists to let open conversations finish. A pinned session also
+stays when a better priority tier recovers: moving it would lose its context.
+Pins live in a bounded LRU table in this process; ``release(session_id)`` drops
+them when the conversation closes.
+
+The router is synchronous and not thread-safe: use it from one event loop. Its
+caches (index, per-request plans) are keyed by the view's ``revision``, so a
+registry change is picked up on the next call; heartbeats need no invalidation
+because health is read live on every call.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Final, Literal
 
 from reach_plugins.errors import CircuitOpen, NoHealthyAgent, UnknownCapability
-from reach_plugins.model import Instance, ReachRequest, RouteDecision
+from reach_plugins.model import CandidateScore, Instance, ReachRequest, RouteDecision
 from reach_plugins.registry.base import Clock, RegistryView
 from reach_plugins.routing.affinity import InstanceKey, Rendezvous, SessionTable
 from reach_plugins.routing.index import CapabilityIndex, Offer
@@ -31,6 +39,7 @@ from reach_plugins.routing.swrr import SmoothWeightedRoundRobin
 MAX_RECORDED: Final = 16
 """Candidates kept in a ``RouteDecision``: enough to explain, bounded so cost stays flat."""
 _MAX_PLANS: Final = 4096
+_MAX_CARDS: Final = 65_536
 _CIRCUIT_OPEN: Final = "circuit open"
 
 Affinity = Literal["none", "new", "pinned", "restored", "degraded"]
@@ -74,6 +83,8 @@ class Router:
         self._index = CapabilityIndex.build(view)
         self._plans: dict[tuple[object, ...], Plan] = {}
         self._rr: dict[str, SmoothWeightedRoundRobin[InstanceKey]] = {}
+        self._card_cache: dict[tuple[str, str, float | None, str | None], CandidateScore] = {}
+        self._last_shown: dict[str, tuple[list[tuple[InstanceKey, int]], list[Skip], list[CandidateScore]]] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -88,19 +99,22 @@ class Router:
         now = self._clock()
         if request.session_id is not None:
             return self._route_session(request, request.session_id, plan, now, exclude, started)
-        scan = self._scan(plan, request.capability, now, exclude)
+        capability = request.capability
+        scan = self._scan(plan, capability, now, exclude)
         healthy = scan.healthy
-        peers = [
-            ((inst.agent, inst.instance_id), offer.weight if inst.load == 0.0 else _weight(offer, inst))
-            for offer, inst in healthy
-        ]
-        rr = self._rr.get(request.capability)
+        peers = [((inst.agent, inst.instance_id), _weight(offer.weight, inst.load)) for offer, inst in healthy]
+        rr = self._rr.get(capability)
         if rr is None:
-            rr = self._rr[request.capability] = SmoothWeightedRoundRobin(self._rng)
+            rr = self._rr[capability] = SmoothWeightedRoundRobin(self._rng)
         offer, inst = healthy[rr.pick(peers)]
         reason = f"smooth weighted round robin over {len(healthy)} healthy instance(s) in priority tier {scan.priority}"
-        records: list[Record] = [(key[0], key[1], float(weight)) for key, weight in peers]
-        return self._answer(request, offer, inst, records, scan.skipped, reason, "none", started)
+        last = self._last_shown.get(capability)
+        if last is not None and last[0] == peers and last[1] == scan.skipped:
+            shown = last[2]
+        else:
+            shown = self._cards([(key[0], key[1], float(weight)) for key, weight in peers], scan.skipped)
+            self._last_shown[capability] = (peers, scan.skipped, shown)
+        return self._answer(request, offer, inst, shown, reason, "none", started)
 
     def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
         """Every healthy instance, best tier first (broadcast, failover lists); touches no pin and no counter.
@@ -116,7 +130,7 @@ class Router:
         for tier in plan.tiers:
             healthy = self._healthy(tier, now, (), skipped)
             if request.session_id is None:
-                scored = [(float(_weight(offer, inst)), offer, inst) for offer, inst in healthy]
+                scored = [(float(_weight(offer.weight, inst.load)), offer, inst) for offer, inst in healthy]
             else:
                 rank = self._ranks(request.session_id, healthy)
                 scored = [(rank[inst.agent, inst.instance_id], offer, inst) for offer, inst in healthy]
@@ -125,11 +139,9 @@ class Router:
         if not ordered:
             raise _nobody(request.capability, skipped)
         ordered = ordered[:limit] if limit is not None else ordered
-        records: list[Record] = [(inst.agent, inst.instance_id, score) for score, _, inst in ordered]
+        shown = self._cards([(inst.agent, inst.instance_id, score) for score, _, inst in ordered], skipped)
         return [
-            self._answer(
-                request, offer, inst, records, skipped, f"candidate {n + 1} of {len(ordered)}", "none", started
-            )
+            self._answer(request, offer, inst, shown, f"candidate {n + 1} of {len(ordered)}", "none", started)
             for n, (_, offer, inst) in enumerate(ordered)
         ]
 
@@ -170,9 +182,8 @@ class Router:
             if inst is not None and trouble is None:
                 self._sessions.pin(session_id, capability, pinned_agent, pinned_id)
                 reason = f"session pinned to {pinned_agent}/{pinned_id}"
-                return self._answer(
-                    request, offer, inst, [(pinned_agent, pinned_id, None)], [], reason, "pinned", started
-                )
+                shown = self._cards([(pinned_agent, pinned_id, None)], [])
+                return self._answer(request, offer, inst, shown, reason, "pinned", started)
             skipped: list[Skip] = [(pinned_agent, pinned_id, trouble or "unusable")]
             healthy = self._healthy((offer,), now, exclude, skipped)
             if healthy:
@@ -193,12 +204,15 @@ class Router:
         agent, instance_id = placed.key
         offer, inst = by_key[placed.key]
         self._sessions.pin(session_id, request.capability, agent, instance_id)
-        records: list[Record] = [(key[0], key[1], score) for score, key in placed.ranked]
+        shown = [{"agent": key[0], "instance": key[1], "score": score} for score, key in placed.ranked[:MAX_RECORDED]]
+        shown += [
+            {"agent": a, "instance": i, "skipped": skip} for a, i, skip in scan.skipped[: MAX_RECORDED - len(shown)]
+        ]
         reason = (
             f"{why}: rendezvous hash over {len(by_key)} instance(s) in priority tier {scan.priority} "
             f"(bounded load: at most {placed.cap} sessions each) picked {agent}/{instance_id}"
         )
-        return self._answer(request, offer, inst, records, scan.skipped, reason, affinity, started)
+        return self._answer(request, offer, inst, shown, reason, affinity, started)
 
     def _ranks(self, session_id: str, healthy: Healthy) -> dict[InstanceKey, float]:
         return {
@@ -291,16 +305,11 @@ class Router:
         request: ReachRequest,
         offer: Offer,
         inst: Instance,
-        records: list[Record],
-        skipped: list[Skip],
+        shown: Sequence[CandidateScore | dict[str, object]],
         reason: str,
         affinity: Affinity,
         started: int,
     ) -> Route:
-        shown = [{"agent": a, "instance": i, "score": s} for a, i, s in records[:MAX_RECORDED]]
-        room = MAX_RECORDED - len(shown)
-        if room > 0 and skipped:
-            shown += [{"agent": a, "instance": i, "skipped": why} for a, i, why in skipped[:room]]
         decision = RouteDecision.model_validate(
             {
                 "capability": request.capability,
@@ -317,10 +326,27 @@ class Router:
         )
         return Route(decision=decision, agent=offer.agent, instance=inst, capability=offer.capability)
 
+    def _cards(self, records: list[Record], skipped: list[Skip]) -> list[CandidateScore]:
+        """At most ``MAX_RECORDED`` candidates, scored ones first; the records are shared between decisions."""
+        card = self._card
+        shown = [card(agent, instance, score, None) for agent, instance, score in records[:MAX_RECORDED]]
+        shown += [card(agent, instance, None, why) for agent, instance, why in skipped[: MAX_RECORDED - len(shown)]]
+        return shown
 
-def _weight(offer: Offer, inst: Instance) -> int:
+    def _card(self, agent: str, instance: str, score: float | None, skipped: str | None) -> CandidateScore:
+        """A ``CandidateScore`` from the cache: they are immutable and mostly repeat."""
+        key = (agent, instance, score, skipped)
+        card = self._card_cache.get(key)
+        if card is None:
+            if len(self._card_cache) >= _MAX_CARDS:
+                self._card_cache.clear()
+            card = self._card_cache[key] = CandidateScore(agent=agent, instance=instance, score=score, skipped=skipped)
+        return card
+
+
+def _weight(weight: int, load: float) -> int:
     """Load-aware SWRR weight: the agent's weight scaled by ``1 - load``, never below 1."""
-    return max(1, round(offer.weight * (1.0 - inst.load)))
+    return weight if load == 0.0 else max(1, round(weight * (1.0 - load)))
 
 
 def _nobody(capability: str, skipped: list[Skip]) -> NoHealthyAgent:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import ssl
 
 from reach_plugins.adapters import HttpRequest
@@ -41,11 +42,12 @@ def tls_identity(credential: Credential) -> tuple[str, str | None, str | None] |
 @functools.lru_cache(maxsize=64)
 def tls_context(cert_file: str, key_file: str | None, ca_file: str | None) -> ssl.SSLContext:
     """A client TLS context presenting ``cert_file``/``key_file``, trusting ``ca_file`` (or the system CAs)."""
+    for path in (cert_file, key_file, ca_file):
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"TLS file not found: {path!r} (check the agent's auth.client_cert, client_key, ca_file)")
     try:
         context = ssl.create_default_context(cafile=ca_file)
         context.load_cert_chain(cert_file, key_file)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"TLS file not found: {exc.filename} (check auth.client_cert, client_key, ca_file)") from exc
     except ssl.SSLError as exc:
         raise ConfigError(f"cannot load the client certificate {cert_file!r}: {exc.reason or exc}") from exc
     return context

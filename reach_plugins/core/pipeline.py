@@ -1,0 +1,265 @@
+"""The one async pipeline every transport goes through.
+
+Order of a call: loop guard -> route -> target loop check -> deadline ->
+dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
+breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
+retry (full jitter, budget) or fail over -> trace and span.
+
+Dedup comes before the limits (DESIGN.md lists it after them) so that a
+duplicate waiting for its in-flight twin neither burns a rate-limit token nor
+sits on a concurrency slot; limits are taken per attempt so that a retry
+counts as load and a backoff sleep holds no slot. Raise-vs-return follows
+:mod:`reach_plugins.errors`: raise when nothing was sent, return a
+``ReachResponse`` (``fail``/``timeout``, with its trace) once an agent was tried.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+
+from opentelemetry import trace as otel
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+
+from reach_plugins.core.attempts import Engine, Flight, run_unary
+from reach_plugins.core.clock import Clock, as_clock
+from reach_plugins.core.deadline import has_explicit_deadline, resolve_deadline
+from reach_plugins.core.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
+from reach_plugins.core.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
+from reach_plugins.core.ports import CredentialResolver, RouterLike
+from reach_plugins.core.streaming import stream_attempts
+from reach_plugins.core.trace import TraceRecorder, TraceSink, emit_safely
+from reach_plugins.errors import ConfigError, DeadlineExceeded, ReachError
+from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.telemetry import (
+    ATTR_AGENT,
+    ATTR_ATTEMPTS,
+    ATTR_CAPABILITY,
+    ATTR_DEDUP_HIT,
+    ATTR_ERROR_TYPE,
+    ATTR_INSTANCE,
+    ATTR_REQUEST_ID,
+    ATTR_SESSION_ID,
+    ATTR_STATUS,
+    ATTR_TENANT,
+    EVENT_DEDUP_HIT,
+    EVENT_DEDUP_WAIT,
+    HEADER_HOPS,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_RETRY,
+    HEADER_TENANT,
+    RETRY_UPSTREAM,
+    get_tracer,
+    inject_context,
+    span_name,
+)
+from reach_plugins.transport import StreamEvent, Transport
+
+
+class Pipeline:
+    """Runs ReachRequests through the resilience core around one Transport."""
+
+    def __init__(
+        self,
+        *,
+        router: RouterLike,
+        transport: Transport,
+        store: DedupStore | None = None,
+        clock: Clock | Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        credentials: CredentialResolver | None = None,
+        sink: TraceSink | None = None,
+        tracer_provider: TracerProvider | None = None,
+        max_hops: int = DEFAULT_MAX_HOPS,
+        default_timeout: float = 30.0,
+    ) -> None:
+        if max_hops < 1 or default_timeout <= 0:
+            raise ConfigError(f"max_hops must be >= 1 and default_timeout > 0, got {max_hops} and {default_timeout}")
+        self._clock = as_clock(clock)
+        self._owns_store = store is None
+        self._store: DedupStore = store if store is not None else MemoryDedupStore(clock=self._clock)
+        self._sink = sink
+        self._tracer = get_tracer(tracer_provider)
+        self._max_hops = max_hops
+        self._default_timeout = default_timeout
+        self._engine = Engine(
+            router=router,
+            transport=transport,
+            clock=self._clock,
+            rng=rng or random.Random(),
+            credentials=credentials,
+        )
+
+    def is_available(self, agent: str, instance_id: str) -> bool:
+        """Whether the instance's breaker would admit a call now (the Router's ``is_available`` hook)."""
+        breaker = self._engine.breakers.find(agent, instance_id)
+        return breaker is None or breaker.available(self._clock.now())
+
+    async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
+        """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
+        started = self._clock.now()
+        with self._tracer.start_as_current_span(
+            span_name(request.capability), kind=SpanKind.CLIENT, record_exception=False, set_status_on_exception=False
+        ) as span:
+            rec = TraceRecorder(request, started, span)
+            _start_span(span, request)
+            try:
+                response = await self._run(request, rec)
+            except ReachError as exc:
+                self._refused(rec, exc)
+                raise
+            return self._finish(rec, response, trace)
+
+    def stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
+        """Stream one request's events; retried only before the first event, never deduplicated."""
+        return self._stream(request)
+
+    async def aclose(self) -> None:
+        """Close what the pipeline created itself (the default dedup store); the caller owns the transport."""
+        if self._owns_store:
+            await self._store.aclose()
+
+    # ------------------------------------------------------------------ internals
+
+    def _prepare(self, request: ReachRequest, rec: TraceRecorder, context: Context | None) -> Flight:
+        check_length(request.hops, self._max_hops)
+        engine = self._engine
+        route = engine.router.route(request)
+        rec.route = route.decision
+        target = check_target(request.hops, route.agent.name, route.capability.name)
+        deadline = resolve_deadline(
+            request, route.agent, route.capability, started_at=rec.started_at, default_timeout=self._default_timeout
+        )
+        if deadline.expired(self._clock.now()):
+            raise DeadlineExceeded(f"request {request.request_id}: the deadline passed before anything was sent")
+        key = resolve_key(request, route.agent, route.capability)
+        owns_retries = engine.transport.owns_retries
+        headers = {HEADER_HOPS: hops_header(request.hops, target)}
+        if request.tenant:
+            headers[HEADER_TENANT] = request.tenant
+        if key:
+            headers[HEADER_IDEMPOTENCY_KEY] = key
+        if request.retried_upstream or not owns_retries:
+            headers[HEADER_RETRY] = RETRY_UPSTREAM
+        if rec.span.get_span_context().is_valid:
+            inject_context(headers, context)
+        retries_here = not (request.retried_upstream or owns_retries)
+        return Flight(request, rec, route, deadline, key, retries_here, headers)
+
+    async def _run(self, request: ReachRequest, rec: TraceRecorder) -> ReachResponse:
+        flight = self._prepare(request, rec, None)
+        if flight.key is None:
+            return await run_unary(self._engine, flight)
+        key = store_key(request, flight.key)
+        stored = await self._claim(flight, key, payload_hash(request), flight.route.agent.idempotency.window)
+        if stored is not None:
+            return self._replay(flight, stored)
+        response: ReachResponse | None = None
+        try:
+            response = await run_unary(self._engine, flight)
+        finally:
+            if response is not None and response.ok:
+                await self._store.complete(key, response.model_copy())
+            else:
+                await self._store.fail(key)
+        return response
+
+    async def _claim(self, flight: Flight, key: str, digest: str, ttl: float) -> ReachResponse | None:
+        """Own the key (None), or return the stored/in-flight twin's response once it is there."""
+        clock = self._clock
+        waited = False
+        while True:
+            begin = await self._store.begin(key, digest, ttl)
+            if begin.state == "new":
+                return None
+            if begin.state == "done" and begin.result is not None:
+                return begin.result
+            now = clock.now()
+            if flight.deadline.expired(now):
+                raise DeadlineExceeded(
+                    f"request {flight.request.request_id}: a request with the same idempotency key is still "
+                    "in flight and the deadline passed while waiting for it"
+                )
+            if not waited:
+                flight.rec.event(EVENT_DEDUP_WAIT, now)
+                waited = True
+            result = await self._store.wait(key, flight.deadline.remaining(now))
+            if result is not None:
+                return result
+
+    def _replay(self, flight: Flight, stored: ReachResponse) -> ReachResponse:
+        rec = flight.rec
+        rec.dedup_hit = True
+        now = self._clock.now()
+        rec.event(EVENT_DEDUP_HIT, now, first_request_id=stored.request_id)
+        cost = (now - rec.started_at) * 1000.0
+        return stored.model_copy(
+            update={"request_id": flight.request.request_id, "attempts": 0, "cost_ms": cost, "trace": None}
+        )
+
+    def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:
+        failed = response.status != "success"
+        if trace or failed or self._sink is not None:
+            built = rec.build(response.status, response.error, self._clock.now())
+            if self._sink is not None:
+                emit_safely(self._sink, built)
+            if trace or failed:
+                response.trace = built
+        span = rec.span
+        if span.is_recording():
+            _end_span(span, response.status, response.error, rec.dedup_hit)
+            span.set_attribute(ATTR_ATTEMPTS, response.attempts)
+            if response.agent:
+                span.set_attribute(ATTR_AGENT, response.agent)
+                span.set_attribute(ATTR_INSTANCE, response.instance or "")
+        return response
+
+    def _refused(self, rec: TraceRecorder, exc: ReachError) -> None:
+        error = ErrorInfo(type=exc.error_type, message=exc.message)
+        if self._sink is not None:
+            emit_safely(self._sink, rec.build("error", error, self._clock.now()))
+        if rec.span.is_recording():
+            rec.span.record_exception(exc)
+            _end_span(rec.span, "error", error, rec.dedup_hit)
+
+    async def _stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
+        started = self._clock.now()
+        span = self._tracer.start_span(span_name(request.capability), kind=SpanKind.CLIENT)
+        rec = TraceRecorder(request, started, span)
+        _start_span(span, request)
+        flight: Flight | None = None
+        try:
+            flight = self._prepare(request, rec, otel.set_span_in_context(span))
+            async for event in stream_attempts(self._engine, flight, explicit_deadline=has_explicit_deadline(request)):
+                yield event
+        except ReachError as exc:
+            self._refused(rec, exc)
+            raise
+        finally:
+            if flight is not None:
+                status = flight.status if flight.status != "pending" else "cancelled"
+                if self._sink is not None:
+                    emit_safely(self._sink, rec.build(status, flight.error, self._clock.now()))
+                if span.is_recording():
+                    _end_span(span, status, flight.error, False)
+                    span.set_attribute(ATTR_ATTEMPTS, flight.attempts)
+            span.end()
+
+
+def _start_span(span: Span, request: ReachRequest) -> None:
+    if span.is_recording():
+        span.set_attribute(ATTR_CAPABILITY, request.capability)
+        span.set_attribute(ATTR_REQUEST_ID, request.request_id)
+        if request.tenant:
+            span.set_attribute(ATTR_TENANT, request.tenant)
+        if request.session_id:
+            span.set_attribute(ATTR_SESSION_ID, request.session_id)
+
+
+def _end_span(span: Span, status: str, error: ErrorInfo | None, dedup_hit: bool) -> None:
+    span.set_attribute(ATTR_STATUS, status)
+    span.set_attribute(ATTR_DEDUP_HIT, dedup_hit)
+    if status != "success":
+        span.set_attribute(ATTR_ERROR_TYPE, error.type if error else status)
+        span.set_status(Status(StatusCode.ERROR, error.message if error else status))

@@ -1,0 +1,243 @@
+"""Map a framework's tool to the capability that serves it: exact name first, then meaning, never a guess.
+
+Rules, in order:
+
+1. capabilities lacking any of the call's ``scope_tags`` are dropped before
+   anything is scored (tags are hard constraints: they stop two similar
+   descriptions from pulling a tool into the wrong domain);
+2. a capability named exactly like the tool wins (``queryOrder`` and
+   ``query-order`` count as ``query_order``);
+3. otherwise the tool's name (split into words) and description are embedded
+   and compared by cosine with each capability's name and description; the
+   best one is chosen only if it reaches the threshold and beats the runner-up
+   by more than ``margin`` — a near tie routes nowhere and logs a warning
+   naming both, because a silent wrong route is worse than the local tool.
+
+Decisions are cached per (tool name, description, scope tags), and every one
+carries its score, the runner-up and the reason, so users can ask why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from reach_plugins.errors import ConfigError
+from reach_plugins.matching.embedders import EmbedFunction, Embedder, as_embedder, default_embedder
+from reach_plugins.matching.lexical import words
+from reach_plugins.model import Capability
+
+logger = logging.getLogger("reach_plugins.matching")
+
+Reason = Literal["exact", "semantic", "ambiguous", "below_threshold", "filtered"]
+
+DEFAULT_MARGIN = 0.05
+CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """The decision for one tool: the capability (or ``None``), the two closest candidates, and why.
+
+    ``best``/``score`` is the top-ranked candidate whether or not it was chosen,
+    ``runner_up``/``runner_up_score`` the second; with ``reason`` they answer
+    "why did this tool route there (or nowhere)?".
+    """
+
+    capability: str | None
+    score: float
+    runner_up: str | None
+    runner_up_score: float | None
+    reason: Reason
+    best: str | None = None
+
+    def __str__(self) -> str:
+        head = self.capability or "nothing"
+        best = f" (best {self.best} {self.score:.3f})" if self.best else ""
+        other = f", runner-up {self.runner_up} {self.runner_up_score:.3f}" if self.runner_up else ""
+        return f"{head}: {self.reason}{best}{other}"
+
+
+def identifier(name: str) -> str:
+    """The snake_case form of a tool or capability name (``getOrder``, ``get-order`` -> ``get_order``)."""
+    return "_".join(words(name))
+
+
+def capability_text(capability: Capability) -> str:
+    """What a capability is compared on: its name as words, then its description."""
+    return _text(capability.name, capability.description)
+
+
+def _text(name: str, description: str) -> str:
+    label = " ".join(words(name))
+    return f"{label}. {description.strip()}" if description.strip() else label
+
+
+class CapabilityMatcher:
+    """Chooses the capability a tool call should reach, or ``None`` when no choice is safe."""
+
+    def __init__(
+        self,
+        capabilities: Iterable[Capability],
+        *,
+        embedder: Embedder | EmbedFunction | None = None,
+        threshold: float | None = None,
+        margin: float = DEFAULT_MARGIN,
+    ) -> None:
+        self.embedder = default_embedder() if embedder is None else as_embedder(embedder)
+        self.threshold = _threshold(self.embedder, threshold)
+        if not 0.0 <= margin < 1.0:
+            raise ConfigError(f"margin must be in [0, 1) (a cosine difference), got {margin}")
+        self.margin = margin
+        self._lock = threading.Lock()
+        self._vectors: dict[str, list[float]] = {}
+        self._decisions: OrderedDict[tuple[str, str, tuple[str, ...]], MatchResult] = OrderedDict()
+        self._capabilities: dict[str, Capability] = {}
+        self.update(capabilities)
+
+    @property
+    def embedder_name(self) -> str:
+        return self.embedder.name
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """Names of the capabilities this matcher chooses among."""
+        return tuple(self._capabilities)
+
+    def describe(self) -> str:
+        """One line saying which embedder and thresholds decide (for logs and ``reach`` output)."""
+        return (
+            f"capability matcher: embedder {self.embedder.name}, threshold {self.threshold:.2f}, "
+            f"margin {self.margin:.2f}, {len(self._capabilities)} capabilities"
+        )
+
+    def update(self, capabilities: Iterable[Capability]) -> None:
+        """Replace the catalogue (e.g. after a registry change); vectors of unchanged texts are reused."""
+        catalogue: dict[str, Capability] = {}
+        for capability in capabilities:
+            catalogue.setdefault(capability.name, capability)
+        with self._lock:
+            self._capabilities = catalogue
+            self._decisions.clear()
+            wanted = {capability_text(c) for c in catalogue.values()}
+            self._vectors = {text: vector for text, vector in self._vectors.items() if text in wanted}
+
+    def match(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> MatchResult:
+        """The capability ``tool_name`` maps to; cached, so asking again is a dict lookup."""
+        if not tool_name.strip():
+            raise ConfigError("tool_name must be a non-empty tool name such as 'get_order_status'")
+        key = (tool_name, description, tuple(sorted(scope_tags)))
+        with self._lock:
+            cached = self._decisions.get(key)
+            if cached is not None:
+                self._decisions.move_to_end(key)
+                return cached
+        result = self._decide(tool_name, description, key[2])
+        with self._lock:
+            self._decisions[key] = result
+            if len(self._decisions) > CACHE_SIZE:
+                self._decisions.popitem(last=False)
+        return result
+
+    def rank(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> list[tuple[str, float]]:
+        """Every eligible capability with its cosine score, best first (uncached; for explanations and tuning)."""
+        candidates = self._eligible(tuple(scope_tags))
+        if not candidates:
+            return []
+        query = self._embed([_text(tool_name, description)])[0]
+        nonzero = [(i, v) for i, v in enumerate(query) if v]
+        scores = []
+        for capability in candidates:
+            vector = self._capability_vector(capability)
+            if len(vector) != len(query):
+                raise ConfigError(
+                    f"embedder {self.embedder.name!r} returned vectors of {len(query)} and {len(vector)} "
+                    "dimensions; every vector of one embedder must have the same length"
+                )
+            scores.append((capability.name, sum(v * vector[i] for i, v in nonzero)))
+        return sorted(scores, key=lambda pair: (-pair[1], pair[0]))
+
+    def _decide(self, tool_name: str, description: str, scope_tags: tuple[str, ...]) -> MatchResult:
+        candidates = self._eligible(scope_tags)
+        if not candidates:
+            return MatchResult(None, 0.0, None, None, "filtered")
+        name = identifier(tool_name)
+        for capability in candidates:
+            if identifier(capability.name) == name:
+                return MatchResult(capability.name, 1.0, None, None, "exact", best=capability.name)
+        ranked = self.rank(tool_name, description, scope_tags=scope_tags)
+        best, score = ranked[0]
+        runner_up, runner_score = ranked[1] if len(ranked) > 1 else (None, None)
+        if score < self.threshold:
+            return MatchResult(None, score, runner_up, runner_score, "below_threshold", best=best)
+        if runner_score is not None and score - runner_score <= self.margin:
+            logger.warning(
+                "tool %r is ambiguous between capabilities %r (%.3f) and %r (%.3f) with %s; "
+                "not routing it: add it to capability_map or give it a more specific description",
+                tool_name,
+                best,
+                score,
+                runner_up,
+                runner_score,
+                self.embedder.name,
+            )
+            return MatchResult(None, score, runner_up, runner_score, "ambiguous", best=best)
+        return MatchResult(best, score, runner_up, runner_score, "semantic", best=best)
+
+    def _eligible(self, scope_tags: tuple[str, ...]) -> list[Capability]:
+        with self._lock:
+            catalogue = list(self._capabilities.values())
+        return [c for c in catalogue if all(tag in c.scope_tags for tag in scope_tags)]
+
+    def _capability_vector(self, capability: Capability) -> list[float]:
+        text = capability_text(capability)
+        vector = self._vectors.get(text)
+        if vector is None:
+            self._embed_catalogue()
+            vector = self._vectors[text]
+        return vector
+
+    def _embed_catalogue(self) -> None:
+        """Embed every capability text not embedded yet, in one batch."""
+        with self._lock:
+            missing = sorted({capability_text(c) for c in self._capabilities.values()} - set(self._vectors))
+        if not missing:
+            return
+        vectors = self._embed(missing)
+        with self._lock:
+            self._vectors.update(zip(missing, vectors, strict=True))
+
+    def _embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Vectors of ``texts`` scaled to unit length, so a dot product is the cosine."""
+        vectors = self.embedder.embed(texts)
+        if len(vectors) != len(texts):
+            raise ConfigError(
+                f"embedder {self.embedder.name!r} returned {len(vectors)} vectors for {len(texts)} texts; "
+                "it must return exactly one vector per text"
+            )
+        return [_unit(vector) for vector in vectors]
+
+
+def _unit(vector: Sequence[float]) -> list[float]:
+    values = [float(x) for x in vector]
+    norm = math.sqrt(sum(x * x for x in values))
+    return [x / norm for x in values] if norm else values
+
+
+def _threshold(embedder: Embedder, threshold: float | None) -> float:
+    if threshold is None:
+        recommended = getattr(embedder, "recommended_threshold", None)
+        if not isinstance(recommended, int | float):
+            raise ConfigError(
+                f"embedder {embedder.name!r} has no recommended_threshold: pass threshold= (the cosine, "
+                "between -1 and 1, a tool must reach to be mapped; measure it on your own tools)"
+            )
+        threshold = float(recommended)
+    if not -1.0 <= threshold <= 1.0:
+        raise ConfigError(f"threshold is a cosine similarity and must be in [-1, 1], got {threshold}")
+    return threshold

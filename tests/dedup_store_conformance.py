@@ -1,0 +1,115 @@
+"""The contract every DedupStore keeps (memory now, Redis later): subclass and provide ``make_store``.
+
+    class TestMyStore(DedupStoreConformance):
+        @pytest.fixture
+        def make_store(self) -> StoreFactory:
+            return lambda clock: MyStore(..., clock=clock)
+
+Stores judge expiry by the clock they are given; the suite moves a FakeClock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from reach_plugins.core import DedupStore, FakeClock
+from reach_plugins.errors import IdempotencyConflict
+from reach_plugins.model import ReachResponse
+
+StoreFactory = Callable[[FakeClock], DedupStore]
+
+
+def answer(data: object = "first") -> ReachResponse:
+    return ReachResponse(request_id="r-1", status="success", data=data, agent="tickets", instance="tickets-0")
+
+
+class DedupStoreConformance:
+    """Behaviour shared by every dedup store."""
+
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        return FakeClock()
+
+    @pytest.fixture
+    def store(self, make_store: StoreFactory, clock: FakeClock) -> DedupStore:
+        return make_store(clock)
+
+    async def test_first_claim_is_new_then_inflight(self, store: DedupStore) -> None:
+        """The first begin owns the key; a second with the same payload sees it in flight."""
+        assert (await store.begin("k", "h1", 60)).state == "new"
+        second = await store.begin("k", "h1", 60)
+        assert (second.state, second.result) == ("inflight", None)
+
+    async def test_completed_key_returns_the_stored_response(self, store: DedupStore) -> None:
+        """After complete, begin answers done with the first response's data."""
+        await store.begin("k", "h1", 60)
+        await store.complete("k", answer({"ticket": 7}))
+        again = await store.begin("k", "h1", 60)
+        assert again.state == "done"
+        assert again.result is not None and again.result.data == {"ticket": 7}
+
+    async def test_same_key_different_payload_conflicts(self, store: DedupStore) -> None:
+        """A key reused with another payload is refused, in flight and when done."""
+        await store.begin("k", "h1", 60)
+        with pytest.raises(IdempotencyConflict, match="different payload"):
+            await store.begin("k", "h2", 60)
+        await store.complete("k", answer())
+        with pytest.raises(IdempotencyConflict):
+            await store.begin("k", "h2", 60)
+
+    async def test_failed_claim_frees_the_key(self, store: DedupStore) -> None:
+        """fail() keeps no result: the next begin owns the key again."""
+        await store.begin("k", "h1", 60)
+        await store.fail("k")
+        assert (await store.begin("k", "h1", 60)).state == "new"
+
+    async def test_keys_expire_after_their_ttl(self, store: DedupStore, clock: FakeClock) -> None:
+        """A done key is forgotten once its TTL has passed."""
+        await store.begin("k", "h1", 30)
+        await store.complete("k", answer())
+        clock.advance(29)
+        assert (await store.begin("k", "h1", 30)).state == "done"
+        clock.advance(2)
+        assert (await store.begin("k", "h1", 30)).state == "new"
+
+    async def test_keys_are_independent(self, store: DedupStore) -> None:
+        """Claims on one key say nothing about another."""
+        await store.begin("a", "h1", 60)
+        assert (await store.begin("b", "h2", 60)).state == "new"
+
+    async def test_wait_returns_the_result_completed_meanwhile(self, store: DedupStore) -> None:
+        """A waiter gets the response as soon as the owner completes."""
+        await store.begin("k", "h1", 60)
+        waiter = asyncio.create_task(store.wait("k", 10))
+        await asyncio.sleep(0)
+        await store.complete("k", answer("done"))
+        result = await waiter
+        assert result is not None and result.data == "done"
+
+    async def test_wait_returns_none_when_the_owner_fails(self, store: DedupStore) -> None:
+        """A waiter learns of a failed claim as None (and may claim the key itself)."""
+        await store.begin("k", "h1", 60)
+        waiter = asyncio.create_task(store.wait("k", 10))
+        await asyncio.sleep(0)
+        await store.fail("k")
+        assert await waiter is None
+        assert (await store.begin("k", "h1", 60)).state == "new"
+
+    async def test_wait_gives_up_after_its_timeout(self, store: DedupStore, clock: FakeClock) -> None:
+        """wait() returns None once ``timeout`` passes with the key still in flight."""
+        await store.begin("k", "h1", 60)
+        before = clock.now()
+        assert await store.wait("k", 5) is None
+        assert clock.now() - before == pytest.approx(5)
+
+    async def test_wait_on_a_done_key_returns_at_once(self, store: DedupStore, clock: FakeClock) -> None:
+        """wait() on a completed key answers without waiting."""
+        await store.begin("k", "h1", 60)
+        await store.complete("k", answer("x"))
+        before = clock.now()
+        result = await store.wait("k", 5)
+        assert result is not None and result.data == "x"
+        assert clock.now() == before

@@ -1,0 +1,302 @@
+"""Protocol adapters as pure functions: requests built from calls, replies normalised, SSE framing."""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import itertools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reach_plugins.adapters import (
+    A2AAdapter,
+    HttpResponse,
+    OpenAIAdapter,
+    RawHttpAdapter,
+    ReachAdapter,
+    SseDecoder,
+    SseEvent,
+    adapter_for,
+    encode_sse,
+    parse_retry_after,
+    reach_headers,
+)
+from reach_plugins.adapters.paths import lookup, render, without
+from reach_plugins.errors import ConfigError, InvalidPayload, InvalidResponse
+from reach_plugins.model import AgentDescriptor, Capability, Hop, ReachRequest
+from reach_plugins.transport import Call
+
+
+def call(protocol: str = "reach", payload: dict[str, Any] | None = None, **options: Any) -> Call:
+    """A call to an agent at http://agent:9000 speaking ``protocol``."""
+    agent = AgentDescriptor(
+        name="agent",
+        protocol=protocol,
+        endpoints=["http://agent:9000"],
+        capabilities=[options.pop("capability", Capability(name="ask"))],
+        protocol_options=options.pop("protocol_options", {}),
+    )
+    request = ReachRequest(capability="ask", payload=payload or {}, **options)
+    return Call(request=request, agent=agent, instance=agent.static_instances()[0], timeout=2.0)
+
+
+def response(body: Any, status: int = 200, **headers: str) -> HttpResponse:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return HttpResponse(status, headers, raw)
+
+
+def sent(request_body: bytes | None) -> Any:
+    assert request_body is not None
+    return json.loads(request_body)
+
+
+# ----------------------------------------------------------------------------- SSE
+
+FRAMES = st.lists(
+    st.tuples(st.sampled_from(["data", "end", "message"]), st.text(alphabet="ab é\n中", max_size=12)),
+    max_size=6,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames=FRAMES, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8), crlf=st.booleans())
+def test_sse_decoding_ignores_how_bytes_are_chunked(frames: list[tuple[str, str]], cuts: list[int], crlf: bool) -> None:
+    """However the byte stream is split (inside CRLF pairs or UTF-8 characters), the same events come out."""
+    wire = b"".join(encode_sse(data, event) for event, data in frames)
+    if crlf:
+        wire = wire.replace(b"\n", b"\r\n")
+    points = sorted({cut % (len(wire) + 1) for cut in cuts} | {0, len(wire)})
+    decoder = SseDecoder()
+    events = [event for start, end in itertools.pairwise(points) for event in decoder.feed(wire[start:end])]
+    assert [(event.event, event.data) for event in events] == frames
+
+
+def test_sse_comments_and_ids_are_handled() -> None:
+    """Comment lines are skipped; id and multi-line data are kept; the default event name is message."""
+    events = SseDecoder().feed(b": keep-alive\nid: 7\ndata: a\ndata: b\n\n")
+    assert events == [SseEvent(event="message", data="a\nb", id="7")]
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def test_retry_after_reads_seconds_and_dates() -> None:
+    """Retry-After is delta-seconds or an HTTP date; anything else is ignored."""
+    now = 1_700_000_000.0
+    assert parse_retry_after("3") == 3.0
+    assert parse_retry_after(email.utils.formatdate(now + 30, usegmt=True), now=now) == 30.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+def test_reach_headers_complete_what_the_core_left_out() -> None:
+    """Headers the core prepared win (any case); missing ones are derived from the request."""
+    base = call(idempotency_key="k", tenant="acme", hops=[Hop(agent="a", capability="b")])
+    prepared = dataclasses.replace(base, headers={"x-tenant": "given"})
+    headers = reach_headers(prepared)
+    assert headers["x-tenant"] == "given"
+    assert "X-Tenant" not in headers
+    assert (headers["Idempotency-Key"], headers["X-Reach-Hops"], headers["X-Reach-Deadline"]) == ("k", "a/b", "2000")
+
+
+def test_unknown_protocol_is_a_config_error() -> None:
+    """Only the four protocols exist; the error lists them."""
+    with pytest.raises(ConfigError, match="a2a, openai-compatible, raw-http, reach"):
+        adapter_for("grpc")
+
+
+def test_invalid_return_schema_is_a_config_error() -> None:
+    """A return_schema that is not JSON Schema is a configuration error, not a bad reply."""
+    bad = call(capability=Capability(name="ask", return_schema={"type": 12}))
+    with pytest.raises(ConfigError, match="return_schema"):
+        ReachAdapter().parse(bad, response({"status": "success", "data": {}}))
+
+
+# ----------------------------------------------------------------------------- paths and templates
+
+
+def test_paths_look_up_remove_and_render() -> None:
+    """JSON paths read nested values and list items; templates keep a lone placeholder's type."""
+    body = {"data": {"items": [{"id": 1}, {"id": 2}], "message": {"content": "hi", "role": "assistant"}}}
+    assert lookup(body, "$.data.items[1].id") == 2
+    assert lookup(body, "data.nope", None) is None
+    assert without(body, ["data.message.content", "data.items"]) == {"data": {"message": {"role": "assistant"}}}
+    context = {"payload": {"n": 3, "q": "x"}}
+    assert render({"n": "${payload.n}", "text": "q=${payload.q}", "k": [1]}, context) == {
+        "n": 3,
+        "text": "q=x",
+        "k": [1],
+    }
+
+
+# ----------------------------------------------------------------------------- reach
+
+
+def test_reach_fail_without_error_is_transient() -> None:
+    """A fail reply that names no error is treated as transient."""
+    reply = ReachAdapter().parse(call(), response({"status": "fail"}))
+    assert reply.error is not None
+    assert reply.error.type == "transient"
+
+
+def test_reach_reply_of_the_wrong_shape_is_invalid() -> None:
+    """JSON that is not a reach reply is an InvalidResponse."""
+    with pytest.raises(InvalidResponse, match="status"):
+        ReachAdapter().parse(call(), response([1, 2]))
+
+
+def test_reach_overload_keeps_the_bodys_error_type() -> None:
+    """A 503 whose body says backpressure stays backpressure, with the Retry-After delay attached."""
+    body = {"status": "fail", "error": {"type": "backpressure", "message": "queue full"}}
+    reply = ReachAdapter().parse(call(), response(body, 503, **{"Retry-After": "4"}))
+    assert reply.error is not None
+    assert (reply.error.type, reply.error.retry_after, reply.retry_after) == ("backpressure", 4.0, 4.0)
+
+
+# ----------------------------------------------------------------------------- openai-compatible
+
+
+@pytest.mark.parametrize(
+    ("payload", "messages"),
+    [
+        ({"input": "hi"}, [{"role": "user", "content": "hi"}]),
+        ({"messages": [{"role": "system", "content": "s"}]}, [{"role": "system", "content": "s"}]),
+        ({"order_id": "A1"}, [{"role": "user", "content": '{"order_id": "A1"}'}]),
+    ],
+)
+def test_openai_messages_come_from_the_payload(payload: dict[str, Any], messages: list[Any]) -> None:
+    """Messages are the payload's messages, else its text field, else the payload as JSON text."""
+    assert sent(OpenAIAdapter().build(call("openai-compatible", payload)).body)["messages"] == messages
+
+
+def test_openai_request_options() -> None:
+    """Model and path come from protocol_options; tools pass through; streaming asks for SSE."""
+    options = {"model": "qwen", "path": "/api/v3/chat"}
+    request = OpenAIAdapter().build(
+        call("openai-compatible", {"input": "x", "tools": [{"type": "function"}]}, protocol_options=options),
+        stream=True,
+    )
+    assert request.url == "http://agent:9000/api/v3/chat"
+    assert request.headers["Accept"] == "text/event-stream"
+    assert {key: sent(request.body)[key] for key in ("model", "stream", "tools")} == {
+        "model": "qwen",
+        "stream": True,
+        "tools": [{"type": "function"}],
+    }
+
+
+def test_openai_content_parts_are_joined() -> None:
+    """A content given as a list of text parts is joined into reply_content."""
+    body = {"choices": [{"message": {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}}]}
+    assert OpenAIAdapter().parse(call("openai-compatible"), response(body)).data["reply_content"] == "ab"
+
+
+def test_openai_stream_chunks_are_normalised() -> None:
+    """Role-only deltas are skipped; content deltas become data; [DONE] ends the stream."""
+    decoder = OpenAIAdapter().decoder(call("openai-compatible"))
+    frames = [{"choices": [{"delta": {"role": "assistant"}}]}, {"choices": [{"delta": {"content": "Hi"}}]}]
+    events = [event for frame in frames for event in decoder.feed(SseEvent("message", json.dumps(frame)))]
+    events += decoder.feed(SseEvent("message", "[DONE]"))
+    assert [(event.kind, event.data and event.data["reply_content"]) for event in events] == [
+        ("data", "Hi"),
+        ("end", None),
+    ]
+
+
+@pytest.mark.parametrize(("finished", "kind"), [(True, "end"), (False, "error")])
+def test_openai_stream_closed_without_done(finished: bool, kind: str) -> None:
+    """A stream closed without [DONE] is complete only if a finish_reason was seen."""
+    decoder = OpenAIAdapter().decoder(call("openai-compatible"))
+    decoder.feed(
+        SseEvent("message", json.dumps({"choices": [{"delta": {}, "finish_reason": "stop" if finished else None}]}))
+    )
+    assert [event.kind for event in decoder.close()] == [kind]
+
+
+def test_openai_error_chunk_is_an_error_event() -> None:
+    """An error object in the stream becomes an error event."""
+    decoder = OpenAIAdapter().decoder(call("openai-compatible"))
+    (event,) = decoder.feed(SseEvent("message", json.dumps({"error": {"message": "overloaded"}})))
+    assert (event.kind, event.error.message if event.error else None) == ("error", "overloaded")
+
+
+# ----------------------------------------------------------------------------- raw-http
+
+
+def test_raw_http_get_sends_the_template_as_query() -> None:
+    """With method GET the rendered template becomes query parameters."""
+    options = {"method": "GET", "path": "/q", "request_template": {"id": "${payload.order_id}"}}
+    request = RawHttpAdapter().build(call("raw-http", {"order_id": "A1"}, protocol_options=options))
+    assert (request.method, request.url, request.params, request.body) == (
+        "GET",
+        "http://agent:9000/q",
+        {"id": "A1"},
+        None,
+    )
+
+
+def test_raw_http_template_needs_its_fields() -> None:
+    """A template placeholder the request lacks is an InvalidPayload naming it."""
+    options = {"request_template": {"id": "${payload.order_id}"}}
+    with pytest.raises(InvalidPayload, match=r"payload\.order_id"):
+        RawHttpAdapter().build(call("raw-http", {}, protocol_options=options))
+
+
+def test_raw_http_without_mapping_returns_the_body() -> None:
+    """Without a response_mapping the body is the reply data as is."""
+    assert RawHttpAdapter().parse(call("raw-http"), response({"any": ["thing"]})).data == {"any": ["thing"]}
+
+
+def test_raw_http_mapping_must_name_reply_content() -> None:
+    """A response_mapping without reply_content (or with unknown keys) is a ConfigError."""
+    options = {"response_mapping": {"answer": "data"}}
+    with pytest.raises(ConfigError, match="reply_content"):
+        RawHttpAdapter().parse(call("raw-http", protocol_options=options), response({"data": 1}))
+
+
+# ----------------------------------------------------------------------------- a2a
+
+
+def test_a2a_request_is_a_jsonrpc_message() -> None:
+    """The user's text is a text part, the rest of the payload a data part; the session is the contextId."""
+    request = A2AAdapter().build(
+        call("a2a", {"query": "refunds", "lang": "en"}, session_id="s-1"), discovered="http://x/a2a"
+    )
+    body = sent(request.body)
+    assert (request.url, body["method"], body["params"]["message"]["contextId"]) == (
+        "http://x/a2a",
+        "message/send",
+        "s-1",
+    )
+    assert body["params"]["message"]["parts"] == [
+        {"kind": "text", "text": "refunds"},
+        {"kind": "data", "data": {"lang": "en"}},
+    ]
+
+
+def test_a2a_card_url_is_resolved_against_the_endpoint() -> None:
+    """A relative card URL is resolved against the instance's endpoint; a card without url is invalid."""
+    adapter, a2a_call = A2AAdapter(), call("a2a")
+    assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == "http://agent:9000/rpc"
+    with pytest.raises(InvalidResponse, match="url"):
+        adapter.discovered(a2a_call, response({"name": "kb"}))
+
+
+def test_a2a_message_result_is_normalised() -> None:
+    """A Message result's text parts become reply_content."""
+    result = {"kind": "message", "messageId": "m1", "parts": [{"kind": "text", "text": "hello"}]}
+    reply = A2AAdapter().parse(call("a2a"), response({"jsonrpc": "2.0", "id": "1", "result": result}))
+    assert (reply.data["reply_content"], reply.data["raw_meta"]["message_id"]) == ("hello", "m1")
+
+
+@pytest.mark.parametrize(("code", "kind"), [(-32603, "transient"), (-32602, "business"), (-32001, "business")])
+def test_a2a_rpc_errors_are_classified(code: int, kind: str) -> None:
+    """An internal JSON-RPC error is transient; the others (bad params, task not found...) are business."""
+    body = {"jsonrpc": "2.0", "id": "1", "error": {"code": code, "message": "m"}}
+    reply = A2AAdapter().parse(call("a2a"), response(body))
+    assert reply.error is not None
+    assert reply.error.type == kind

@@ -1,0 +1,165 @@
+"""ReachClient through its public API, with the in-memory MockTransport."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reach_plugins import AgentDescriptor, ReachClient, errors
+from reach_plugins.registry import MemoryRegistry
+from reach_plugins.sessions import MemorySessions
+from reach_plugins.transport import Call, MockTransport
+
+ORDERS: dict[str, Any] = {
+    "name": "orders",
+    "endpoints": ["http://orders-a", "http://orders-b"],
+    "capabilities": [
+        {
+            "name": "query_order",
+            "params_schema": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}, "lines": {"type": "array", "items": {"type": "integer"}}},
+                "required": ["order_id"],
+            },
+        }
+    ],
+}
+
+
+def echo(call: Call) -> dict[str, Any]:
+    return {"instance": call.instance.instance_id, **call.request.payload}
+
+
+@pytest.fixture
+async def registry() -> MemoryRegistry:
+    reg = MemoryRegistry()
+    await reg.register_agent(AgentDescriptor.model_validate(ORDERS))
+    return reg
+
+
+async def test_reach_routes_by_capability_and_reports_where(registry: MemoryRegistry) -> None:
+    """A reach names a capability and comes back with the agent and instance that served it."""
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport, tenant="demo")
+    resp = await client.reach("query_order", {"order_id": "A1"}, trace=True)
+    assert resp.status == "success" and resp.agent == "orders"
+    assert resp.data == {"instance": resp.instance, "order_id": "A1"}
+    assert transport.calls[0].request.tenant == "demo"
+    assert resp.trace is not None and resp.trace.route is not None and resp.trace.route.agent == "orders"
+    await client.aclose()
+
+
+async def test_session_stays_on_one_instance(registry: MemoryRegistry) -> None:
+    """Every call of one session lands on the same instance."""
+    client = ReachClient(registry, MockTransport(echo))
+    served = {(await client.reach("query_order", {"order_id": "A1"}, session_id="s-7")).instance for _ in range(20)}
+    assert len(served) == 1
+    await client.aclose()
+
+
+async def test_unknown_capability_names_closest(registry: MemoryRegistry) -> None:
+    """A misspelt capability fails before sending and suggests the closest known name."""
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport)
+    with pytest.raises(errors.UnknownCapability, match="query_order"):
+        await client.reach("query_ordr", {"order_id": "A1"})
+    assert transport.calls == []
+
+
+async def test_invalid_payload_names_the_field(registry: MemoryRegistry) -> None:
+    """A payload that breaks params_schema is refused, naming the field, and nothing is sent."""
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport)
+    with pytest.raises(errors.InvalidPayload, match=r"lines\[1\]"):
+        await client.reach("query_order", {"order_id": "A1", "lines": [1, "two"]})
+    with pytest.raises(errors.InvalidPayload, match="order_id"):
+        await client.reach("query_order", {})
+    assert transport.calls == []
+
+
+async def test_tenant_not_allowed_is_refused(tmp_path: Path) -> None:
+    """A tenant whose allow-list lacks the agent gets PermissionDenied; nothing is sent."""
+    config = tmp_path / "agents.yaml"
+    config.write_text(
+        "agents:\n"
+        "  - name: orders\n    endpoints: [http://orders-a]\n    capabilities: [query_order]\n"
+        "  - name: tickets\n    endpoints: [http://tickets-a]\n    capabilities: [create_ticket]\n"
+        "tenants:\n  demo:\n    agents: [tickets]\n"
+    )
+    transport = MockTransport(echo)
+    client = ReachClient(f"file://{config}", transport, tenant="demo")
+    with pytest.raises(errors.PermissionDenied, match="demo"):
+        await client.reach("query_order", {"order_id": "A1"})
+    assert (await client.reach("create_ticket", {})).status == "success"
+    assert [c.agent.name for c in transport.calls] == ["tickets"]
+    await client.aclose()
+
+
+async def test_nobody_healthy_says_why(registry: MemoryRegistry) -> None:
+    """When every instance is down, NoHealthyAgent lists why each candidate was skipped."""
+    for instance in list(registry.instances("orders").values()):
+        await registry.register_instance(instance.model_copy(update={"status": "down"}))
+    client = ReachClient(registry, MockTransport(echo))
+    with pytest.raises(errors.NoHealthyAgent) as caught:
+        await client.reach("query_order", {"order_id": "A1"})
+    assert set(caught.value.reasons) == {"orders/orders-0", "orders/orders-1"}
+
+
+def test_reach_sync_outside_a_loop(registry: MemoryRegistry) -> None:
+    """reach_sync blocks and returns the response from plain synchronous code."""
+    client = ReachClient(registry, MockTransport(echo))
+    assert client.reach_sync("query_order", {"order_id": "A2"}).data["order_id"] == "A2"
+    client.close()
+
+
+async def test_reach_sync_inside_a_running_loop(registry: MemoryRegistry) -> None:
+    """reach_sync also works when called from a thread that already runs an event loop."""
+    client = ReachClient(registry, MockTransport(echo))
+    assert client.reach_sync("query_order", {"order_id": "A3"}).ok
+    client.close()
+
+
+async def test_closed_session_sends_nothing(registry: MemoryRegistry) -> None:
+    """A reach for a closed conversation raises SessionClosed and never reaches an agent."""
+    sessions = MemorySessions()
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport, sessions=sessions)
+    assert (await client.reach("query_order", {"order_id": "A1"}, session_id="chat-1")).ok
+    await sessions.close("chat-1")
+    with pytest.raises(errors.SessionClosed, match="chat-1"):
+        await client.reach("query_order", {"order_id": "A1"}, session_id="chat-1")
+    assert len(transport.calls) == 1
+
+
+async def test_closing_a_session_cancels_calls_in_flight(registry: MemoryRegistry) -> None:
+    """A call in flight for a conversation that closes is cancelled with SessionClosed."""
+    sessions = MemorySessions()
+    started = asyncio.Event()
+
+    async def slow(call: Call) -> dict[str, Any]:
+        started.set()
+        await asyncio.Event().wait()
+        return {}
+
+    client = ReachClient(registry, MockTransport(slow), sessions=sessions)
+    task = asyncio.create_task(client.reach("query_order", {"order_id": "A1"}, session_id="chat-2"))
+    await started.wait()
+    await sessions.close("chat-2")
+    with pytest.raises(errors.SessionClosed, match="in flight"):
+        await task
+
+
+async def test_expired_session_is_refused(registry: MemoryRegistry) -> None:
+    """A conversation idle past its TTL is expired: SessionClosed, nothing sent."""
+    now = [1000.0]
+    sessions = MemorySessions(ttl=60, clock=lambda: now[0])
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport, sessions=sessions)
+    await client.reach("query_order", {"order_id": "A1"}, session_id="chat-3")
+    now[0] += 61
+    with pytest.raises(errors.SessionClosed, match="expired"):
+        await client.reach("query_order", {"order_id": "A1"}, session_id="chat-3")
+    assert len(transport.calls) == 1

@@ -1,0 +1,238 @@
+"""The circuit breaker: sliding window, open, half-open probes, transitions; and through the pipeline."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from core_fakes import FakeAgent, FakeRouter, make_agent
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reach_plugins.core import BreakerTransition, CircuitBreaker, FakeClock, Permit, Pipeline
+from reach_plugins.errors import CircuitOpen
+from reach_plugins.model import CircuitBreakerConfig, ReachRequest
+
+T0 = 1_000.0
+
+
+def breaker(**config: object) -> tuple[CircuitBreaker, list[BreakerTransition]]:
+    seen: list[BreakerTransition] = []
+    return CircuitBreaker(CircuitBreakerConfig(**config), agent="a", instance="a-0", listener=seen.append), seen
+
+
+def feed(b: CircuitBreaker, now: float, failures: int, successes: int = 0, duration: float = 0.01) -> None:
+    for failed in [True] * failures + [False] * successes:
+        permit = b.acquire(now)
+        assert permit is not None
+        b.record(permit, now, failure=failed, duration=duration)
+
+
+def test_opens_at_threshold_with_enough_calls() -> None:
+    """3 failures in 10 calls (30 %) opens the breaker and reports why."""
+    b, seen = breaker()
+    feed(b, T0, failures=0, successes=7)
+    feed(b, T0, failures=3)
+    assert b.state(T0) == "open" and b.acquire(T0) is None
+    assert [(t.before, t.after) for t in seen] == [("closed", "open")]
+    assert "30%" in seen[0].reason
+
+
+def test_needs_min_calls() -> None:
+    """Nine failures out of nine calls are not enough evidence with min_calls 10."""
+    b, seen = breaker()
+    feed(b, T0, failures=9)
+    assert b.state(T0) == "closed" and seen == []
+
+
+def test_old_failures_slide_out_of_the_window() -> None:
+    """Failures older than the window no longer count."""
+    b, _ = breaker()
+    feed(b, T0, failures=2, successes=6)
+    feed(b, T0 + 61, failures=1, successes=9)
+    assert b.state(T0 + 61) == "closed"
+
+
+def ten_percent_traffic(b: CircuitBreaker) -> None:
+    rng = random.Random(5)
+    now = T0
+    feed(b, now, failures=0, successes=50)
+    for _ in range(20_000):
+        now += 0.05
+        permit = b.acquire(now)
+        if permit is not None:
+            b.record(permit, now, failure=rng.random() < 0.1, duration=0.01)
+
+
+def test_seed_breaker_does_not_flap_at_ten_percent() -> None:
+    """Seed story: at 10 % random failures the 60 s / 30 % breaker never opens; the seeds' 10 % one flaps."""
+    b, seen = breaker()
+    ten_percent_traffic(b)
+    assert seen == []
+    flappy, flaps = breaker(error_threshold=0.1)
+    ten_percent_traffic(flappy)
+    assert sum(t.after == "open" for t in flaps) > 5
+
+
+def test_slow_calls_open_the_breaker() -> None:
+    """With slow_call_duration set, a slow-call rate at the threshold opens it."""
+    b, seen = breaker(slow_call_duration=1.0, slow_call_threshold=0.5)
+    feed(b, T0, failures=0, successes=5, duration=2.0)
+    feed(b, T0, failures=0, successes=5, duration=0.1)
+    assert b.state(T0) == "open" and "slow-call" in seen[0].reason
+
+
+def test_half_open_admits_probes_and_success_closes() -> None:
+    """After open_wait, half_open_probes calls get through; the first success closes it."""
+    b, seen = breaker(half_open_probes=2)
+    feed(b, T0, failures=10)
+    assert b.acquire(T0 + 29.9) is None
+    later = T0 + 30
+    assert b.available(later)
+    probes = [b.acquire(later), b.acquire(later)]
+    assert all(p is not None and p.probe for p in probes) and b.acquire(later) is None
+    assert not b.available(later)
+    first = probes[0]
+    assert first is not None
+    b.record(first, later + 1, failure=False, duration=0.1)
+    assert b.state(later + 1) == "closed"
+    assert [t.after for t in seen] == ["open", "half_open", "closed"]
+
+
+def test_probe_failure_reopens_for_another_wait() -> None:
+    """A failed probe reopens the breaker for a full open_wait."""
+    b, seen = breaker()
+    feed(b, T0, failures=10)
+    probe = b.acquire(T0 + 30)
+    assert probe is not None
+    b.record(probe, T0 + 31, failure=True, duration=0.1)
+    assert b.state(T0 + 60) == "open" and b.state(T0 + 61) == "half_open"
+    assert [t.after for t in seen] == ["open", "half_open", "open"]
+
+
+def test_late_results_from_before_a_transition_do_not_decide() -> None:
+    """A call admitted while closed that finishes after the breaker opened does not close it."""
+    b, _ = breaker()
+    early = b.acquire(T0)
+    assert early is not None
+    feed(b, T0, failures=10)
+    b.record(early, T0 + 1, failure=False, duration=0.1)
+    assert b.state(T0 + 1) == "open"
+
+
+def test_released_probe_frees_its_slot() -> None:
+    """An abandoned probe gives its slot back."""
+    b, _ = breaker(half_open_probes=1)
+    feed(b, T0, failures=10)
+    probe = b.acquire(T0 + 30)
+    assert probe is not None and b.acquire(T0 + 30) is None
+    b.release(probe)
+    assert b.acquire(T0 + 30) is not None
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["ok", "fail", "slow", "wait", "abandon"]), st.floats(0, 40)), max_size=120
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(OPS, st.integers(1, 4), st.integers(1, 12))
+def test_state_machine_invariants(ops: list[tuple[str, float]], probes: int, min_calls: int) -> None:
+    """Whatever happens: no admission while open, at most N probes at once, transitions chain and are reported."""
+    seen: list[BreakerTransition] = []
+    config = CircuitBreakerConfig(half_open_probes=probes, min_calls=min_calls, slow_call_duration=5.0)
+    b = CircuitBreaker(config, listener=seen.append)
+    now = T0
+    held: list[Permit] = []
+    for op, amount in ops:
+        if op == "wait":
+            now += amount
+            continue
+        state_before = b.state(now)
+        permit = b.acquire(now)
+        if state_before == "open":
+            assert permit is None
+        if permit is None:
+            continue
+        held.append(permit)
+        live_probes = sum(1 for p in held if p.probe and p.generation == permit.generation)
+        assert live_probes <= probes
+        if op == "abandon":
+            b.release(held.pop())
+        else:
+            b.record(held.pop(), now, failure=op == "fail", duration=amount if op == "slow" else 0.1)
+    for earlier, later in zip(seen, seen[1:], strict=False):
+        assert earlier.after == later.before and earlier.at <= later.at
+    for transition in seen:
+        if transition.before == "closed":
+            assert transition.after == "open"
+
+
+# --------------------------------------------------------------------------- through the pipeline
+
+
+def setup(instances: int = 3) -> tuple[FakeClock, FakeAgent, Pipeline]:
+    clock = FakeClock()
+    fake = FakeAgent(clock)
+    router = FakeRouter([make_agent(instances=instances)])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    return clock, fake, pipeline
+
+
+def order() -> ReachRequest:
+    return ReachRequest(capability="query_order", payload={"order_id": "A1"})
+
+
+async def test_open_instance_is_skipped_by_the_router() -> None:
+    """Once an instance's breaker opens, is_available says so and traffic goes elsewhere."""
+    _, fake, pipeline = setup()
+    fake.default("503", "orders-0")
+    for _ in range(60):
+        await pipeline.run(order())
+    assert not pipeline.is_available("orders", "orders-0")
+    before = fake.sent["orders-0"]
+    results = [await pipeline.run(order()) for _ in range(30)]
+    assert all(r.ok for r in results) and fake.sent["orders-0"] == before
+
+
+async def test_all_open_raises_circuit_open_without_sending() -> None:
+    """When every breaker is open the request is refused with CircuitOpen; nothing is sent."""
+    _, fake, pipeline = setup(instances=1)
+    fake.default("503")
+    for _ in range(4):
+        await pipeline.run(order())
+    assert not pipeline.is_available("orders", "orders-0")
+    sent = len(fake.calls)
+    with pytest.raises(CircuitOpen):
+        await pipeline.run(order())
+    assert len(fake.calls) == sent
+
+
+async def test_traffic_returns_after_open_wait_and_one_probe() -> None:
+    """After recovery, the first probe past open_wait closes the breaker and traffic flows again."""
+    clock, fake, pipeline = setup(instances=1)
+    fake.default("503")
+    for _ in range(4):
+        await pipeline.run(order())
+    fake.default("ok")
+    clock.advance(29)
+    with pytest.raises(CircuitOpen):
+        await pipeline.run(order())
+    clock.advance(1)
+    response = await pipeline.run(order(), trace=True)
+    assert response.ok and pipeline.is_available("orders", "orders-0")
+    assert response.trace is not None
+    moves = [(e["reach.breaker.from"], e["reach.breaker.to"]) for e in response.trace.events if "reach.breaker.to" in e]
+    assert moves == [("open", "half_open"), ("half_open", "closed")]
+
+
+async def test_retry_fails_over_when_the_breaker_opens_mid_request() -> None:
+    """A retry goes to another instance once the failing instance's breaker has opened."""
+    _, fake, pipeline = setup(instances=2)
+    fake.default("503", "orders-0")
+    for _ in range(18):
+        await pipeline.run(order())
+    response = await pipeline.run(order(), trace=True)
+    assert response.ok and response.instance == "orders-1"
+    assert response.trace is not None

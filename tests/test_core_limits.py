@@ -1,0 +1,190 @@
+"""Rate limit and backpressure: token bucket, concurrency limiter, adaptive limit; and through the pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from core_fakes import FakeAgent, FakeRouter, make_agent
+
+from reach_plugins.core import AdaptiveLimit, ConcurrencyLimiter, FakeClock, Pipeline, TokenBucket
+from reach_plugins.errors import RateLimited
+from reach_plugins.model import Capability, PoolConfig, RateLimit, ReachRequest
+
+T0 = 1_000.0
+
+
+def test_bucket_allows_a_burst_then_paces() -> None:
+    """Burst calls go at once, the next waits 1/rate, and refill tops up to the burst only."""
+    bucket = TokenBucket(10, 3, now=T0)
+    assert [bucket.reserve(T0, 1.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.reserve(T0, 1.0) == pytest.approx(0.1)
+    assert bucket.reserve(T0 + 60, 1.0) == 0.0
+    assert [bucket.reserve(T0 + 60, 0) for _ in range(3)] == [0.0, 0.0, None]
+
+
+def test_bucket_refuses_a_wait_longer_than_max_wait_without_taking_a_token() -> None:
+    """A reservation beyond max_wait is refused and leaves no debt behind."""
+    bucket = TokenBucket(1, 1, now=T0)
+    assert bucket.reserve(T0, 0.5) == 0.0
+    assert bucket.reserve(T0, 0.5) is None
+    assert bucket.reserve(T0, 1.0) == pytest.approx(1.0)
+
+
+def test_bucket_refund_returns_the_token() -> None:
+    """An abandoned reservation gives its token back."""
+    bucket = TokenBucket(1, 1, now=T0)
+    bucket.reserve(T0, 0)
+    bucket.refund(T0)
+    assert bucket.reserve(T0, 0) == 0.0
+
+
+async def test_limiter_queues_in_order_and_refuses_past_the_queue() -> None:
+    """Calls beyond the limit wait FIFO; beyond the queue bound they are refused at once."""
+    limiter = ConcurrencyLimiter(1, max_queue=2, name="agent 'x'")
+    await limiter.acquire()
+    order: list[int] = []
+
+    async def waiter(n: int) -> None:
+        await limiter.acquire()
+        order.append(n)
+
+    tasks = [asyncio.create_task(waiter(n)) for n in (1, 2)]
+    await asyncio.sleep(0)
+    with pytest.raises(RateLimited, match="queue is full"):
+        await limiter.acquire()
+    limiter.release()
+    await asyncio.sleep(0)
+    limiter.release()
+    await asyncio.gather(*tasks)
+    assert order == [1, 2] and limiter.in_flight == 1
+
+
+async def test_cancelled_waiter_leaves_the_queue() -> None:
+    """A waiter that gives up no longer holds a queue place nor a slot."""
+    limiter = ConcurrencyLimiter(1, max_queue=1)
+    await limiter.acquire()
+    task = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert limiter.queued == 0
+    limiter.release()
+    assert limiter.in_flight == 0
+
+
+async def test_raising_the_limit_wakes_waiters() -> None:
+    """Widening the window lets queued calls through."""
+    limiter = ConcurrencyLimiter(1, max_queue=5)
+    await limiter.acquire()
+    task = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)
+    limiter.limit = 2
+    await task
+    assert limiter.in_flight == 2
+
+
+def test_adaptive_limit_shrinks_on_overload_once_per_round_trip() -> None:
+    """Overload cuts the window multiplicatively, at most once per smoothed round trip."""
+    adaptive = AdaptiveLimit(100)
+    adaptive.record(T0, 0.5, overload=False, in_flight=100)
+    assert adaptive.record(T0 + 1, None, overload=True, in_flight=100) == 90
+    assert adaptive.record(T0 + 1.1, None, overload=True, in_flight=100) == 90
+    assert adaptive.record(T0 + 2, None, overload=True, in_flight=100) == 81
+
+
+def test_adaptive_limit_shrinks_when_latency_climbs_and_recovers() -> None:
+    """A latency jump narrows the window; healthy, busy traffic widens it back to the maximum."""
+    adaptive = AdaptiveLimit(50)
+    now = T0
+    for _ in range(200):
+        now += 0.1
+        adaptive.record(now, 0.1, overload=False, in_flight=50)
+    for _ in range(20):
+        now += 1
+        adaptive.record(now, 1.0, overload=False, in_flight=50)
+    narrowed = adaptive.limit
+    assert narrowed < 50
+    for _ in range(500):
+        now += 0.1
+        adaptive.record(now, 0.1, overload=False, in_flight=adaptive.limit)
+    assert adaptive.limit == 50
+
+
+def test_adaptive_limit_does_not_grow_an_idle_window() -> None:
+    """Growth needs the window to be used: a few calls in flight do not widen it."""
+    adaptive = AdaptiveLimit(100)
+    adaptive.record(T0, None, overload=True, in_flight=1)
+    for i in range(100):
+        adaptive.record(T0 + 10 + i, 0.1, overload=False, in_flight=1)
+    assert adaptive.limit == 90
+
+
+# --------------------------------------------------------------------------- through the pipeline
+
+
+def setup(**agent_fields: object) -> tuple[FakeClock, FakeAgent, Pipeline]:
+    clock = FakeClock()
+    fake = FakeAgent(clock, latency=1.0)
+    router = FakeRouter([make_agent(**agent_fields)])
+    return clock, fake, Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(2))
+
+
+def order() -> ReachRequest:
+    return ReachRequest(capability="query_order", payload={"order_id": "A1"})
+
+
+async def test_rate_limit_waits_within_max_wait() -> None:
+    """With qps 1 and burst 1, a second call waits about a second, then goes."""
+    clock, fake, pipeline = setup(rate_limit=RateLimit(qps=1, burst=1, max_wait=3))
+    fake.latency = 0.0
+    start = clock.now()
+    await pipeline.run(order())
+    await pipeline.run(order())
+    assert clock.now() - start == pytest.approx(1.0)
+    assert len(fake.calls) == 2
+
+
+async def test_rate_limit_fails_fast_past_max_wait() -> None:
+    """When the bucket cannot free a slot within max_wait, RateLimited is raised and nothing is sent."""
+    _, fake, pipeline = setup(rate_limit=RateLimit(qps=1, burst=1, max_wait=0.5))
+    fake.latency = 0.0
+    await pipeline.run(order())
+    with pytest.raises(RateLimited, match="qps"):
+        await pipeline.run(order())
+    assert len(fake.calls) == 1
+
+
+async def test_concurrency_limit_turns_overload_into_waiting() -> None:
+    """With max_conns 2, extra calls queue and finish later instead of failing."""
+    clock, fake, pipeline = setup(pool=PoolConfig(max_conns=2))
+    start = clock.now()
+    results = await asyncio.gather(*(pipeline.run(order()) for _ in range(4)))
+    assert all(r.ok for r in results)
+    assert clock.now() - start == pytest.approx(2.0)
+
+
+async def test_concurrency_queue_bound_refuses_the_excess() -> None:
+    """Beyond max_conns in flight plus max_conns waiting, calls are refused with RateLimited."""
+    _, fake, pipeline = setup(pool=PoolConfig(max_conns=1))
+    outcomes = await asyncio.gather(*(pipeline.run(order()) for _ in range(3)), return_exceptions=True)
+    assert sum(isinstance(o, RateLimited) for o in outcomes) == 1
+    assert len(fake.calls) == 2
+
+
+async def test_queue_wait_is_bounded_by_max_wait() -> None:
+    """A queued call that does not get a slot within max_wait is refused."""
+    clock, fake, pipeline = setup(pool=PoolConfig(max_conns=1), rate_limit=RateLimit(qps=100, max_wait=0.5))
+    fake.latency = 5.0
+    outcomes = await asyncio.gather(pipeline.run(order()), pipeline.run(order()), return_exceptions=True)
+    assert isinstance(outcomes[1], RateLimited) and len(fake.calls) == 1
+
+
+async def test_capability_max_concurrency_applies() -> None:
+    """A capability's max_concurrency queues calls beyond it even when the pool has room."""
+    clock, _, pipeline = setup(capability=Capability(name="query_order", max_concurrency=1))
+    start = clock.now()
+    await asyncio.gather(pipeline.run(order()), pipeline.run(order()))
+    assert clock.now() - start == pytest.approx(2.0)

@@ -1,0 +1,140 @@
+"""Clocks, deadlines, full-jitter backoff and the retry budget (sans-IO pieces, with hypothesis)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reach_plugins.core import Deadline, FakeClock, RetryBudget, SystemClock, full_jitter, retry_delay
+from reach_plugins.core.clock import as_clock
+from reach_plugins.errors import ConfigError
+from reach_plugins.model import RetryPolicy
+
+
+async def test_fake_sleep_moves_virtual_time_not_real_time() -> None:
+    """A 40 s virtual sleep ends at +40 s on the fake clock, in (almost) no real time."""
+    clock = FakeClock()
+    start, real = clock.now(), time.perf_counter()
+    await clock.sleep(40)
+    assert clock.now() - start == 40
+    assert time.perf_counter() - real < 1
+
+
+async def test_concurrent_sleepers_wake_in_virtual_order() -> None:
+    """Concurrent sleeps share one timeline: each wakes at its own end, in order."""
+    clock = FakeClock()
+    start = clock.now()
+    woke: list[tuple[str, float]] = []
+
+    async def nap(name: str, seconds: float) -> None:
+        await clock.sleep(seconds)
+        woke.append((name, clock.now() - start))
+
+    await asyncio.gather(nap("c", 3), nap("a", 1), nap("b", 2))
+    assert woke == [("a", 1), ("b", 2), ("c", 3)]
+
+
+async def test_fake_timeout_fires_at_the_virtual_deadline() -> None:
+    """timeout_at raises TimeoutError exactly at the deadline; a block finishing earlier is untouched."""
+    clock = FakeClock()
+    start = clock.now()
+    with pytest.raises(TimeoutError):
+        async with clock.timeout_at(start + 2):
+            await clock.sleep(10)
+    assert clock.now() - start == 2
+    async with clock.timeout_at(clock.now() + 5):
+        await clock.sleep(1)
+    assert clock.now() - start == 3
+
+
+async def test_advance_fires_due_timers() -> None:
+    """advance() moves time by hand and wakes sleepers that fall due."""
+    clock = FakeClock()
+    task = asyncio.create_task(clock.sleep(5))
+    await asyncio.sleep(0)
+    clock.advance(5)
+    await asyncio.wait_for(task, 1)
+    with pytest.raises(ValueError):
+        clock.advance(-1)
+
+
+async def test_system_clock_timeout_in_the_past_fires_at_once() -> None:
+    """The real clock's timeout_at with a passed deadline raises on the first await."""
+    clock = SystemClock()
+    with pytest.raises(TimeoutError):
+        async with clock.timeout_at(clock.now() - 1):
+            await asyncio.sleep(5)
+
+
+def test_clocks_are_time_functions_and_functions_become_clocks() -> None:
+    """Clocks can be called like time.time, and as_clock wraps a bare function."""
+    fake = FakeClock(start=123.0)
+    assert fake() == 123.0
+    assert as_clock(fake) is fake
+    assert as_clock(lambda: 5.0).now() == 5.0
+    assert isinstance(as_clock(None), SystemClock)
+
+
+def test_deadline_arithmetic() -> None:
+    """Attempt time is min(remaining, per-attempt); a delay fits only if it ends before the deadline."""
+    deadline = Deadline(100.0)
+    assert deadline.attempt_timeout(97.0, 10.0) == 3.0
+    assert deadline.attempt_timeout(50.0, 10.0) == 10.0
+    assert deadline.fits(97.0, 2.9) and not deadline.fits(97.0, 3.0)
+    assert deadline.remaining(101.0) == 0.0 and deadline.expired(100.0)
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 80), st.floats(0.001, 5), st.floats(0.001, 30), st.integers(0, 2**32))
+def test_full_jitter_stays_within_its_window(retry: int, base: float, cap: float, seed: int) -> None:
+    """Every delay lies in [0, min(cap, base * 2**retry)]."""
+    delay = full_jitter(retry, base=base, cap=cap, rng=random.Random(seed))
+    assert 0 <= delay <= min(cap, base * 2.0**retry)
+
+
+def test_full_jitter_spreads_over_the_whole_window() -> None:
+    """Delays are spread uniformly (mean near half the ceiling), not clustered at the ceiling."""
+    rng = random.Random(11)
+    delays = [full_jitter(3, base=0.2, cap=3.0, rng=rng) for _ in range(5000)]
+    assert sum(delays) / len(delays) == pytest.approx(0.8, rel=0.05)
+    assert min(delays) < 0.05 and max(delays) > 1.55
+
+
+@given(st.floats(0, 10))
+def test_retry_after_is_a_floor(retry_after: float) -> None:
+    """The delay is never shorter than the downstream's Retry-After."""
+    assert retry_delay(0, RetryPolicy(), random.Random(0), retry_after) >= retry_after
+
+
+@settings(max_examples=100)
+@given(st.lists(st.booleans(), max_size=300), st.floats(1, 200), st.floats(0.01, 2))
+def test_budget_tokens_stay_bounded_and_gate_retries(outcomes: list[bool], size: float, ratio: float) -> None:
+    """Tokens stay in [0, max]; retries are allowed exactly while more than half are left."""
+    budget = RetryBudget(size, ratio)
+    for success in outcomes:
+        budget.record_success() if success else budget.record_failure()
+        assert 0 <= budget.tokens <= size
+        assert budget.allows_retry() == (budget.tokens > size / 2)
+
+
+@given(st.integers(2, 100))
+def test_budget_in_a_full_outage_allows_only_half_its_tokens(size: int) -> None:
+    """With nothing succeeding, retries stop after about max_tokens / 2 failures and stay stopped."""
+    budget = RetryBudget(size, 0.2)
+    allowed = 0
+    for _ in range(1000):
+        budget.record_failure()
+        allowed += budget.allows_retry()
+    assert allowed == math.ceil(size / 2) - 1
+
+
+def test_budget_refuses_nonsense_sizes() -> None:
+    """A budget with no tokens or no refill is a configuration error."""
+    with pytest.raises(ConfigError):
+        RetryBudget(0, 0.2)

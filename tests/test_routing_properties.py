@@ -1,0 +1,134 @@
+"""Properties of the balancing algorithms: SWRR shares, HRW stability, bounded load under skewed keys."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from registry_conformance import FakeClock, agent
+
+from reach_plugins.model import ReachRequest
+from reach_plugins.registry import MemoryRegistry
+from reach_plugins.routing import Rendezvous, Router, SmoothWeightedRoundRobin
+
+PICKS = 10_000
+SESSIONS = 5_000
+
+
+def best(hrw: Rendezvous, session: str, keys: list[tuple[str, str]]) -> tuple[str, str]:
+    """Plain rendezvous choice (no load bound): the top-scoring key."""
+    return hrw.scores(session, keys)[0][1]
+
+
+def instance_keys(count: int) -> list[tuple[str, str]]:
+    return [("orders", f"orders-{i}") for i in range(count)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(weights=st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=8), seed=st.integers(0, 2**32))
+def test_swrr_follows_weights_within_one_percent(weights: list[int], seed: int) -> None:
+    """Over 10,000 picks each peer's share is within 1 point of its weight's share, and every peer is picked."""
+    rr: SmoothWeightedRoundRobin[int] = SmoothWeightedRoundRobin(random.Random(seed))
+    peers = list(enumerate(weights))
+    counts = Counter(rr.pick(peers) for _ in range(PICKS))
+    total = sum(weights)
+    for peer, weight in peers:
+        assert abs(counts[peer] / PICKS - weight / total) <= 0.01
+        assert counts[peer] >= 1
+
+
+@settings(max_examples=10, deadline=None)
+@given(weights=st.lists(st.integers(min_value=1, max_value=100), min_size=2, max_size=5))
+def test_router_swrr_follows_agent_weights(weights: list[int]) -> None:
+    """Through the router, agents' routing weights decide their share of session-less traffic."""
+    registry = MemoryRegistry(clock=FakeClock())
+    for i, weight in enumerate(weights):
+        registry.put_agent(agent(f"a{i}", "query_order", endpoints=1, routing={"weight": weight}))
+    router = Router(registry, clock=registry.clock, rng=random.Random(1))
+    request = ReachRequest(capability="query_order")
+    rounds = 2_000
+    counts = Counter(router.route(request).agent.name for _ in range(rounds))
+    for i, weight in enumerate(weights):
+        assert abs(counts[f"a{i}"] / rounds - weight / sum(weights)) <= 0.01
+
+
+@settings(max_examples=20, deadline=None)
+@given(count=st.integers(min_value=2, max_value=16), gone=st.data())
+def test_removing_an_instance_moves_only_its_sessions(count: int, gone: st.DataObject) -> None:
+    """Rendezvous hashing: taking one instance away re-homes exactly the sessions that were on it."""
+    keys = instance_keys(count)
+    removed = keys[gone.draw(st.integers(0, count - 1))]
+    hrw = Rendezvous()
+    remaining = [key for key in keys if key != removed]
+    for i in range(2_000):
+        session = f"s-{i}"
+        before, after = best(hrw, session, keys), best(hrw, session, remaining)
+        assert before in (after, removed)
+
+
+@settings(max_examples=10, deadline=None)
+@given(count=st.integers(min_value=2, max_value=16))
+def test_adding_an_instance_moves_about_its_share(count: int) -> None:
+    """Rendezvous hashing: a new instance takes about 1/(N+1) of the sessions, all of them to itself."""
+    keys = instance_keys(count)
+    grown = [*keys, ("orders", "orders-new")]
+    hrw = Rendezvous()
+    moved = 0
+    for i in range(SESSIONS):
+        before, after = best(hrw, f"s-{i}", keys), best(hrw, f"s-{i}", grown)
+        if before != after:
+            assert after == ("orders", "orders-new")
+            moved += 1
+    assert abs(moved / SESSIONS - 1 / (count + 1)) <= 0.03
+
+
+def test_router_keeps_sessions_when_an_instance_dies() -> None:
+    """Through the router, sessions on surviving instances stay put; those on the dead one are restored."""
+    registry = MemoryRegistry(clock=FakeClock())
+    registry.put_agent(agent("orders", "query_order", endpoints=6))
+    router = Router(registry, clock=registry.clock)
+    placed = {f"s-{i}": router.route(ReachRequest(capability="query_order", session_id=f"s-{i}")) for i in range(600)}
+    broken = "orders-2"
+    router.is_available = lambda agent_name, instance: instance != broken
+    for session, first in placed.items():
+        route = router.route(ReachRequest(capability="query_order", session_id=session))
+        if first.instance.instance_id == broken:
+            assert route.decision.affinity == "restored" and route.instance.instance_id != broken
+        else:
+            assert route.instance.instance_id == first.instance.instance_id
+            assert route.decision.affinity == "pinned"
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    count=st.integers(min_value=2, max_value=12),
+    bounded_load=st.sampled_from([1.1, 1.25, 1.5]),
+    prefix=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=0, max_size=12),
+)
+def test_bounded_load_holds_under_skewed_keys(count: int, bounded_load: float, prefix: str) -> None:
+    """5,000 look-alike session ids ending in '-prod': no instance holds more than c x average + 1 sessions."""
+    registry = MemoryRegistry(clock=FakeClock())
+    registry.put_agent(agent("orders", "query_order", endpoints=count))
+    router = Router(registry, clock=registry.clock, bounded_load=bounded_load)
+    for i in range(SESSIONS):
+        router.route(ReachRequest(capability="query_order", session_id=f"{prefix}{i}-prod"))
+    loads = router.sessions.active
+    assert sum(loads.values()) == SESSIONS
+    assert max(loads.values()) <= bounded_load * SESSIONS / count + 1
+
+
+def test_bounded_load_spreads_one_hot_key_range() -> None:
+    """Even when every session prefers the same instance, the cap spreads them over all instances."""
+    registry = MemoryRegistry(clock=FakeClock())
+    registry.put_agent(agent("orders", "query_order", endpoints=4))
+    router = Router(registry, clock=registry.clock, bounded_load=1.25)
+    hrw = Rendezvous()
+    keys = [("orders", f"orders-{i}") for i in range(4)]
+    hot = [s for s in (f"tenant-{i}-prod" for i in range(20_000)) if best(hrw, s, keys) == keys[0]][:1_000]
+    for session in hot:
+        router.route(ReachRequest(capability="query_order", session_id=session))
+    loads = router.sessions.active
+    assert len(loads) == 4
+    assert max(loads.values()) <= 1.25 * len(hot) / 4 + 1
