@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import platform
 import random
 import statistics
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "machine": f"{platform.system()} {platform.machine()} {platform.processor() or ''}".strip(),
         "quick": args.quick,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
         "shape": (
             f"{INSTANCES} heartbeat-tracked instances per agent; capabilities svc_{{i // {GROUP}}} "
             f"({GROUP} agents each) and own_{{i}}; requests over {HOT} capabilities unless 'all caps'; "

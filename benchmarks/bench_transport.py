@@ -3,8 +3,9 @@
 One trivial reach agent runs under uvicorn (uvloop + httptools) in a child
 process; every client posts the same reach body to it with the same pool
 settings (64 connections, 90 s keep-alive). For each concurrency the modes
-run in turn, for several rounds; the round with the median throughput is
-reported. Results go to ``benchmarks/results/transport.json``.
+run back to back, for several rounds; figures are medians over the rounds and
+ratios are medians of per-round paired ratios (so a machine shared with other
+work drifts both sides alike). Results go to ``benchmarks/results/transport.json``.
 
     .venv/bin/python benchmarks/bench_transport.py [--calls 2000] [--rounds 3] [--concurrency 1 32 64]
 """
@@ -37,6 +38,8 @@ from transports.direct import DirectTransport
 RESULTS = Path(__file__).parent / "results" / "transport.json"
 POOL = 64
 KEEP_ALIVE = 90.0
+TIMEOUT = 30.0
+"""Generous, so httpx's pool collapse under concurrency shows as slowness rather than errors."""
 PAYLOAD = {"order_id": "A1", "fields": ["status", "eta"]}
 Send = Callable[[], Awaitable[Any]]
 
@@ -71,13 +74,13 @@ def reach_body() -> bytes:
     return json.dumps(body).encode()
 
 
-HEADERS = {"Content-Type": "application/json", "Accept": "application/json", "X-Reach-Deadline": "5000"}
+HEADERS = {"Content-Type": "application/json", "Accept": "application/json", "X-Reach-Deadline": "30000"}
 
 
 async def raw_aiohttp(url: str, stack: AsyncExitStack) -> Send:
     connector = aiohttp.TCPConnector(limit=POOL, keepalive_timeout=KEEP_ALIVE)
     session = await stack.enter_async_context(aiohttp.ClientSession(connector=connector))
-    timeout = aiohttp.ClientTimeout(total=5)
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT)
 
     async def send() -> Any:
         async with session.post(f"{url}/reach", data=reach_body(), headers=HEADERS, timeout=timeout) as response:
@@ -88,7 +91,7 @@ async def raw_aiohttp(url: str, stack: AsyncExitStack) -> Send:
 
 async def raw_httpx(url: str, stack: AsyncExitStack) -> Send:
     limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL, keepalive_expiry=KEEP_ALIVE)
-    client = await stack.enter_async_context(httpx.AsyncClient(limits=limits, timeout=5))
+    client = await stack.enter_async_context(httpx.AsyncClient(limits=limits, timeout=TIMEOUT))
 
     async def send() -> Any:
         response = await client.post(f"{url}/reach", content=reach_body(), headers=HEADERS)
@@ -105,7 +108,7 @@ def direct(engine: str) -> Callable[[str, AsyncExitStack], Awaitable[Send]]:
 
         async def send() -> Any:
             request = ReachRequest(capability="query_order", payload=PAYLOAD)
-            return await transport.send(Call(request=request, agent=agent, instance=instance, timeout=5.0))
+            return await transport.send(Call(request=request, agent=agent, instance=instance, timeout=TIMEOUT))
 
         return send
 
@@ -123,7 +126,7 @@ def client(engine: str) -> Callable[[str, AsyncExitStack], Awaitable[Send]]:
         await stack.enter_async_context(reach)
 
         async def send() -> Any:
-            response = await reach.reach("query_order", PAYLOAD, timeout_ms=5000)
+            response = await reach.reach("query_order", PAYLOAD, timeout_ms=int(TIMEOUT * 1000))
             if response.status != "success":
                 raise RuntimeError(f"benchmark call failed: {response.error}")
             return response
@@ -169,55 +172,63 @@ async def run_mode(mode: str, url: str, calls: int, concurrency: int) -> dict[st
         return await measure(send, calls, concurrency)
 
 
-def ratios(results: dict[str, dict[str, dict[str, float]]], low: str, high: str) -> dict[str, float]:
+PAIRS = [(f"{kind}_{engine}", f"raw_{engine}") for kind in ("direct", "client") for engine in ("aiohttp", "httpx")]
+PAIRS += [(f"{kind}_aiohttp", "raw_httpx") for kind in ("direct", "client")]
+
+
+def ratios(samples: dict[str, dict[str, list[dict[str, float]]]], low: str, high: str) -> dict[str, float]:
+    """Median over rounds of paired ratios (each round's modes ran back to back, so load drifts cancel out).
+
+    p50 at ``low`` concurrency for each mode against its own raw library;
+    throughput at ``high`` against its raw library and the default path against raw httpx.
+    """
     out: dict[str, float] = {}
-    for engine in ("aiohttp", "httpx"):
-        raw = results[low][f"raw_{engine}"]
-        for kind in ("direct", "client"):
-            mine = results[low].get(f"{kind}_{engine}")
-            if mine:
-                out[f"{kind}_{engine}_p50_vs_raw_c{low}"] = round(mine["p50_ms"] / raw["p50_ms"], 3)
-            mine_high = results[high].get(f"{kind}_{engine}")
-            if mine_high:
-                ratio = mine_high["rps"] / results[high][f"raw_{engine}"]["rps"]
-                out[f"{kind}_{engine}_rps_vs_raw_c{high}"] = round(ratio, 3)
-    for kind in ("direct", "client"):
-        mine_high = results[high].get(f"{kind}_aiohttp")
-        if mine_high:
-            out[f"{kind}_aiohttp_rps_vs_raw_httpx_c{high}"] = round(
-                mine_high["rps"] / results[high]["raw_httpx"]["rps"], 3
-            )
+    for mine, raw in PAIRS:
+        same_engine = raw.endswith(mine.rsplit("_", 1)[1])
+        for level, metric in ((low, "p50_ms"), (high, "rps")):
+            if metric == "p50_ms" and not same_engine:
+                continue
+            ours, theirs = samples[level].get(mine, []), samples[level].get(raw, [])
+            paired = [a[metric] / b[metric] for a, b in zip(ours, theirs, strict=False)]
+            if paired:
+                out[f"{mine}_{metric.split('_')[0]}_vs_{raw}_c{level}"] = round(statistics.median(paired), 3)
     return out
 
 
-async def bench(url: str, calls: int, rounds: int, levels: list[int], modes: list[str]) -> dict[str, Any]:
-    results: dict[str, dict[str, dict[str, float]]] = {}
+async def bench(
+    url: str, calls: int, rounds: int, levels: list[int], modes: list[str]
+) -> tuple[dict[str, dict[str, list[dict[str, float]]]], dict[str, str]]:
+    """Every mode at every concurrency, ``rounds`` times, modes back to back within a round."""
+    samples: dict[str, dict[str, list[dict[str, float]]]] = {}
     errors: dict[str, str] = {}
     for concurrency in levels:
-        per_mode: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+        level = samples[str(concurrency)] = {mode: [] for mode in modes}
         for _ in range(rounds):
             for mode in modes:
                 if mode in errors:
                     continue
                 try:
-                    per_mode[mode].append(await run_mode(mode, url, calls, concurrency))
+                    level[mode].append(await run_mode(mode, url, calls, concurrency))
                 except Exception as exc:
                     errors[mode] = f"{type(exc).__name__}: {exc}"
-        level: dict[str, dict[str, float]] = {}
-        for mode, samples in per_mode.items():
-            if samples:
-                median = sorted(samples, key=lambda sample: sample["rps"])[len(samples) // 2]
-                level[mode] = {key: round(value, 3) for key, value in median.items()}
-        results[str(concurrency)] = level
-        print(f"concurrency {concurrency}: " + json.dumps(level), flush=True)
-    return {"results": results, "errors": errors}
+        print(f"concurrency {concurrency}: " + json.dumps(summary(level)), flush=True)
+    return samples, errors
+
+
+def summary(level: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per mode, the median of each figure over the rounds."""
+    return {
+        mode: {key: round(statistics.median(run[key] for run in runs), 3) for key in runs[0]}
+        for mode, runs in level.items()
+        if runs
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 64])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--port", type=int, default=18731)
@@ -227,9 +238,8 @@ def main() -> None:
         return
     server = start_server(args.port)
     try:
-        outcome = asyncio.run(
-            bench(f"http://127.0.0.1:{args.port}", args.calls, args.rounds, args.concurrency, args.modes)
-        )
+        url = f"http://127.0.0.1:{args.port}"
+        samples, errors = asyncio.run(bench(url, args.calls, args.rounds, args.concurrency, args.modes))
     finally:
         server.terminate()
         server.wait(10)
@@ -246,14 +256,16 @@ def main() -> None:
             "httpx": httpx.__version__,
             "server": "uvicorn + uvloop + httptools, 1 process",
         },
-        **outcome,
-        "ratios": ratios(outcome["results"], levels[0], levels[-1]) if len(levels) > 1 else {},
+        "load_average_after": os.getloadavg(),
+        "results": {level: summary(samples[level]) for level in levels},
+        "ratios": ratios(samples, levels[0], levels[-1]) if len(levels) > 1 else {},
+        "errors": errors,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["ratios"], indent=2))
-    if outcome["errors"]:
-        print("errors:", json.dumps(outcome["errors"], indent=2))
+    if errors:
+        print("errors:", json.dumps(errors, indent=2))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ on demand.
 
 from reach_plugins import errors
 from reach_plugins.client import ReachClient
+from reach_plugins.enhancer import ReachEnhancer
 from reach_plugins.model import (
     AgentDescriptor,
     Attempt,
@@ -24,6 +25,7 @@ __all__ = [
     "Capability",
     "Instance",
     "ReachClient",
+    "ReachEnhancer",
     "ReachRequest",
     "ReachResponse",
     "ReachTrace",

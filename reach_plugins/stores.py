@@ -1,8 +1,14 @@
-"""Open the shared-state stores from an object or a URL (``memory://``, later ``redis://host:port/db``)."""
+"""Open the shared-state stores from an object or a URL (``memory://``, ``redis://host:port/db``).
+
+Redis stores live in :mod:`reach_plugins.backends` and are imported only when a
+``redis://`` URL asks for them (the ``redis`` extra).
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -12,14 +18,20 @@ from reach_plugins.sessions import MemorySessions, SessionStore
 if TYPE_CHECKING:
     from reach_plugins.core.dedup import DedupStore
 
-SUPPORTED = ("memory://",)
+SUPPORTED = ("memory://", "redis://HOST:PORT/DB")
 
 
-def _scheme(url: str, what: str) -> str:
+def _backend(url: str, what: str, module: str) -> ModuleType | None:
+    """None for ``memory://``; the Redis backend module for ``redis://`` (imported now); else ConfigError."""
     scheme = urlsplit(url).scheme
-    if scheme != "memory":
+    if scheme == "memory":
+        return None
+    if scheme not in ("redis", "rediss"):
         raise ConfigError(f"unsupported {what} URL {url!r}; supported: {', '.join(SUPPORTED)}")
-    return scheme
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f'{what} URL {url!r} needs the redis extra: pip install "reach-plugins[redis]"') from exc
 
 
 def open_store(store: DedupStore | str) -> DedupStore:
@@ -27,14 +39,16 @@ def open_store(store: DedupStore | str) -> DedupStore:
     from reach_plugins.core.dedup import MemoryDedupStore
 
     if isinstance(store, str):
-        _scheme(store, "store")
-        return MemoryDedupStore()
+        backend = _backend(store, "store", "reach_plugins.backends.redis_dedup")
+        opened: DedupStore = backend.from_url(store) if backend else MemoryDedupStore()
+        return opened
     return store
 
 
 def open_sessions(sessions: SessionStore | str, *, clock: Callable[[], float] | None = None) -> SessionStore:
     """The session liveness store."""
     if isinstance(sessions, str):
-        _scheme(sessions, "sessions")
-        return MemorySessions(clock=clock)
+        backend = _backend(sessions, "sessions", "reach_plugins.backends.redis_sessions")
+        opened: SessionStore = backend.from_url(sessions, clock=clock) if backend else MemorySessions(clock=clock)
+        return opened
     return sessions

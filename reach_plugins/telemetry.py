@@ -15,7 +15,7 @@ from typing import Final
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Tracer, TracerProvider
+from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Tracer, TracerProvider
 
 INSTRUMENTATION_NAME: Final = "reach_plugins"
 
@@ -43,6 +43,13 @@ ATTR_BREAKER_TO: Final = "reach.breaker.to"
 ATTR_REASON: Final = "reach.reason"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_ERROR_MESSAGE: Final = "reach.error.message"
+
+# --------------------------------------------------------------------------- GenAI semantic conventions (tool calls)
+ATTR_GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+ATTR_GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+ATTR_GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+ATTR_GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+OPERATION_EXECUTE_TOOL: Final = "execute_tool"
 
 # --------------------------------------------------------------------------- span events
 EVENT_ATTEMPT: Final = "reach.attempt"
@@ -80,9 +87,20 @@ def span_name(capability: str) -> str:
     return f"reach {capability}"
 
 
+def tool_span_name(tool: str) -> str:
+    """The span of one intercepted framework tool call: ``execute_tool {tool}`` (GenAI conventions)."""
+    return f"{OPERATION_EXECUTE_TOOL} {tool}"
+
+
 def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:
     """Our tracer from ``tracer_provider``, or from the global provider (a no-op until an SDK is set)."""
     return trace.get_tracer(INSTRUMENTATION_NAME, _VERSION, tracer_provider=tracer_provider)
+
+
+def spans_are_noop(tracer_provider: TracerProvider | None = None) -> bool:
+    """True when spans would record nothing (no provider given, no SDK installed): callers can skip them."""
+    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+    return isinstance(provider, ProxyTracerProvider | NoOpTracerProvider)
 
 
 class _CaseInsensitiveGetter(Getter[Mapping[str, str]]):

@@ -81,7 +81,7 @@ start() {
   else
     mkdir -p "$STATE/redis"
     redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$PWD/$STATE/redis" \
-      --save "" --appendonly yes --appendfsync always --daemonize no \
+      --save "" --appendonly yes --appendfsync everysec --daemonize no \
       >"$STATE/redis.log" 2>&1 &
     echo $! >"$STATE/redis.pid"
   fi

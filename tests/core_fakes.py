@@ -37,8 +37,8 @@ from reach_plugins.errors import (
 )
 from reach_plugins.model import (
     AgentDescriptor,
-    Capability,
     CandidateScore,
+    Capability,
     ErrorInfo,
     Instance,
     ReachRequest,
@@ -47,8 +47,9 @@ from reach_plugins.model import (
 from reach_plugins.transport import Call, MockTransport, Reply
 
 
-def make_agent(name: str = "orders", *, instances: int = 3, capability: Capability | str = "query_order",
-               **fields: Any) -> AgentDescriptor:
+def make_agent(
+    name: str = "orders", *, instances: int = 3, capability: Capability | str = "query_order", **fields: Any
+) -> AgentDescriptor:
     """An agent with ``instances`` instances ``{name}-0..``; extra fields go to AgentDescriptor."""
     cap = Capability(name=capability) if isinstance(capability, str) else capability
     listed = [
@@ -146,7 +147,11 @@ class FakeAgent:
             return self.results[key]
         operation = str(call.request.payload.get("op", call.request.request_id))
         self.executions[operation] += 1
-        result = {"served_by": call.instance.instance_id, "payload": call.request.payload, "n": self.executions[operation]}
+        result = {
+            "served_by": call.instance.instance_id,
+            "payload": call.request.payload,
+            "n": self.executions[operation],
+        }
         if key is not None:
             self.results[key] = result
         return result

@@ -6,6 +6,7 @@ on every chunk, so it applies to pooled keep-alive connections too::
 
     async with FaultProxy(("127.0.0.1", server_port)) as proxy:
         proxy.mode = "reset"          # pass | blackhole | reset | lose_reply
+        proxy.times = 1               # the mode hits this many requests, then the proxy passes again
         proxy.latency = 0.05          # seconds added to every forwarded chunk
         proxy.cut_after = 200         # forward this many reply bytes per connection, then reset
         await proxy.down(); await proxy.up()
@@ -56,6 +57,8 @@ class FaultProxy:
         self.mode: Mode = "pass"
         self.latency = 0.0
         self.cut_after: int | None = None
+        self.times: int | None = None
+        """How many more requests the fault mode hits before reverting to ``pass`` (``None``: until changed)."""
         self.connections = 0
         """Client connections accepted so far (keep-alive reuse shows as fewer connections than requests)."""
         self._server: asyncio.Server | None = None
@@ -86,9 +89,8 @@ class FaultProxy:
             await self.start()
 
     async def aclose(self) -> None:
+        """Stop listening, reset every connection and wait for their pumps to finish."""
         await self.down()
-        for task in list(self._tasks):
-            task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def __aenter__(self) -> FaultProxy:
@@ -121,14 +123,24 @@ class FaultProxy:
             for side in (writer, up_writer):
                 side.transport.abort()
 
+    def _fault(self) -> Mode:
+        """The mode for the next request chunk, counting down ``times``."""
+        mode = self.mode
+        if mode != "pass" and self.times is not None:
+            self.times -= 1
+            if self.times <= 0:
+                self.mode, self.times = "pass", None
+        return mode
+
     async def _requests(self, reader: asyncio.StreamReader, link: _Link) -> None:
         while chunk := await reader.read(65536):
-            if self.mode == "blackhole":
+            mode = self._fault()
+            if mode == "blackhole":
                 continue
-            if self.mode == "reset":
+            if mode == "reset":
                 link.reset()
                 return
-            link.lose_reply = self.mode == "lose_reply"
+            link.lose_reply = mode == "lose_reply"
             await self._delay()
             link.upstream.write(chunk)
             await link.upstream.drain()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -13,12 +12,12 @@ from faultproxy import FaultProxy
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
 from transport_conformance import make_call
 
 from reach_plugins.adapters import SseDecoder
-from reach_plugins.agent import BackgroundServer, MemorySnapshotStore, ReachAgent, ReachContext, Registration
+from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
 from reach_plugins.errors import BusinessError, ConfigError, ConnectionLost
-from reach_plugins.registry.memory import MemoryRegistry
 from transports.direct import DirectTransport
 
 
@@ -109,6 +108,30 @@ async def test_crash_is_a_transient_500(client: Client) -> None:
     assert "database down" in response.json()["error"]["message"]
 
 
+async def test_return_values_are_encoded_or_refused() -> None:
+    """Pydantic models are returned as JSON; a value JSON cannot carry is a 500 naming its type."""
+
+    class Order(BaseModel):
+        order_id: str
+
+    agent = ReachAgent("typed")
+
+    @agent.capability("model")
+    def model() -> Order:
+        return Order(order_id="A1")
+
+    @agent.capability("odd")
+    def odd() -> set[int]:
+        return {1}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
+        good = await http.post("/reach", json=body("model", {}))
+        bad = await http.post("/reach", json=body("odd", {}))
+    assert good.json()["data"] == {"order_id": "A1"}
+    assert bad.status_code == 500
+    assert "set" in bad.json()["error"]["message"]
+
+
 async def test_unknown_capability_lists_what_is_offered(client: Client) -> None:
     """Asking for a capability the agent lacks is a 404 naming what it offers."""
     http, _, _ = client
@@ -127,6 +150,15 @@ async def test_payload_that_does_not_fit_is_refused(client: Client, payload: dic
     response = await http.post("/reach", json=body("query_order", payload))
     assert response.status_code == 400
     assert hint in response.json()["error"]["message"]
+    assert executed == []
+
+
+async def test_malformed_hops_header_is_refused(client: Client) -> None:
+    """An X-Reach-Hops header that is not 'agent/capability' items is a 400, not a crash."""
+    http, _, executed = client
+    response = await http.post("/reach", json=body("count", {"upto": 1}), headers={"X-Reach-Hops": "nonsense"})
+    assert response.status_code == 400
+    assert "X-Reach-Hops" in response.json()["error"]["message"]
     assert executed == []
 
 
@@ -361,75 +393,3 @@ def test_invalid_params_schema_is_a_config_error() -> None:
     agent = ReachAgent("orders")
     with pytest.raises(ConfigError, match="params_schema"):
         agent.capability("query_order", params_schema={"type": "no-such-type"})(lambda: None)
-
-
-# ----------------------------------------------------------------------------- registration and lifecycle
-
-
-class StopLoop(Exception):
-    """Raised by the fake sleep to end a heartbeat loop in a test."""
-
-
-async def test_registration_heartbeats_with_sequence_numbers() -> None:
-    """Registration puts the descriptor and a ready instance; each beat raises the sequence number."""
-    registry = MemoryRegistry()
-    agent, _ = build_agent()
-    registration = Registration(agent, registry, "http://127.0.0.1:8101", instance_id="orders-a")
-    await registration.start()
-    await registration.beat()
-    await registration.beat()
-    instance = registry.instances("orders")["orders-a"]
-    assert (instance.status, instance.heartbeat_seq, instance.endpoint) == ("ready", 2, "http://127.0.0.1:8101")
-    assert registry.agents()["orders"].capability("query_order") is not None
-    await registration.stop()
-    assert "orders-a" not in registry.instances("orders")
-
-
-async def test_heartbeat_reports_draining_when_not_ready() -> None:
-    """A heartbeat while readiness says no marks the instance draining, so routers skip it."""
-    registry = MemoryRegistry()
-    agent = ReachAgent("workers", readiness=lambda: False)
-    registration = Registration(agent, registry, "http://127.0.0.1:8102", instance_id="w-1")
-    await registration.start()
-    await registration.beat()
-    assert registry.instances("workers")["w-1"].status == "draining"
-    await registration.stop()
-
-
-async def test_heartbeat_loop_waits_the_interval_and_reregisters() -> None:
-    """The loop sleeps health_check.interval between beats, and registers again if the registry forgot it."""
-    registry = MemoryRegistry()
-    agent, _ = build_agent()
-    slept: list[float] = []
-    done = asyncio.Event()
-
-    async def fake_sleep(seconds: float) -> None:
-        slept.append(seconds)
-        if len(slept) == 2:
-            await registry.deregister_instance("orders", "orders-b")
-        if len(slept) == 4:
-            done.set()
-            await asyncio.Event().wait()
-
-    registration = Registration(agent, registry, "http://h:1", instance_id="orders-b", sleep=fake_sleep)
-    await registration.start()
-    await done.wait()
-    assert slept == [10.0] * 4
-    assert registry.instances("orders")["orders-b"].heartbeat_seq == registration.seq
-    await registration.stop()
-
-
-async def test_serving_registers_drains_and_restores_sessions() -> None:
-    """Under uvicorn the app registers on start, deregisters on stop, and keeps session state across restarts."""
-    registry = MemoryRegistry()
-    store = MemorySnapshotStore()
-    for expected in (1, 2):
-        agent, _ = build_agent(snapshots=store)
-        agent.register_on_startup(registry, "http://127.0.0.1:8103", instance_id="orders-c")
-        with BackgroundServer(agent.app) as server:
-            assert "orders-c" in registry.instances("orders")
-            async with httpx.AsyncClient(base_url=server.url) as http:
-                response = await http.post("/reach", json=body("create_ticket", {"wo_number": "W1"}, session_id="s"))
-        assert response.json()["data"]["n"] == expected
-        assert "orders-c" not in registry.instances("orders")
-        assert json.loads(json.dumps(await store.load("orders"))) == {"s": {"tickets": expected}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -130,9 +131,7 @@ def test_released_probe_frees_its_slot() -> None:
     assert b.acquire(T0 + 30) is not None
 
 
-OPS = st.lists(
-    st.tuples(st.sampled_from(["ok", "fail", "slow", "wait", "abandon"]), st.floats(0, 40)), max_size=120
-)
+OPS = st.lists(st.tuples(st.sampled_from(["ok", "fail", "slow", "wait", "abandon"]), st.floats(0, 40)), max_size=120)
 
 
 @settings(max_examples=60, deadline=None)
@@ -161,7 +160,7 @@ def test_state_machine_invariants(ops: list[tuple[str, float]], probes: int, min
             b.release(held.pop())
         else:
             b.record(held.pop(), now, failure=op == "fail", duration=amount if op == "slow" else 0.1)
-    for earlier, later in zip(seen, seen[1:], strict=False):
+    for earlier, later in itertools.pairwise(seen):
         assert earlier.after == later.before and earlier.at <= later.at
     for transition in seen:
         if transition.before == "closed":

@@ -201,7 +201,7 @@ async def test_waiting_duplicate_gives_up_at_its_deadline() -> None:
     """A duplicate waiting on a slow twin raises DeadlineExceeded when its own deadline passes; nothing is sent."""
     from reach_plugins.errors import DeadlineExceeded
 
-    clock, fake, pipeline = ticket_setup(latency=20.0)
+    _, fake, pipeline = ticket_setup(latency=20.0)
     owner = asyncio.create_task(pipeline.run(ticket()))
     await asyncio.sleep(0)
     with pytest.raises(DeadlineExceeded, match="in flight"):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
 
 from reach_plugins.core import AdaptiveLimit, ConcurrencyLimiter, FakeClock, Pipeline, TokenBucket
-from reach_plugins.errors import RateLimited
+from reach_plugins.errors import DeadlineExceeded, RateLimited
 from reach_plugins.model import Capability, PoolConfig, RateLimit, ReachRequest
 
 T0 = 1_000.0
@@ -125,7 +126,7 @@ def test_adaptive_limit_does_not_grow_an_idle_window() -> None:
 # --------------------------------------------------------------------------- through the pipeline
 
 
-def setup(**agent_fields: object) -> tuple[FakeClock, FakeAgent, Pipeline]:
+def setup(**agent_fields: Any) -> tuple[FakeClock, FakeAgent, Pipeline]:
     clock = FakeClock()
     fake = FakeAgent(clock, latency=1.0)
     router = FakeRouter([make_agent(**agent_fields)])
@@ -159,7 +160,7 @@ async def test_rate_limit_fails_fast_past_max_wait() -> None:
 
 async def test_concurrency_limit_turns_overload_into_waiting() -> None:
     """With max_conns 2, extra calls queue and finish later instead of failing."""
-    clock, fake, pipeline = setup(pool=PoolConfig(max_conns=2))
+    clock, _, pipeline = setup(pool=PoolConfig(max_conns=2))
     start = clock.now()
     results = await asyncio.gather(*(pipeline.run(order()) for _ in range(4)))
     assert all(r.ok for r in results)
@@ -176,7 +177,7 @@ async def test_concurrency_queue_bound_refuses_the_excess() -> None:
 
 async def test_queue_wait_is_bounded_by_max_wait() -> None:
     """A queued call that does not get a slot within max_wait is refused."""
-    clock, fake, pipeline = setup(pool=PoolConfig(max_conns=1), rate_limit=RateLimit(qps=100, max_wait=0.5))
+    _, fake, pipeline = setup(pool=PoolConfig(max_conns=1), rate_limit=RateLimit(qps=100, max_wait=0.5))
     fake.latency = 5.0
     outcomes = await asyncio.gather(pipeline.run(order()), pipeline.run(order()), return_exceptions=True)
     assert isinstance(outcomes[1], RateLimited) and len(fake.calls) == 1
@@ -188,3 +189,13 @@ async def test_capability_max_concurrency_applies() -> None:
     start = clock.now()
     await asyncio.gather(pipeline.run(order()), pipeline.run(order()))
     assert clock.now() - start == pytest.approx(2.0)
+
+
+async def test_a_wait_that_ends_at_the_deadline_sends_nothing() -> None:
+    """A rate-limit wait that uses up the whole deadline raises DeadlineExceeded instead of sending late."""
+    _, fake, pipeline = setup(rate_limit=RateLimit(qps=1, burst=1, max_wait=3))
+    fake.latency = 0.0
+    await pipeline.run(order())
+    with pytest.raises(DeadlineExceeded, match="waiting for a slot"):
+        await pipeline.run(order().model_copy(update={"timeout_ms": 1000}))
+    assert len(fake.calls) == 1

@@ -21,7 +21,9 @@ from reach_plugins.model import (
 from reach_plugins.transport import Credential
 
 
-def setup(*agents: AgentDescriptor, owns_retries: bool = False, **options: Any) -> tuple[FakeClock, FakeAgent, Pipeline]:
+def setup(
+    *agents: AgentDescriptor, owns_retries: bool = False, **options: Any
+) -> tuple[FakeClock, FakeAgent, Pipeline]:
     clock = FakeClock()
     fake = FakeAgent(clock)
     fake.transport.owns_retries = owns_retries
@@ -138,7 +140,7 @@ async def test_invalid_response_is_not_retried_nor_passed_on() -> None:
 async def test_return_schema_violation_is_an_invalid_response() -> None:
     """A success whose data breaks return_schema becomes invalid_response, data withheld."""
     cap = Capability(name="query_order", return_schema={"type": "object", "required": ["status"]})
-    _, fake, pipeline = setup(make_agent(capability=cap))
+    _, _, pipeline = setup(make_agent(capability=cap))
     response = await pipeline.run(order())
     assert response.status == "fail" and response.data is None
     assert response.error is not None and "status" in response.error.message
@@ -231,7 +233,7 @@ async def test_connect_failure_fails_over_to_another_instance() -> None:
     fake.default("connect", "orders-0")
     response = await pipeline.run(order())
     assert response.ok and response.instance != "orders-0"
-    assert [call.instance.instance_id for call in fake.calls][0] == "orders-0"
+    assert fake.calls[0].instance.instance_id == "orders-0"
 
 
 async def test_unknown_capability_raises_and_sends_nothing() -> None:

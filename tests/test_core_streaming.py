@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from core_fakes import FakeRouter, make_agent
@@ -34,22 +35,22 @@ class ScriptedStreams(BaseTransport):
             yield step
 
 
-def data(text: str, delay: float = 0.1) -> tuple[float, StreamEvent]:
+def data(text: str, delay: float = 0.1) -> tuple[float, StreamEvent | Exception]:
     return delay, StreamEvent("data", text)
 
 
-END = (0.0, StreamEvent("end"))
+END: tuple[float, StreamEvent | Exception] = (0.0, StreamEvent("end"))
 
 
-def setup(*scripts: Script, **agent_fields: object) -> tuple[FakeClock, ScriptedStreams, Pipeline]:
+def setup(*scripts: Script, **agent_fields: Any) -> tuple[FakeClock, ScriptedStreams, Pipeline]:
     clock = FakeClock()
     transport = ScriptedStreams(clock, *scripts)
     router = FakeRouter([make_agent(**agent_fields)])
     return clock, transport, Pipeline(router=router, transport=transport, clock=clock, rng=random.Random(4))
 
 
-def chat(**fields: object) -> ReachRequest:
-    return ReachRequest(capability="query_order", payload={"q": "hi"}, **fields)  # type: ignore[arg-type]
+def chat(**fields: Any) -> ReachRequest:
+    return ReachRequest(capability="query_order", payload={"q": "hi"}, **fields)
 
 
 async def collect(pipeline: Pipeline, request: ReachRequest) -> list[StreamEvent]:

@@ -5,11 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from registry_conformance import FakeClock, RegistryConformance, RegistryFactory, agent, next_events, tracked
+from registry_conformance import (
+    EVENT_TIMEOUT,
+    FakeClock,
+    RegistryConformance,
+    RegistryFactory,
+    agent,
+    next_events,
+    tracked,
+)
 
 from reach_plugins.errors import ConfigError
 from reach_plugins.registry import FileRegistry, MemoryRegistry, Registry, RegistryEvent, open_registry
@@ -104,15 +113,26 @@ async def test_heartbeat_reporting_down_emits_instance_down(backend: MemoryRegis
     assert not backend.is_alive(backend.instances("orders")["o-1"], clock())
 
 
+async def test_close_releases_a_waiting_reader(backend: MemoryRegistry | FileRegistry) -> None:
+    """A reader blocked on an empty watch stream ends when the registry closes."""
+    stream = backend.watch()
+    reader = asyncio.create_task(drain(stream))
+    await asyncio.sleep(0)  # one loop turn (no waiting on time): the reader now blocks on the empty stream
+    await backend.aclose()
+    assert await asyncio.wait_for(reader, EVENT_TIMEOUT) == []
+
+
 async def test_slow_watcher_loses_oldest_events_only(caplog: pytest.LogCaptureFixture) -> None:
-    """A watcher that falls behind its buffer keeps the newest events and a warning is logged."""
+    """A watcher that falls behind its buffer keeps the newest events; one warning per episode."""
     registry = MemoryRegistry(clock=FakeClock(), watch_buffer=2)
     stream = registry.watch()
     with caplog.at_level(logging.WARNING):
-        for name in ("a", "b", "c"):
+        for name in ("a", "b", "c", "d"):
             await registry.register_agent(agent(name, "query_order"))
-    assert [e.agent for e in await next_events(stream, 2)] == ["b", "c"]
-    assert "fell 2 events behind" in caplog.text
+    assert [e.agent for e in await next_events(stream, 2)] == ["c", "d"]
+    assert caplog.text.count("fell 2 events behind") == 1
+    with pytest.raises(ConfigError, match="watch_buffer"):
+        MemoryRegistry(watch_buffer=0)
 
 
 async def test_dropped_watch_stream_unsubscribes() -> None:
@@ -153,8 +173,9 @@ def test_open_passes_registry_objects_through() -> None:
     assert open_registry(registry) is registry
 
 
-def test_open_etcd_names_the_extra() -> None:
-    """etcd:// without its backend installed is a ConfigError naming the 'etcd' extra."""
+def test_open_etcd_without_its_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd:// whose backend cannot be imported (extra not installed) is a ConfigError naming the 'etcd' extra."""
+    monkeypatch.setitem(sys.modules, "reach_plugins.registry.etcd", None)
     with pytest.raises(ConfigError, match=r"reach-plugins\[etcd\]"):
         open_registry("etcd://127.0.0.1:2379")
 

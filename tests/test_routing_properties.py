@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from registry_conformance import FakeClock, agent
 
@@ -28,6 +28,8 @@ def instance_keys(count: int) -> list[tuple[str, str]]:
 
 @settings(max_examples=25, deadline=None)
 @given(weights=st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=8), seed=st.integers(0, 2**32))
+@example(weights=[1, 1000, 1000, 1000], seed=0)
+@example(weights=[5, 1, 1], seed=1)
 def test_swrr_follows_weights_within_one_percent(weights: list[int], seed: int) -> None:
     """Over 10,000 picks each peer's share is within 1 point of its weight's share, and every peer is picked."""
     rr: SmoothWeightedRoundRobin[int] = SmoothWeightedRoundRobin(random.Random(seed))

@@ -109,8 +109,12 @@ def list_at(container: Mapping[str, Any], key: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""One encoder for every body: ``json.dumps`` with options builds a new encoder on each call."""
+
+
 def encode_json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def endpoint_url(call: Call, path: str) -> str:

@@ -13,6 +13,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from reach_plugins.agent.agent import Outcome, ReachAgent
 from reach_plugins.agent.handlers import ReachContext
+from reach_plugins.agent.langgraph import add_langgraph, serve_langgraph
 from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.server import BackgroundServer, serve, uvicorn_config
 from reach_plugins.agent.snapshots import MemorySnapshotStore, SnapshotStore
@@ -25,6 +26,8 @@ __all__ = [
     "ReachContext",
     "Registration",
     "SnapshotStore",
+    "add_langgraph",
     "serve",
+    "serve_langgraph",
     "uvicorn_config",
 ]

@@ -32,8 +32,9 @@ from reach_plugins.adapters import encode_sse
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
+from reach_plugins.context import serving
 from reach_plugins.errors import BusinessError, ConfigError, ReachError
-from reach_plugins.model import AgentDescriptor, Capability, DangerLevel
+from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -53,9 +54,11 @@ class Outcome:
     status: int
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+    encoded: bytes = field(init=False, repr=False, compare=False)
+    """The JSON body, encoded once when the outcome is made (a value that cannot be encoded fails right there)."""
 
-    def encode(self) -> bytes:
-        return dumps(self.body).encode()
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoded", dumps(self.body).encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +200,7 @@ class ReachAgent:
             tenant=body.get("tenant") or headers.get("x-tenant"),
             idempotency_key=headers.get("idempotency-key") or body.get("idempotency_key"),
             deadline=_deadline(headers, body),
-            hops=tuple(hop for hop in hops.split(",") if hop) if hops else (),
+            hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
             headers=headers,
             state=self.sessions.setdefault(session_id, {}) if session_id else {},
         )
@@ -220,7 +223,10 @@ class ReachAgent:
                 request_id, 404, "rejected", f"agent {self.name!r} has no capability {name!r}; it offers: {offered}"
             )
         payload = body.get("payload") or {}
-        ctx = self._context(body, headers, name)
+        try:
+            ctx = self._context(body, headers, name)
+        except ValueError as exc:
+            return _fail(request_id, 400, "rejected", f"bad X-Reach-Hops header: {exc}")
         remaining = ctx.remaining()
         if remaining is not None and remaining <= 0:
             return _fail(request_id, 504, "timeout", "the caller's deadline had passed on arrival; not executed")
@@ -254,10 +260,17 @@ class ReachAgent:
     async def _execute(self, prepared: _Prepared) -> Outcome:
         ctx = prepared.ctx
         try:
-            async with asyncio.timeout(ctx.remaining()):
-                data = await prepared.handler.call(prepared.kwargs)
+            with serving(
+                self.name,
+                ctx.capability,
+                hops=ctx.hops,
+                session_id=ctx.session_id,
+                tenant=ctx.tenant,
+                deadline=ctx.deadline,
+            ):
+                async with asyncio.timeout(ctx.remaining()):
+                    data = await prepared.handler.call(prepared.kwargs)
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
-            dumps(body)
             return Outcome(200, body)
         except ReachError as exc:
             return _fail(ctx.request_id, 200, exc.error_type, exc.message)

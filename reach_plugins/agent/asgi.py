@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def _json(outcome: Outcome) -> Response:
-    return Response(outcome.encode(), outcome.status, outcome.headers, media_type="application/json")
+    return Response(outcome.encoded, outcome.status, outcome.headers, media_type="application/json")
 
 
 def build_app(agent: ReachAgent) -> Starlette:

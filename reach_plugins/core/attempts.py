@@ -21,8 +21,8 @@ from reach_plugins.core.guards import AgentGuards, GuardTable, Slot
 from reach_plugins.core.loopguard import check_target, hops_header
 from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.trace import TraceRecorder
-from reach_plugins.errors import CircuitOpen, NoHealthyAgent, ReachError
-from reach_plugins.model import Attempt, ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, ReachError
+from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry import (
     ATTR_BREAKER_FROM,
     ATTR_BREAKER_TO,
@@ -40,8 +40,11 @@ logger = logging.getLogger("reach_plugins.core")
 Status = Literal["success", "fail", "timeout"]
 
 
+_NO_CREDENTIAL = Credential()
+
+
 def _no_credential(agent: Any, tenant: str | None) -> Credential:
-    return Credential()
+    return _NO_CREDENTIAL
 
 
 @dataclass(slots=True)
@@ -137,9 +140,14 @@ class Engine:
                 permit = breaker.acquire(now)
             finally:
                 self.observer = None
-            if permit is not None:
+            if permit is not None and not flight.deadline.expired(now):
                 return Admission(guards, slot, breaker, permit)
-            guards.done(slot, now, latency=None, overload=False)
+            guards.release(slot)
+            if permit is not None:
+                breaker.release(permit)
+                raise DeadlineExceeded(
+                    f"request {flight.request.request_id}: the deadline passed while waiting for a slot"
+                )
             state = breaker.state(now)
             try:
                 self.fail_over(flight, f"breaker of {route.instance.instance_id} is {state}")
@@ -155,8 +163,8 @@ class Engine:
         old = flight.route
         flight.excluded.add((old.agent.name, old.instance.instance_id))
         route = self.router.route(flight.request, exclude=flight.excluded)
-        target = check_target(flight.request.hops, route.agent.name, route.capability.name)
-        flight.headers[HEADER_HOPS] = hops_header(flight.request.hops, target)
+        check_target(flight.request.hops, route.agent.name, route.capability.name)
+        flight.headers[HEADER_HOPS] = hops_header(flight.request.hops, route.agent.name, route.capability.name)
         flight.route = route
         flight.rec.route = route.decision
         flight.rec.event(
@@ -215,7 +223,7 @@ class Engine:
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""
         admission.breaker.release(admission.permit)
-        admission.guards.done(admission.slot, self.clock.now(), latency=None, overload=False)
+        admission.guards.release(admission.slot)
 
     def plan_retry(self, flight: Flight, verdict: Verdict, admission: Admission, now: float) -> Plan:
         """The backoff before the next attempt, or why there is none."""
@@ -240,7 +248,7 @@ class Engine:
         self, flight: Flight, verdict: Verdict, admission: Admission, started: float, now: float, delay: float | None
     ) -> None:
         route = flight.route
-        attempt = Attempt.model_construct(
+        flight.rec.attempt(
             number=flight.attempts,
             agent=route.agent.name,
             instance=route.instance.instance_id,
@@ -252,12 +260,11 @@ class Engine:
             retry_delay_ms=None if delay is None else delay * 1000.0,
             breaker_state=admission.breaker.state(now),
         )
-        flight.rec.attempt(attempt)
 
     def respond(self, flight: Flight, status: Status, data: Any, error: ErrorInfo | None) -> ReachResponse:
         route = flight.route
         decision = route.decision
-        return ReachResponse.model_construct(
+        return ReachResponse(
             request_id=flight.request.request_id,
             status=status,
             data=data,
@@ -268,7 +275,6 @@ class Engine:
             cost_ms=(self.clock.now() - flight.rec.started_at) * 1000.0,
             context_restore=decision.context_restore,
             degraded=decision.degraded,
-            trace=None,
         )
 
     def give_up(

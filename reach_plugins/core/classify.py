@@ -10,9 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import jsonschema
-from jsonschema.exceptions import best_match
-
 from reach_plugins.errors import (
     Backpressure,
     BusinessError,
@@ -26,6 +23,7 @@ from reach_plugins.errors import (
 )
 from reach_plugins.model import Capability, ErrorInfo
 from reach_plugins.transport import Reply
+from reach_plugins.validation import check_reply
 
 Outcome = Literal["success", "business", "transient", "timeout", "invalid_response", "backpressure"]
 
@@ -119,25 +117,12 @@ def classify_exception(exc: ReachError | TimeoutError) -> Verdict:
     return Verdict("business", _info(exc.error_type, message))
 
 
-_VALIDATORS: dict[int, tuple[dict[str, Any], Any]] = {}
-_MAX_VALIDATORS = 1024
-
-
 def check_return_schema(capability: Capability | None, data: Any) -> Verdict | None:
     """An ``invalid_response`` verdict when ``data`` breaks the capability's ``return_schema``, else None."""
-    schema = capability.return_schema if capability is not None else None
-    if schema is None:
+    if capability is None or capability.return_schema is None:
         return None
-    cached = _VALIDATORS.get(id(schema))
-    if cached is None or cached[0] is not schema:
-        if len(_VALIDATORS) >= _MAX_VALIDATORS:
-            _VALIDATORS.clear()
-        cached = (schema, jsonschema.validators.validator_for(schema)(schema))
-        _VALIDATORS[id(schema)] = cached
-    problem = best_match(cached[1].iter_errors(data))
-    if problem is None:
-        return None
-    where = "/".join(str(part) for part in problem.absolute_path) or "(root)"
-    name = capability.name if capability else "?"
-    message = f"reply of {name!r} breaks its return_schema at {where}: {problem.message}"
-    return Verdict("invalid_response", _info("invalid_response", message))
+    try:
+        check_reply(capability, data)
+    except InvalidResponse as exc:
+        return Verdict("invalid_response", _info("invalid_response", exc.message))
+    return None

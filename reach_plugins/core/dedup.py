@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from reach_plugins.core.clock import Clock, SystemClock
@@ -126,7 +126,12 @@ class _Entry:
     ttl: float
     expires_at: float
     result: ReachResponse | None = None
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    settled: asyncio.Event | None = None
+    """Created by the first waiter only: most keys are never waited on."""
+
+    def settle(self) -> None:
+        if self.settled is not None:
+            self.settled.set()
 
 
 class MemoryDedupStore:
@@ -164,18 +169,20 @@ class MemoryDedupStore:
         entry.result = response
         entry.expires_at = now + entry.ttl
         self._entries.move_to_end(key)
-        entry.settled.set()
+        entry.settle()
 
     async def fail(self, key: str) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            entry.settled.set()
+            entry.settle()
 
     async def wait(self, key: str, timeout: float) -> ReachResponse | None:
         clock = self._clock
         entry = self._live(key, clock.now())
         if entry is None or entry.result is not None:
             return entry.result if entry else None
+        if entry.settled is None:
+            entry.settled = asyncio.Event()
         try:
             async with clock.timeout_at(clock.now() + timeout):
                 await entry.settled.wait()
@@ -185,14 +192,14 @@ class MemoryDedupStore:
 
     async def aclose(self) -> None:
         for entry in self._entries.values():
-            entry.settled.set()
+            entry.settle()
         self._entries.clear()
 
     def _live(self, key: str, now: float) -> _Entry | None:
         entry = self._entries.get(key)
         if entry is not None and entry.expires_at <= now:
             del self._entries[key]
-            entry.settled.set()
+            entry.settle()
             return None
         return entry
 
@@ -203,4 +210,4 @@ class MemoryDedupStore:
             if oldest.expires_at > now and len(entries) < self._max:
                 return
             del entries[oldest_key]
-            oldest.settled.set()
+            oldest.settle()

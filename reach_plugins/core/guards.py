@@ -107,6 +107,10 @@ class AgentGuards:
         self._release(list(slot.limiters))
         self.limiter.limit = self.adaptive.record(now, latency, overload=overload, in_flight=in_flight)
 
+    def release(self, slot: Slot) -> None:
+        """Give the slots back without a result to learn from (nothing was sent)."""
+        self._release(list(slot.limiters))
+
     @staticmethod
     def _release(held: list[ConcurrencyLimiter]) -> None:
         for limiter in held:

@@ -26,23 +26,22 @@ def check_length(hops: Sequence[Hop], max_hops: int = DEFAULT_MAX_HOPS) -> None:
         )
 
 
-def check_target(hops: Sequence[Hop], agent: str, capability: str) -> Hop:
-    """Refuse a target already in the chain, naming the cycle; return the hop to append."""
-    target = Hop(agent=agent, capability=capability)
+def check_target(hops: Sequence[Hop], agent: str, capability: str) -> None:
+    """Refuse a target (agent, capability) already in the chain, naming the cycle."""
     for index, hop in enumerate(hops):
         if hop.agent == agent and hop.capability == capability:
-            cycle = " -> ".join(str(step) for step in [*hops[index:], target])
+            cycle = [str(step) for step in hops[index:]] + [f"{agent}/{capability}"]
             raise LoopDetected(
-                f"loop detected: {cycle} (the chain already visited {target}); "
+                f"loop detected: {' -> '.join(cycle)} (the chain already visited {agent}/{capability}); "
                 "break the cycle between these agents or route this call to another capability",
-                cycle=[str(step) for step in [*hops[index:], target]],
+                cycle=cycle,
             )
-    return target
 
 
-def hops_header(hops: Sequence[Hop], target: Hop) -> str:
+def hops_header(hops: Sequence[Hop], agent: str, capability: str) -> str:
     """``X-Reach-Hops``: the chain including this hop, comma separated ``agent/capability``."""
-    return ",".join(str(hop) for hop in [*hops, target])
+    this = f"{agent}/{capability}"
+    return ",".join([*(str(hop) for hop in hops), this]) if hops else this
 
 
 def parse_hops_header(value: str | None) -> list[Hop]:

@@ -1,6 +1,6 @@
 """The one async pipeline every transport goes through.
 
-Order of a call: loop guard -> route -> target loop check -> deadline ->
+Order of a call: loop guard -> route -> target loop check -> payload vs params_schema -> deadline ->
 dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
 breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
 retry (full jitter, budget) or fail over -> trace and span.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from opentelemetry import trace as otel
 from opentelemetry.context import Context
@@ -53,8 +54,10 @@ from reach_plugins.telemetry import (
     get_tracer,
     inject_context,
     span_name,
+    spans_are_noop,
 )
 from reach_plugins.transport import StreamEvent, Transport
+from reach_plugins.validation import check_payload
 
 
 class Pipeline:
@@ -80,6 +83,7 @@ class Pipeline:
         self._owns_store = store is None
         self._store: DedupStore = store if store is not None else MemoryDedupStore(clock=self._clock)
         self._sink = sink
+        self._tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
         self._max_hops = max_hops
         self._default_timeout = default_timeout
@@ -99,9 +103,17 @@ class Pipeline:
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
         started = self._clock.now()
-        with self._tracer.start_as_current_span(
-            span_name(request.capability), kind=SpanKind.CLIENT, record_exception=False, set_status_on_exception=False
-        ) as span:
+        scope: AbstractContextManager[Span]
+        if spans_are_noop(self._tracer_provider):
+            scope = nullcontext(otel.get_current_span())
+        else:
+            scope = self._tracer.start_as_current_span(
+                span_name(request.capability),
+                kind=SpanKind.CLIENT,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+        with scope as span:
             rec = TraceRecorder(request, started, span)
             _start_span(span, request)
             try:
@@ -127,7 +139,8 @@ class Pipeline:
         engine = self._engine
         route = engine.router.route(request)
         rec.route = route.decision
-        target = check_target(request.hops, route.agent.name, route.capability.name)
+        check_target(request.hops, route.agent.name, route.capability.name)
+        check_payload(route.capability, request.payload)
         deadline = resolve_deadline(
             request, route.agent, route.capability, started_at=rec.started_at, default_timeout=self._default_timeout
         )
@@ -135,7 +148,7 @@ class Pipeline:
             raise DeadlineExceeded(f"request {request.request_id}: the deadline passed before anything was sent")
         key = resolve_key(request, route.agent, route.capability)
         owns_retries = engine.transport.owns_retries
-        headers = {HEADER_HOPS: hops_header(request.hops, target)}
+        headers = {HEADER_HOPS: hops_header(request.hops, route.agent.name, route.capability.name)}
         if request.tenant:
             headers[HEADER_TENANT] = request.tenant
         if key:
@@ -225,7 +238,9 @@ class Pipeline:
 
     async def _stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
         started = self._clock.now()
-        span = self._tracer.start_span(span_name(request.capability), kind=SpanKind.CLIENT)
+        owned = not spans_are_noop(self._tracer_provider)
+        span = self._tracer.start_span(span_name(request.capability), kind=SpanKind.CLIENT) if owned else None
+        span = span or otel.get_current_span()
         rec = TraceRecorder(request, started, span)
         _start_span(span, request)
         flight: Flight | None = None
@@ -244,7 +259,8 @@ class Pipeline:
                 if span.is_recording():
                     _end_span(span, status, flight.error, False)
                     span.set_attribute(ATTR_ATTEMPTS, flight.attempts)
-            span.end()
+            if owned:
+                span.end()
 
 
 def _start_span(span: Span, request: ReachRequest) -> None:

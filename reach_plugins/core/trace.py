@@ -100,7 +100,7 @@ class TraceRecorder:
         self.started_at = started_at
         self.span = span
         self.route: RouteDecision | None = None
-        self.attempts: list[Attempt] = []
+        self.attempts: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.dedup_hit = False
 
@@ -110,23 +110,21 @@ class TraceRecorder:
         if self.span.is_recording():
             self.span.add_event(name, attributes=_attributes(attrs))
 
-    def attempt(self, attempt: Attempt, **span_attrs: Any) -> None:
-        self.attempts.append(attempt)
+    def attempt(self, **fields: Any) -> None:
+        """One attempt with :class:`Attempt`'s fields; the model is built only if the trace is."""
+        self.attempts.append(fields)
         if self.span.is_recording():
-            self.span.add_event(
-                EVENT_ATTEMPT,
-                attributes=_attributes({**attempt.model_dump(exclude_none=True), **span_attrs}),
-            )
+            self.span.add_event(EVENT_ATTEMPT, attributes=_attributes(fields))
 
     def build(self, status: str, error: ErrorInfo | None, now: float) -> ReachTrace:
         request = self.request
-        return ReachTrace.model_construct(
+        return ReachTrace(
             request_id=request.request_id,
             capability=request.capability,
             tenant=request.tenant,
             session_id=request.session_id,
             route=self.route,
-            attempts=list(self.attempts),
+            attempts=[Attempt(**fields) for fields in self.attempts],
             dedup_hit=self.dedup_hit,
             events=list(self.events),
             status=status,

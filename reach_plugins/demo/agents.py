@@ -9,6 +9,8 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.trace import TracerProvider
+
 from reach_plugins.agent import ReachAgent, ReachContext
 from reach_plugins.errors import BusinessError
 
@@ -25,9 +27,9 @@ KNOWLEDGE = {
 ORDER_ID = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}
 
 
-def orders_agent() -> ReachAgent:
+def orders_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
     """Looks orders up; remembers per conversation which orders it was asked about (session state)."""
-    agent = ReachAgent("orders", version="1.4.0", description="Looks orders up by id")
+    agent = ReachAgent("orders", version="1.4.0", description="Looks orders up by id", tracer_provider=tracer_provider)
 
     @agent.capability(
         "query_order",
@@ -47,8 +49,8 @@ def orders_agent() -> ReachAgent:
     return agent
 
 
-def inventory_agent() -> ReachAgent:
-    agent = ReachAgent("inventory", description="Knows what is in stock in which warehouse")
+def inventory_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
+    agent = ReachAgent("inventory", description="Knows what is in stock in which warehouse", tracer_provider=tracer_provider)
 
     @agent.capability(
         "check_inventory",
@@ -64,9 +66,9 @@ def inventory_agent() -> ReachAgent:
     return agent
 
 
-def tickets_agent() -> ReachAgent:
+def tickets_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
     """Opens after-sales tickets; the work-order number is the idempotency key, so a retry files one ticket."""
-    agent = ReachAgent("tickets", description="Opens after-sales tickets")
+    agent = ReachAgent("tickets", description="Opens after-sales tickets", tracer_provider=tracer_provider)
     numbers = itertools.count(5001)
 
     @agent.capability(
@@ -87,8 +89,8 @@ def tickets_agent() -> ReachAgent:
     return agent
 
 
-def knowledge_agent() -> ReachAgent:
-    agent = ReachAgent("knowledge", description="Answers policy questions from the help centre")
+def knowledge_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
+    agent = ReachAgent("knowledge", description="Answers policy questions from the help centre", tracer_provider=tracer_provider)
 
     @agent.capability(
         "search_knowledge",
@@ -103,7 +105,7 @@ def knowledge_agent() -> ReachAgent:
     return agent
 
 
-def scenario() -> list[tuple[Callable[[], ReachAgent], int]]:
+def scenario() -> list[tuple[Callable[[TracerProvider | None], ReachAgent], int]]:
     """Each agent's factory with how many instances the demo runs (orders runs two, to survive losing one).
 
     Every instance is its own process-like object with its own session state.

@@ -149,10 +149,27 @@ CASES: tuple[EvalCase, ...] = (
     _C("translate_text", "Translate text from one language to another.", None),
     _C("python_repl", "Execute Python code and return what it prints.", None),
     _C("get_current_time", "Return the current date and time in a time zone.", None),
-    _C("wikipedia", "Look up a topic on Wikipedia.", None),
     _C("create_calendar_event", "Create a meeting in the user's calendar.", None),
     _C("book_flight", "Book a flight between two airports.", None),
     _C("generate_image", "Generate an image from a text prompt.", None),
+    _C("lookup", "", None),
+    _C("create", "", None),
+    # LangChain's ready-made tools, described about as they ship (added after a first tuning pass)
+    _C("duckduckgo_search", "A wrapper around DuckDuckGo Search. Useful to answer questions about current events.", None),
+    _C("tavily_search_results_json", "A search engine optimized for comprehensive, accurate and trusted results.", None),
+    _C(
+        "wikipedia",
+        "A wrapper around Wikipedia. Useful to answer general questions about people, places, companies, facts, "
+        "historical events, or other subjects. Input should be a search query.",
+        None,
+    ),
+    _C("human", "Ask a human for guidance when you are stuck or not sure what to do next.", None),
+    _C("terminal", "Run shell commands on this Linux machine.", None),
+    _C("requests_get", "A portal to the internet: get specific content from a website given its URL.", None),
+    _C("arxiv", "A wrapper around Arxiv.org: answer questions about physics, mathematics and computer science.", None),
+    _C("yahoo_finance_news", "Find financial news about a public company. Input should be a company ticker.", None),
+    _C("open_weather_map", "Fetch current weather information for a specified location.", None),
+    _C("sql_db_query", "Input is a detailed and correct SQL query, output is a result from the database.", None),
 )
 
 HOLDOUT: tuple[EvalCase, ...] = (

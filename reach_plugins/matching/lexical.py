@@ -53,6 +53,9 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 }
 """Canonical word -> the words that mean it in tool names. General tool vocabulary, not tuned to one catalogue."""
 
+GENERIC_VERBS = frozenset({"query", "create", "cancel", "update", "delete", "list"})
+"""Canonical verbs that say nothing about *what* is acted on: a tool named only ``lookup`` has no object."""
+
 
 def _stem(word: str) -> str:
     """Strip the common English suffixes so ``orders``/``ordered``/``ordering`` meet at ``order``."""
@@ -93,6 +96,11 @@ def terms(text: str) -> list[str]:
             continue
         out.append(_CANONICAL.get(word) or _CANONICAL.get(_stem(word)) or _stem(word))
     return out
+
+
+def has_object(text: str) -> bool:
+    """True when ``text`` names something beyond a generic verb (``lookup`` alone does not; ``lookup_order`` does)."""
+    return any(term not in GENERIC_VERBS for term in terms(text))
 
 
 def _bucket(feature: str) -> int:

@@ -29,7 +29,7 @@ from typing import Literal
 
 from reach_plugins.errors import ConfigError
 from reach_plugins.matching.embedders import EmbedFunction, Embedder, as_embedder, default_embedder
-from reach_plugins.matching.lexical import words
+from reach_plugins.matching.lexical import has_object, words
 from reach_plugins.model import Capability
 
 logger = logging.getLogger("reach_plugins.matching")
@@ -173,7 +173,7 @@ class CapabilityMatcher:
         ranked = self.rank(tool_name, description, scope_tags=scope_tags)
         best, score = ranked[0]
         runner_up, runner_score = ranked[1] if len(ranked) > 1 else (None, None)
-        if score < self.threshold:
+        if score < self.threshold or not has_object(_text(tool_name, description)):
             return MatchResult(None, score, runner_up, runner_score, "below_threshold", best=best)
         if runner_score is not None and score - runner_score <= self.margin:
             logger.warning(

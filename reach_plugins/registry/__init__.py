@@ -5,7 +5,8 @@
 * ``memory://`` — in-process (:class:`MemoryRegistry`), the embedded default;
 * ``file://agents.yaml`` or a bare ``*.yaml`` / ``*.yml`` path — agents from a
   YAML file that reloads on change (:class:`FileRegistry`);
-* ``etcd://host:port`` — shared by many processes; needs the ``etcd`` extra.
+* ``etcd://host:port[/prefix]`` — shared by many processes (:mod:`reach_plugins.registry.etcd`);
+  needs the ``etcd`` extra.
 
 A backend module lives in this package and exposes
 ``from_url(url, *, clock) -> Registry``; adding a scheme is one line in
@@ -29,7 +30,7 @@ _SCHEMES: Final[dict[str, tuple[str, str | None]]] = {
 }
 """scheme -> (backend module exposing ``from_url``, the extra its dependencies come with)."""
 
-_FORMS: Final = "memory://, file://PATH.yaml (or a bare PATH.yaml), etcd://HOST:PORT"
+_FORMS: Final = "memory://, file://PATH.yaml (or a bare PATH.yaml), etcd://HOST:PORT[/PREFIX]"
 
 
 def open_registry(url: str | Registry, *, clock: Clock | None = None) -> Registry:

@@ -31,8 +31,8 @@ _CLOSED: Final = None
 class _Watcher:
     """One ``watch()`` stream: a bounded queue fed by the registry.
 
-    A watcher that falls ``maxsize`` events behind loses its oldest events (a
-    warning is logged): a slow consumer must never block or grow the registry.
+    A watcher that falls ``maxsize`` events behind loses its oldest events (one
+    warning per episode): a slow consumer must never block or grow the registry.
     The registry holds watchers weakly, so a stream the caller drops unsubscribes
     itself.
     """
@@ -40,13 +40,16 @@ class _Watcher:
     def __init__(self, maxsize: int) -> None:
         self._queue: asyncio.Queue[RegistryEvent | None] = asyncio.Queue(maxsize)
         self._closed = False
+        self._lagging = False
 
     def push(self, event: RegistryEvent | None) -> None:
         if self._closed:
             return
         if self._queue.full():
             self._queue.get_nowait()
-            logger.warning("registry watcher fell %d events behind; dropped the oldest", self._queue.maxsize)
+            if not self._lagging:
+                logger.warning("registry watcher fell %d events behind; dropping the oldest", self._queue.maxsize)
+            self._lagging = True
         self._queue.put_nowait(event)
         if event is _CLOSED:
             self._closed = True
@@ -58,15 +61,11 @@ class _Watcher:
         if self._closed and self._queue.empty():
             raise StopAsyncIteration
         event = await self._queue.get()
-        if event is None:
+        if self._queue.empty():
+            self._lagging = False
+        if event is _CLOSED:
             raise StopAsyncIteration
         return event
-
-    async def aclose(self) -> None:
-        """Stop this stream; pending events are discarded."""
-        self._closed = True
-        while not self._queue.empty():
-            self._queue.get_nowait()
 
 
 class MemoryRegistry:
@@ -79,6 +78,8 @@ class MemoryRegistry:
     """
 
     def __init__(self, *, clock: Clock | None = None, watch_buffer: int = 1024) -> None:
+        if watch_buffer < 1:
+            raise ConfigError(f"watch_buffer must be at least 1 event, got {watch_buffer}")
         self.clock: Clock = clock or default_clock
         self._watch_buffer = watch_buffer
         self._agents: dict[str, AgentDescriptor] = {}

@@ -12,10 +12,13 @@ import importlib
 import ssl
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from reach_plugins.adapters import HttpRequest, HttpResponse
 from reach_plugins.model import PoolConfig
+
+if TYPE_CHECKING:
+    import httpx
 
 EngineName = Literal["aiohttp", "httpx"]
 
@@ -58,7 +61,7 @@ def make_engine(name: EngineName, pool: PoolConfig, tls: ssl.SSLContext | None, 
     return engine
 
 
-def wrap_client(client: Any) -> Engine:
+def wrap_client(client: httpx.AsyncClient) -> Engine:
     """An engine over a caller's ``httpx.AsyncClient`` (its pool and settings are the caller's)."""
     from transports.direct.engine_httpx import HttpxEngine
 

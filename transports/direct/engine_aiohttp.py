@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 
 import aiohttp
 
@@ -14,22 +14,22 @@ from reach_plugins.errors import ConfigError, ConnectError, ConnectionLost, Read
 from reach_plugins.model import PoolConfig
 
 
-@contextmanager
-def mapped_errors(request: HttpRequest) -> Iterator[None]:
-    """aiohttp's exceptions as ours, most specific first (connect timeouts are timeouts *and* connect errors)."""
+def mapped(exc: BaseException, request: HttpRequest) -> Exception:
+    """aiohttp's exception as ours, most specific first (a connect timeout is a timeout *and* a connect error)."""
     where = f"{request.method} {request.url}"
-    try:
-        yield
-    except aiohttp.ConnectionTimeoutError as exc:
-        raise ConnectError(f"connecting for {where} timed out") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise ConnectError(f"cannot connect for {where}: {exc.os_error or exc}") from exc
-    except TimeoutError as exc:
-        raise ReadTimeout(f"no complete answer to {where} in time") from exc
-    except aiohttp.InvalidURL as exc:
-        raise ConfigError(f"the agent endpoint is not a valid URL: {request.url!r}") from exc
-    except aiohttp.ClientError as exc:
-        raise ConnectionLost(f"the connection broke during {where}: {exc!r}") from exc
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return ConnectError(f"connecting for {where} timed out")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return ConnectError(f"cannot connect for {where}: {exc.os_error or exc}")
+    if isinstance(exc, TimeoutError):
+        return ReadTimeout(f"no complete answer to {where} in time")
+    if isinstance(exc, aiohttp.InvalidURL):
+        return ConfigError(f"the agent endpoint is not a valid URL: {request.url!r}")
+    return ConnectionLost(f"the connection broke during {where}: {exc!r}")
+
+
+FOREIGN = (aiohttp.ClientError, TimeoutError)
+"""What :func:`mapped` translates."""
 
 
 class AiohttpStream:
@@ -42,12 +42,16 @@ class AiohttpStream:
         self.headers: Mapping[str, str] = response.headers
 
     async def next_chunk(self) -> bytes:
-        with mapped_errors(self._request):
+        try:
             return await self._response.content.readany()
+        except FOREIGN as exc:
+            raise mapped(exc, self._request) from exc
 
     async def read(self) -> bytes:
-        with mapped_errors(self._request):
+        try:
             return await self._response.read()
+        except FOREIGN as exc:
+            raise mapped(exc, self._request) from exc
 
 
 class AiohttpEngine:
@@ -59,7 +63,7 @@ class AiohttpEngine:
 
     async def send(self, request: HttpRequest, *, timeout: float, connect_timeout: float) -> HttpResponse:
         limits = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
-        with mapped_errors(request):
+        try:
             async with self._session.request(
                 request.method,
                 request.url,
@@ -70,13 +74,15 @@ class AiohttpEngine:
                 allow_redirects=False,
             ) as response:
                 return HttpResponse(response.status, response.headers, await response.read())
+        except FOREIGN as exc:
+            raise mapped(exc, request) from exc
 
     @asynccontextmanager
     async def stream(
         self, request: HttpRequest, *, timeout: float, connect_timeout: float
     ) -> AsyncIterator[AiohttpStream]:
         limits = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
-        with mapped_errors(request):
+        try:
             async with asyncio.timeout(timeout):
                 response = await self._session.request(
                     request.method,
@@ -87,6 +93,8 @@ class AiohttpEngine:
                     timeout=limits,
                     allow_redirects=False,
                 )
+        except FOREIGN as exc:
+            raise mapped(exc, request) from exc
         try:
             yield AiohttpStream(response, request)
         finally:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import ssl
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 
 import httpx
 
@@ -20,22 +20,22 @@ from reach_plugins.errors import ConfigError, ConnectError, ConnectionLost, Read
 from reach_plugins.model import PoolConfig
 
 
-@contextmanager
-def mapped_errors(request: HttpRequest) -> Iterator[None]:
-    """httpx's exceptions as ours; a pool timeout means the request was never sent."""
+def mapped(exc: BaseException, request: HttpRequest) -> Exception:
+    """httpx's exception as ours; a pool timeout means the request was never sent."""
     where = f"{request.method} {request.url}"
-    try:
-        yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        raise ConnectError(f"cannot connect for {where}: {exc}") from exc
-    except httpx.PoolTimeout as exc:
-        raise ConnectError(f"no pooled connection became free for {where}") from exc
-    except (httpx.TimeoutException, TimeoutError) as exc:
-        raise ReadTimeout(f"no complete answer to {where} in time") from exc
-    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-        raise ConfigError(f"the agent endpoint is not a valid URL: {request.url!r} ({exc})") from exc
-    except httpx.HTTPError as exc:
-        raise ConnectionLost(f"the connection broke during {where}: {exc!r}") from exc
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return ConnectError(f"cannot connect for {where}: {exc}")
+    if isinstance(exc, httpx.PoolTimeout):
+        return ConnectError(f"no pooled connection became free for {where}")
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+        return ReadTimeout(f"no complete answer to {where} in time")
+    if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+        return ConfigError(f"the agent endpoint is not a valid URL: {request.url!r} ({exc})")
+    return ConnectionLost(f"the connection broke during {where}: {exc!r}")
+
+
+FOREIGN = (httpx.HTTPError, httpx.InvalidURL, TimeoutError)
+"""What :func:`mapped` translates."""
 
 
 class HttpxStream:
@@ -49,12 +49,16 @@ class HttpxStream:
         self.headers: Mapping[str, str] = response.headers
 
     async def next_chunk(self) -> bytes:
-        with mapped_errors(self._request):
+        try:
             return await anext(self._chunks, b"")
+        except FOREIGN as exc:
+            raise mapped(exc, self._request) from exc
 
     async def read(self) -> bytes:
-        with mapped_errors(self._request):
+        try:
             return await self._response.aread()
+        except FOREIGN as exc:
+            raise mapped(exc, self._request) from exc
 
 
 class HttpxEngine:
@@ -66,7 +70,7 @@ class HttpxEngine:
 
     async def send(self, request: HttpRequest, *, timeout: float, connect_timeout: float) -> HttpResponse:
         limits = httpx.Timeout(timeout, connect=connect_timeout)
-        with mapped_errors(request):
+        try:
             async with asyncio.timeout(timeout):
                 response = await self._client.request(
                     request.method,
@@ -76,6 +80,8 @@ class HttpxEngine:
                     params=request.params or None,
                     timeout=limits,
                 )
+        except FOREIGN as exc:
+            raise mapped(exc, request) from exc
         return HttpResponse(response.status_code, response.headers, response.content)
 
     @asynccontextmanager
@@ -91,9 +97,11 @@ class HttpxEngine:
             params=request.params or None,
             timeout=limits,
         )
-        with mapped_errors(request):
+        try:
             async with asyncio.timeout(timeout):
                 response = await self._client.send(built, stream=True)
+        except FOREIGN as exc:
+            raise mapped(exc, request) from exc
         try:
             yield HttpxStream(response, request)
         finally:

@@ -92,6 +92,7 @@ class DirectTransport(BaseTransport):
         key = (adapter.protocol, call.instance.endpoint)
         if key not in self._discovered:
             connect, _ = _timeouts(call)
+            request = with_credential(request, call.credential)
             response = await engine.send(request, timeout=call.timeout, connect_timeout=connect)
             self._discovered[key] = adapter.discovered(call, response)
         return self._discovered[key]

@@ -1,0 +1,164 @@
+"""Shared state in Redis (the ``redis`` extra): idempotency/dedup, session liveness, session snapshots.
+
+Every store takes a ``redis.asyncio.Redis`` from outside (it does not close it)
+or opens its own from a URL with :func:`connect`::
+
+    redis://host:port/db?prefix=reach:&timeout=0.5
+
+The client gets an explicit socket timeout (0.5 s unless told) and at most one
+quick retry: redis-py's default of ten retries hides an outage for ~10 s.
+
+What a store does while Redis is unreachable is chosen per store:
+
+==========  =================  ========================================================
+store       default            why
+==========  =================  ========================================================
+dedup       fails closed       a keyed call promised "at most once"; without the
+                               store that promise cannot be kept, so nothing is sent
+                               (``BackendUnavailable``). ``on_outage=open`` runs it
+                               unguarded instead, with a warning.
+sessions    fails open         liveness stops ghost calls; refusing every conversation
+                               because a cache is down would turn a Redis blip into an
+                               outage. Checks pass with a warning; ``close`` raises
+                               (it did not reach the other processes).
+                               ``on_outage=closed`` refuses instead.
+snapshots   save raises,       a lost save must be visible; an agent that cannot read
+            load starts empty  its snapshot still starts (with fresh sessions).
+==========  =================  ========================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Collection
+from typing import Any, Final, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from reach_plugins.errors import BackendUnavailable, ConfigError
+
+try:
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError('the Redis stores need redis-py: pip install "reach-plugins[redis]"') from exc
+
+logger = logging.getLogger(__name__)
+
+OnOutage = Literal["open", "closed"]
+DEFAULT_PREFIX: Final = "reach:"
+DEFAULT_TIMEOUT: Final = 0.5
+OUTAGE_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+"""What "Redis is unreachable" looks like (a refused or dropped connection, a timeout, a server still loading)."""
+
+
+def connect(url: str, *, options: Collection[str] = ()) -> tuple[Any, dict[str, str]]:
+    """Open a client for ``redis://host:port/db``; return it and the URL's store ``options`` (others refused).
+
+    ``timeout`` (seconds) and ``prefix`` are understood here and returned along.
+    """
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    allowed = {"timeout", "prefix", *options}
+    unknown = sorted(query.keys() - allowed)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname or unknown:
+        raise ConfigError(
+            f"Redis URL {url!r}: write redis://HOST:PORT/DB with optional "
+            f"?{'&'.join(f'{name}=...' for name in sorted(allowed))}"
+            + (f" (unknown option {', '.join(unknown)})" if unknown else "")
+        )
+    try:
+        port = parts.port or 6379
+        db = int(parts.path.strip("/") or 0)
+        timeout = float(query.get("timeout", DEFAULT_TIMEOUT))
+    except ValueError as exc:
+        raise ConfigError(f"Redis URL {url!r}: {exc}; port and db are integers, timeout is seconds") from exc
+    if timeout <= 0:
+        raise ConfigError(f"Redis URL {url!r}: timeout must be positive seconds, got {timeout}")
+    client = aioredis.Redis(
+        host=parts.hostname,
+        port=port,
+        db=db,
+        username=parts.username,
+        password=parts.password,
+        ssl=parts.scheme == "rediss",
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
+    )
+    query.setdefault("prefix", DEFAULT_PREFIX)
+    return client, query
+
+
+def on_outage(value: str, url: str) -> OnOutage:
+    """Validate an ``on_outage`` option."""
+    if value not in ("open", "closed"):
+        raise ConfigError(f"Redis URL {url!r}: on_outage must be 'open' or 'closed', got {value!r}")
+    return "open" if value == "open" else "closed"
+
+
+def describe(redis: Any) -> str:
+    """``host:port/db`` of a client, for messages."""
+    kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {})
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+def unavailable(redis: Any, what: str, exc: BaseException) -> BackendUnavailable:
+    """The error for an unreachable Redis, naming the server and what could not be done."""
+    return BackendUnavailable(f"redis at {describe(redis)} is unreachable, so {what}: {exc or type(exc).__name__}")
+
+
+class Subscription:
+    """One pub/sub channel read by a background task, shared by a store's waiters.
+
+    ``ensure()`` subscribes on first use (raising Redis's errors to the caller);
+    if the connection drops, the reader stops, ``on_gap`` is told (messages may
+    have been missed, so whoever waits should look again) and the next
+    ``ensure()`` subscribes afresh.
+    """
+
+    def __init__(self, redis: Any, channel: str, on_message: Callable[[str], None], on_gap: Callable[[], None]) -> None:
+        self._redis = redis
+        self.channel = channel
+        self._on_message = on_message
+        self._on_gap = on_gap
+        self._pubsub: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def ensure(self) -> None:
+        if self._pubsub is not None:
+            return
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(self.channel)
+        except BaseException:
+            await pubsub.aclose()
+            raise
+        self._pubsub = pubsub
+        self._task = asyncio.create_task(self._read(pubsub), name=f"reach-redis-subscription {self.channel}")
+
+    async def _read(self, pubsub: Any) -> None:
+        try:
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is not None:
+                    data = message["data"]
+                    self._on_message(data.decode() if isinstance(data, bytes) else str(data))
+        except OUTAGE_ERRORS as exc:
+            logger.warning("redis subscription %s at %s lost: %s", self.channel, describe(self._redis), exc)
+        finally:
+            self._pubsub = None
+            self._on_gap()
+            with contextlib.suppress(*OUTAGE_ERRORS):
+                await pubsub.aclose()
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,399 @@
+"""ReachEnhancer: turn a framework's tool call into a reach, framework-neutral.
+
+A tool maps to a capability by, in order: the explicit ``capability_map``,
+the exact name, then a semantic match of its name and description (the
+:class:`~reach_plugins.matching.CapabilityMatcher`, which refuses ties). The
+policy then picks the side: ``remote_first`` reaches when a healthy agent
+offers the capability and runs the local tool otherwise, ``remote_only``
+always reaches, ``local_only`` never does.
+
+A reach runs through :class:`~reach_plugins.ReachClient` (session liveness,
+routing with affinity on the conversation key, the resilience core) inside an
+``execute_tool {tool}`` span. Like the client, :meth:`ReachEnhancer.areach`
+runs on the caller's loop and :meth:`ReachEnhancer.reach` on the client's own
+loop (safe from any thread, even inside a running loop): close with
+``aclose()`` after async use and ``close()`` after blocking use, because pooled
+connections belong to the loop that opened them. Framework adapters stay thin:
+see :mod:`reach_plugins.langchain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from pydantic_core import to_jsonable_python
+
+from reach_plugins import context
+from reach_plugins.client import ReachClient
+from reach_plugins.errors import (
+    ApprovalRequired,
+    ConfigError,
+    NoHealthyAgent,
+    ReachError,
+    RequestError,
+    UnknownCapability,
+    error_for_response,
+)
+from reach_plugins.model import Capability, ReachRequest, ReachResponse
+from reach_plugins.stores import open_sessions
+from reach_plugins.syncbridge import SyncBridge
+from reach_plugins.telemetry import (
+    ATTR_CAPABILITY,
+    ATTR_ERROR_TYPE,
+    ATTR_GEN_AI_CONVERSATION_ID,
+    ATTR_GEN_AI_OPERATION_NAME,
+    ATTR_GEN_AI_TOOL_CALL_ID,
+    ATTR_GEN_AI_TOOL_NAME,
+    OPERATION_EXECUTE_TOOL,
+    get_tracer,
+    tool_span_name,
+)
+from reach_plugins.toolcalls import (
+    Approver,
+    Decision,
+    MatcherOption,
+    OnError,
+    PendingApproval,
+    Policy,
+    ProxySpec,
+    Resolution,
+    RouteInfo,
+    ServeSpec,
+    ToolCall,
+    ToolMapper,
+    ToolResult,
+    check_choice,
+    content_of,
+    error_text,
+    proxy_spec,
+)
+
+if TYPE_CHECKING:
+    from reach_plugins.langchain import ServedAgent
+    from reach_plugins.registry import Registry
+    from reach_plugins.sessions import SessionStore
+    from reach_plugins.transport import Transport
+
+T = TypeVar("T")
+SessionKey = Callable[[Any], "str | None"]
+"""Derives the conversation key from the host framework's call (LangGraph: the ``ToolCallRequest``)."""
+
+
+class ReachEnhancer:
+    """Reach other agents from any framework's tool calls (keyword-only; ``registry`` an object or a URL)."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry | str | None = None,
+        transport: Transport | None = None,
+        tenant: str | None = None,
+        capability_map: Mapping[str, str | None] | None = None,
+        policy: Policy = "remote_first",
+        auto_register: bool = False,
+        sessions: SessionStore | str | None = None,
+        approver: Approver | None = None,
+        matcher: MatcherOption = None,
+        on_error: OnError = "message",
+        client: ReachClient | None = None,
+        session_key: SessionKey | None = None,
+        serve_as: ServeSpec | None = None,
+        scope_tags: Sequence[str] = (),
+        timeout_ms: int | None = None,
+        tracer_provider: TracerProvider | None = None,
+        **client_options: Any,
+    ) -> None:
+        check_choice("policy", policy, Policy)
+        check_choice("on_error", on_error, OnError)
+        if auto_register and serve_as is None:
+            raise ConfigError("auto_register=True needs serve_as=ServeSpec(name=..., capabilities=[...])")
+        self.policy: Policy = policy
+        self.on_error: OnError = on_error
+        self.auto_register = auto_register
+        self.serve_as = serve_as
+        self.approver = approver
+        self.session_key = session_key
+        self.scope_tags = tuple(scope_tags)
+        self.timeout_ms = timeout_ms
+        self.tracer_provider = tracer_provider
+        self._tracer = get_tracer(tracer_provider)
+        self._owns_client = client is None
+        self.client = client or ReachClient(
+            registry if registry is not None else "memory://",
+            transport,
+            tenant,
+            sessions=sessions if sessions is not None else "memory://",
+            tracer_provider=tracer_provider,
+            **client_options,
+        )
+        if client is not None:
+            _adopt(client, sessions, (registry, transport, tenant, client_options))
+        self.mapper = ToolMapper(
+            self.client.registry, capability_map=capability_map or {}, matcher=matcher, scope_tags=scope_tags
+        )
+        self._bridge = SyncBridge()
+        self.served: list[ServedAgent] = []
+
+    # ------------------------------------------------------------------ mapping
+
+    def resolve(self, tool_name: str, description: str = "") -> str | None:
+        """The capability ``tool_name`` maps to, or ``None`` (it stays local); cached per tool."""
+        return self.mapper.explain(tool_name, description).capability
+
+    def explain(self, tool_name: str, description: str = "") -> Resolution:
+        """Like :meth:`resolve`, with the rule that decided and the matcher's evidence."""
+        return self.mapper.explain(tool_name, description)
+
+    def catalogue(self) -> Mapping[str, Capability]:
+        """Every capability the registry offers, by name."""
+        return self.mapper.catalogue()
+
+    def tools(self, local: Iterable[str | tuple[str, str]] = ()) -> list[ProxySpec]:
+        """Proxy tools for capabilities no local tool covers (``local``: names, or ``(name, description)``).
+
+        Capabilities this agent serves itself (``serve_as``) are left out: an agent does not reach itself.
+        """
+        if self.policy == "local_only":
+            return []
+        pairs = [(item, "") if isinstance(item, str) else item for item in local]
+        covered = {name for name, _ in pairs} | {self.resolve(name, text) for name, text in pairs}
+        if self.serve_as is not None:
+            covered |= {c if isinstance(c, str) else c.name for c in self.serve_as.capabilities}
+        tags = set(self.scope_tags)
+        return [
+            proxy_spec(capability)
+            for name, capability in sorted(self.catalogue().items())
+            if name not in covered and tags <= set(capability.scope_tags)
+        ]
+
+    # ------------------------------------------------------------------ deciding
+
+    def decide(self, call: ToolCall) -> Decision:
+        """Where ``call`` goes under the policy; ``remote_first`` checks that a healthy agent can take it."""
+        if self.policy == "local_only":
+            return Decision(False, None, Resolution(call.name, None, "off", "policy local_only"), "policy local_only")
+        resolution = self.explain(call.name, call.description)
+        target = resolution.capability
+        capability = self.catalogue().get(target) if target is not None else None
+        if self.policy == "remote_only" or not call.has_local:
+            why = "policy remote_only" if call.has_local else "no local tool"
+            return Decision(True, capability, resolution, f"{why}; {resolution.detail}")
+        if capability is None:
+            why = f"no agent offers {target!r}" if target else f"not mapped ({resolution.detail})"
+            return Decision(False, None, resolution, f"{why}; running the local tool")
+        unavailable = self._unavailable(capability)
+        if unavailable is not None:
+            return Decision(False, capability, resolution, f"{unavailable}; running the local tool")
+        return Decision(True, capability, resolution, resolution.detail)
+
+    def _unavailable(self, capability: Capability) -> str | None:
+        """Why no agent can take ``capability`` now (the router's answer), or ``None`` when one can."""
+        probe = ReachRequest(capability=capability.name, tenant=self.client.tenant, scope_tags=list(self.scope_tags))
+        try:
+            self.client.router.candidates(probe, limit=1)
+        except (NoHealthyAgent, RequestError) as exc:
+            return exc.message
+        return None
+
+    # ------------------------------------------------------------------ reaching
+
+    async def areach(
+        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+    ) -> ToolResult:
+        """Reach the capability of ``call`` (decided if not given); failures per ``on_error``."""
+        decision = decision if decision is not None else self.decide(call)
+        with self._span(call) as span:
+            try:
+                capability = self._target(decision)
+                if capability.needs_approval:
+                    pending = self._pending(call, capability)
+                    answer = self._approver(approver, pending)(pending)
+                    _approved(pending, await answer if inspect.isawaitable(answer) else answer)
+                response = await self.client.reach(capability.name, trace=True, **self._options(call))
+            except ReachError as exc:
+                return self._failed(span, call, decision.resolution.capability, exc, None)
+            return self._answered(span, call, capability.name, response)
+
+    def reach(
+        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+    ) -> ToolResult:
+        """Blocking :meth:`areach`, safe inside a running loop (the reach runs on the client's own loop)."""
+        decision = decision if decision is not None else self.decide(call)
+        with self._span(call) as span:
+            try:
+                capability = self._target(decision)
+                if capability.needs_approval:
+                    pending = self._pending(call, capability)
+                    answer = self._approver(approver, pending)(pending)
+                    _approved(pending, self._bridge.run(_awaited(answer)) if inspect.isawaitable(answer) else answer)
+                response = self.client.reach_sync(capability.name, trace=True, **self._options(call))
+            except ReachError as exc:
+                return self._failed(span, call, decision.resolution.capability, exc, None)
+            return self._answered(span, call, capability.name, response)
+
+    def _target(self, decision: Decision) -> Capability:
+        if decision.capability is not None:
+            return decision.capability
+        wanted = decision.resolution.capability or decision.resolution.tool
+        raise UnknownCapability(wanted, sorted(self.catalogue())[:5] if decision.resolution.capability else ())
+
+    def _pending(self, call: ToolCall, capability: Capability) -> PendingApproval:
+        return PendingApproval(call.name, capability, dict(call.args), call.call_id, call.session_key)
+
+    def _approver(self, given: Approver | None, pending: PendingApproval) -> Approver:
+        approver = given if given is not None else self.approver
+        if approver is None:
+            raise ApprovalRequired(
+                f"capability {pending.capability.name!r} is danger_level {pending.capability.danger_level!r} "
+                "or require_approval and no approver is configured (pass approver= to the enhancer)"
+            )
+        return approver
+
+    def _options(self, call: ToolCall) -> dict[str, Any]:
+        """The request's fields: payload, conversation, the chain it continues, the time it may take."""
+        served = context.current()
+        budgets = [ms for ms in (self.timeout_ms, served.remaining_ms() if served else None) if ms is not None]
+        return {
+            "payload": to_jsonable_python(dict(call.args)),
+            "session_id": call.session_key,
+            "hops": call.hops if call.hops is not None else context.current_hops(),
+            "timeout_ms": min(budgets) if budgets else None,
+            "scope_tags": self.scope_tags,
+        }
+
+    def _answered(self, span: Span, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
+        route = RouteInfo.of(response, capability)
+        if not response.ok:
+            return self._failed(span, call, capability, error_for_response(response), route)
+        span.set_attribute(ATTR_CAPABILITY, capability)
+        return ToolResult(call, capability, content_of(response.data), response.data, None, route)
+
+    def _failed(
+        self, span: Span, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
+    ) -> ToolResult:
+        if capability:
+            span.set_attribute(ATTR_CAPABILITY, capability)
+        span.set_attribute(ATTR_ERROR_TYPE, type(error).__name__)
+        span.set_status(Status(StatusCode.ERROR, error.message))
+        if self.on_error == "raise":
+            raise error
+        return ToolResult(call, capability, error_text(call.name, capability, error), None, error, route)
+
+    @contextmanager
+    def _span(self, call: ToolCall) -> Iterator[Span]:
+        attributes: dict[str, str] = {
+            ATTR_GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL,
+            ATTR_GEN_AI_TOOL_NAME: call.name,
+        }
+        if call.call_id:
+            attributes[ATTR_GEN_AI_TOOL_CALL_ID] = call.call_id
+        if call.session_key:
+            attributes[ATTR_GEN_AI_CONVERSATION_ID] = call.session_key
+        with self._tracer.start_as_current_span(
+            tool_span_name(call.name),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield span
+
+    # ------------------------------------------------------------------ sessions
+
+    def close_session(self, key: str) -> None:
+        """End conversation ``key``: later reaches get ``SessionClosed``, calls in flight are cancelled."""
+        self._bridge.run(self.aclose_session(key))
+
+    async def aclose_session(self, key: str) -> None:
+        """Async :meth:`close_session`."""
+        sessions = self.client.sessions
+        if sessions is None:
+            raise ConfigError("this enhancer's client has no session store: build the client with sessions=")
+        await sessions.close(key)
+        self.client.router.release(key)
+
+    # ------------------------------------------------------------------ serving
+
+    def serve(
+        self,
+        graph: Any,
+        *,
+        name: str,
+        capabilities: Sequence[Capability | str],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        description: str = "",
+    ) -> ServedAgent:
+        """Serve a LangGraph agent as a Reach agent and register it in this enhancer's registry.
+
+        Returns once it listens and is registered; :meth:`close` stops it.
+        """
+        from reach_plugins.langchain import serve_graph
+
+        spec = ServeSpec(name, capabilities, description, host, port)
+        served = serve_graph(graph, spec, registry=self.client.registry, tracer_provider=self.tracer_provider)
+        self.served.append(served)
+        return served
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Stop served agents and close the client when the enhancer built it (after blocking use)."""
+        while self.served:
+            self.served.pop().stop()
+        if self._owns_client:
+            self.client.close()
+        self._bridge.close()
+
+    async def aclose(self) -> None:
+        """Like :meth:`close`, closing the client on the caller's loop (after ``areach`` / ``ainvoke`` use)."""
+        while self.served:
+            await asyncio.to_thread(self.served.pop().stop)
+        if self._owns_client:
+            await self.client.aclose()
+        self._bridge.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+async def _awaited(value: Awaitable[T]) -> T:
+    return await value
+
+
+def _adopt(client: ReachClient, sessions: SessionStore | str | None, settings: tuple[object, ...]) -> None:
+    """Check the settings given with a ready client; install ``sessions`` on it if it has no store yet."""
+    if settings != (None, None, None, {}):
+        raise ConfigError("pass either client= or the client's settings (registry, transport, tenant...), not both")
+    if sessions is None:
+        return
+    store = open_sessions(sessions)
+    if client.sessions is None:
+        client.sessions = store
+    elif client.sessions is not store:
+        raise ConfigError("the client already has a session store; pass sessions= to one of them only")
+
+
+def _approved(pending: PendingApproval, answer: object) -> None:
+    if answer is not True:
+        raise ApprovalRequired(
+            f"the call to {pending.capability.name!r} was not approved (danger_level "
+            f"{pending.capability.danger_level!r}); nothing was sent"
+        )

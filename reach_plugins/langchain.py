@@ -1,0 +1,294 @@
+"""LangChain / LangGraph adapter: one changed line puts every tool call another agent can serve through Reach.
+
+    from reach_plugins.langchain import create_agent
+    agent = create_agent(model, tools, checkpointer=saver, enhanced_by=ReachEnhancer(registry="memory://"))
+
+:class:`ReachMiddleware` implements both ``wrap_tool_call`` and
+``awrap_tool_call`` (a sync-only one breaks ``ainvoke``). For a remote call it
+swaps the tool (``handler(request.override(tool=...))``) instead of answering
+itself, so LangChain's tool callbacks and error handling still run; a failure
+becomes ``ToolMessage(status="error")`` through ``handle_tool_error`` unless
+the enhancer says ``on_error="raise"``. The conversation key is the LangGraph
+``thread_id``; a dangerous capability pauses the run with ``interrupt`` until
+``Command(resume={"approved": True})``. The same two methods plug into
+``ToolNode(tools, wrap_tool_call=..., awrap_tool_call=...)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+try:
+    from langchain.agents import create_agent as _create_agent
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import BaseTool, StructuredTool, ToolException
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.types import Command, interrupt
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        'the LangChain adapter needs the langchain extra: pip install "reach-plugins[langchain]"'
+    ) from exc
+
+from reach_plugins.errors import BusinessError
+from reach_plugins.model import Capability
+from reach_plugins.toolcalls import ANY_OBJECT, Approver, Decision, PendingApproval, ProxySpec, ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from opentelemetry.trace import TracerProvider
+
+    from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
+    from reach_plugins.enhancer import ReachEnhancer, SessionKey
+    from reach_plugins.registry import Registry
+    from reach_plugins.toolcalls import ServeSpec
+
+ToolOutput = ToolMessage | Command[Any]
+
+MESSAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"message": {"type": "string", "description": "What to ask this agent, in plain words"}},
+    "required": ["message"],
+}
+"""Arguments of a served agent's capability declared by name only: one message in plain words."""
+
+
+def thread_id_of(request: ToolCallRequest) -> str | None:
+    """The LangGraph ``thread_id`` of the run this tool call belongs to (the conversation key)."""
+    runtime = request.runtime
+    if runtime is None:
+        return None
+    thread = (runtime.config or {}).get("configurable", {}).get("thread_id")
+    if thread is None and runtime.execution_info is not None:
+        thread = runtime.execution_info.thread_id
+    return None if thread is None else str(thread)
+
+
+def interrupt_approver(pending: PendingApproval) -> bool:
+    """Pause the run for a human (LangGraph ``interrupt``); resume with ``Command(resume={"approved": True})``."""
+    answer = interrupt(pending.describe())
+    if isinstance(answer, Mapping):
+        return answer.get("approved") is True
+    return answer is True
+
+
+class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
+    """Sends every tool call a remote agent should serve through the enhancer; ``tools`` are the proxy tools."""
+
+    def __init__(
+        self,
+        enhancer: ReachEnhancer,
+        *,
+        tools: Sequence[BaseTool | Callable[..., Any] | dict[str, Any]] = (),
+        session_key: SessionKey | None = None,
+        approver: Approver | None = None,
+        proxy_tools: bool = True,
+    ) -> None:
+        super().__init__()
+        self.enhancer = enhancer
+        self._session_key = session_key or enhancer.session_key or thread_id_of
+        self._approver = approver or enhancer.approver or interrupt_approver
+        local = [_identity(tool) for tool in tools]
+        specs = enhancer.tools(local) if proxy_tools else []
+        self.tools = [self._proxy(spec) for spec in specs]
+        self._proxies = {spec.name for spec in specs}
+        self._schemas: dict[str, dict[str, Any]] = {}
+
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolOutput]) -> ToolOutput:
+        """Run the local tool, or the same call swapped onto a tool that reaches the remote agent."""
+        call, decision = self._decide(request)
+        if decision is None:
+            return handler(request)
+        return handler(request.override(tool=self._swapped(request, call, decision)))
+
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolOutput]]
+    ) -> ToolOutput:
+        """Async :meth:`wrap_tool_call` (``ainvoke``, ``astream``)."""
+        call, decision = self._decide(request)
+        if decision is None:
+            return await handler(request)
+        return await handler(request.override(tool=self._swapped(request, call, decision)))
+
+    def _decide(self, request: ToolCallRequest) -> tuple[ToolCall, Decision | None]:
+        """The call, and its remote decision (``None`` to let the framework run it as it would)."""
+        tool, raw = request.tool, request.tool_call
+        call = ToolCall(
+            name=raw["name"],
+            args=raw["args"],
+            call_id=raw.get("id"),
+            description=tool.description if tool is not None else "",
+            session_key=self._session_key(request),
+            has_local=tool is not None and tool.name not in self._proxies,
+        )
+        decision = self.enhancer.decide(call)
+        if not decision.remote or (tool is None and decision.capability is None):
+            return call, None
+        return call, decision
+
+    def _swapped(self, request: ToolCallRequest, call: ToolCall, decision: Decision) -> BaseTool:
+        schema = self._schema(request.tool)
+        visible = set(schema["properties"]) if "properties" in schema else None
+
+        def bound(args: dict[str, Any]) -> ToolCall:
+            return replace(call, args={k: v for k, v in args.items() if visible is None or k in visible})
+
+        def run(**args: Any) -> tuple[str, dict[str, Any] | None]:
+            return _output(self.enhancer.reach(bound(args), decision, approver=self._approver))
+
+        async def arun(**args: Any) -> tuple[str, dict[str, Any] | None]:
+            return _output(await self.enhancer.areach(bound(args), decision, approver=self._approver))
+
+        description = request.tool.description if request.tool is not None else decision.reason
+        return _tool(call.name, description, schema, run, arun)
+
+    def _schema(self, tool: BaseTool | None) -> dict[str, Any]:
+        """The arguments the model sees (injected ones left out), cached per tool name."""
+        if tool is None:
+            return ANY_OBJECT
+        schema = self._schemas.get(tool.name)
+        if schema is None:
+            schema = self._schemas[tool.name] = convert_to_openai_tool(tool)["function"]["parameters"]
+        return schema
+
+    def _proxy(self, spec: ProxySpec) -> BaseTool:
+        """The tool the model sees for a capability without a local tool (works without the middleware too)."""
+        enhancer = self.enhancer
+
+        def run(**args: Any) -> tuple[str, dict[str, Any] | None]:
+            return _output(enhancer.reach(ToolCall(spec.name, args, has_local=False)))
+
+        async def arun(**args: Any) -> tuple[str, dict[str, Any] | None]:
+            return _output(await enhancer.areach(ToolCall(spec.name, args, has_local=False)))
+
+        return _tool(spec.name, spec.description, spec.params_schema, run, arun)
+
+
+def _tool(name: str, description: str, schema: dict[str, Any], run: Callable[..., Any], arun: Any) -> BaseTool:
+    return StructuredTool(
+        name=name,
+        description=description,
+        args_schema=schema,
+        func=run,
+        coroutine=arun,
+        handle_tool_error=True,
+        response_format="content_and_artifact",
+    )
+
+
+def _output(result: ToolResult) -> tuple[str, dict[str, Any] | None]:
+    """Content and route for the ToolMessage; a failure becomes an error ToolMessage via ``ToolException``."""
+    if result.error is not None:
+        raise ToolException(result.content)
+    return result.content, result.route.as_dict() if result.route is not None else None
+
+
+def _identity(tool: BaseTool | Callable[..., Any] | dict[str, Any]) -> tuple[str, str]:
+    """``(name, description)`` of a tool as given to ``create_agent``."""
+    if isinstance(tool, BaseTool):
+        return tool.name, tool.description
+    if isinstance(tool, dict):
+        return str(tool.get("name") or tool.get("function", {}).get("name", "")), str(tool.get("description", ""))
+    return getattr(tool, "__name__", type(tool).__name__), tool.__doc__ or ""
+
+
+def create_agent(
+    model: Any, tools: Sequence[Any] | None = None, *, enhanced_by: ReachEnhancer | None = None, **options: Any
+) -> Any:
+    """``langchain.agents.create_agent`` with every argument unchanged, plus ``enhanced_by``'s middleware last.
+
+    With ``auto_register=True`` the built agent is also served and registered (``enhancer.serve_as``).
+    """
+    if enhanced_by is None:
+        return _create_agent(model, tools, **options)
+    middleware = [*options.pop("middleware", ()), ReachMiddleware(enhanced_by, tools=tools or ())]
+    graph = _create_agent(model, tools, middleware=middleware, **options)
+    spec = enhanced_by.serve_as
+    if enhanced_by.auto_register and spec is not None:
+        enhanced_by.serve(
+            graph,
+            name=spec.name,
+            capabilities=spec.capabilities,
+            host=spec.host,
+            port=spec.port,
+            description=spec.description,
+        )
+    return graph
+
+
+# --------------------------------------------------------------------------- serving a graph as a Reach agent
+
+
+@dataclass(frozen=True, slots=True)
+class ServedAgent:
+    """A LangGraph agent answering as a Reach agent at ``url`` (registered while it runs)."""
+
+    name: str
+    url: str
+    agent: ReachAgent
+    server: BackgroundServer
+
+    def stop(self) -> None:
+        """Deregister and stop serving."""
+        self.server.stop()
+
+
+def serve_graph(
+    graph: Any, spec: ServeSpec, *, registry: Registry, tracer_provider: TracerProvider | None = None
+) -> ServedAgent:
+    """Serve ``graph`` (anything with LangGraph's ``invoke({"messages": [...]}, config)``) under ``spec``.
+
+    A call's ``message`` (or its whole payload as JSON) becomes the user turn;
+    the caller's session is the graph's ``thread_id``; the last message's text
+    is the reply. Nested reaches made by the graph continue the caller's hop
+    chain and trace (the agent SDK sets :mod:`reach_plugins.context`).
+    """
+    from reach_plugins.agent import BackgroundServer, ReachAgent
+
+    agent = ReachAgent(spec.name, description=spec.description, tracer_provider=tracer_provider)
+    handler = _graph_handler(graph)
+    for item in spec.capabilities:
+        capability = Capability(name=item) if isinstance(item, str) else item
+        agent.capability(
+            capability.name,
+            description=capability.description or spec.description,
+            params_schema=capability.params_schema or MESSAGE_SCHEMA,
+            return_schema=capability.return_schema,
+            scope_tags=capability.scope_tags,
+            danger_level=capability.danger_level,
+            require_approval=capability.require_approval,
+            idempotency_key=capability.idempotency_key,
+            retryable=capability.retryable,
+            max_concurrency=capability.max_concurrency,
+        )(handler)
+    server = BackgroundServer(agent.app, host=spec.host, port=spec.port)
+    agent.register_on_startup(registry, server.url)
+    server.start()
+    return ServedAgent(spec.name, server.url, agent, server)
+
+
+def _graph_handler(graph: Any) -> Callable[..., Any]:
+    """A blocking handler (the SDK runs it in a worker thread): the graph's reaches then use its client's own loop."""
+
+    def handle(ctx: ReachContext, **payload: Any) -> str:
+        text = payload["message"] if set(payload) == {"message"} else json.dumps(payload, ensure_ascii=False)
+        config = {"configurable": {"thread_id": ctx.session_id or ctx.request_id}}
+        state = graph.invoke({"messages": [{"role": "user", "content": text}]}, config)
+        if state.get("__interrupt__"):
+            raise BusinessError(f"{ctx.capability!r} paused for human approval; it cannot finish unattended")
+        return _text(state["messages"][-1].content)
+
+    return handle
+
+
+def _text(content: Any) -> str:
+    """A message's text (content blocks joined)."""
+    if isinstance(content, str):
+        return content
+    parts = [part if isinstance(part, str) else part.get("text", "") for part in content]
+    return "".join(str(part) for part in parts)

@@ -1,0 +1,205 @@
+"""The etcd registry's local state: a :class:`MemoryRegistry` kept equal to the keys under one prefix.
+
+No I/O here: the registry feeds it etcd's listings and watch events (any
+objects shaped like aetcd's: ``kv.key``, ``kv.value``, ``kv.lease``,
+``kv.mod_revision``, ``event.kind``, ``listing.header.revision``) and it turns
+them into ordinary registry events. It also tracks the revision applied so far,
+so a writer can wait until its own write is visible (read-your-writes).
+
+Key layout under the prefix, names percent-encoded so any name is one segment::
+
+    {prefix}agents/{name}             AgentDescriptor JSON
+    {prefix}instances/{agent}/{id}    Instance JSON (bound to a lease)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any, Final
+from urllib.parse import quote, unquote
+
+from pydantic import ValidationError
+
+from reach_plugins.model import AgentDescriptor, Instance
+from reach_plugins.registry.base import Clock
+from reach_plugins.registry.memory import MemoryRegistry
+
+logger = logging.getLogger(__name__)
+
+_BEAT_FIELDS: Final = ("heartbeat_seq", "last_heartbeat", "load", "status")
+
+
+class Keys:
+    """The key layout under one prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.encode()
+        self.agents = self.prefix + b"agents/"
+        self.instances = self.prefix + b"instances/"
+
+    def agent(self, name: str) -> bytes:
+        return self.agents + quote(name, safe="").encode()
+
+    def instances_of(self, agent: str) -> bytes:
+        return self.instances + quote(agent, safe="").encode() + b"/"
+
+    def instance(self, agent: str, instance_id: str) -> bytes:
+        return self.instances_of(agent) + quote(instance_id, safe="").encode()
+
+    def parse(self, key: bytes) -> tuple[str, str | None] | None:
+        """``(agent, None)`` for an agent key, ``(agent, instance_id)`` for an instance key, else None."""
+        if key.startswith(self.agents):
+            return unquote(key[len(self.agents) :].decode()), None
+        if key.startswith(self.instances):
+            agent, sep, instance_id = key[len(self.instances) :].decode().partition("/")
+            return (unquote(agent), unquote(instance_id)) if sep else None
+        return None
+
+
+class PinnableClock:
+    """The cache's clock: the registry's clock, or a pinned time while a heartbeat read from etcd is applied."""
+
+    def __init__(self, base: Clock) -> None:
+        self.base = base
+        self._pinned: float | None = None
+
+    def __call__(self) -> float:
+        return self.base() if self._pinned is None else self._pinned
+
+    @contextlib.contextmanager
+    def pinned(self, at: float) -> Iterator[None]:
+        self._pinned = at
+        try:
+            yield
+        finally:
+            self._pinned = None
+
+
+def _is_beat(current: Instance, new: Instance) -> bool:
+    """Whether ``new`` is ``current`` plus a newer heartbeat (seq, time, load, status) and nothing else."""
+    if new.last_heartbeat is None or new.heartbeat_seq <= current.heartbeat_seq:
+        return False
+    return current.model_copy(update={name: getattr(new, name) for name in _BEAT_FIELDS}) == new
+
+
+class EtcdMirror:
+    """A MemoryRegistry (``cache``) that mirrors etcd, plus the lease of each instance key and the applied revision."""
+
+    def __init__(self, keys: Keys, clock: Clock) -> None:
+        self.keys = keys
+        self.clock = PinnableClock(clock)
+        self.cache = MemoryRegistry(clock=self.clock)
+        self.applied = 0
+        """The etcd revision the cache reflects."""
+        self._leases: dict[tuple[str, str], int] = {}
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def lease_of(self, agent: str, instance_id: str) -> int:
+        """The lease the instance key was last seen with (0: none known)."""
+        return self._leases.get((agent, instance_id), 0)
+
+    async def apply_listing(self, listing: Any) -> None:
+        """Make the cache equal to a full listing of the prefix, emitting the differences as events."""
+        agents: dict[str, AgentDescriptor] = {}
+        instances: dict[tuple[str, str], tuple[Instance, int]] = {}
+        for kv in listing:
+            record = self._decode(kv.key, kv.value)
+            if isinstance(record, AgentDescriptor):
+                agents[record.name] = record
+            elif isinstance(record, Instance):
+                instances[record.agent, record.instance_id] = (record, int(kv.lease))
+        cache = self.cache
+        for name in [name for name in cache.agents() if name not in agents]:
+            self._forget_agent(name)
+        for descriptor in agents.values():
+            cache.put_agent(descriptor)
+        for name, descriptor in cache.agents().items():
+            static = {instance.instance_id for instance in descriptor.static_instances()}
+            for instance_id in [i for i in cache.instances(name) if i not in static and (name, i) not in instances]:
+                await self._drop_instance(name, instance_id)
+        for instance, lease in instances.values():
+            await self._put_instance(instance, lease)
+        self.applied = int(listing.header.revision)
+        self._wake_writers()
+
+    async def apply_event(self, event: Any) -> None:
+        """Apply one watch event (a put or delete of an agent or instance key)."""
+        kv = event.kv
+        parsed = self.keys.parse(kv.key)
+        if parsed is not None and event.kind == "DELETE":
+            name, instance_id = parsed
+            if instance_id is None:
+                self._forget_agent(name)
+            else:
+                await self._drop_instance(name, instance_id)
+        elif parsed is not None:
+            record = self._decode(kv.key, kv.value)
+            if isinstance(record, AgentDescriptor):
+                self.cache.put_agent(record)
+            elif isinstance(record, Instance):
+                await self._put_instance(record, int(kv.lease))
+        self.applied = max(self.applied, int(kv.mod_revision))
+        self._wake_writers()
+
+    async def caught_up(self, revision: int, timeout: float) -> bool:
+        """Wait until ``revision`` is applied; False if it was not within ``timeout`` seconds."""
+        if self.applied >= revision:
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((revision, waiter))
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            return False
+        return True
+
+    def _wake_writers(self) -> None:
+        pending = []
+        for revision, waiter in self._waiters:
+            if revision <= self.applied:
+                if not waiter.done():
+                    waiter.set_result(None)
+            elif not waiter.done():
+                pending.append((revision, waiter))
+        self._waiters = pending
+
+    def _decode(self, key: bytes, value: bytes) -> AgentDescriptor | Instance | None:
+        parsed = self.keys.parse(key)
+        try:
+            if parsed is None:
+                return None
+            if parsed[1] is None:
+                return AgentDescriptor.model_validate_json(value)
+            return Instance.model_validate_json(value)
+        except ValidationError as exc:
+            logger.warning("etcd key %r holds no valid registry record, ignored: %s", key, exc)
+            return None
+
+    async def _put_instance(self, instance: Instance, lease: int) -> None:
+        """Apply an instance key: a newer heartbeat of a known instance, else a (re)registration."""
+        agent, instance_id = instance.agent, instance.instance_id
+        if agent not in self.cache.agents():
+            logger.debug("etcd instance %s/%s of an unregistered agent ignored", agent, instance_id)
+            return
+        self._leases[agent, instance_id] = lease
+        current = self.cache.instances(agent).get(instance_id)
+        if current is not None and instance.last_heartbeat is not None and _is_beat(current, instance):
+            with self.clock.pinned(instance.last_heartbeat):
+                await self.cache.heartbeat(
+                    agent, instance_id, instance.heartbeat_seq, load=instance.load, status=instance.status
+                )
+        else:
+            await self.cache.register_instance(instance)
+
+    async def _drop_instance(self, agent: str, instance_id: str) -> None:
+        self._leases.pop((agent, instance_id), None)
+        await self.cache.deregister_instance(agent, instance_id)
+
+    def _forget_agent(self, name: str) -> None:
+        self.cache.delete_agent(name)
+        for key in [key for key in self._leases if key[0] == name]:
+            del self._leases[key]

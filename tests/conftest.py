@@ -1,0 +1,3 @@
+"""Shared pytest setup: the real-server fixtures of tests/servers.py."""
+
+pytest_plugins = ["servers"]
