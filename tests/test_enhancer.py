@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
+from reach_plugins import AgentDescriptor, Capability, ReachClient, ReachEnhancer
 from reach_plugins.context import chain, current_hops, serving
 from reach_plugins.errors import (
     ApprovalRequired,
@@ -257,6 +257,21 @@ def test_closed_session_sends_nothing(enhancer: ReachEnhancer, transport: MockTr
     assert isinstance(result.error, SessionClosed) and "conversation is closed" in result.content
     assert len(transport.calls) == 1
     assert enhancer.reach(ToolCall("query_order", {"order_id": "A3"}, session_key="t-2")).ok
+
+
+def test_sessions_given_with_a_ready_client_are_installed_on_it(
+    registry: MemoryRegistry, transport: MockTransport
+) -> None:
+    """sessions= next to a client without a store becomes that client's store, so closing a session works."""
+    client = ReachClient(registry, transport)
+    sessions = MemorySessions()
+    with ReachEnhancer(client=client, sessions=sessions) as e:
+        e.close_session("t-1")
+        assert isinstance(e.reach(ToolCall("query_order", session_key="t-1")).error, SessionClosed)
+    assert client.sessions is sessions and transport.calls == []
+    with pytest.raises(ConfigError, match="already has a session store"):
+        ReachEnhancer(client=client, sessions=MemorySessions())
+    client.close()
 
 
 def test_expired_session_is_refused(registry: MemoryRegistry, transport: MockTransport) -> None:

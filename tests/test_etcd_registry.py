@@ -223,7 +223,7 @@ async def test_watch_resumes_after_etcd_restart(private_etcd: Server, caplog: py
     gone = await until(stream, "instance_deleted", LEASE_TTL + 5.0)
     assert gone.instance_id == "ghost"
     assert dict(reader.instances("orders")) == {}
-    assert "reconnecting" in caplog.text and "relisting" not in caplog.text
+    assert "watch at" in caplog.text and "lost" in caplog.text and "relisting" not in caplog.text
     await writer.aclose()
     await reader.aclose()
 

@@ -277,7 +277,7 @@ async def test_denied_call_is_an_error_message_and_sends_nothing(
 
 async def test_toolnode_takes_the_same_wrappers(enhancer: ReachEnhancer, transport: MockTransport) -> None:
     """A hand-built graph's ToolNode with the middleware's two wrappers reaches the agent, sync and async."""
-    middleware = ReachMiddleware(enhancer, tools=[query_order])
+    middleware = ReachMiddleware(enhancer, local_tools=[query_order])
     node = ToolNode(
         [query_order, *middleware.tools],
         wrap_tool_call=middleware.wrap_tool_call,

@@ -129,19 +129,25 @@ def test_three_agents_carry_hops_session_and_one_trace(world: World) -> None:
 
 
 def test_a_cycle_stops_on_the_first_repeat(world: World) -> None:
-    """order -> coupon -> order again is refused with LoopDetected before the second order call is sent."""
+    """order -> coupon -> order again is refused with LoopDetected before the second order call is sent.
+
+    The order agent is served by ``auto_register``, the coupon agent by the explicit ``serve()`` helper.
+    """
     order_graph = create_agent(
         model(calls("apply_coupon", message="Apply SAVE10 to A1"), "Could not apply the coupon."),
         [],
         checkpointer=InMemorySaver(),
         enhanced_by=world.enhancer(auto_register=True, serve_as=ServeSpec("order-agent", [HANDLE_ORDER])),
     )
+    coupons = world.enhancer(serve_as=ServeSpec("coupon-agent", [APPLY_COUPON]))
     coupon_graph = create_agent(
         model(calls("handle_order", message="Is A1 eligible?"), "Cannot check eligibility."),
         [],
         checkpointer=InMemorySaver(),
-        enhanced_by=world.enhancer(auto_register=True, serve_as=ServeSpec("coupon-agent", [APPLY_COUPON])),
+        enhanced_by=coupons,
     )
+    served = coupons.serve(coupon_graph, name="coupon-agent", capabilities=[APPLY_COUPON])
+    assert [i.endpoint for i in world.registry.instances("coupon-agent").values()] == [served.url]
     desk = create_agent(
         model(calls("handle_order", message="Use SAVE10 on A1"), "Sorry, the coupon failed."),
         [],

@@ -109,10 +109,7 @@ async def read_line(process: subprocess.Popen[str], timeout: float) -> str:
 async def test_same_key_from_two_processes(
     store: str, runs: int, redis_url: str, tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
-    """Two processes send one idempotency key at once: with Redis it runs once and both get that result.
-
-    The memory store (one per process) is the control: there it runs twice.
-    """
+    """Two processes send one key at once: with Redis it runs once and both get that result (memory: twice)."""
     executions: list[str] = []
     runner, port = await counting_agent(executions)
     agents = tmp_path / "agents.yaml"

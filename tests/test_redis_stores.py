@@ -20,14 +20,17 @@ from dedup_store_conformance import DedupStoreConformance, StoreFactory, answer
 from faultproxy import FaultProxy
 from servers import Server, free_port
 
+from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.backends import connect
 from reach_plugins.backends.redis_dedup import RedisDedupStore
 from reach_plugins.backends.redis_sessions import RedisSessions
 from reach_plugins.backends.redis_snapshots import RedisSnapshotStore
 from reach_plugins.core import FakeClock
 from reach_plugins.errors import BackendUnavailable, ConfigError, InvalidPayload, SessionClosed
+from reach_plugins.registry import MemoryRegistry
 from reach_plugins.sessions import SessionStore
 from reach_plugins.stores import open_sessions, open_store
+from reach_plugins.transport import MockTransport
 
 OUTAGE_BOUND = 2.0
 """Seconds an operation may take to notice a dead Redis (socket timeout 0.5 s, one quick retry)."""
@@ -374,3 +377,22 @@ def test_bad_store_urls_name_the_fix(url: str, message: str) -> None:
     """A malformed store URL is a ConfigError that says what to write."""
     with pytest.raises(ConfigError, match=message):
         open_store(url)
+
+
+async def test_clients_share_redis_sessions(redis_url: str) -> None:
+    """Two ReachClients on one sessions URL: a close through one stops the conversation in the other."""
+    registry = MemoryRegistry()
+    orders = {"name": "orders", "endpoints": ["http://o.test"], "capabilities": ["query_order"]}
+    await registry.register_agent(AgentDescriptor.model_validate(orders))
+    url = f"{redis_url}?prefix={fresh_prefix()}"
+    first = ReachClient(registry=registry, transport=MockTransport(lambda call: {"ok": True}), sessions=url)
+    second = ReachClient(registry=registry, transport=MockTransport(lambda call: {"ok": True}), sessions=url)
+    assert (await first.reach("query_order", {}, session_id="s-1")).ok
+    assert first.sessions is not None and second.sessions is not None
+    await second.sessions.close("s-1")
+    with pytest.raises(SessionClosed):
+        await first.reach("query_order", {}, session_id="s-1")
+    for client in (first, second):
+        await client.aclose()
+        assert isinstance(client.sessions, RedisSessions)
+        await client.sessions.aclose()

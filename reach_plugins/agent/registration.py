@@ -93,13 +93,17 @@ class Registration:
         except Exception:
             log.warning("registering %s again failed; will try again", self.instance_id, exc_info=True)
 
-    async def stop(self) -> None:
-        """Stop heartbeats, announce ``draining``, deregister the instance."""
+    async def halt(self) -> None:
+        """Stop heartbeats without a goodbye, as a crashed process would; the registry notices by itself."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def stop(self) -> None:
+        """Stop heartbeats, announce ``draining``, deregister the instance."""
+        await self.halt()
         await self.beat("draining")
         await self.registry.deregister_instance(self.agent.name, self.instance_id)
 

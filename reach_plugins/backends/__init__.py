@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 OnOutage = Literal["open", "closed"]
 DEFAULT_PREFIX: Final = "reach:"
 DEFAULT_TIMEOUT: Final = 0.5
+SUBSCRIBE_TIMEOUT: Final = 2.0
 OUTAGE_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 """What "Redis is unreachable" looks like (a refused or dropped connection, a timeout, a server still loading)."""
 
@@ -115,7 +116,8 @@ def unavailable(redis: Any, what: str, exc: BaseException) -> BackendUnavailable
 class Subscription:
     """One pub/sub channel read by a background task, shared by a store's waiters.
 
-    ``ensure()`` subscribes on first use (raising Redis's errors to the caller);
+    ``ensure()`` subscribes on first use and returns once Redis confirmed it, so
+    a state read after it cannot miss a later message (it raises Redis's errors);
     if the connection drops, the reader stops, ``on_gap`` is told (messages may
     have been missed, so whoever waits should look again) and the next
     ``ensure()`` subscribes afresh.
@@ -135,6 +137,9 @@ class Subscription:
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(self.channel)
+            confirmed = await pubsub.get_message(timeout=SUBSCRIBE_TIMEOUT)
+            if confirmed is None or confirmed["type"] != "subscribe":
+                raise RedisTimeoutError(f"no confirmation of SUBSCRIBE {self.channel} within {SUBSCRIBE_TIMEOUT}s")
         except BaseException:
             await pubsub.aclose()
             raise

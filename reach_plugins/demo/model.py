@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -40,9 +41,15 @@ class ScriptedChatModel(BaseChatModel):
         return "reach-demo-scripted"
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
-        return self.bind(**kwargs)  # type: ignore[return-value]
+        return self.bind(**kwargs)
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
         last = messages[-1]
         if isinstance(last, ToolMessage):
             message = AIMessage(content=_answer(last))
@@ -88,5 +95,6 @@ def demo_model(rules: list[Rule]) -> BaseChatModel:
         except ImportError:
             pass
         else:
-            return ChatOpenAI(model=name, temperature=0)
+            model: BaseChatModel = ChatOpenAI(model=name, temperature=0)
+            return model
     return ScriptedChatModel(rules=rules)

@@ -181,7 +181,7 @@ def _print_turn(console: Console, turn: int, text: str, answer: str, traces: lis
         table.add_column(column)
     for trace in traces:
         route = trace.route
-        affinity = route.affinity if route else "-"
+        affinity: str = route.affinity if route else "-"
         if route and route.context_restore:
             affinity = "[yellow]restored (context_restore)[/yellow]"
         table.add_row(
@@ -222,7 +222,8 @@ def _trace_tree(spans: list[ReadableSpan]) -> Tree:
         parent = span.parent.span_id if span.parent is not None and span.parent.span_id in by_id else None
         children.setdefault(parent, []).append(span)
     restored = [s for s in spans if re.match(r"execute_tool lookup_order_status", s.name)]
-    root_span = restored[-1] if restored else (children.get(None) or [None])[0]
+    roots = children.get(None, [])
+    root_span = restored[-1] if restored else (roots[0] if roots else None)
     tree = Tree("[bold]trace of the failover call[/bold]")
 
     def add(node: Tree, span: ReadableSpan) -> None:

@@ -116,8 +116,8 @@ def minilm_available() -> bool:
     return all(importlib.util.find_spec(module) is not None for module in (MINILM_PACKAGE, "numpy", "tokenizers"))
 
 
-HYBRID_DENSE_WEIGHT = 0.7
-HYBRID_THRESHOLD = 0.42
+HYBRID_DENSE_WEIGHT = 0.6
+HYBRID_THRESHOLD = 0.46
 """Tuned on :data:`~reach_plugins.matching.evalset.CASES`: every threshold in 0.38-0.45 and every
 weight in 0.5-0.8 scores within a few points of the best, so neither sits on a knife edge."""
 

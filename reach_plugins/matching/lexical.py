@@ -111,7 +111,7 @@ class LexicalEmbedder:
     """Hashed bag of canonical words and character trigrams, L2-normalised; no dependency, deterministic."""
 
     name = "lexical"
-    recommended_threshold = 0.34
+    recommended_threshold = 0.38
     """Cosine a tool must reach; lexical scores run lower than a sentence model's (see the evaluation set)."""
 
     def __init__(self, *, word_weight: float = 1.0, trigram_weight: float = 0.25) -> None:

@@ -195,7 +195,7 @@ class MiniLMEmbedder:
     """Sentence embeddings from all-MiniLM-L6-v2 (384 dimensions, unit length); weights load on first use."""
 
     name = "all-MiniLM-L6-v2"
-    recommended_threshold = 0.5
+    recommended_threshold = 0.53
     """Cosine a tool must reach; tool-vs-capability scores on the evaluation set: see the module's README entry."""
     dimension = 384
 
