@@ -5,17 +5,18 @@ agent-SDK server (uvicorn on 127.0.0.1) offers ``check_inventory``. Every case
 runs one tool call through the same one-node LangGraph graph (a ``ToolNode``)
 with a ``thread_id``, so the framework's own cost is in every number:
 
-* ``plain httpx tool``          a hand-written tool that POSTs the wire body with ``httpx.Client``;
-* ``reach (httpx engine)``      a local stub tool the ReachMiddleware swaps for a reach through
-                                ReachClient + DirectTransport(engine="httpx"): the same HTTP client,
-                                so the difference to the line above is the middleware's overhead;
-* ``reach (default engine)``    the same with DirectTransport's default aiohttp engine: what users get;
-* the two ``async`` lines       the same comparison through ``ainvoke`` / ``awrap_tool_call``.
+* ``plain httpx tool, async``   a hand-written tool that POSTs the wire body with ``httpx.AsyncClient``;
+* ``reach, async, httpx``       a local stub tool that ReachMiddleware swaps for a reach through
+                                ReachClient + DirectTransport(engine="httpx"): the same HTTP client on
+                                the same loop, so the difference is what the middleware costs;
+* ``reach, async``              the same with DirectTransport's default engine (aiohttp): what users get;
+* ``plain httpx tool`` and ``reach``: the same through ``invoke`` (the plain tool on ``httpx.Client``;
+                                the reach hops onto the client's own loop, see ReachEnhancer.reach).
 
-Below the framework, three lines split the cost: a bare ``httpx.Client.post``,
-``ReachClient.reach_sync`` (route + core + transport) and ``ReachEnhancer.reach``
-(plus mapping and the execute_tool span). Cases take turns call by call, so
-load from other processes hits all of them alike. Results land in
+Below the framework, lines split the cost: bare ``httpx`` posts, ``ReachClient``
+(route + core + transport) and ``ReachEnhancer`` (plus mapping and the
+execute_tool span). Cases take turns call by call, so load from other
+processes hits all of them alike. Results land in
 ``benchmarks/results/enhancer.json``.
 """
 
@@ -51,7 +52,6 @@ from reach_plugins.toolcalls import ToolCall
 from transports.direct import DirectTransport
 
 RESULTS = Path(__file__).parent / "results" / "enhancer.json"
-ENHANCER, CLIENT = "below: ReachEnhancer.reach", "below: ReachClient.reach_sync"
 THREAD = {"configurable": {"thread_id": "bench-conversation"}}
 REQUEST: Any = {
     "messages": [AIMessage(content="", tool_calls=[{"name": "check_inventory", "args": {"sku": "S-1"}, "id": "c1"}])]
@@ -143,26 +143,30 @@ def enhancer_on(url: str, engine: str) -> ReachEnhancer:
 
 def run(calls: int, warmup: int) -> list[Case]:
     server = serve_inventory()
+    url = server.url
     http, ahttp = httpx.Client(), httpx.AsyncClient()
-    fast, same = enhancer_on(server.url, "aiohttp"), enhancer_on(server.url, "httpx")
-    afast = enhancer_on(server.url, "aiohttp")
-    plain = graph(plain_tool(server.url, http, ahttp))
-    reach_same = graph(stub_tool(), ReachMiddleware(same, local_tools=[stub_tool()]))
-    reach_fast = graph(stub_tool(), ReachMiddleware(fast, local_tools=[stub_tool()]))
-    areach_fast = graph(stub_tool(), ReachMiddleware(afast, local_tools=[stub_tool()]))
+    blocking, async_same, async_default = (enhancer_on(url, engine) for engine in ("aiohttp", "httpx", "aiohttp"))
+    plain = graph(plain_tool(url, http, ahttp))
+    reach, areach_same, areach_default = (
+        graph(stub_tool(), ReachMiddleware(e, local_tools=[stub_tool()])) for e in (blocking, async_same, async_default)
+    )
     call = ToolCall("check_inventory", {"sku": "S-1"}, session_key="bench-conversation")
     body = {"request_id": "r", "capability": "check_inventory", "payload": {"sku": "S-1"}}
     sync_cases: dict[str, Callable[[], object]] = {
         "plain httpx tool": lambda: plain.invoke(REQUEST, THREAD),
-        "reach (httpx engine)": lambda: reach_same.invoke(REQUEST, THREAD),
-        "reach (default engine)": lambda: reach_fast.invoke(REQUEST, THREAD),
-        "below: httpx.Client.post": lambda: http.post(f"{server.url}/reach", json=body).json(),
-        CLIENT: lambda: fast.client.reach_sync("check_inventory", {"sku": "S-1"}, session_id="bench-conversation"),
-        ENHANCER: lambda: fast.reach(call),
+        "reach": lambda: reach.invoke(REQUEST, THREAD),
+        "below: httpx.Client.post": lambda: http.post(f"{url}/reach", json=body).json(),
+        "below: ReachClient.reach_sync": lambda: blocking.client.reach_sync(
+            "check_inventory", {"sku": "S-1"}, session_id="bench-conversation"
+        ),
+        "below: ReachEnhancer.reach": lambda: blocking.reach(call),
     }
     async_cases: dict[str, Callable[[], Awaitable[object]]] = {
         "plain httpx tool, async": lambda: plain.ainvoke(REQUEST, THREAD),
-        "reach (default engine), async": lambda: areach_fast.ainvoke(REQUEST, THREAD),
+        "reach, async, httpx": lambda: areach_same.ainvoke(REQUEST, THREAD),
+        "reach, async": lambda: areach_default.ainvoke(REQUEST, THREAD),
+        "below: httpx.AsyncClient.post": lambda: ahttp.post(f"{url}/reach", json=body),
+        "below: ReachEnhancer.areach, httpx": lambda: async_same.areach(call),
     }
     loop = asyncio.new_event_loop()
     samples: dict[str, list[int]] = {name: [] for name in [*sync_cases, *async_cases]}
@@ -176,27 +180,30 @@ def run(calls: int, warmup: int) -> list[Case]:
                 samples[name].append(loop.run_until_complete(atimed(afn)))
         samples = {name: values[warmup:] for name, values in samples.items()}
     finally:
-        loop.run_until_complete(ahttp.aclose())
-        loop.run_until_complete(afast.aclose())
+        for closing in (ahttp.aclose(), async_same.aclose(), async_default.aclose()):
+            loop.run_until_complete(closing)
         loop.close()
         http.close()
-        fast.close()
-        same.close()
+        blocking.close()
         server.stop()
     return [summarise(name, values) for name, values in samples.items()]
 
 
 def overheads(cases: list[Case]) -> dict[str, float]:
-    """Middleware cost per call (p50 differences, microseconds): same HTTP client, and as shipped."""
+    """p50 differences in microseconds: the middleware's cost with the same HTTP client, and as shipped."""
     p50 = {case.name: case.p50_us for case in cases}
+
+    def minus(a: str, b: str) -> float:
+        return round(p50[a] - p50[b], 1)
+
     return {
-        "middleware_overhead_same_client_p50_us": round(p50["reach (httpx engine)"] - p50["plain httpx tool"], 1),
-        "reach_default_minus_plain_p50_us": round(p50["reach (default engine)"] - p50["plain httpx tool"], 1),
-        "reach_default_minus_plain_async_p50_us": round(
-            p50["reach (default engine), async"] - p50["plain httpx tool, async"], 1
+        "middleware_overhead_async_same_http_client_p50_us": minus("reach, async, httpx", "plain httpx tool, async"),
+        "reach_minus_plain_async_p50_us": minus("reach, async", "plain httpx tool, async"),
+        "reach_minus_plain_sync_p50_us": minus("reach", "plain httpx tool"),
+        "enhancer_and_core_over_bare_async_post_p50_us": minus(
+            "below: ReachEnhancer.areach, httpx", "below: httpx.AsyncClient.post"
         ),
-        "enhancer_over_client_p50_us": round(p50[ENHANCER] - p50[CLIENT], 1),
-        "middleware_and_framework_over_enhancer_p50_us": round(p50["reach (default engine)"] - p50[ENHANCER], 1),
+        "enhancer_over_client_sync_p50_us": minus("below: ReachEnhancer.reach", "below: ReachClient.reach_sync"),
     }
 
 

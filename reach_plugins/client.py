@@ -51,6 +51,7 @@ class ReachClient:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.registry = open_registry(registry, clock=clock)
+        self._opened: list[Any] = [self.registry] if isinstance(registry, str) else []
         if transport is None:
             from transports.direct import DirectTransport
 
@@ -61,6 +62,8 @@ class ReachClient:
             tenants if tenants is not None else getattr(self.registry, "tenants", None)
         )
         self.sessions = open_sessions(sessions, clock=clock) if sessions is not None else None
+        dedup = open_store(store) if store is not None else None
+        self._opened += [opened for opened, given in ((self.sessions, sessions), (dedup, store)) if isinstance(given, str)]
         self._environ = environ if environ is not None else os.environ
         self.router = Router(
             self.registry,
@@ -72,7 +75,7 @@ class ReachClient:
         self.pipeline = Pipeline(
             router=self.router,
             transport=transport,
-            store=open_store(store) if store is not None else None,
+            store=dedup,
             clock=clock,
             rng=rng,
             credentials=self._credential,
@@ -164,16 +167,18 @@ class ReachClient:
             yield event
 
     async def aclose(self) -> None:
-        """Close the pipeline and the transport's pooled connections."""
+        """Close the pipeline, the transport's pooled connections, and what this client opened from URLs."""
         await self.pipeline.aclose()
         await self.transport.aclose()
+        for opened in self._opened:
+            await opened.aclose()
         self._bridge.close()
 
     def close(self) -> None:
         """Blocking :meth:`aclose` for clients used through :meth:`reach_sync`."""
-        self._bridge.run(self.pipeline.aclose())
-        self._bridge.run(self.transport.aclose())
-        self._bridge.close()
+        bridge, self._bridge = self._bridge, SyncBridge()
+        bridge.run(self.aclose())
+        bridge.close()
 
     async def __aenter__(self) -> Self:
         return self

@@ -8,13 +8,11 @@ offers the capability and runs the local tool otherwise, ``remote_only``
 always reaches, ``local_only`` never does.
 
 A reach runs through :class:`~reach_plugins.ReachClient` (session liveness,
-routing with affinity on the conversation key, the resilience core) inside an
-``execute_tool {tool}`` span. Like the client, :meth:`ReachEnhancer.areach`
-runs on the caller's loop and :meth:`ReachEnhancer.reach` on the client's own
-loop (safe from any thread, even inside a running loop): close with
-``aclose()`` after async use and ``close()`` after blocking use, because pooled
-connections belong to the loop that opened them. Framework adapters stay thin:
-see :mod:`reach_plugins.langchain`.
+affinity on the conversation key, the resilience core) inside an
+``execute_tool {tool}`` span. As with the client, ``areach`` runs on the
+caller's loop and ``reach`` on the client's own loop (safe from any thread):
+close with ``aclose()`` after async use and ``close()`` after blocking use, as
+pooled connections belong to the loop that opened them.
 """
 
 from __future__ import annotations
@@ -71,7 +69,6 @@ from reach_plugins.toolcalls import (
     check_choice,
     content_of,
     error_text,
-    proxy_spec,
 )
 
 if TYPE_CHECKING:
@@ -86,7 +83,17 @@ SessionKey = Callable[[Any], "str | None"]
 
 
 class ReachEnhancer:
-    """Reach other agents from any framework's tool calls (keyword-only; ``registry`` an object or a URL)."""
+    """Reach other agents from any framework's tool calls (keyword-only; ``registry`` an object or a URL).
+
+    Give it the client's settings (``registry``, ``transport``, ``tenant``,
+    ``sessions``, any other :class:`ReachClient` keyword) or a ready ``client``.
+    Session liveness is on by default (``sessions="memory://"``). A capability
+    with ``danger_level: high`` or ``require_approval`` is sent only when
+    ``approver`` says yes (LangGraph's adapter asks a human with ``interrupt``).
+    ``on_error="message"`` turns a failure into text for the model,
+    ``"raise"`` raises it. ``serve_as`` names what this agent offers when it is
+    served itself (``auto_register=True`` or :meth:`serve`).
+    """
 
     def __init__(
         self,
@@ -135,9 +142,10 @@ class ReachEnhancer:
         if client is not None:
             _adopt(client, sessions, (registry, transport, tenant, client_options))
         self.mapper = ToolMapper(
-            self.client.registry, capability_map=capability_map or {}, matcher=matcher, scope_tags=scope_tags
+            self.client.registry, capability_map=capability_map, matcher=matcher, scope_tags=scope_tags
         )
         self._bridge = SyncBridge()
+        self._probes: dict[str, ReachRequest] = {}
         self.served: list[ServedAgent] = []
 
     # ------------------------------------------------------------------ mapping
@@ -161,16 +169,8 @@ class ReachEnhancer:
         """
         if self.policy == "local_only":
             return []
-        pairs = [(item, "") if isinstance(item, str) else item for item in local]
-        covered = {name for name, _ in pairs} | {self.resolve(name, text) for name, text in pairs}
-        if self.serve_as is not None:
-            covered |= {c if isinstance(c, str) else c.name for c in self.serve_as.capabilities}
-        tags = set(self.scope_tags)
-        return [
-            proxy_spec(capability)
-            for name, capability in sorted(self.catalogue().items())
-            if name not in covered and tags <= set(capability.scope_tags)
-        ]
+        own = self.serve_as.capabilities if self.serve_as is not None else ()
+        return self.mapper.uncovered(local, exclude=[c if isinstance(c, str) else c.name for c in own])
 
     # ------------------------------------------------------------------ deciding
 
@@ -194,7 +194,10 @@ class ReachEnhancer:
 
     def _unavailable(self, capability: Capability) -> str | None:
         """Why no agent can take ``capability`` now (the router's answer), or ``None`` when one can."""
-        probe = ReachRequest(capability=capability.name, tenant=self.client.tenant, scope_tags=list(self.scope_tags))
+        probe = self._probes.get(capability.name)
+        if probe is None:
+            probe = ReachRequest(capability=capability.name, tenant=self.client.tenant, scope_tags=self.scope_tags)
+            self._probes[capability.name] = probe
         try:
             self.client.router.candidates(probe, limit=1)
         except (NoHealthyAgent, RequestError) as exc:
@@ -210,11 +213,8 @@ class ReachEnhancer:
         decision = decision if decision is not None else self.decide(call)
         with self._span(call) as span:
             try:
-                capability = self._target(decision)
-                if capability.needs_approval:
-                    pending = self._pending(call, capability)
-                    answer = self._approver(approver, pending)(pending)
-                    _approved(pending, await answer if inspect.isawaitable(answer) else answer)
+                capability, answer = self._ask(call, decision, approver)
+                _approved(capability, await answer if inspect.isawaitable(answer) else answer)
                 response = await self.client.reach(capability.name, trace=True, **self._options(call))
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
@@ -227,33 +227,32 @@ class ReachEnhancer:
         decision = decision if decision is not None else self.decide(call)
         with self._span(call) as span:
             try:
-                capability = self._target(decision)
-                if capability.needs_approval:
-                    pending = self._pending(call, capability)
-                    answer = self._approver(approver, pending)(pending)
-                    _approved(pending, self._bridge.run(_awaited(answer)) if inspect.isawaitable(answer) else answer)
+                capability, answer = self._ask(call, decision, approver)
+                _approved(capability, self._bridge.run(_awaited(answer)) if inspect.isawaitable(answer) else answer)
                 response = self.client.reach_sync(capability.name, trace=True, **self._options(call))
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
             return self._answered(span, call, capability.name, response)
 
-    def _target(self, decision: Decision) -> Capability:
-        if decision.capability is not None:
-            return decision.capability
-        wanted = decision.resolution.capability or decision.resolution.tool
-        raise UnknownCapability(wanted, sorted(self.catalogue())[:5] if decision.resolution.capability else ())
-
-    def _pending(self, call: ToolCall, capability: Capability) -> PendingApproval:
-        return PendingApproval(call.name, capability, dict(call.args), call.call_id, call.session_key)
-
-    def _approver(self, given: Approver | None, pending: PendingApproval) -> Approver:
-        approver = given if given is not None else self.approver
-        if approver is None:
+    def _ask(
+        self, call: ToolCall, decision: Decision, approver: Approver | None
+    ) -> tuple[Capability, bool | Awaitable[bool]]:
+        """The capability to reach, and the approver's answer (``True`` when it needs no approval)."""
+        capability = decision.capability
+        if capability is None:
+            wanted = decision.resolution.capability or decision.resolution.tool
+            raise UnknownCapability(wanted, sorted(self.catalogue())[:5] if decision.resolution.capability else ())
+        if not capability.needs_approval:
+            return capability, True
+        chosen = approver if approver is not None else self.approver
+        if chosen is None:
             raise ApprovalRequired(
-                f"capability {pending.capability.name!r} is danger_level {pending.capability.danger_level!r} "
-                "or require_approval and no approver is configured (pass approver= to the enhancer)"
+                f"capability {capability.name!r} is danger_level {capability.danger_level!r} or require_approval "
+                "and no approver is configured (pass approver= to the enhancer)"
             )
-        return approver
+        return capability, chosen(
+            PendingApproval(call.name, capability, dict(call.args), call.call_id, call.session_key)
+        )
 
     def _options(self, call: ToolCall) -> dict[str, Any]:
         """The request's fields: payload, conversation, the chain it continues, the time it may take."""
@@ -391,9 +390,9 @@ def _adopt(client: ReachClient, sessions: SessionStore | str | None, settings: t
         raise ConfigError("the client already has a session store; pass sessions= to one of them only")
 
 
-def _approved(pending: PendingApproval, answer: object) -> None:
+def _approved(capability: Capability, answer: object) -> None:
     if answer is not True:
         raise ApprovalRequired(
-            f"the call to {pending.capability.name!r} was not approved (danger_level "
-            f"{pending.capability.danger_level!r}); nothing was sent"
+            f"the call to {capability.name!r} was not approved (danger_level {capability.danger_level!r}); "
+            "nothing was sent"
         )

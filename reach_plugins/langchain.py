@@ -154,7 +154,7 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
     def _schema(self, tool: BaseTool | None) -> dict[str, Any]:
         """The arguments the model sees (injected ones left out), cached per tool name."""
         if tool is None:
-            return ANY_OBJECT
+            return dict(ANY_OBJECT)
         schema = self._schemas.get(tool.name)
         if schema is None:
             schema = self._schemas[tool.name] = convert_to_openai_tool(tool)["function"]["parameters"]

@@ -47,6 +47,8 @@ class SessionStore(Protocol):
 
     def on_close(self, listener: Listener) -> None: ...
 
+    async def aclose(self) -> None: ...
+
 
 class InFlight:
     """Tasks running on behalf of each session, cancelled when it closes; shared by every store."""
@@ -131,6 +133,9 @@ class MemorySessions:
 
     def on_close(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    async def aclose(self) -> None:
+        return None
 
     def _remember(self, table: OrderedDict[str, float], session_id: str, value: float) -> None:
         table[session_id] = value

@@ -1,10 +1,11 @@
-"""The records the enhancer trades with framework adapters: a tool call in, a decision, a result out.
+"""What the enhancer trades with framework adapters (a tool call in, a decision, a result out) and the tool mapper.
 
-They know no framework. An adapter (LangChain, LlamaIndex, Dify) fills a
+None of it knows a framework. An adapter (LangChain, LlamaIndex, Dify) fills a
 :class:`ToolCall` from its host's call, asks the enhancer for a
 :class:`Decision`, runs the local tool or lets the enhancer reach, and turns
 the :class:`ToolResult` back into its host's message. Failures become
 :func:`error_text`: a sentence the model can act on, not a stack trace.
+:class:`ToolMapper` decides which capability, if any, a tool stands for.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 import json
 import re
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -237,10 +238,11 @@ class ToolMapper:
         self,
         view: RegistryView,
         *,
-        capability_map: Mapping[str, str | None] = {},
+        capability_map: Mapping[str, str | None] | None = None,
         matcher: MatcherOption = None,
         scope_tags: Sequence[str] = (),
     ) -> None:
+        capability_map = capability_map or {}
         for tool, target in capability_map.items():
             if target is not None and not _NAME.match(target):
                 raise ConfigError(
@@ -285,6 +287,17 @@ class ToolMapper:
                     resolved.clear()
                 resolved[tool, description] = found
         return found
+
+    def uncovered(self, local: Iterable[str | tuple[str, str]], *, exclude: Iterable[str] = ()) -> list[ProxySpec]:
+        """Proxy specs for the capabilities that no ``local`` tool (name, or name and description) maps to."""
+        pairs = [(item, "") if isinstance(item, str) else item for item in local]
+        covered = {name for name, _ in pairs} | {self.explain(*pair).capability for pair in pairs} | set(exclude)
+        tags = set(self.scope_tags)
+        return [
+            proxy_spec(capability)
+            for name, capability in sorted(self.catalogue().items())
+            if name not in covered and tags <= set(capability.scope_tags)
+        ]
 
     def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability]) -> Resolution:
         if tool in self.capability_map:

@@ -34,7 +34,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Collection
 from typing import Any, Final, Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from reach_plugins.errors import BackendUnavailable, ConfigError
 
@@ -84,8 +84,8 @@ def connect(url: str, *, options: Collection[str] = ()) -> tuple[Any, dict[str, 
         host=parts.hostname,
         port=port,
         db=db,
-        username=parts.username,
-        password=parts.password,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
         ssl=parts.scheme == "rediss",
         socket_timeout=timeout,
         socket_connect_timeout=timeout,

@@ -43,7 +43,7 @@ class FunctionEmbedder:
 
     def __init__(self, function: EmbedFunction, *, name: str | None = None) -> None:
         self._function = function
-        self._name = name or getattr(function, "__name__", type(function).__name__)
+        self._name = name or str(getattr(function, "__name__", type(function).__name__))
 
     @property
     def name(self) -> str:

@@ -54,26 +54,60 @@ def _cap(name: str, description: str, *tags: str) -> Capability:
 
 
 CATALOGUE: tuple[Capability, ...] = (
-    _cap("query_order", "Look up an order by its order number: status, items, amount paid and shipping progress.", "orders"),
+    _cap(
+        "query_order",
+        "Look up an order by its order number: status, items, amount paid and shipping progress.",
+        "orders",
+    ),
     _cap("cancel_order", "Cancel an order that has not shipped yet and release the stock reserved for it.", "orders"),
-    _cap("refund_order", "Refund all or part of a paid order to the customer's original payment method.", "orders", "finance"),
-    _cap("track_shipment", "Return the carrier, tracking number, current location and estimated delivery of a parcel.", "logistics"),
-    _cap("create_ticket", "Open a customer support ticket describing a problem, with a category and priority.", "support"),
+    _cap(
+        "refund_order",
+        "Refund all or part of a paid order to the customer's original payment method.",
+        "orders",
+        "finance",
+    ),
+    _cap(
+        "track_shipment",
+        "Return the carrier, tracking number, current location and estimated delivery of a parcel.",
+        "logistics",
+    ),
+    _cap(
+        "create_ticket", "Open a customer support ticket describing a problem, with a category and priority.", "support"
+    ),
     _cap("query_ticket", "Get the status, assignee and history of an existing support ticket.", "support"),
     _cap("escalate_ticket", "Escalate a support ticket to a human agent or a higher support tier.", "support"),
     _cap("check_inventory", "Report how many units of a product (SKU) are in stock in each warehouse.", "inventory"),
     _cap("reserve_stock", "Hold units of a product for an order so they cannot be sold twice.", "inventory"),
-    _cap("search_knowledge_base", "Search the company knowledge base and FAQ articles for answers to a question.", "knowledge"),
-    _cap("get_customer_profile", "Fetch a customer's profile: contact details, membership tier and loyalty points.", "crm"),
-    _cap("extract_clause", "Extract specific clauses (termination, liability, payment terms) from a contract document.", "legal", "pdf"),
+    _cap(
+        "search_knowledge_base",
+        "Search the company knowledge base and FAQ articles for answers to a question.",
+        "knowledge",
+    ),
+    _cap(
+        "get_customer_profile",
+        "Fetch a customer's profile: contact details, membership tier and loyalty points.",
+        "crm",
+    ),
+    _cap(
+        "extract_clause",
+        "Extract specific clauses (termination, liability, payment terms) from a contract document.",
+        "legal",
+        "pdf",
+    ),
     _cap("review_contract", "Review a contract for risky terms and produce a risk assessment.", "legal"),
     _cap("query_leave_balance", "Return how many days of annual leave and sick leave an employee has left.", "hr"),
     _cap("submit_leave_request", "Submit an employee's leave request (vacation, sick leave) for approval.", "hr"),
-    _cap("lookup_employee", "Look up an employee in the company directory: department, manager, phone and email.", "hr"),
+    _cap(
+        "lookup_employee", "Look up an employee in the company directory: department, manager, phone and email.", "hr"
+    ),
     _cap("create_invoice", "Issue an invoice to a customer for delivered goods or services.", "finance"),
     _cap("query_invoice", "Look up an invoice's amount, due date and payment status.", "finance"),
-    _cap("submit_expense_report", "File an expense claim with receipts so the employee is reimbursed.", "finance", "hr"),
-    _cap("apply_coupon", "Validate a coupon code and compute the discount it gives on an order.", "marketing", "orders"),
+    _cap(
+        "submit_expense_report", "File an expense claim with receipts so the employee is reimbursed.", "finance", "hr"
+    ),
+    _cap(
+        "apply_coupon", "Validate a coupon code and compute the discount it gives on an order.", "marketing", "orders"
+    ),
     _cap("summarize_document", "Summarize a long document (PDF, Word) into its key points.", "pdf"),
 )
 
@@ -155,8 +189,14 @@ CASES: tuple[EvalCase, ...] = (
     _C("lookup", "", None),
     _C("create", "", None),
     # LangChain's ready-made tools, described about as they ship (added after a first tuning pass)
-    _C("duckduckgo_search", "A wrapper around DuckDuckGo Search. Useful to answer questions about current events.", None),
-    _C("tavily_search_results_json", "A search engine optimized for comprehensive, accurate and trusted results.", None),
+    _C(
+        "duckduckgo_search",
+        "A wrapper around DuckDuckGo Search. Useful to answer questions about current events.",
+        None,
+    ),
+    _C(
+        "tavily_search_results_json", "A search engine optimized for comprehensive, accurate and trusted results.", None
+    ),
     _C(
         "wikipedia",
         "A wrapper around Wikipedia. Useful to answer general questions about people, places, companies, facts, "

@@ -20,12 +20,13 @@ DIMENSION = 4096
 
 _IDENTIFIER = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 
-STOPWORDS = frozenset(
-    """a an the of for to and or by with in on at from into onto as is are be been was were it its this that these
+_STOPWORDS_TEXT = """
+    a an the of for to and or by with in on at from into onto as is are be been was were it its this that these
     those given using use via per each any all some my our your their his her them they we you i me us can could will
     would should may might must do does did has have had if then than so such not no yes up out about over under
-    how what when where which who whom why there here one two tool function api returns return call calls""".split()
-)
+    how what when where which who whom why there here one two tool function api returns return call calls"""
+STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
+"""Words that say nothing about what a tool does."""
 
 SYNONYMS: dict[str, tuple[str, ...]] = {
     "query": ("query", "lookup", "look", "find", "get", "fetch", "retrieve", "search", "check", "view", "show", "read"),

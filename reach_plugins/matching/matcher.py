@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.matching.embedders import EmbedFunction, Embedder, as_embedder, default_embedder
+from reach_plugins.matching.embedders import Embedder, EmbedFunction, as_embedder, default_embedder
 from reach_plugins.matching.lexical import has_object, words
 from reach_plugins.model import Capability
 
@@ -38,6 +38,8 @@ Reason = Literal["exact", "semantic", "ambiguous", "below_threshold", "filtered"
 
 DEFAULT_MARGIN = 0.05
 CACHE_SIZE = 4096
+
+_Key = tuple[str, str, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +98,9 @@ class CapabilityMatcher:
         self.margin = margin
         self._lock = threading.Lock()
         self._vectors: dict[str, list[float]] = {}
-        self._decisions: OrderedDict[tuple[str, str, tuple[str, ...]], MatchResult] = OrderedDict()
+        self._decisions: OrderedDict[_Key, MatchResult] = OrderedDict()
         self._capabilities: dict[str, Capability] = {}
+        self._generation = 0
         self.update(capabilities)
 
     @property
@@ -123,57 +126,72 @@ class CapabilityMatcher:
             catalogue.setdefault(capability.name, capability)
         with self._lock:
             self._capabilities = catalogue
+            self._generation += 1
             self._decisions.clear()
             wanted = {capability_text(c) for c in catalogue.values()}
             self._vectors = {text: vector for text, vector in self._vectors.items() if text in wanted}
 
     def match(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> MatchResult:
         """The capability ``tool_name`` maps to; cached, so asking again is a dict lookup."""
-        if not tool_name.strip():
-            raise ConfigError("tool_name must be a non-empty tool name such as 'get_order_status'")
-        key = (tool_name, description, tuple(sorted(scope_tags)))
+        return self.match_many([(tool_name, description)], scope_tags=scope_tags)[0]
+
+    def match_many(self, tools: Iterable[tuple[str, str]], *, scope_tags: Sequence[str] = ()) -> list[MatchResult]:
+        """Decide for several ``(tool name, description)`` pairs at once: one embedding batch for all new ones.
+
+        An agent's tools are known when it is built; matching them together
+        costs one model call instead of one per tool.
+        """
+        pairs = list(tools)
+        for name, _ in pairs:
+            if not name.strip():
+                raise ConfigError("tool name must be non-empty, e.g. 'get_order_status'")
+        tags = tuple(sorted(scope_tags))
+        keys = [(name, description, tags) for name, description in pairs]
         with self._lock:
-            cached = self._decisions.get(key)
-            if cached is not None:
-                self._decisions.move_to_end(key)
-                return cached
-        result = self._decide(tool_name, description, key[2])
+            generation = self._generation
+            found = {key: self._decisions[key] for key in keys if key in self._decisions}
+        candidates = self._eligible(tags)
+        fresh = {key: self._decide_without_model(key[0], key[1], candidates) for key in keys if key not in found}
+        semantic = sorted({key for key, result in fresh.items() if result is None})
+        vectors = self._embed([_text(name, description) for name, description, _ in semantic]) if semantic else []
+        for key, vector in zip(semantic, vectors, strict=True):
+            fresh[key] = self._judge(key[0], self._scores(vector, candidates))
+        decided = {key: result for key, result in fresh.items() if result is not None}
         with self._lock:
-            self._decisions[key] = result
-            if len(self._decisions) > CACHE_SIZE:
-                self._decisions.popitem(last=False)
-        return result
+            if generation == self._generation:
+                self._decisions.update(decided)
+                for key in found:
+                    self._decisions.move_to_end(key)
+                while len(self._decisions) > CACHE_SIZE:
+                    self._decisions.popitem(last=False)
+        found.update(decided)
+        return [found[key] for key in keys]
 
     def rank(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> list[tuple[str, float]]:
         """Every eligible capability with its cosine score, best first (uncached; for explanations and tuning)."""
         candidates = self._eligible(tuple(scope_tags))
         if not candidates:
             return []
-        query = self._embed([_text(tool_name, description)])[0]
-        nonzero = [(i, v) for i, v in enumerate(query) if v]
-        scores = []
-        for capability in candidates:
-            vector = self._capability_vector(capability)
-            if len(vector) != len(query):
-                raise ConfigError(
-                    f"embedder {self.embedder.name!r} returned vectors of {len(query)} and {len(vector)} "
-                    "dimensions; every vector of one embedder must have the same length"
-                )
-            scores.append((capability.name, sum(v * vector[i] for i, v in nonzero)))
-        return sorted(scores, key=lambda pair: (-pair[1], pair[0]))
+        return self._scores(self._embed([_text(tool_name, description)])[0], candidates)
 
-    def _decide(self, tool_name: str, description: str, scope_tags: tuple[str, ...]) -> MatchResult:
-        candidates = self._eligible(scope_tags)
+    def _decide_without_model(
+        self, tool_name: str, description: str, candidates: Sequence[Capability]
+    ) -> MatchResult | None:
+        """The decisions that need no embedding: nothing eligible, an exact name, a tool naming no object."""
         if not candidates:
             return MatchResult(None, 0.0, None, None, "filtered")
         name = identifier(tool_name)
         for capability in candidates:
             if identifier(capability.name) == name:
                 return MatchResult(capability.name, 1.0, None, None, "exact", best=capability.name)
-        ranked = self.rank(tool_name, description, scope_tags=scope_tags)
+        if not has_object(_text(tool_name, description)):
+            return MatchResult(None, 0.0, None, None, "below_threshold")
+        return None
+
+    def _judge(self, tool_name: str, ranked: list[tuple[str, float]]) -> MatchResult:
         best, score = ranked[0]
         runner_up, runner_score = ranked[1] if len(ranked) > 1 else (None, None)
-        if score < self.threshold or not has_object(_text(tool_name, description)):
+        if score < self.threshold:
             return MatchResult(None, score, runner_up, runner_score, "below_threshold", best=best)
         if runner_score is not None and score - runner_score <= self.margin:
             logger.warning(
@@ -188,6 +206,20 @@ class CapabilityMatcher:
             )
             return MatchResult(None, score, runner_up, runner_score, "ambiguous", best=best)
         return MatchResult(best, score, runner_up, runner_score, "semantic", best=best)
+
+    def _scores(self, query: list[float], candidates: Sequence[Capability]) -> list[tuple[str, float]]:
+        """Cosine of ``query`` with each candidate, best first (ties by name, so the order is stable)."""
+        nonzero = [(i, v) for i, v in enumerate(query) if v]
+        scores = []
+        for capability in candidates:
+            vector = self._capability_vector(capability)
+            if len(vector) != len(query):
+                raise ConfigError(
+                    f"embedder {self.embedder.name!r} returned vectors of {len(query)} and {len(vector)} "
+                    "dimensions; every vector of one embedder must have the same length"
+                )
+            scores.append((capability.name, sum(v * vector[i] for i, v in nonzero)))
+        return sorted(scores, key=lambda pair: (-pair[1], pair[0]))
 
     def _eligible(self, scope_tags: tuple[str, ...]) -> list[Capability]:
         with self._lock:

@@ -143,7 +143,8 @@ def _load_weights(directory: Path) -> _Weights:
 def _layer_norm(x: Array, gain: Array, bias: Array, eps: float) -> Array:
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return ((x - mean) / np.sqrt(var + eps)) * gain + bias
+    result: Array = ((x - mean) / np.sqrt(var + eps)) * gain + bias
+    return result
 
 
 def _erf(x: Array) -> Array:
@@ -163,7 +164,8 @@ def _gelu(x: Array) -> Array:
 
 def _softmax(x: Array) -> Array:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    result: Array = e / e.sum(axis=-1, keepdims=True)
+    return result
 
 
 def encode(weights: _Weights, ids: NDArray[np.int64], mask: Array) -> Array:

@@ -1,0 +1,214 @@
+"""Broadcast / aggregate: one request to the top-k candidates of a capability, answers gathered as they arrive.
+
+The seeds' second mode of reaching: candidates come from the capability index
+(never a broadcast to everyone), each copy is pinned to one candidate and goes
+through the same resilience core as any reach, and aggregation completes early
+— first success, first N, a quorum, or all — cancelling the stragglers. The
+result lists who answered, in order of arrival, and who was cancelled.
+
+Pinning is request metadata that :class:`TargetedRouter` applies around a
+router: ``reach.target`` (``agent/instance``) must serve the request or nobody
+does; ``reach.prefer`` names an instance to use when it can take the request
+(how a gateway or node honours the instance its caller already picked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from reach_plugins.core.dedup import resolve_key
+from reach_plugins.errors import NoHealthyAgent, ReachError, RequestError
+from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.routing import Route
+
+if TYPE_CHECKING:
+    from reach_plugins.client import ReachClient
+
+TARGET: Final = "reach.target"
+"""Metadata key: the ``agent/instance`` that must serve this request (a broadcast copy)."""
+PREFER: Final = "reach.prefer"
+"""Metadata key: the ``agent/instance`` to use if it can take the request, else route as usual."""
+DEFAULT_TIMEOUT: Final = 30.0
+"""Seconds a broadcast waits when the request sets neither ``deadline`` nor ``timeout_ms``."""
+
+Aggregate = Literal["first", "first_n", "quorum", "all"]
+
+
+class CandidateRouter(Protocol):
+    """A router that can both pick one instance and list every usable one (``reach_plugins.routing.Router``)."""
+
+    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route: ...
+
+    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]: ...
+
+
+class TargetedRouter:
+    """Honours ``reach.target`` and ``reach.prefer`` pins; any other request is routed by the inner router.
+
+    A pin is served only when the pinned instance is among the request's
+    candidates (tenant rules, health and breaker all still apply) and was not
+    tried already; a failed-over request therefore leaves a preferred
+    instance, and a targeted one ends with ``NoHealthyAgent``.
+    """
+
+    def __init__(self, router: CandidateRouter) -> None:
+        self.router = router
+
+    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route:
+        metadata = request.metadata
+        required = metadata.get(TARGET) if metadata else None
+        wanted = required or (metadata.get(PREFER) if metadata else None)
+        if wanted is None:
+            return self.router.route(request, exclude=exclude)
+        agent, _, instance = wanted.partition("/")
+        if (agent, instance) not in exclude:
+            for route in self.router.candidates(request):
+                if route.agent.name == agent and route.instance.instance_id == instance:
+                    decision = route.decision.model_copy(update={"reason": f"pinned by the caller to {wanted}"})
+                    return replace(route, decision=decision)
+        if required is not None:
+            raise NoHealthyAgent(
+                f"target {wanted} cannot take this {request.capability!r} request: it is not a usable candidate "
+                "(unknown here, not allowed for the tenant, unhealthy, or already tried)",
+                reasons={wanted: "not a usable candidate"},
+            )
+        return self.router.route(request, exclude=exclude)
+
+    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
+        return self.router.candidates(request, limit=limit)
+
+
+class BroadcastResult(BaseModel):
+    """The aggregate of one broadcast: its status, every answer in order of arrival, and the cancelled targets."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    capability: str
+    status: Literal["success", "fail", "timeout"]
+    aggregate: Aggregate
+    needed: int
+    """Successes the aggregate asked for (1, N, a majority of the targets, or all of them)."""
+    targets: list[str]
+    responses: list[ReachResponse]
+    cancelled: list[str]
+
+    @property
+    def answered(self) -> list[str]:
+        """``agent/instance`` of every target that answered, first answer first."""
+        return [f"{response.agent}/{response.instance}" for response in self.responses]
+
+    @property
+    def successes(self) -> list[ReachResponse]:
+        return [response for response in self.responses if response.ok]
+
+    @property
+    def data(self) -> list[Any]:
+        """The data of the successful answers, first answer first."""
+        return [response.data for response in self.successes]
+
+
+def _needed(aggregate: Aggregate, n: int | None, targets: int) -> int:
+    if aggregate == "first":
+        return 1
+    if aggregate == "first_n":
+        if n is None or n < 1:
+            raise RequestError(f"aggregate 'first_n' needs n >= 1 (how many successes to wait for), got {n!r}")
+        if n > targets:
+            raise NoHealthyAgent(f"aggregate 'first_n' wants {n} successes but only {targets} candidate(s) are usable")
+        return n
+    if aggregate == "quorum":
+        return targets // 2 + 1
+    if aggregate == "all":
+        return targets
+    raise RequestError(f"unknown aggregate {aggregate!r}: use 'first', 'first_n', 'quorum' or 'all'")
+
+
+def _copies(request: ReachRequest, routes: list[Route], deadline: float) -> list[tuple[str, ReachRequest]]:
+    """One pinned copy per candidate, each with its own request id and idempotency key (dedup must not merge them)."""
+    copies = []
+    for number, route in enumerate(routes, start=1):
+        target = f"{route.agent.name}/{route.instance.instance_id}"
+        key = resolve_key(request, route.agent, route.capability)
+        update = {
+            "request_id": f"{request.request_id}.{number}",
+            "mode": "broadcast",
+            "deadline": deadline,
+            "idempotency_key": f"{key}@{target}" if key else None,
+            "metadata": {**request.metadata, TARGET: target},
+        }
+        copies.append((target, request.model_copy(update=update)))
+    return copies
+
+
+async def _one(client: ReachClient, target: str, request: ReachRequest) -> ReachResponse:
+    """One copy's answer; a copy refused before sending becomes a failed answer of its target."""
+    try:
+        return await client.send(request)
+    except ReachError as exc:
+        agent, _, instance = target.partition("/")
+        error = ErrorInfo(type=exc.error_type, message=exc.message)
+        return ReachResponse(request_id=request.request_id, status="fail", error=error, agent=agent, instance=instance)
+
+
+async def broadcast(
+    client: ReachClient,
+    request: ReachRequest,
+    *,
+    k: int = 3,
+    aggregate: Aggregate = "all",
+    n: int | None = None,
+    clock: Callable[[], float] = time.time,
+) -> BroadcastResult:
+    """Send ``request`` to the top ``k`` candidates and aggregate within its deadline.
+
+    Raises before sending anything when the request cannot be routed (unknown
+    capability, permission) or the aggregate cannot be met by the candidates.
+    """
+    if k < 1:
+        raise RequestError(f"broadcast needs k >= 1 candidates, got {k}")
+    routes = client.router.candidates(request, limit=k)
+    needed = _needed(aggregate, n, len(routes))
+    started = clock()
+    if request.deadline is not None:
+        deadline = request.deadline
+    else:
+        deadline = started + (request.timeout_ms / 1000.0 if request.timeout_ms else DEFAULT_TIMEOUT)
+    copies = _copies(request, routes, deadline)
+    tasks = {asyncio.create_task(_one(client, target, copy)): target for target, copy in copies}
+    pending: set[asyncio.Task[ReachResponse]] = set(tasks)
+    responses: list[ReachResponse] = []
+    status: Literal["success", "fail", "timeout"] | None = None
+    try:
+        while status is None:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                status = "timeout"
+                break
+            done, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            responses.extend(task.result() for task in done)
+            won = sum(1 for response in responses if response.ok)
+            if won >= needed:
+                status = "success"
+            elif won + len(pending) < needed:
+                status = "fail"
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return BroadcastResult(
+        request_id=request.request_id,
+        capability=request.capability,
+        status=status,
+        aggregate=aggregate,
+        needed=needed,
+        targets=[target for target, _ in copies],
+        responses=responses,
+        cancelled=[tasks[task] for task in pending],
+    )

@@ -1,0 +1,25 @@
+"""The Reach gateway: one HTTP entry point that authenticates tenants, routes, injects credentials and retries.
+
+``reach gateway --config agents.yaml --host 0.0.0.0 --port 8080`` serves it
+under uvicorn; :func:`create_app` builds the Starlette app for any ASGI server
+(needs the ``server`` extra). The modules that are not HTTP-specific —
+:mod:`.forwarder` (router + core + next hop), :mod:`.access` (tokens,
+``internal_only`` by address), :mod:`.routetable`, :mod:`.wire`,
+:mod:`.metrics` — are shared with the gRPC node (:mod:`reach_plugins.node`).
+"""
+
+from reach_plugins.gateway.access import Access, SourceRule
+from reach_plugins.gateway.forwarder import Forwarder, HopTransport
+from reach_plugins.gateway.routetable import RouteTable
+from reach_plugins.gateway.serve import build_forwarder, create_app, serve_gateway
+
+__all__ = [
+    "Access",
+    "Forwarder",
+    "HopTransport",
+    "RouteTable",
+    "SourceRule",
+    "build_forwarder",
+    "create_app",
+    "serve_gateway",
+]

@@ -1,0 +1,262 @@
+"""The gateway's Starlette app: ``POST /v1/reach``, ``/v1/reach/stream`` (SSE), ``GET /v1/agents``, health, metrics.
+
+Every request is authenticated (bearer token -> tenant), parsed strictly, and
+run through the :class:`~reach_plugins.gateway.forwarder.Forwarder` under a
+server span that continues the caller's trace. Refusals are 4xx JSON naming
+the problem (429 + ``Retry-After`` to slow down, 503/504 when nobody could
+serve in time); a routed outcome is 200 with the response body, whatever its
+status. More than ``max_inflight`` concurrent requests get an explicit
+backpressure answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, TracerProvider
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from reach_plugins.adapters import encode_sse
+from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, RequestError
+from reach_plugins.gateway.access import Access
+from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
+from reach_plugins.gateway.wire import (
+    HEADER_AUTHORIZATION,
+    MAX_BODY,
+    error_body,
+    http_status,
+    parse_body,
+    response_body,
+    to_request,
+)
+from reach_plugins.model import ErrorInfo, ReachRequest
+from reach_plugins.telemetry import (
+    ATTR_AGENT,
+    ATTR_CAPABILITY,
+    ATTR_INSTANCE,
+    ATTR_REQUEST_ID,
+    ATTR_STATUS,
+    ATTR_TENANT,
+    extract_context,
+    get_tracer,
+)
+from reach_plugins.transport import StreamEvent
+
+log = logging.getLogger("reach_plugins.gateway")
+
+REQUESTS = "reach_gateway_requests_total"
+LATENCY = "reach_gateway_request_seconds"
+INFLIGHT = "reach_gateway_inflight"
+REFUSED = "reach_gateway_refused_total"
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_dumps(body), status, headers, media_type="application/json")
+
+
+class Gateway:
+    """The gateway's state: who may call (``access``), how requests run (``forwarder``), what it counted."""
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        access: Access,
+        *,
+        max_inflight: int = 1024,
+        tracer_provider: TracerProvider | None = None,
+        retry_after: float = 1.0,
+    ) -> None:
+        if max_inflight < 1:
+            raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
+        self.forwarder = forwarder
+        self.access = access
+        self.max_inflight = max_inflight
+        self.retry_after = retry_after
+        self.inflight = 0
+        self.draining = False
+        self._tracer = get_tracer(tracer_provider)
+        self.metrics = Metrics()
+        self.metrics.declare(REQUESTS, "counter", "Requests by endpoint and outcome.")
+        self.metrics.declare(LATENCY, "histogram", "Time to answer, by endpoint.")
+        self.metrics.declare(INFLIGHT, "gauge", "Requests being served now.")
+        self.metrics.declare(REFUSED, "counter", "Requests refused before routing, by error type.")
+
+    # ------------------------------------------------------------------ request handling
+
+    async def _admit(self, request: Request) -> ReachRequest:
+        """Authenticate, bound concurrency, parse: the ReachRequest to run, or a ReachError to answer with."""
+        if self.inflight >= self.max_inflight:
+            raise Backpressure(
+                f"the gateway is serving {self.inflight} requests, its limit; retry after {self.retry_after:g}s",
+                retry_after=self.retry_after,
+            )
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise RequestError(f"the body is {len(raw)} bytes; the gateway accepts at most {MAX_BODY}")
+        try:
+            decoded = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(f"the body is not valid JSON: {exc}") from None
+        body = parse_body(decoded)
+        headers = request.headers
+        tenant = self.access.authenticate(headers.get(HEADER_AUTHORIZATION), headers.get("x-tenant") or body.tenant)
+        source = request.client.host if request.client else None
+        return to_request(body, headers.get, tenant=tenant, source=source)
+
+    def _refusal(self, endpoint: str, exc: ReachError, request_id: str | None = None) -> Response:
+        status = http_status(exc)
+        if isinstance(exc, ConfigError):
+            log.error("request %s failed on the gateway's configuration: %s", request_id, exc.message)
+            exc = ConfigError("the gateway's configuration cannot serve this request; its log names the problem")
+        headers = {}
+        retry_after = getattr(exc, "retry_after", None)
+        if isinstance(exc, Backpressure | RateLimited):
+            headers["Retry-After"] = str(max(1, round(retry_after or self.retry_after)))
+        self.metrics.inc(REFUSED, {"type": exc.error_type})
+        self.metrics.inc(REQUESTS, {"endpoint": endpoint, "status": str(status)})
+        return _json(error_body(exc, request_id), status, headers)
+
+    def _span(self, request: Request, reach: ReachRequest, name: str) -> Span:
+        span = self._tracer.start_span(
+            f"{name} {reach.capability}", context=extract_context(request.headers), kind=SpanKind.SERVER
+        )
+        if span.is_recording():
+            span.set_attribute(ATTR_CAPABILITY, reach.capability)
+            span.set_attribute(ATTR_REQUEST_ID, reach.request_id)
+            if reach.tenant:
+                span.set_attribute(ATTR_TENANT, reach.tenant)
+        return span
+
+    async def reach(self, request: Request) -> Response:
+        started = time.perf_counter()
+        self.inflight += 1
+        try:
+            return await self._reach(request)
+        finally:
+            self.inflight -= 1
+            self.metrics.observe(LATENCY, time.perf_counter() - started, {"endpoint": "reach"})
+
+    async def _reach(self, request: Request) -> Response:
+        try:
+            reach = await self._admit(request)
+        except ReachError as exc:
+            return self._refusal("reach", exc)
+        span = self._span(request, reach, "reach.gateway")
+        try:
+            with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+                response = await self.forwarder.run(reach)
+                if span.is_recording():
+                    span.set_attribute(ATTR_STATUS, response.status)
+                    span.set_attribute(ATTR_AGENT, response.agent or "")
+                    span.set_attribute(ATTR_INSTANCE, response.instance or "")
+        except ReachError as exc:
+            return self._refusal("reach", exc, reach.request_id)
+        self.metrics.inc(REQUESTS, {"endpoint": "reach", "status": response.status})
+        return _json(response_body(response))
+
+    async def reach_stream(self, request: Request) -> Response:
+        self.inflight += 1
+        try:
+            reach = await self._admit(request)
+        except ReachError as exc:
+            self.inflight -= 1
+            return self._refusal("stream", exc)
+        span = self._span(request, reach, "reach.gateway.stream")
+        events = self.forwarder.stream(reach)
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                first = await anext(events, StreamEvent("end"))
+        except ReachError as exc:
+            await _aclose(events)
+            span.end()
+            self.inflight -= 1
+            return self._refusal("stream", exc, reach.request_id)
+        frames = self._frames(first, events, span)
+        return StreamingResponse(frames, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def _frames(self, first: StreamEvent, events: AsyncIterator[StreamEvent], span: Span) -> AsyncIterator[bytes]:
+        """SSE frames in the agent's format: ``data`` chunks, then ``end`` or ``error``."""
+        status = "success"
+        try:
+            event = first
+            while event.kind == "data":
+                yield encode_sse(_dumps(event.data).decode(), "data")
+                event = await anext(events, StreamEvent("end"))
+            if event.kind == "end":
+                yield encode_sse("", "end")
+            else:
+                status = "fail"
+                error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
+                yield encode_sse(_dumps(error.model_dump(exclude_none=True)).decode(), "error")
+        finally:
+            await _aclose(events)
+            span.end()
+            self.inflight -= 1
+            self.metrics.inc(REQUESTS, {"endpoint": "stream", "status": status})
+
+    async def agents(self, request: Request) -> Response:
+        try:
+            tenant = self.access.authenticate(
+                request.headers.get(HEADER_AUTHORIZATION), request.headers.get("x-tenant")
+            )
+        except ReachError as exc:
+            return self._refusal("agents", exc)
+        source = request.client.host if request.client else None
+        return _json({"tenant": tenant, "agents": self.forwarder.visible(tenant, source)})
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "alive"})
+
+    async def readyz(self, request: Request) -> Response:
+        if self.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        if not self.forwarder.table.agents():
+            return JSONResponse({"status": "no agents registered"}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    async def metrics_text(self, request: Request) -> Response:
+        self.metrics.set(INFLIGHT, self.inflight)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    # ------------------------------------------------------------------ app
+
+    def app(self) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            self.draining = False
+            await self.forwarder.start()
+            try:
+                yield
+            finally:
+                self.draining = True
+                await self.forwarder.aclose()
+
+        routes = [
+            Route("/v1/reach", self.reach, methods=["POST"]),
+            Route("/v1/reach/stream", self.reach_stream, methods=["POST"]),
+            Route("/v1/agents", self.agents, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics_text, methods=["GET"]),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,192 @@
+"""The server side of a reach, shared by the gateway and the node: route, then the one core, then the next hop.
+
+It composes exactly what :class:`~reach_plugins.client.ReachClient` composes —
+a :class:`~reach_plugins.routing.Router` and the core
+:class:`~reach_plugins.core.Pipeline` around a transport — with two
+request-scoped routing rules only a server has: pins sent by the caller
+(:class:`~reach_plugins.broadcast.TargetedRouter`) and ``internal_only`` by
+source address (:class:`~reach_plugins.gateway.access.SourceRule`). Retries,
+breakers, dedup and limits are the core's; nothing here re-implements them.
+
+The next hop is :class:`HopTransport`: DirectTransport for ``http(s)://``
+endpoints, and the Reach node at ``host:port`` for an instance whose endpoint
+is ``grpc://host:port`` (node-to-node forwarding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from reach_plugins.broadcast import PREFER, TARGET, TargetedRouter
+from reach_plugins.config import TenantConfig, resolve_credential
+from reach_plugins.core.pipeline import Pipeline
+from reach_plugins.gateway.access import SourceRule
+from reach_plugins.gateway.routetable import RouteTable, watch_task
+from reach_plugins.gateway.wire import SOURCE, VIA
+from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
+from reach_plugins.registry import FileRegistry
+from reach_plugins.registry.base import Registry
+from reach_plugins.routing import Router
+from reach_plugins.routing.index import Offer
+from reach_plugins.routing.policy import tenant_denial
+from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent, Transport
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from reach_plugins.core.dedup import DedupStore
+
+NODE_SCHEME = "grpc://"
+
+
+class HopTransport(BaseTransport):
+    """DirectTransport to agents; :class:`~transports.grpcnode.GrpcNodeTransport` to ``grpc://`` instances.
+
+    A forwarded call drops the caller's pins (they name instances of *this*
+    server's registry) and adds ``node_id`` to the ``reach.via`` chain, which
+    the next node checks to stop forwarding loops. The next node is reached
+    with the tenant's credential for that "agent" (say, the tenant's token).
+    """
+
+    owns_retries = False
+
+    def __init__(self, direct: Transport | None = None, *, node_id: str | None = None) -> None:
+        if direct is None:
+            from transports.direct import DirectTransport
+
+            direct = DirectTransport()
+        self._direct = direct
+        self._node_id = node_id
+        self._nodes: dict[str, Transport] = {}
+
+    def _next(self, call: Call) -> tuple[Transport, Call]:
+        endpoint = call.instance.endpoint
+        if not endpoint.startswith(NODE_SCHEME):
+            return self._direct, call
+        target = endpoint.removeprefix(NODE_SCHEME).rstrip("/")
+        node = self._nodes.get(target)
+        if node is None:
+            from transports.grpcnode import GrpcNodeTransport
+
+            node = self._nodes[target] = GrpcNodeTransport(target, use_credential=True)
+        metadata = {k: v for k, v in call.request.metadata.items() if k not in (TARGET, PREFER)}
+        if self._node_id:
+            chain = metadata.get(VIA)
+            metadata[VIA] = f"{chain},{self._node_id}" if chain else self._node_id
+        return node, replace(call, request=call.request.model_copy(update={"metadata": metadata}))
+
+    async def send(self, call: Call) -> Reply:
+        transport, call = self._next(call)
+        return await transport.send(call)
+
+    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+        transport, call = self._next(call)
+        async for event in transport.stream(call):
+            yield event
+
+    async def aclose(self) -> None:
+        for transport in [self._direct, *self._nodes.values()]:
+            await transport.aclose()
+        self._nodes.clear()
+
+
+class Forwarder:
+    """Runs requests received by a server through router + core + next hop, on behalf of their tenant."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        tenants: Mapping[str, TenantConfig],
+        transport: Transport | None = None,
+        store: DedupStore | None = None,
+        environ: Mapping[str, str] = os.environ,
+        tracer_provider: TracerProvider | None = None,
+        route_ttl: float = 1.0,
+        default_timeout: float = 30.0,
+        node_id: str | None = None,
+        owns_registry: bool = False,
+    ) -> None:
+        self.registry = registry
+        self._owns_registry = owns_registry
+        self.tenants = tenants
+        self._environ = environ
+        self.table = RouteTable(registry, ttl=route_ttl)
+        self.router = Router(
+            self.table,
+            tenants=tenants,
+            is_available=lambda agent, instance: self.pipeline.is_available(agent, instance),
+        )
+        self.rule = SourceRule(self.router, self.table, tenants)
+        self.transport = transport if transport is not None else HopTransport(node_id=node_id)
+        self.pipeline = Pipeline(
+            router=TargetedRouter(self.rule),
+            transport=self.transport,
+            store=store,
+            credentials=self._credential,
+            tracer_provider=tracer_provider,
+            default_timeout=default_timeout,
+        )
+        self._watch: asyncio.Task[None] | None = None
+
+    def _available(self, agent: str, instance: str) -> bool:
+        return self.pipeline.is_available(agent, instance)
+
+    def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
+        """The tenant's own credential for ``agent`` (else the agent's): never another tenant's."""
+        config = self.tenants.get(tenant) if tenant is not None else None
+        return resolve_credential(agent, config, self._environ)
+
+    async def start(self) -> None:
+        """Follow registry changes (the route table then never waits out its TTL); poll a YAML file registry."""
+        if isinstance(self.registry, FileRegistry):
+            await self.registry.start()
+        if self._watch is None:
+            self._watch = watch_task(self.table, self.registry)
+
+    async def run(self, request: ReachRequest) -> ReachResponse:
+        return await self.pipeline.run(request)
+
+    def stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
+        return self.pipeline.stream(request)
+
+    def visible(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
+        """The agents ``tenant`` may reach from ``source``: capabilities and instance health, never endpoints."""
+        probe = ReachRequest(capability="-", tenant=tenant, metadata={SOURCE: source} if source else {})
+        outside = self.rule.outside(probe)
+        now = self.registry.clock()
+        listed = []
+        for name, agent in sorted(self.table.agents().items()):
+            offer = Offer(agent, agent.capabilities[0], name, 0, 1) if agent.capabilities else None
+            if offer is None or tenant_denial(offer, tenant, self.tenants) is not None:
+                continue
+            if agent.internal_only and outside:
+                continue
+            instances = [
+                {"instance_id": i.instance_id, "status": i.status, "alive": self.table.is_alive(i, now)}
+                for i in self.table.instances(name).values()
+            ]
+            capabilities = [
+                {"name": c.name, "description": c.description, "params_schema": c.params_schema}
+                for c in agent.capabilities
+            ]
+            listed.append(
+                {"name": name, "description": agent.description, "capabilities": capabilities, "instances": instances}
+            )
+        return listed
+
+    async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        await self.pipeline.aclose()
+        await self.transport.aclose()
+        if self._owns_registry:
+            await self.registry.aclose()

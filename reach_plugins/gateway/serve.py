@@ -1,0 +1,85 @@
+"""Build and run a gateway from a config file: agents and tenants from YAML, or agents from a registry URL."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reach_plugins.config import load_config
+from reach_plugins.gateway.access import Access
+from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.registry import FileRegistry, Registry, open_registry
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+    from starlette.applications import Starlette
+
+
+def build_forwarder(
+    config: str | os.PathLike[str],
+    *,
+    registry: Registry | str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    tracer_provider: TracerProvider | None = None,
+    node_id: str | None = None,
+    route_ttl: float = 1.0,
+) -> tuple[Forwarder, Access]:
+    """The forwarder and access rules a server runs with.
+
+    Tenants (tokens, allow-lists, networks, credentials) come from ``config``
+    and are read once at start. Agents come from ``registry`` when given,
+    else from ``config`` itself, which is then reloaded when it changes.
+    """
+    path = Path(config)
+    tenants = load_config(path).tenants
+    access = Access(tenants, environ)
+    source = FileRegistry(path) if registry is None else open_registry(registry)
+    forwarder = Forwarder(
+        source,
+        tenants=tenants,
+        environ=environ,
+        tracer_provider=tracer_provider,
+        node_id=node_id,
+        route_ttl=route_ttl,
+        owns_registry=registry is None or isinstance(registry, str),
+    )
+    return forwarder, access
+
+
+def create_app(
+    config: str | os.PathLike[str],
+    *,
+    registry: Registry | str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    tracer_provider: TracerProvider | None = None,
+    max_inflight: int = 1024,
+) -> Starlette:
+    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`)."""
+    from reach_plugins.gateway.app import Gateway
+
+    forwarder, access = build_forwarder(config, registry=registry, environ=environ, tracer_provider=tracer_provider)
+    return Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider).app()
+
+
+def serve_gateway(
+    config: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    registry: str | None = None,
+    **options: Any,
+) -> None:
+    """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
+
+    ``X-Forwarded-For`` is ignored unless ``proxy_headers=True`` is passed:
+    the source address decides who reaches ``internal_only`` agents.
+    """
+    import uvicorn
+
+    from reach_plugins.agent.server import uvicorn_config
+
+    app = create_app(config, registry=registry)
+    options.setdefault("proxy_headers", False)
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run()

@@ -1,0 +1,207 @@
+"""The wire of the gateway and the node: the reach body, the header names, and errors as HTTP statuses.
+
+The body is DESIGN.md section 4's (``request_id``, ``capability``, ``action``,
+``payload``, ``session_id``, ``tenant``, ``idempotency_key``, ``deadline_ms``)
+plus three routing fields an agent never needs: ``intent``, ``priority`` and
+``scope_tags``. Unknown fields are refused so a typo fails loudly. The headers
+are the agent protocol's, plus routing hints between hops: ``X-Reach-Prefer``
+/ ``X-Reach-Target`` (the instance the caller picked, softly or strictly) and
+``X-Reach-Via`` (the nodes a request was forwarded through).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reach_plugins.broadcast import PREFER, TARGET
+from reach_plugins.core.loopguard import parse_hops_header
+from reach_plugins.errors import (
+    ApprovalRequired,
+    Backpressure,
+    ConfigError,
+    DeadlineExceeded,
+    IdempotencyConflict,
+    LoopDetected,
+    NoHealthyAgent,
+    PermissionDenied,
+    RateLimited,
+    ReachError,
+    RequestError,
+    SessionClosed,
+    UnknownCapability,
+)
+from reach_plugins.model import Hop, Priority, ReachRequest, ReachResponse, new_request_id
+from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS, HEADER_IDEMPOTENCY_KEY, HEADER_RETRY, RETRY_UPSTREAM
+
+HEADER_AUTHORIZATION: Final = "Authorization"
+HEADER_PREFER: Final = "X-Reach-Prefer"
+HEADER_TARGET: Final = "X-Reach-Target"
+HEADER_VIA: Final = "X-Reach-Via"
+SOURCE: Final = "reach.source"
+"""Request metadata: the caller's network address, as the server saw it (for ``internal_only``)."""
+VIA: Final = "reach.via"
+"""Request metadata: the nodes this request was forwarded through, comma separated."""
+MAX_BODY: Final = 1 << 20
+"""Largest request body accepted, in bytes."""
+MAX_DEADLINE_MS: Final = 86_400_000
+
+
+class Unauthenticated(PermissionDenied):
+    """No bearer token, or a token no tenant holds."""
+
+
+class WireBody(BaseModel):
+    """A reach request as it arrives at a gateway or a node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+    capability: str = Field(min_length=1, max_length=200)
+    action: str | None = Field(default=None, max_length=200)
+    payload: dict[str, Any] | None = None
+    session_id: str | None = Field(default=None, max_length=256)
+    tenant: str | None = Field(default=None, max_length=128)
+    idempotency_key: str | None = Field(default=None, max_length=256)
+    deadline_ms: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_MS)
+    intent: str | None = Field(default=None, max_length=200)
+    priority: Priority = "online"
+    scope_tags: list[str] = Field(default_factory=list, max_length=32)
+
+
+def parse_body(raw: Any) -> WireBody:
+    """Validate a decoded JSON body; a ``RequestError`` names every field at fault."""
+    if not isinstance(raw, dict):
+        raise RequestError(f"the body must be a JSON object with at least 'capability', got {type(raw).__name__}")
+    try:
+        return WireBody.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}" for error in exc.errors()
+        )
+        raise RequestError(f"invalid request body: {problems}") from None
+
+
+def _deadline_ms(header: str | None, body: WireBody) -> int | None:
+    if header is None:
+        return body.deadline_ms
+    text = header.strip()
+    if not text.isdigit() or int(text) > MAX_DEADLINE_MS:
+        raise RequestError(
+            f"{HEADER_DEADLINE} must be the remaining budget in milliseconds (0..{MAX_DEADLINE_MS}), got {header!r}"
+        )
+    return int(text)
+
+
+def _hops(header: str | None) -> list[Hop]:
+    try:
+        return parse_hops_header(header)
+    except ValueError as exc:
+        raise RequestError(f"{HEADER_HOPS}: {exc}") from None
+
+
+def _pin(value: str | None, header: str) -> str | None:
+    if value is None:
+        return None
+    agent, slash, instance = value.strip().partition("/")
+    if not slash or not agent or not instance:
+        raise RequestError(f"{header} names an instance as 'agent/instance_id', got {value!r}")
+    return f"{agent}/{instance}"
+
+
+def to_request(
+    body: WireBody,
+    header: Callable[[str], str | None],
+    *,
+    tenant: str | None,
+    source: str | None,
+) -> ReachRequest:
+    """The :class:`ReachRequest` a server runs: the body, completed by headers (headers win), for ``tenant``.
+
+    ``header(name)`` looks a header up case-insensitively. A remaining budget
+    of 0 ms means the caller has already given up: ``DeadlineExceeded``.
+    """
+    deadline_ms = _deadline_ms(header(HEADER_DEADLINE), body)
+    if deadline_ms == 0:
+        raise DeadlineExceeded("the caller's deadline had passed on arrival; nothing was sent")
+    metadata: dict[str, str] = {}
+    for key, name in ((PREFER, HEADER_PREFER), (TARGET, HEADER_TARGET)):
+        pin = _pin(header(name), name)
+        if pin is not None:
+            metadata[key] = pin
+    via = header(HEADER_VIA)
+    if via:
+        metadata[VIA] = via
+    if source:
+        metadata[SOURCE] = source
+    return ReachRequest(
+        request_id=body.request_id or new_request_id(),
+        capability=body.capability,
+        action=body.action,
+        payload=body.payload or {},
+        session_id=body.session_id,
+        tenant=tenant,
+        intent=body.intent,
+        idempotency_key=header(HEADER_IDEMPOTENCY_KEY) or body.idempotency_key,
+        timeout_ms=deadline_ms,
+        hops=_hops(header(HEADER_HOPS)),
+        priority=body.priority,
+        scope_tags=body.scope_tags,
+        retried_upstream=(header(HEADER_RETRY) or "").strip().lower() == RETRY_UPSTREAM,
+        metadata=metadata,
+    )
+
+
+def response_body(response: ReachResponse) -> dict[str, Any]:
+    """A routed outcome on the wire: the agent reply's fields plus who served it, how many tries, how long."""
+    return {
+        "request_id": response.request_id,
+        "status": response.status,
+        "data": response.data,
+        "error": response.error.model_dump(exclude_none=True) if response.error else None,
+        "agent": response.agent,
+        "instance": response.instance,
+        "attempts": response.attempts,
+        "cost_ms": round(response.cost_ms, 3),
+        "context_restore": response.context_restore,
+        "degraded": response.degraded,
+    }
+
+
+_STATUSES: Final[tuple[tuple[type[ReachError], int], ...]] = (
+    (Unauthenticated, 401),
+    (PermissionDenied, 403),
+    (ApprovalRequired, 403),
+    (UnknownCapability, 404),
+    (IdempotencyConflict, 409),
+    (LoopDetected, 409),
+    (SessionClosed, 410),
+    (RequestError, 400),
+    (RateLimited, 429),
+    (Backpressure, 429),
+    (NoHealthyAgent, 503),
+    (DeadlineExceeded, 504),
+    (ConfigError, 500),
+)
+
+
+def http_status(exc: ReachError) -> int:
+    """The HTTP status of a refusal: 4xx for the caller's mistakes, 429 to slow down, 503/504 when nobody can."""
+    return next((status for kind, status in _STATUSES if isinstance(exc, kind)), 502)
+
+
+def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]:
+    """A refusal on the wire, shaped like a failed agent reply."""
+    error: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        error["retry_after"] = retry_after
+    return {"request_id": request_id, "status": "fail", "data": None, "error": error}
+
+
+def header_lookup(headers: Mapping[str, str]) -> Callable[[str], str | None]:
+    """A case-insensitive lookup over headers whose names may be in any case."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    return lambda name: lowered.get(name.lower())

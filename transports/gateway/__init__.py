@@ -1,0 +1,5 @@
+"""Gateway transport: reach agents through a Reach gateway (``reach gateway``) over HTTP, on aiohttp."""
+
+from transports.gateway.transport import GatewayTransport
+
+__all__ = ["GatewayTransport"]
