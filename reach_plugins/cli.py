@@ -40,6 +40,47 @@ def agents(
         raise typer.Exit(2) from None
 
 
+@app.command()
+def gateway(
+    config: Annotated[Path, typer.Option(help="YAML with tenants (tokens, allow-lists, credentials) and agents.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    registry: Annotated[str | None, typer.Option(help="Take agents from this registry URL instead.")] = None,
+) -> None:
+    """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics."""
+    from reach_plugins.gateway import serve_gateway
+
+    try:
+        serve_gateway(config, host, port, registry=registry)
+    except ReachError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def node(
+    config: Annotated[Path, typer.Option(help="YAML with tenants (tokens, allow-lists, credentials) and agents.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 50051,
+    registry: Annotated[str | None, typer.Option(help="Take agents from this registry URL instead.")] = None,
+    queue_capacity: Annotated[int, typer.Option(help="Requests that may wait for a worker.")] = 1000,
+    workers: Annotated[int, typer.Option(help="Requests served at once.")] = 64,
+    node_id: Annotated[str | None, typer.Option(help="Name in x-reach-via chains (default: random).")] = None,
+) -> None:
+    """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
+    from reach_plugins.node import serve_node
+
+    try:
+        asyncio.run(
+            serve_node(
+                config, host, port, registry=registry, queue_capacity=queue_capacity, workers=workers, node_id=node_id
+            )
+        )
+    except ReachError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
 async def _agents(url: str, load: Path | None) -> None:
     reg = open_registry(url)
     try:
@@ -74,3 +115,5 @@ def _agents_table(reg: Registry) -> Table:
 
 def main() -> None:
     app()
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from reach_plugins.broadcast import Aggregate, BroadcastResult, TargetedRouter, broadcast
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.core.trace import TraceSink
@@ -73,7 +74,7 @@ class ReachClient:
             rng=rng,
         )
         self.pipeline = Pipeline(
-            router=self.router,
+            router=TargetedRouter(self.router),
             transport=transport,
             store=dedup,
             clock=clock,
@@ -144,6 +145,19 @@ class ReachClient:
         ``status`` says how it went (``raise_for_status()`` turns failure into an error).
         """
         return await self.send(self.request(capability, payload, **options), trace=trace)
+
+    async def broadcast(
+        self,
+        capability: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        k: int = 3,
+        aggregate: Aggregate = "all",
+        n: int | None = None,
+        **options: Any,
+    ) -> BroadcastResult:
+        """Reach the top ``k`` candidates of ``capability`` at once and aggregate (:mod:`reach_plugins.broadcast`)."""
+        return await broadcast(self, self.request(capability, payload, **options), k=k, aggregate=aggregate, n=n)
 
     def reach_sync(
         self,

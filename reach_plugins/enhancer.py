@@ -21,7 +21,6 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
@@ -139,8 +138,7 @@ class ReachEnhancer:
             tracer_provider=tracer_provider,
             **client_options,
         )
-        if client is not None:
-            _adopt(client, sessions, (registry, transport, tenant, client_options))
+        self._opened = _adopt(client, sessions, (registry, transport, tenant, client_options)) if client else None
         self.mapper = ToolMapper(
             self.client.registry, capability_map=capability_map, matcher=matcher, scope_tags=scope_tags
         )
@@ -329,10 +327,7 @@ class ReachEnhancer:
         port: int = 0,
         description: str = "",
     ) -> ServedAgent:
-        """Serve a LangGraph agent as a Reach agent and register it in this enhancer's registry.
-
-        Returns once it listens and is registered; :meth:`close` stops it.
-        """
+        """Serve a LangGraph agent as a Reach agent, registered in this registry until :meth:`close`."""
         from reach_plugins.langchain import serve_graph
 
         spec = ServeSpec(name, capabilities, description, host, port)
@@ -348,6 +343,8 @@ class ReachEnhancer:
             self.served.pop().stop()
         if self._owns_client:
             self.client.close()
+        if self._opened is not None:
+            self._bridge.run(self._opened.aclose())
         self._bridge.close()
 
     async def aclose(self) -> None:
@@ -356,6 +353,8 @@ class ReachEnhancer:
             await asyncio.to_thread(self.served.pop().stop)
         if self._owns_client:
             await self.client.aclose()
+        if self._opened is not None:
+            await self._opened.aclose()
         self._bridge.close()
 
     def __enter__(self) -> Self:
@@ -367,9 +366,7 @@ class ReachEnhancer:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
 
@@ -377,17 +374,20 @@ async def _awaited(value: Awaitable[T]) -> T:
     return await value
 
 
-def _adopt(client: ReachClient, sessions: SessionStore | str | None, settings: tuple[object, ...]) -> None:
-    """Check the settings given with a ready client; install ``sessions`` on it if it has no store yet."""
+def _adopt(
+    client: ReachClient, sessions: SessionStore | str | None, settings: tuple[object, ...]
+) -> SessionStore | None:
+    """Check what came with a ready client; install ``sessions`` on it; return the store opened from a URL."""
     if settings != (None, None, None, {}):
         raise ConfigError("pass either client= or the client's settings (registry, transport, tenant...), not both")
     if sessions is None:
-        return
+        return None
     store = open_sessions(sessions)
     if client.sessions is None:
         client.sessions = store
     elif client.sessions is not store:
         raise ConfigError("the client already has a session store; pass sessions= to one of them only")
+    return store if isinstance(sessions, str) else None
 
 
 def _approved(capability: Capability, answer: object) -> None:

@@ -10,8 +10,10 @@ itself, so LangChain's tool callbacks and error handling still run; a failure
 becomes ``ToolMessage(status="error")`` through ``handle_tool_error`` unless
 the enhancer says ``on_error="raise"``. The conversation key is the LangGraph
 ``thread_id``; a dangerous capability pauses the run with ``interrupt`` until
-``Command(resume={"approved": True})``. The same two methods plug into
-``ToolNode(tools, wrap_tool_call=..., awrap_tool_call=...)``.
+``Command(resume={"approved": True})`` (resuming needs a checkpointer). The
+same two methods plug into ``ToolNode(tools, wrap_tool_call=...,
+awrap_tool_call=...)``; add ``middleware.tools`` to that ToolNode's tools.
+:func:`serve_graph` serves a built agent as a Reach agent in turn.
 """
 
 from __future__ import annotations

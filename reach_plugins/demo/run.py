@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from reach_plugins.langchain import create_agent
 from reach_plugins.model import ReachTrace
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.sessions import MemorySessions
+from reach_plugins.telemetry import EVENT_ATTEMPT, EVENT_FAILOVER
 from transports.direct import DirectTransport
 
 CONVERSATION = "conv-42"
@@ -127,7 +127,7 @@ async def run_demo(console: Console, *, seed: int = 7) -> DemoReport:
     client = ReachClient(
         registry, DirectTransport(), tenant="demo", sink=sink, tracer_provider=provider, rng=random.Random(seed)
     )
-    enhancer = ReachEnhancer(client=client, sessions=MemorySessions())
+    enhancer = ReachEnhancer(client=client, sessions=MemorySessions(), tracer_provider=provider)
     front_desk = create_agent(
         demo_model(RULES),
         [lookup_order_status, check_stock, open_support_ticket],
@@ -200,7 +200,8 @@ def _print_turn(console: Console, turn: int, text: str, answer: str, traces: lis
 
 def _print_events(console: Console, traces: list[ReachTrace]) -> None:
     lines = [
-        f"{trace.capability}: {event.get('name', '?')} {json.dumps({k: v for k, v in event.items() if k != 'name'})}"
+        f"{trace.capability}: {event.get('event', '?')} "
+        + json.dumps({k: v for k, v in event.items() if k not in ("event", "at")})
         for trace in traces
         for event in trace.events
     ]
@@ -221,19 +222,21 @@ def _trace_tree(spans: list[ReadableSpan]) -> Tree:
     for span in spans:
         parent = span.parent.span_id if span.parent is not None and span.parent.span_id in by_id else None
         children.setdefault(parent, []).append(span)
-    restored = [s for s in spans if re.match(r"execute_tool lookup_order_status", s.name)]
+    failed_over = {s.context.trace_id for s in spans if s.context and any(e.name == EVENT_FAILOVER for e in s.events)}
     roots = children.get(None, [])
-    root_span = restored[-1] if restored else (roots[0] if roots else None)
-    tree = Tree("[bold]trace of the failover call[/bold]")
+    chosen = [s for s in roots if s.context and s.context.trace_id in failed_over] or roots[-1:]
+    tree = Tree("[bold]trace of the call that failed over[/bold] (framework -> client -> agent)")
 
     def add(node: Tree, span: ReadableSpan) -> None:
         ms = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
-        branch = node.add(f"{span.name} [dim]{span.kind.name.lower()} {ms:.1f} ms[/dim]")
+        events = ", ".join(e.name for e in span.events if e.name != EVENT_ATTEMPT)
+        note = f" [yellow]{events}[/yellow]" if events else ""
+        branch = node.add(f"{span.name} [dim]{span.kind.name.lower()} {ms:.1f} ms[/dim]{note}")
         for child in sorted(children.get(span.context.span_id if span.context else None, []), key=_start):
             add(branch, child)
 
-    if root_span is not None:
-        add(tree, root_span)
+    for root in chosen:
+        add(tree, root)
     return tree
 
 

@@ -253,8 +253,8 @@ def evaluate(matcher: CapabilityMatcher, cases: Sequence[EvalCase] = CASES) -> E
     misrouted: list[tuple[str, str | None, str | None]] = []
     missed: list[tuple[str, str, str]] = []
     unrelated: list[tuple[str, str]] = []
-    for case in cases:
-        result = matcher.match(case.tool, case.description)
+    results = matcher.match_many((case.tool, case.description) for case in cases)
+    for case, result in zip(cases, results, strict=True):
         if result.capability == case.expected:
             correct += 1
         elif case.expected is None and result.capability is not None:

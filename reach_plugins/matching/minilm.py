@@ -215,15 +215,18 @@ class MiniLMEmbedder:
 
     def load(self) -> None:
         """Read the weights and the tokenizer now (idempotent); ``embed`` calls it on first use."""
+        self._loaded()
+
+    def _loaded(self) -> tuple[Tokenizer, _Weights]:
         with self._lock:
-            if self._weights is not None:
-                return
-            tokenizer = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(max_length=MAX_TOKENS)
-            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-            self._tokenizer = tokenizer
-            self._weights = _load_weights(self.directory)
+            if self._tokenizer is None or self._weights is None:
+                tokenizer = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+                tokenizer.no_padding()
+                tokenizer.enable_truncation(max_length=MAX_TOKENS)
+                tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+                self._weights = _load_weights(self.directory)
+                self._tokenizer = tokenizer
+            return self._tokenizer, self._weights
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """One unit vector per text; texts are batched by length so padding stays short."""
@@ -231,14 +234,13 @@ class MiniLMEmbedder:
 
     def embed_array(self, texts: Sequence[str]) -> Array:
         """Like :meth:`embed`, as a ``(len(texts), 384)`` float32 array."""
-        self.load()
-        assert self._weights is not None and self._tokenizer is not None
+        tokenizer, weights = self._loaded()
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), BATCH):
             chunk = order[start : start + BATCH]
-            encodings = self._tokenizer.encode_batch([texts[i] for i in chunk])
+            encodings = tokenizer.encode_batch([texts[i] for i in chunk])
             ids = np.array([e.ids for e in encodings], dtype=np.int64)
             mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
-            out[chunk] = encode(self._weights, ids, mask)
+            out[chunk] = encode(weights, ids, mask)
         return out

@@ -28,9 +28,7 @@ _ORDER: Final[tuple[Priority, ...]] = ("online", "batch")
 class WorkQueue:
     """Admission for a node: ``async with queue.slot(priority): ...`` runs one request."""
 
-    def __init__(
-        self, *, capacity: int = 1000, workers: int = 64, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, *, capacity: int = 1000, workers: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 0 or workers < 1:
             raise ConfigError(f"the node queue needs capacity >= 0 and workers >= 1, got {capacity} and {workers}")
         self.capacity = capacity
@@ -94,7 +92,7 @@ class WorkQueue:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self._release()
-            else:
+            elif waiter in queue:
                 queue.remove(waiter)
             raise
 

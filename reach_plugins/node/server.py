@@ -1,0 +1,141 @@
+"""Run a Reach node: a grpc.aio server around a forwarder, a bounded priority queue and the ticket table."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import grpc
+
+from reach_plugins.errors import ConfigError
+from reach_plugins.gateway.access import Access
+from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.gateway.serve import build_forwarder
+from reach_plugins.node.queue import WorkQueue
+from reach_plugins.node.service import NodeService
+from reach_plugins.node.tickets import Tickets
+from reach_plugins.registry import Registry
+from transports.grpcnode import reach_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+
+class NodeServer:
+    """A Reach node listening on ``host:port`` (0 picks a free port); ``async with`` starts and stops it.
+
+    ``node_id`` names the node in ``x-reach-via`` chains (node-to-node loop
+    detection); by default a random one.
+    """
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        access: Access,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        queue_capacity: int = 1000,
+        workers: int = 64,
+        node_id: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+        options: list[tuple[str, Any]] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
+        self.forwarder = forwarder
+        self.queue = WorkQueue(capacity=queue_capacity, workers=workers)
+        self.service = NodeService(
+            forwarder,
+            access,
+            queue=self.queue,
+            tickets=Tickets(),
+            node_id=self.node_id,
+            tracer_provider=tracer_provider,
+        )
+        self._options = options or []
+        self._server: Any = None
+
+    @property
+    def target(self) -> str:
+        """``host:port`` to give a :class:`~transports.grpcnode.GrpcNodeTransport`."""
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> Self:
+        server = grpc.aio.server(options=self._options)
+        pb_grpc.add_ReachNodeServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
+        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise ConfigError(f"the node cannot listen on {self.host}:{self.port} (in use, or not a local address)")
+        self.port = bound
+        await server.start()
+        await self.forwarder.start()
+        self._server = server
+        return self
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop taking requests, let running ones finish for ``grace`` seconds, then close everything."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        await self.service.aclose()
+        await self.forwarder.aclose()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+def build_node(
+    config: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    registry: Registry | str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    tracer_provider: TracerProvider | None = None,
+    queue_capacity: int = 1000,
+    workers: int = 64,
+    node_id: str | None = None,
+) -> NodeServer:
+    """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started."""
+    node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
+    forwarder, access = build_forwarder(
+        config, registry=registry, environ=environ, tracer_provider=tracer_provider, node_id=node_id
+    )
+    return NodeServer(
+        forwarder,
+        access,
+        host=host,
+        port=port,
+        queue_capacity=queue_capacity,
+        workers=workers,
+        node_id=node_id,
+        tracer_provider=tracer_provider,
+    )
+
+
+async def serve_node(
+    config: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 50051, **options: Any
+) -> None:
+    """Serve a node until SIGINT/SIGTERM (``reach node``)."""
+    node = build_node(config, host=host, port=port, **options)
+    await node.start()
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        await node.stop(grace=5.0)

@@ -1,0 +1,228 @@
+"""The ``ReachNode`` gRPC service: ``Call``, ``Stream``, ``Submit`` and ``Result`` over one forwarder and one queue.
+
+Each request is authenticated from its metadata (``authorization``), its
+remaining budget is ``min(x-reach-deadline, gRPC deadline)``, and it runs
+under a server span continuing the caller's ``traceparent``. Refusals end the
+RPC with a gRPC status plus ``x-reach-error-type`` / ``x-reach-http-status``
+trailers; a full queue is answered with the ``Backpressure`` message instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final, NoReturn
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, TracerProvider
+
+from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
+from reach_plugins.gateway.access import Access
+from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_VIA, http_status, to_request
+from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.node.queue import WorkQueue
+from reach_plugins.node.tickets import Tickets, check_callback
+from reach_plugins.telemetry import ATTR_CAPABILITY, ATTR_REQUEST_ID, ATTR_TENANT, extract_context, get_tracer
+from reach_plugins.transport import StreamEvent
+from transports.grpcnode import reach_pb2 as pb
+from transports.grpcnode.codec import (
+    ERROR_TYPE,
+    HTTP_STATUS,
+    body_from_message,
+    dumps,
+    error_message,
+    metadata_lookup,
+    result_message,
+)
+
+log = logging.getLogger("reach_plugins.node")
+
+Context = Any
+"""``grpc.aio.ServicerContext`` (grpc ships no type information)."""
+
+_CODES: Final[dict[int, grpc.StatusCode]] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    410: grpc.StatusCode.FAILED_PRECONDITION,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def peer_address(peer: str) -> str | None:
+    """The IP address in a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``), else ``None``."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or None
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]") or None
+    return None
+
+
+def _backpressure(exc: Backpressure) -> pb.Backpressure:
+    return pb.Backpressure(retry_after=exc.retry_after or 0.0, reason=exc.message)
+
+
+class NodeService:
+    """The servicer registered with ``add_ReachNodeServicer_to_server`` (method names follow the proto)."""
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        access: Access,
+        *,
+        queue: WorkQueue,
+        tickets: Tickets,
+        node_id: str,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        self.forwarder = forwarder
+        self.access = access
+        self.queue = queue
+        self.tickets = tickets
+        self.node_id = node_id
+        self._tracer = get_tracer(tracer_provider)
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(self, message: pb.ReachCall, context: Context) -> ReachRequest:
+        metadata = dict(metadata_lookup(context.invocation_metadata()))
+        via = metadata.get(HEADER_VIA.lower(), "")
+        if self.node_id in via.split(","):
+            raise LoopDetected(
+                f"node forwarding loop: this request already passed node {self.node_id} (via {via}); "
+                "fix the grpc:// endpoints so the nodes do not point at each other"
+            )
+        remaining = context.time_remaining()
+        if remaining is not None:
+            budget = int(remaining * 1000)
+            given = metadata.get("x-reach-deadline", "")
+            metadata["x-reach-deadline"] = str(min(budget, int(given)) if given.isdigit() else max(0, budget))
+        body = body_from_message(message)
+        claimed = metadata.get("x-tenant") or body.tenant
+        tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), claimed)
+        return to_request(body, metadata.get, tenant=tenant, source=peer_address(context.peer()))
+
+    async def _refuse(self, context: Context, exc: ReachError) -> NoReturn:
+        status = http_status(exc)
+        message = exc.message
+        if isinstance(exc, ConfigError):
+            log.error("the node's configuration cannot serve a request: %s", exc.message)
+            message = "the node's configuration cannot serve this request; its log names the problem"
+        trailers = ((ERROR_TYPE, exc.error_type), (HTTP_STATUS, str(status)))
+        abort: Callable[..., Awaitable[NoReturn]] = context.abort
+        await abort(_CODES.get(status, grpc.StatusCode.UNKNOWN), message, trailers)
+
+    def _span(self, context: Context, request: ReachRequest, name: str) -> Span:
+        carrier: Mapping[str, str] = metadata_lookup(context.invocation_metadata())
+        span = self._tracer.start_span(
+            f"{name} {request.capability}", context=extract_context(carrier), kind=SpanKind.SERVER
+        )
+        if span.is_recording():
+            span.set_attribute(ATTR_CAPABILITY, request.capability)
+            span.set_attribute(ATTR_REQUEST_ID, request.request_id)
+            if request.tenant:
+                span.set_attribute(ATTR_TENANT, request.tenant)
+        return span
+
+    # ------------------------------------------------------------------ RPCs
+
+    async def Call(self, message: pb.ReachCall, context: Context) -> pb.CallReply:
+        try:
+            request = self._admit(message, context)
+            with trace.use_span(self._span(context, request, "reach.node"), end_on_exit=True):
+                async with self.queue.slot(request.priority):
+                    response = await self.forwarder.run(request)
+        except Backpressure as exc:
+            return pb.CallReply(backpressure=_backpressure(exc))
+        except ReachError as exc:
+            await self._refuse(context, exc)
+        return pb.CallReply(result=result_message(response))
+
+    async def Stream(self, message: pb.ReachCall, context: Context) -> AsyncIterator[pb.StreamReply]:
+        try:
+            request = self._admit(message, context)
+        except ReachError as exc:
+            await self._refuse(context, exc)
+        span = self._span(context, request, "reach.node.stream")
+        events: AsyncIterator[StreamEvent] | None = None
+        try:
+            async with self.queue.slot(request.priority):
+                with trace.use_span(span, end_on_exit=False):
+                    events = self.forwarder.stream(request)
+                    event = await anext(events, None)
+                while event is not None:
+                    yield _stream_reply(event)
+                    event = await anext(events, None) if event.kind == "data" else None
+        except Backpressure as exc:
+            yield pb.StreamReply(backpressure=_backpressure(exc))
+        except ReachError as exc:
+            await self._refuse(context, exc)
+        finally:
+            if events is not None:
+                await _aclose(events)
+            span.end()
+
+    async def Submit(self, message: pb.SubmitRequest, context: Context) -> pb.SubmitReply:
+        try:
+            request = self._admit(message.call, context)
+            callback = check_callback(message.callback) if message.callback else None
+        except ReachError as exc:
+            await self._refuse(context, exc)
+        if self.queue.full or self.tickets.full:
+            return pb.SubmitReply(backpressure=_backpressure(self.queue.refusal()))
+        ticket = self.tickets.issue(callback)
+        task = asyncio.create_task(self._run_ticket(ticket, request), name=f"reach ticket {ticket}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return pb.SubmitReply(ticket=pb.Ticket(ticket=ticket, node=self.node_id))
+
+    async def Result(self, message: pb.ResultRequest, context: Context) -> pb.ResultReply:
+        try:
+            response = await self.tickets.wait(message.ticket, max(0, message.wait_ms) / 1000.0)
+        except KeyError:
+            return pb.ResultReply(state=pb.UNKNOWN)
+        if response is None:
+            return pb.ResultReply(state=pb.PENDING)
+        return pb.ResultReply(state=pb.DONE, result=result_message(response))
+
+    # ------------------------------------------------------------------ callback mode
+
+    async def _run_ticket(self, ticket: str, request: ReachRequest) -> None:
+        """Run a submitted request (it already holds its place: the queue is not re-checked) and record it."""
+        try:
+            async with self.queue.slot(request.priority, bounded=False):
+                response = await self.forwarder.run(request)
+        except ReachError as exc:
+            error = ErrorInfo(type=exc.error_type, message=exc.message)
+            response = ReachResponse(request_id=request.request_id, status="fail", error=error)
+        await self.tickets.complete(ticket, response)
+
+    async def aclose(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.tickets.aclose()
+
+
+def _stream_reply(event: StreamEvent) -> pb.StreamReply:
+    if event.kind == "data":
+        return pb.StreamReply(data=dumps(event.data))
+    if event.kind == "end":
+        return pb.StreamReply(end=True)
+    error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
+    return pb.StreamReply(error=error_message(error))
+
+
+async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()
