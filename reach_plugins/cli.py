@@ -115,5 +115,7 @@ def _agents_table(reg: Registry) -> Table:
 
 def main() -> None:
     app()
+
+
 if __name__ == "__main__":
     main()

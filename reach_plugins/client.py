@@ -64,7 +64,9 @@ class ReachClient:
         )
         self.sessions = open_sessions(sessions, clock=clock) if sessions is not None else None
         dedup = open_store(store) if store is not None else None
-        self._opened += [opened for opened, given in ((self.sessions, sessions), (dedup, store)) if isinstance(given, str)]
+        self._opened += [
+            opened for opened, given in ((self.sessions, sessions), (dedup, store)) if isinstance(given, str)
+        ]
         self._environ = environ if environ is not None else os.environ
         self.router = Router(
             self.registry,

@@ -21,7 +21,10 @@ ORDERS: dict[str, Any] = {
             "name": "query_order",
             "params_schema": {
                 "type": "object",
-                "properties": {"order_id": {"type": "string"}, "lines": {"type": "array", "items": {"type": "integer"}}},
+                "properties": {
+                    "order_id": {"type": "string"},
+                    "lines": {"type": "array", "items": {"type": "integer"}},
+                },
                 "required": ["order_id"],
             },
         }

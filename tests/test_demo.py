@@ -32,9 +32,11 @@ async def test_demo_trace_runs_from_framework_to_agent() -> None:
     """One trace links the framework's tool span, the client span and the agent's server span."""
     report = await run_demo(Console(file=io.StringIO()))
     spans = {span.name: span for span in report.spans}
-    tool, client, server = spans["execute_tool check_stock"], spans["reach check_inventory"], spans[
-        "reach.agent check_inventory"
-    ]
+    tool, client, server = (
+        spans["execute_tool check_stock"],
+        spans["reach check_inventory"],
+        spans["reach.agent check_inventory"],
+    )
     assert tool.context is not None and client.parent is not None and server.parent is not None
     assert client.parent.span_id == tool.context.span_id
     assert client.context is not None and server.parent.span_id == client.context.span_id

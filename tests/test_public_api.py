@@ -8,8 +8,21 @@ import sys
 
 import reach_plugins
 
-HEAVY = ("langchain", "langgraph", "llama_index", "dify_plugin", "grpc", "aetcd", "redis", "numpy", "tokenizers",
-         "aiohttp", "httpx", "uvicorn", "starlette")
+HEAVY = (
+    "langchain",
+    "langgraph",
+    "llama_index",
+    "dify_plugin",
+    "grpc",
+    "aetcd",
+    "redis",
+    "numpy",
+    "tokenizers",
+    "aiohttp",
+    "httpx",
+    "uvicorn",
+    "starlette",
+)
 
 
 def test_all_is_sorted_and_importable() -> None:

@@ -18,7 +18,10 @@ ORDERS: dict[str, dict[str, Any]] = {
     "A1001": {"status": "shipped", "items": ["blue kettle"], "carrier": "SF Express", "eta": "tomorrow"},
     "A1002": {"status": "paid", "items": ["tea set", "cups"], "carrier": None, "eta": "in 3 days"},
 }
-STOCK = {"K-7": {"name": "blue kettle", "on_hand": 12, "warehouse": "Hangzhou"}, "T-2": {"name": "tea set", "on_hand": 0}}
+STOCK = {
+    "K-7": {"name": "blue kettle", "on_hand": 12, "warehouse": "Hangzhou"},
+    "T-2": {"name": "tea set", "on_hand": 0},
+}
 KNOWLEDGE = {
     "return": "Items can be returned within 7 days of delivery; broken items are replaced free of charge.",
     "warranty": "Kettles carry a 2-year warranty covering the heating element.",
@@ -50,7 +53,9 @@ def orders_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
 
 
 def inventory_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
-    agent = ReachAgent("inventory", description="Knows what is in stock in which warehouse", tracer_provider=tracer_provider)
+    agent = ReachAgent(
+        "inventory", description="Knows what is in stock in which warehouse", tracer_provider=tracer_provider
+    )
 
     @agent.capability(
         "check_inventory",
@@ -76,7 +81,11 @@ def tickets_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
         description="Open an after-sales ticket (a complaint, a broken item, a refund request)",
         params_schema={
             "type": "object",
-            "properties": {"wo_number": {"type": "string"}, "order_id": {"type": "string"}, "summary": {"type": "string"}},
+            "properties": {
+                "wo_number": {"type": "string"},
+                "order_id": {"type": "string"},
+                "summary": {"type": "string"},
+            },
             "required": ["wo_number", "summary"],
         },
         idempotency_key="${params.wo_number}",
@@ -90,7 +99,9 @@ def tickets_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
 
 
 def knowledge_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
-    agent = ReachAgent("knowledge", description="Answers policy questions from the help centre", tracer_provider=tracer_provider)
+    agent = ReachAgent(
+        "knowledge", description="Answers policy questions from the help centre", tracer_provider=tracer_provider
+    )
 
     @agent.capability(
         "search_knowledge",

@@ -242,4 +242,3 @@ def _trace_tree(spans: list[ReadableSpan]) -> Tree:
 
 def _start(span: ReadableSpan) -> int:
     return span.start_time or 0
-
