@@ -22,7 +22,11 @@ def demo(
     seed: Annotated[int, typer.Option(help="Random seed of the scripted run.")] = 7,
 ) -> None:
     """Run the customer-service scenario on the embedded default: no servers, no API key."""
-    from reach_plugins.demo import run_demo
+    try:
+        from reach_plugins.demo import run_demo
+    except ImportError as exc:
+        console.print(f'[red]the demo needs the demo extra:[/red] pip install "reach-plugins[demo]" ({exc})')
+        raise typer.Exit(2) from None
 
     asyncio.run(run_demo(console, seed=seed))
 
