@@ -47,6 +47,8 @@ VIA: Final = "reach.via"
 MAX_BODY: Final = 1 << 20
 """Largest request body accepted, in bytes."""
 MAX_DEADLINE_MS: Final = 86_400_000
+HEADER_SAFE: Final = r"^[\x20-\x7e]+$"
+"""Fields that travel on as header values (``X-Tenant``, ``Idempotency-Key``): printable ASCII only."""
 
 
 class Unauthenticated(PermissionDenied):
@@ -63,8 +65,8 @@ class WireBody(BaseModel):
     action: str | None = Field(default=None, max_length=200)
     payload: dict[str, Any] | None = None
     session_id: str | None = Field(default=None, max_length=256)
-    tenant: str | None = Field(default=None, max_length=128)
-    idempotency_key: str | None = Field(default=None, max_length=256)
+    tenant: str | None = Field(default=None, max_length=128, pattern=HEADER_SAFE)
+    idempotency_key: str | None = Field(default=None, max_length=256, pattern=HEADER_SAFE)
     deadline_ms: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_MS)
     intent: str | None = Field(default=None, max_length=200)
     priority: Priority = "online"

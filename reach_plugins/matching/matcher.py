@@ -7,11 +7,16 @@ Rules, in order:
    descriptions from pulling a tool into the wrong domain);
 2. a capability named exactly like the tool wins (``queryOrder`` and
    ``query-order`` count as ``query_order``);
-3. otherwise the tool's name (split into words) and description are embedded
+3. a tool whose name and description hold nothing but generic verbs
+   (``lookup``, ``create``) says nothing about what it acts on: no route;
+4. otherwise the tool's name (split into words) and description are embedded
    and compared by cosine with each capability's name and description; the
    best one is chosen only if it reaches the threshold and beats the runner-up
    by more than ``margin`` — a near tie routes nowhere and logs a warning
    naming both, because a silent wrong route is worse than the local tool.
+
+Thresholds are per embedder (``recommended_threshold``; scores of different
+models are not comparable) and were measured on :mod:`.evalset`.
 
 Decisions are cached per (tool name, description, scope tags), and every one
 carries its score, the runner-up and the reason, so users can ask why.
@@ -231,7 +236,7 @@ class CapabilityMatcher:
         vector = self._vectors.get(text)
         if vector is None:
             self._embed_catalogue()
-            vector = self._vectors[text]
+            vector = self._vectors.get(text) or self._embed([text])[0]  # gone if update() raced this match
         return vector
 
     def _embed_catalogue(self) -> None:
