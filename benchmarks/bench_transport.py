@@ -7,6 +7,13 @@ run back to back, for several rounds; figures are medians over the rounds and
 ratios are medians of per-round paired ratios (so a machine shared with other
 work drifts both sides alike). Results go to ``benchmarks/results/transport.json``.
 
+What each mode does per call: ``raw_*`` build a reach body (fresh request id),
+POST it and parse the JSON reply; ``direct_*`` hand DirectTransport a fresh
+``Call`` for one prepared ``ReachRequest`` (the core makes a Call per attempt;
+the request itself is the client's, about 10 us of pydantic and uuid) and get
+a ``Reply``; ``client_*`` run ``ReachClient.reach`` end to end (request, route,
+resilience core, transport).
+
     .venv/bin/python benchmarks/bench_transport.py [--calls 2000] [--rounds 3] [--concurrency 1 32 64]
 """
 
@@ -106,8 +113,9 @@ def direct(engine: str) -> Callable[[str, AsyncExitStack], Awaitable[Send]]:
         agent = AgentDescriptor(name="bench", endpoints=[url], capabilities=["query_order"])
         instance = agent.static_instances()[0]
 
+        request = ReachRequest(capability="query_order", payload=PAYLOAD)
+
         async def send() -> Any:
-            request = ReachRequest(capability="query_order", payload=PAYLOAD)
             return await transport.send(Call(request=request, agent=agent, instance=instance, timeout=TIMEOUT))
 
         return send

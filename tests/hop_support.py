@@ -7,12 +7,13 @@ count attempts where they happen: at the agent.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,3 +191,13 @@ class AgentProcess:
         self.process.wait()
         if self._reader is not None:
             self._reader.join(5)
+
+
+async def until(condition: Callable[[], bool], *, within: float = 5.0) -> None:
+    """Yield to the event loop until ``condition()`` holds (an assertion error after ``within`` seconds)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while not condition():
+        if loop.time() > end:
+            raise AssertionError(f"condition not reached within {within}s")
+        await asyncio.sleep(0.002)

@@ -111,6 +111,7 @@ def list_at(container: Mapping[str, Any], key: str) -> list[Any]:
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 """One encoder for every body: ``json.dumps`` with options builds a new encoder on each call."""
+_DECODER = json.JSONDecoder()
 
 
 def encode_json(value: Any) -> bytes:
@@ -127,8 +128,10 @@ def endpoint_url(call: Call, path: str) -> str:
 def reach_headers(call: Call, *, accept: str = "application/json") -> dict[str, str]:
     """The core's propagation headers, completed from the request when the core did not set them."""
     headers = {"Content-Type": "application/json", "Accept": accept}
-    headers.update(call.headers)
-    present = {name.lower() for name in call.headers}
+    present: set[str] = set()
+    if call.headers:
+        headers.update(call.headers)
+        present = {name.lower() for name in call.headers}
     request = call.request
     if "x-reach-deadline" not in present:
         headers["X-Reach-Deadline"] = str(max(0, int(call.timeout * 1000)))
@@ -149,8 +152,9 @@ def invalid(call: Call, message: str) -> InvalidResponse:
 
 
 def decode_json(call: Call, body: bytes) -> Any:
+    """The JSON value of a reply body (UTF-8, as RFC 8259 requires: no encoding sniffing per reply)."""
     try:
-        return json.loads(body)
+        return _DECODER.decode(body.decode())
     except (ValueError, UnicodeDecodeError):
         snippet = body[:80].decode(errors="replace")
         raise invalid(call, f"the body is not JSON ({snippet!r})") from None

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
-from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_VIA, http_status, to_request
+from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_VIA, header_lookup, http_status, to_request
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets, check_callback
@@ -109,7 +109,7 @@ class NodeService:
         body = body_from_message(message)
         claimed = metadata.get("x-tenant") or body.tenant
         tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), claimed)
-        return to_request(body, metadata.get, tenant=tenant, source=peer_address(context.peer()))
+        return to_request(body, header_lookup(metadata), tenant=tenant, source=peer_address(context.peer()))
 
     async def _refuse(self, context: Context, exc: ReachError) -> NoReturn:
         status = http_status(exc)

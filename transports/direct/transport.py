@@ -69,7 +69,7 @@ class DirectTransport(BaseTransport):
         self._discovered: dict[tuple[str, str], Any] = {}
 
     def _engine_for(self, call: Call) -> Engine:
-        identity = tls_identity(call.credential)
+        identity = tls_identity(call.credential) if call.credential.type == "cert" else None
         if self._shared is not None:
             if identity is not None:
                 raise ConfigError(
@@ -77,11 +77,12 @@ class DirectTransport(BaseTransport):
                     "certificate yourself, or let DirectTransport build its clients"
                 )
             return self._shared
-        key = (call.agent.name, call.agent.pool, identity)
+        pool = call.agent.pool
+        key = (call.agent.name, pool.max_conns, pool.idle_timeout, identity)
         engine = self._engines.get(key)
         if engine is None:
             tls = tls_context(*identity) if identity else None
-            engine = self._engines[key] = make_engine(self.engine, call.agent.pool, tls, http2=self._http2)
+            engine = self._engines[key] = make_engine(self.engine, pool, tls, http2=self._http2)
         return engine
 
     async def _discover(self, adapter: Adapter, engine: Engine, call: Call) -> Any:
