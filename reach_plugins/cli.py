@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from reach_plugins.errors import ReachError
@@ -40,7 +41,7 @@ def agents(
     try:
         asyncio.run(_agents(registry, load))
     except ReachError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
 
 
@@ -57,7 +58,7 @@ def gateway(
     try:
         serve_gateway(config, host, port, registry=registry)
     except ReachError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
 
 
@@ -81,7 +82,7 @@ def node(
             )
         )
     except ReachError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
 
 

@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
 from reach_plugins.model import AgentDescriptor, Instance
-from reach_plugins.registry.base import Registry, RegistryView
+from reach_plugins.registry.base import Registry, RegistryEvent, RegistryView
 
 logger = logging.getLogger("reach_plugins.gateway")
 
@@ -78,9 +78,8 @@ class RouteTable:
     def is_alive(self, instance: Instance, now: float) -> bool:
         return self._source.is_alive(instance, now)
 
-    async def follow(self, registry: Registry) -> None:
-        """Invalidate on every event of ``registry.watch()`` until cancelled (run it as a task)."""
-        events = registry.watch()
+    async def follow(self, events: AsyncIterator[RegistryEvent]) -> None:
+        """Invalidate on every event of a ``registry.watch()`` stream until it ends or is cancelled."""
         try:
             async for _ in events:
                 self.invalidate()
@@ -92,11 +91,12 @@ class RouteTable:
 
 
 def watch_task(table: RouteTable, registry: Registry) -> asyncio.Task[None]:
-    """Start following ``registry``; a watch that ends or fails is logged, and the TTL keeps the table fresh."""
+    """Follow ``registry`` from now on (subscribed before returning); a watch that fails is logged."""
+    events = registry.watch()
 
     async def run() -> None:
         try:
-            await table.follow(registry)
+            await table.follow(events)
         except Exception:
             logger.exception("registry watch stopped; the route table now refreshes by TTL only")
 
