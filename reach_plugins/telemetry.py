@@ -59,6 +59,7 @@ EVENT_GIVE_UP: Final = "reach.give_up"
 EVENT_BREAKER: Final = "reach.breaker"
 EVENT_DEDUP_HIT: Final = "reach.dedup_hit"
 EVENT_DEDUP_WAIT: Final = "reach.dedup_wait"
+EVENT_DEDUP_UNAVAILABLE: Final = "reach.dedup_unavailable"
 EVENT_RATE_WAIT: Final = "reach.rate_limit_wait"
 
 # --------------------------------------------------------------------------- wire headers (DESIGN.md section 4)

@@ -13,7 +13,9 @@ Waiters are woken by a message on ``{prefix}dedup:settled`` (the key) that the
 complete/fail script publishes; a waiter in the same process is woken directly
 first. While Redis is unreachable the store fails closed (``BackendUnavailable``)
 unless ``on_outage="open"``; ``complete``/``fail`` never raise (the response is
-already in hand; the claim then expires by its TTL).
+already in hand; the claim then expires by its TTL). The pipeline then decides
+per capability: a ``retryable: false`` call is refused (a duplicate side effect
+is worse than an error), a retryable one runs without dedup and its trace says so.
 """
 
 from __future__ import annotations

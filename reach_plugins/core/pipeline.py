@@ -15,6 +15,7 @@ counts as load and a backoff sleep holds no slot. Raise-vs-return follows
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -31,7 +32,7 @@ from reach_plugins.core.loopguard import DEFAULT_MAX_HOPS, check_length, check_t
 from reach_plugins.core.ports import CredentialResolver, RouterLike
 from reach_plugins.core.streaming import stream_attempts
 from reach_plugins.core.trace import TraceRecorder, TraceSink, emit_safely
-from reach_plugins.errors import ConfigError, DeadlineExceeded, ReachError
+from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry import (
     ATTR_AGENT,
@@ -45,6 +46,7 @@ from reach_plugins.telemetry import (
     ATTR_STATUS,
     ATTR_TENANT,
     EVENT_DEDUP_HIT,
+    EVENT_DEDUP_UNAVAILABLE,
     EVENT_DEDUP_WAIT,
     HEADER_HOPS,
     HEADER_IDEMPOTENCY_KEY,
@@ -58,6 +60,8 @@ from reach_plugins.telemetry import (
 )
 from reach_plugins.transport import StreamEvent, Transport
 from reach_plugins.validation import check_payload
+
+logger = logging.getLogger("reach_plugins.core")
 
 
 class Pipeline:
@@ -183,7 +187,14 @@ class Pipeline:
         clock = self._clock
         waited = False
         while True:
-            begin = await self._store.begin(key, digest, ttl)
+            try:
+                begin = await self._store.begin(key, digest, ttl)
+            except BackendUnavailable as exc:
+                if not flight.route.capability.retryable:
+                    raise
+                logger.warning("dedup store unreachable; %s runs without dedup: %s", flight.route.capability.name, exc)
+                flight.rec.event(EVENT_DEDUP_UNAVAILABLE, clock.now(), error=exc.message)
+                return None
             if begin.state == "new":
                 return None
             if begin.state == "done" and begin.result is not None:

@@ -1,0 +1,56 @@
+"""When the shared dedup store is unreachable: fail closed for non-retryable capabilities, open otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reach_plugins import AgentDescriptor, ReachClient, errors
+from reach_plugins.registry import MemoryRegistry
+from reach_plugins.transport import Call, MockTransport
+
+DEAD_REDIS = "redis://127.0.0.1:1/0?timeout=0.2"
+
+
+@pytest.fixture
+async def registry() -> MemoryRegistry:
+    reg = MemoryRegistry()
+    await reg.register_agent(
+        AgentDescriptor.model_validate(
+            {
+                "name": "tickets",
+                "endpoints": ["http://tickets-a"],
+                "capabilities": [
+                    {"name": "create_ticket", "idempotency_key": "${params.wo_number}", "retryable": False},
+                    {"name": "query_ticket", "idempotency_key": "${params.wo_number}"},
+                ],
+            }
+        )
+    )
+    return reg
+
+
+def answer(call: Call) -> dict[str, Any]:
+    return {"ok": call.request.capability}
+
+
+async def test_non_retryable_call_is_not_sent_without_dedup(registry: MemoryRegistry) -> None:
+    """A side-effecting call whose key cannot be checked is refused, naming the backend; nothing is sent."""
+    transport = MockTransport(answer)
+    client = ReachClient(registry, transport, store=DEAD_REDIS)
+    with pytest.raises(errors.BackendUnavailable, match="fails closed"):
+        await client.reach("create_ticket", {"wo_number": "WO-1"})
+    assert transport.calls == []
+    await client.aclose()
+
+
+async def test_retryable_call_runs_unguarded_and_says_so(registry: MemoryRegistry) -> None:
+    """A retryable call goes ahead without dedup and its trace records why."""
+    transport = MockTransport(answer)
+    client = ReachClient(registry, transport, store=DEAD_REDIS)
+    resp = await client.reach("query_ticket", {"wo_number": "WO-1"}, trace=True)
+    assert resp.ok and len(transport.calls) == 1
+    assert resp.trace is not None
+    assert [e["event"] for e in resp.trace.events] == ["reach.dedup_unavailable"]
+    await client.aclose()
