@@ -266,6 +266,10 @@ def main() -> None:
         },
         "load_average_after": os.getloadavg(),
         "results": {level: summary(samples[level]) for level in levels},
+        "rps_by_round": {
+            level: {mode: [round(run["rps"]) for run in runs] for mode, runs in samples[level].items()}
+            for level in levels
+        },
         "ratios": ratios(samples, levels[0], levels[-1]) if len(levels) > 1 else {},
         "errors": errors,
     }

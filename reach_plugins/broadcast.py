@@ -2,9 +2,10 @@
 
 The seeds' second mode of reaching: candidates come from the capability index
 (never a broadcast to everyone), each copy is pinned to one candidate and goes
-through the same resilience core as any reach, and aggregation completes early
-— first success, first N, a quorum, or all — cancelling the stragglers. The
-result lists who answered, in order of arrival, and who was cancelled.
+through the same resilience core as any reach, and aggregation completes as
+early as it can — at the first success, the first N, a quorum (or as soon as
+those became impossible), or once all answered — cancelling the stragglers.
+The result lists who answered, in order of arrival, and who was cancelled.
 
 Pinning is request metadata that :class:`TargetedRouter` applies around a
 router: ``reach.target`` (``agent/instance``) must serve the request or nobody
@@ -38,6 +39,7 @@ DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a broadcast waits when the request sets neither ``deadline`` nor ``timeout_ms``."""
 
 Aggregate = Literal["first", "first_n", "quorum", "all"]
+Status = Literal["success", "fail", "timeout"]
 
 
 class CandidateRouter(Protocol):
@@ -91,7 +93,7 @@ class BroadcastResult(BaseModel):
 
     request_id: str
     capability: str
-    status: Literal["success", "fail", "timeout"]
+    status: Status
     aggregate: Aggregate
     needed: int
     """Successes the aggregate asked for (1, N, a majority of the targets, or all of them)."""
@@ -182,26 +184,13 @@ async def broadcast(
         deadline = started + (request.timeout_ms / 1000.0 if request.timeout_ms else DEFAULT_TIMEOUT)
     copies = _copies(request, routes, deadline)
     tasks = {asyncio.create_task(_one(client, target, copy)): target for target, copy in copies}
-    pending: set[asyncio.Task[ReachResponse]] = set(tasks)
-    responses: list[ReachResponse] = []
-    status: Literal["success", "fail", "timeout"] | None = None
     try:
-        while status is None:
-            remaining = deadline - clock()
-            if remaining <= 0:
-                status = "timeout"
-                break
-            done, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            responses.extend(task.result() for task in done)
-            won = sum(1 for response in responses if response.ok)
-            if won >= needed:
-                status = "success"
-            elif won + len(pending) < needed:
-                status = "fail"
+        status, responses = await _aggregate(set(tasks), needed, aggregate, deadline, clock)
     finally:
-        for task in pending:
+        stragglers = [task for task in tasks if not task.done()]
+        for task in stragglers:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*stragglers, return_exceptions=True)
     return BroadcastResult(
         request_id=request.request_id,
         capability=request.capability,
@@ -210,5 +199,28 @@ async def broadcast(
         needed=needed,
         targets=[target for target, _ in copies],
         responses=responses,
-        cancelled=[tasks[task] for task in pending],
+        cancelled=[tasks[task] for task in stragglers],
     )
+
+
+async def _aggregate(
+    pending: set[asyncio.Task[ReachResponse]],
+    needed: int,
+    aggregate: Aggregate,
+    deadline: float,
+    clock: Callable[[], float],
+) -> tuple[Status, list[ReachResponse]]:
+    """Collect answers until ``needed`` succeeded, success became impossible, or the deadline passed."""
+    responses: list[ReachResponse] = []
+    while True:
+        remaining = deadline - clock()
+        if remaining <= 0:
+            return "timeout", responses
+        done, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        responses.extend(task.result() for task in done)
+        won = sum(1 for response in responses if response.ok)
+        if won >= needed:
+            return "success", responses
+        if won + len(pending) < needed and (aggregate != "all" or not pending):
+            late = any(response.status == "timeout" for response in responses)
+            return ("timeout" if late else "fail"), responses

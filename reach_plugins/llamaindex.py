@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 try:
     from llama_index.core.bridge.pydantic import BaseModel, ConfigDict
-    from llama_index_instrumentation.dispatcher import active_instrument_tags
     from llama_index.core.objects.base import ObjectRetriever
     from llama_index.core.tools import AsyncBaseTool, BaseTool, FunctionTool, ToolMetadata, ToolOutput
     from llama_index.core.tools.types import adapt_to_async_tool
     from llama_index.core.workflow import Context, WorkflowRuntimeError
+    from llama_index_instrumentation.dispatcher import active_instrument_tags
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         'the LlamaIndex adapter needs the llamaindex extra: pip install "reach-plugins[llamaindex]"'
@@ -53,11 +53,14 @@ class ReachTool(AsyncBaseTool):
     """
 
     def __init__(self, enhancer: ReachEnhancer, tool: BaseTool | None = None, *, spec: ProxySpec | None = None) -> None:
-        if (tool is None) == (spec is None):
-            raise TypeError("ReachTool needs exactly one of tool= (a local tool) or spec= (a capability proxy)")
         self.enhancer = enhancer
-        self.inner = adapt_to_async_tool(tool) if tool is not None else None
-        self._metadata = tool.metadata if tool is not None else _proxy_metadata(spec)  # type: ignore[arg-type]
+        self.inner: AsyncBaseTool | None
+        if tool is not None and spec is None:
+            self.inner, self._metadata = adapt_to_async_tool(tool), tool.metadata
+        elif spec is not None and tool is None:
+            self.inner, self._metadata = None, _proxy_metadata(spec)
+        else:
+            raise TypeError("ReachTool needs exactly one of tool= (a local tool) or spec= (a capability proxy)")
 
     @property
     def metadata(self) -> ToolMetadata:
@@ -113,11 +116,17 @@ class ReachToolRetriever(ObjectRetriever[BaseTool]):
     """An agent's ``tool_retriever`` whose tools are wrapped, plus proxies for capabilities none of them covers."""
 
     def __init__(
-        self, inner: ObjectRetriever[BaseTool], enhancer: ReachEnhancer, *, static: Sequence[BaseTool] = ()
+        self,
+        inner: ObjectRetriever[BaseTool],
+        enhancer: ReachEnhancer,
+        *,
+        static: Sequence[BaseTool] = (),
+        proxy_tools: bool = True,
     ) -> None:
         super().__init__(inner.retriever, inner.object_node_mapping, inner.node_postprocessors)
         self.inner = inner
         self.enhancer = enhancer
+        self.proxy_tools = proxy_tools
         self._static = [_identity(tool) for tool in static]
 
     def retrieve(self, str_or_query_bundle: Any) -> list[BaseTool]:
@@ -127,9 +136,11 @@ class ReachToolRetriever(ObjectRetriever[BaseTool]):
         return self._enhanced(await self.inner.aretrieve(str_or_query_bundle))
 
     def _enhanced(self, tools: Sequence[BaseTool]) -> list[BaseTool]:
-        local = [*self._static, *(_identity(tool) for tool in tools)]
-        proxies: list[BaseTool] = [ReachTool(self.enhancer, spec=spec) for spec in self.enhancer.tools(local)]
-        return [*(_wrapped(tool, self.enhancer) for tool in tools), *proxies]
+        wrapped = [_wrapped(tool, self.enhancer) for tool in tools]
+        if not self.proxy_tools:
+            return wrapped
+        specs = self.enhancer.tools([*self._static, *(_identity(tool) for tool in tools)])
+        return [*wrapped, *(ReachTool(self.enhancer, spec=spec) for spec in specs)]
 
 
 def enhance_tools(
@@ -174,7 +185,7 @@ def _enhance_one(agent: Any, enhancer: ReachEnhancer, proxy_tools: bool) -> None
         return
     agent.tools = enhance_tools(tools, enhancer, proxy_tools=False)
     if not isinstance(retriever, ReachToolRetriever):
-        agent.tool_retriever = ReachToolRetriever(retriever, enhancer, static=agent.tools if proxy_tools else ())
+        agent.tool_retriever = ReachToolRetriever(retriever, enhancer, static=agent.tools, proxy_tools=proxy_tools)
 
 
 # --------------------------------------------------------------------------- helpers

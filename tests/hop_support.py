@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,13 @@ def build_agent(name: str, label: str) -> tuple[ReachAgent, list[tuple[str, dict
         executed.append(("hold", {"n": n}))
         return {"n": n, "by": label}
 
+    @agent.capability("pick")
+    def pick(refuse: list[str]) -> dict[str, str]:
+        executed.append(("pick", {"refuse": refuse}))
+        if label in refuse:
+            raise BusinessError(f"{label} refuses")
+        return {"by": label}
+
     @agent.capability("count")
     async def count(upto: int) -> Any:
         executed.append(("count", {"upto": upto}))
@@ -109,7 +117,7 @@ def write_config(path: Path, agents: dict[str, Any], tenants: dict[str, Any] | N
     listed = []
     for name, spec in agents.items():
         body = {"endpoints": spec} if isinstance(spec, list) else dict(spec)
-        body.setdefault("capabilities", ["query_order", "whoami", "outage", "refuse", "hold", "count"])
+        body.setdefault("capabilities", ["query_order", "whoami", "outage", "refuse", "hold", "pick", "count"])
         listed.append({"name": name, **body})
     doc: dict[str, Any] = {"agents": listed}
     if tenants is not None:
@@ -201,3 +209,21 @@ async def until(condition: Callable[[], bool], *, within: float = 5.0) -> None:
         if loop.time() > end:
             raise AssertionError(f"condition not reached within {within}s")
         await asyncio.sleep(0.002)
+
+
+async def until_true(probe: Callable[[], Awaitable[bool]], *, within: float = 15.0) -> None:
+    """Await ``probe()`` again and again until it answers True (an assertion error after ``within`` seconds)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while not await probe():
+        if loop.time() > end:
+            raise AssertionError(f"probe did not succeed within {within}s")
+        await asyncio.sleep(0.02)
+
+
+def free_port() -> int:
+    """A port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port

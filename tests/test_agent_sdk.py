@@ -8,17 +8,15 @@ from typing import Any
 
 import httpx
 import pytest
-from faultproxy import FaultProxy
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
-from transport_conformance import make_call
 
 from reach_plugins.adapters import SseDecoder
-from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
-from reach_plugins.errors import BusinessError, ConfigError, ConnectionLost
-from transports.direct import DirectTransport
+from reach_plugins.agent import ReachAgent, ReachContext
+from reach_plugins.context import current
+from reach_plugins.errors import BusinessError, ConfigError
 
 
 class Clock:
@@ -181,93 +179,6 @@ async def test_context_carries_headers_and_session_state(client: Client) -> None
     assert (again.json()["data"]["n"], other.json()["data"]["n"]) == (2, 1)
 
 
-# ----------------------------------------------------------------------------- idempotency
-
-
-async def test_same_idempotency_key_executes_once(client: Client) -> None:
-    """A retried call with the same Idempotency-Key gets the stored reply and does not run again."""
-    http, _, executed = client
-    request = body("create_ticket", {"wo_number": "W7"})
-    first = await http.post("/reach", json=request, headers={"Idempotency-Key": "wo-W7"})
-    second = await http.post("/reach", json=request, headers={"Idempotency-Key": "wo-W7"})
-    assert executed == ["W7"]
-    assert second.json() == first.json()
-    assert second.headers["Idempotent-Replayed"] == "true"
-
-
-async def test_concurrent_duplicates_share_one_execution() -> None:
-    """Two concurrent calls with one key run the handler once, and both get its result."""
-    agent = ReachAgent("slow")
-    started, release = asyncio.Event(), asyncio.Event()
-    runs: list[int] = []
-
-    @agent.capability("charge")
-    async def charge(amount: int) -> int:
-        runs.append(amount)
-        started.set()
-        await release.wait()
-        return amount
-
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
-        request = body("charge", {"amount": 5})
-        calls = [asyncio.create_task(http.post("/reach", json=request, headers={"Idempotency-Key": "c1"}))]
-        calls.append(asyncio.create_task(http.post("/reach", json=request, headers={"Idempotency-Key": "c1"})))
-        await started.wait()
-        release.set()
-        replies = await asyncio.gather(*calls)
-    assert runs == [5]
-    assert [reply.json()["data"] for reply in replies] == [5, 5]
-
-
-async def test_same_key_with_another_payload_conflicts(client: Client) -> None:
-    """Reusing a key for a different payload is a 409 conflict, and the second payload does not run."""
-    http, _, executed = client
-    await http.post("/reach", json=body("create_ticket", {"wo_number": "W1"}), headers={"Idempotency-Key": "k"})
-    response = await http.post(
-        "/reach", json=body("create_ticket", {"wo_number": "W2"}), headers={"Idempotency-Key": "k"}
-    )
-    assert response.status_code == 409
-    assert "different payload" in response.json()["error"]["message"]
-    assert executed == ["W1"]
-
-
-async def test_transient_failures_are_not_stored(client: Client) -> None:
-    """A crashed execution is not kept: the retry with the same key runs again."""
-    http, _, executed = client
-    for _ in range(2):
-        await http.post("/reach", json=body("query_order", {"order_id": "crash"}), headers={"Idempotency-Key": "q"})
-    assert executed == ["crash", "crash"]
-
-
-async def test_stored_replies_expire_after_the_window() -> None:
-    """Past the idempotency window the same key executes again."""
-    clock = Clock()
-    agent, executed = build_agent(idempotency_window=60.0, clock=clock)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
-        request = body("create_ticket", {"wo_number": "W1"})
-        await http.post("/reach", json=request, headers={"Idempotency-Key": "k"})
-        clock.now += 59
-        await http.post("/reach", json=request, headers={"Idempotency-Key": "k"})
-        clock.now += 2
-        await http.post("/reach", json=request, headers={"Idempotency-Key": "k"})
-    assert executed == ["W1", "W1"]
-
-
-async def test_lost_reply_then_retry_executes_once() -> None:
-    """Over a real wire: the agent ran, the reply was lost, the retry with the same key gets the stored result."""
-    agent, executed = build_agent()
-    with BackgroundServer(agent.app) as server:
-        async with FaultProxy((server.host, server.port)) as proxy, DirectTransport() as transport:
-            call = make_call(proxy.url, "create_ticket", {"wo_number": "W9"}, idempotency_key="wo-W9")
-            proxy.mode = "lose_reply"
-            with pytest.raises(ConnectionLost):
-                await transport.send(call)
-            proxy.mode = "pass"
-            reply = await transport.send(call)
-    assert reply.data["ticket"] == "T-W9"
-    assert executed == ["W9"]
-
-
 # ----------------------------------------------------------------------------- deadlines
 
 
@@ -393,3 +304,27 @@ def test_invalid_params_schema_is_a_config_error() -> None:
     agent = ReachAgent("orders")
     with pytest.raises(ConfigError, match="params_schema"):
         agent.capability("query_order", params_schema={"type": "no-such-type"})(lambda: None)
+
+
+async def test_handlers_know_the_request_they_serve() -> None:
+    """Plain and streaming handlers run inside the served request, so nested reaches extend its hop chain."""
+    agent = ReachAgent("router")
+
+    @agent.capability("route")
+    def route() -> list[str]:
+        served = current()
+        return [str(hop) for hop in served.hops] if served else []
+
+    @agent.capability("route_stream")
+    async def route_stream() -> AsyncIterator[list[str]]:
+        served = current()
+        yield [str(hop) for hop in served.hops] if served else []
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
+        headers = {"X-Reach-Hops": "app/chat"}
+        plain = (await http.post("/reach", json=body("route", {}), headers=headers)).json()["data"]
+        streamed = SseDecoder().feed(
+            (await http.post("/reach/stream", json=body("route_stream", {}), headers=headers)).content
+        )
+    assert plain == ["app/chat", "router/route"]
+    assert streamed[0].data == '["app/chat","router/route_stream"]'

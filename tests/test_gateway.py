@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from hop_support import TOKENS, Agent, demo_tenants, serve_agents, write_config
+from hop_support import TOKENS, Agent, demo_tenants, serve_agents, until_true, write_config
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -249,3 +250,29 @@ def test_metrics_render_prometheus_text() -> None:
     assert 'latency_seconds_bucket{le="1"} 2' in text
     assert 'latency_seconds_bucket{le="+Inf"} 3' in text
     assert "latency_seconds_count 3" in text and "latency_seconds_sum 5.55" in text
+
+
+async def test_gateway_at_its_inflight_limit_pushes_back(tmp_path: Path) -> None:
+    """Past max_inflight the gateway answers 429 with error type backpressure and Retry-After, sending nothing."""
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        app = create_app(config, environ=TOKENS, max_inflight=1)
+        with BackgroundServer(app, proxy_headers=False) as gateway:
+            transport = GatewayTransport(gateway.url, token=TOKENS["DEMO_TOKEN"])
+            async with ReachClient(str(config), transport, tenant="demo", environ=TOKENS) as client:
+                held = asyncio.create_task(client.reach("hold", {"n": 1}, timeout_ms=8000))
+                await until_true(lambda: _busy(gateway.url))
+                async with httpx.AsyncClient(base_url=gateway.url) as http:
+                    raw = await http.post("/v1/reach", json={"capability": "whoami"}, headers=DEMO)
+                pushed = await client.reach("whoami", timeout_ms=3000)
+                agents[0].gate.set()
+                served = await held
+    assert raw.status_code == 429 and raw.headers["retry-after"] == "1"
+    assert raw.json()["error"]["type"] == "backpressure"
+    assert pushed.status == "fail" and pushed.error is not None and pushed.error.type == "backpressure"
+    assert served.ok and agents[0].count("whoami") == 0
+
+
+async def _busy(url: str) -> bool:
+    async with httpx.AsyncClient(base_url=url) as http:
+        return "reach_gateway_inflight 1" in (await http.get("/metrics")).text

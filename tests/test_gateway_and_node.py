@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hop_support import TOKENS, AgentProcess, demo_tenants, serve_agents, write_config
+from hop_support import TOKENS, AgentProcess, demo_tenants, free_port, serve_agents, write_config
 
 from reach_plugins import ReachClient, errors
 from reach_plugins.agent import BackgroundServer
@@ -45,13 +44,6 @@ async def direct(config: Path) -> AsyncIterator[Callable[..., Transport]]:
 
 
 HOPS: dict[str, Hop] = {"gateway": through_gateway, "node": through_node}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def ask(client: ReachClient) -> tuple[Any, str | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ async def test_full_queue_answers_backpressure_and_drops_nothing(tmp_path: Path)
             tasks = [asyncio.create_task(client.reach("hold", {"n": n}, timeout_ms=8000)) for n in range(6)]
             await until(lambda: node.queue.refused >= 3)
             channel = grpc.aio.insecure_channel(node.target)
-            raw = await reach_pb2_grpc.ReachNodeStub(channel).Call(
+            stub = reach_pb2_grpc.ReachNodeStub(channel)  # type: ignore[no-untyped-call]
+            raw = await stub.Call(
                 reach_pb2.ReachCall(capability="hold", payload=b'{"n": 99}'),
                 metadata=(("authorization", f"Bearer {DEMO}"),),
             )
@@ -74,10 +76,14 @@ async def test_online_requests_go_before_batch(tmp_path: Path) -> None:
             tasks = [first]
             for n, priority in ((1, "batch"), (2, "batch"), (3, "online"), (4, "online")):
                 tasks.append(asyncio.create_task(client.reach("hold", {"n": n}, priority=priority, timeout_ms=8000)))
-                await until(lambda n=n: node.queue.depth == n)
+                await until(waiting(node, n))
             agents[0].gate.set()
             await asyncio.gather(*tasks)
     assert [payload["n"] for _, payload in agents[0].executed] == [0, 3, 4, 1, 2]
+
+
+def waiting(node: NodeServer, count: int) -> Callable[[], bool]:
+    return lambda: node.queue.depth == count
 
 
 class Receiver:
@@ -135,7 +141,7 @@ async def test_callback_mode_pushes_to_a_grpc_target(tmp_path: Path) -> None:
     """A grpc://host:port callback receives the result through ReachCallback.Deliver."""
     servicer = CallbackServicer()
     server = grpc.aio.server()
-    reach_pb2_grpc.add_ReachCallbackServicer_to_server(servicer, server)
+    reach_pb2_grpc.add_ReachCallbackServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

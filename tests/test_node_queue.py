@@ -39,10 +39,17 @@ async def test_workers_bound_what_runs_and_online_goes_first() -> None:
     queue = WorkQueue(capacity=10, workers=2)
     release = asyncio.Event()
     log: list[str] = []
-    order = [("online", "r1"), ("online", "r2"), ("batch", "b1"), ("batch", "b2"), ("online", "o1"), ("online", "o2")]
+    order: list[tuple[Priority, str]] = [
+        ("online", "r1"),
+        ("online", "r2"),
+        ("batch", "b1"),
+        ("batch", "b2"),
+        ("online", "o1"),
+        ("online", "o2"),
+    ]
     tasks = []
     for priority, name in order:
-        tasks.append(asyncio.create_task(hold(queue, priority, release, log, name)))  # type: ignore[arg-type]
+        tasks.append(asyncio.create_task(hold(queue, priority, release, log, name)))
         await settle()
     assert (queue.running, queue.depth, log) == (2, 4, ["r1", "r2"])
     release.set()

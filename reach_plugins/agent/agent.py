@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,7 +32,7 @@ from reach_plugins.adapters import encode_sse
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
-from reach_plugins.context import serving
+from reach_plugins.context import Served, serving
 from reach_plugins.errors import BusinessError, ConfigError, ReachError
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop
 
@@ -260,14 +260,7 @@ class ReachAgent:
     async def _execute(self, prepared: _Prepared) -> Outcome:
         ctx = prepared.ctx
         try:
-            with serving(
-                self.name,
-                ctx.capability,
-                hops=ctx.hops,
-                session_id=ctx.session_id,
-                tenant=ctx.tenant,
-                deadline=ctx.deadline,
-            ):
+            with self._serving(ctx):
                 async with asyncio.timeout(ctx.remaining()):
                     data = await prepared.handler.call(prepared.kwargs)
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
@@ -301,8 +294,9 @@ class ReachAgent:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(ctx.remaining()):
-                        chunk = await anext(chunks)
+                    with self._serving(ctx), trace.use_span(span, end_on_exit=False):
+                        async with asyncio.timeout(ctx.remaining()):
+                            chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 yield encode_sse(dumps(chunk), "data")
@@ -317,6 +311,20 @@ class ReachAgent:
         finally:
             await chunks.aclose()
             span.end()
+
+    def _serving(self, ctx: ReachContext) -> AbstractContextManager[Served]:
+        """Mark the handler's code as serving this request, so reaches it makes continue the hop chain.
+
+        Streams enter it around each step of the handler only, never across a ``yield`` to the server.
+        """
+        return serving(
+            self.name,
+            ctx.capability,
+            hops=ctx.hops,
+            session_id=ctx.session_id,
+            tenant=ctx.tenant,
+            deadline=ctx.deadline,
+        )
 
     def _span(self, ctx: ReachContext, headers: Mapping[str, str]) -> Any:
         """A server span continuing the caller's trace (``traceparent``)."""

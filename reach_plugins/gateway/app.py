@@ -47,6 +47,7 @@ from reach_plugins.telemetry import (
     ATTR_REQUEST_ID,
     ATTR_STATUS,
     ATTR_TENANT,
+    HEADER_TRACEPARENT,
     extract_context,
     get_tracer,
 )
@@ -68,6 +69,16 @@ async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
     close = getattr(events, "aclose", None)
     if close is not None:
         await close()
+
+
+def _headers(request: Request) -> dict[str, str]:
+    """The request's headers as a plain dict (ASGI names are lowercase): O(1) lookups, computed once."""
+    cached: dict[str, str] | None = request.scope.get("reach.headers")
+    if cached is None:
+        cached = request.scope["reach.headers"] = {
+            name.decode("latin-1"): value.decode("latin-1") for name, value in request.scope["headers"]
+        }
+    return cached
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -104,10 +115,10 @@ class Gateway:
     # ------------------------------------------------------------------ request handling
 
     async def _admit(self, request: Request) -> ReachRequest:
-        """Authenticate, bound concurrency, parse: the ReachRequest to run, or a ReachError to answer with."""
-        if self.inflight >= self.max_inflight:
+        """Bound concurrency (this request is counted), authenticate, parse: the ReachRequest to run."""
+        if self.inflight > self.max_inflight:
             raise Backpressure(
-                f"the gateway is serving {self.inflight} requests, its limit; retry after {self.retry_after:g}s",
+                f"the gateway is serving {self.max_inflight} requests, its limit; retry after {self.retry_after:g}s",
                 retry_after=self.retry_after,
             )
         raw = await request.body()
@@ -118,10 +129,10 @@ class Gateway:
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"the body is not valid JSON: {exc}") from None
         body = parse_body(decoded)
-        headers = request.headers
-        tenant = self.access.authenticate(headers.get(HEADER_AUTHORIZATION), headers.get("x-tenant") or body.tenant)
+        headers = _headers(request)
+        tenant = self.access.authenticate(headers.get("authorization"), headers.get("x-tenant") or body.tenant)
         source = request.client.host if request.client else None
-        return to_request(body, headers.get, tenant=tenant, source=source)
+        return to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
 
     def _refusal(self, endpoint: str, exc: ReachError, request_id: str | None = None) -> Response:
         status = http_status(exc)
@@ -137,9 +148,10 @@ class Gateway:
         return _json(error_body(exc, request_id), status, headers)
 
     def _span(self, request: Request, reach: ReachRequest, name: str) -> Span:
-        span = self._tracer.start_span(
-            f"{name} {reach.capability}", context=extract_context(request.headers), kind=SpanKind.SERVER
-        )
+        """A server span, child of the caller's ``traceparent`` when there is one."""
+        headers = _headers(request)
+        parent = extract_context(headers) if HEADER_TRACEPARENT in headers else None
+        span = self._tracer.start_span(f"{name} {reach.capability}", context=parent, kind=SpanKind.SERVER)
         if span.is_recording():
             span.set_attribute(ATTR_CAPABILITY, reach.capability)
             span.set_attribute(ATTR_REQUEST_ID, reach.request_id)

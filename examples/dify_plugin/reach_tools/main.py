@@ -1,0 +1,8 @@
+"""Entry point Dify runs: dify_plugin first (it patches the process with gevent), then the plugin."""
+
+from dify_plugin import DifyPluginEnv, Plugin
+
+plugin = Plugin(DifyPluginEnv(MAX_REQUEST_TIMEOUT=120))
+
+if __name__ == "__main__":
+    plugin.run()

@@ -1,0 +1,229 @@
+"""Cells of ``03_failure_drill.ipynb``: an instance dies, an outage comes and goes; watch success, latency, breakers."""
+
+CELLS: list[tuple[str, str]] = [
+    (
+        "md",
+        """
+# Failure drill: an instance dies, then an outage comes and goes
+
+Two instances of an `orders` agent serve `query_order`. A client keeps calling
+it, 40 times a second, while we:
+
+1. **kill** one instance (its server stops: connections are refused),
+2. start an **outage** on the other (its database is down: every call fails),
+3. **end** the outage.
+
+The resilience core retries transient failures with full jitter, fails over to
+the other instance, and opens a circuit breaker per instance, so a dead
+instance stops costing time. We plot the success rate, the latency and each
+breaker's state over time. Breaker settings are shortened (a 2 s window, 1 s
+open) so the whole drill takes about eight seconds.
+""",
+    ),
+    (
+        "code",
+        """
+import asyncio
+import json
+import logging
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from reach_plugins import ReachClient
+from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.errors import ReachError
+
+logging.getLogger("reach_plugins").setLevel(logging.CRITICAL)  # the drill's failures are on purpose: no log noise
+outage = threading.Event()
+
+
+def orders_instance() -> ReachAgent:
+    agent = ReachAgent("orders")
+
+    @agent.capability("query_order", description="Find an order by its id")
+    def query_order(order_id: str) -> dict:
+        if outage.is_set():
+            raise RuntimeError("database down")  # answered as a transient failure (HTTP 500)
+        return {"order_id": order_id, "status": "shipped"}
+
+    return agent
+
+
+servers = {f"orders-{n}": BackgroundServer(orders_instance().app).start() for n in (0, 1)}
+config = Path(tempfile.mkdtemp(prefix="reach-drill-")) / "agents.yaml"
+config.write_text(f\"\"\"
+agents:
+  - name: orders
+    endpoints: [{servers["orders-0"].url}, {servers["orders-1"].url}]
+    capabilities: [query_order]
+    timeouts: {{connect: 200ms, response: 1s}}
+    retry: {{max_attempts: 3, base_wait: 10ms, max_wait: 50ms}}
+    circuit_breaker: {{window: 2s, buckets: 4, min_calls: 4, error_threshold: 50%, open_wait: 1s, half_open_probes: 1}}
+\"\"\")
+print(config.read_text())
+""",
+    ),
+    (
+        "md",
+        """
+## The drill
+
+Every 25 ms a call starts (calls overlap). Every transition of a breaker is an
+event in the request's trace; a sink collects the traces.
+""",
+    ),
+    (
+        "code",
+        """
+KILL_AT, OUTAGE_AT, RECOVER_AT, END_AT = 1.5, 3.5, 5.0, 7.5
+
+
+class Traces:
+    \"\"\"Keeps every request's trace (the client writes one per request).\"\"\"
+
+    def __init__(self) -> None:
+        self.all = []
+
+    def emit(self, trace) -> None:
+        self.all.append(trace)
+
+
+sink = Traces()
+calls, marks = [], {}
+client = ReachClient(f"file://{config}", sink=sink)
+start = time.time()
+
+
+async def one_call(number: int) -> None:
+    began = time.time()
+    try:
+        response = await client.reach("query_order", {"order_id": f"A{number}"}, timeout_ms=2000)
+        ok, instance = response.ok, response.instance
+    except ReachError:
+        ok, instance = False, None
+    calls.append({"t": began - start, "ok": ok, "ms": (time.time() - began) * 1000, "instance": instance})
+
+
+async def drill() -> None:
+    tasks, number = [], 0
+    while (now := time.time() - start) < END_AT:
+        if now >= KILL_AT and "kill" not in marks:
+            marks["kill"] = now
+            await asyncio.to_thread(servers["orders-1"].stop)
+        if now >= OUTAGE_AT and "outage" not in marks:
+            marks["outage"] = now
+            outage.set()
+        if now >= RECOVER_AT and "recover" not in marks:
+            marks["recover"] = now
+            outage.clear()
+        tasks.append(asyncio.create_task(one_call(number)))
+        number += 1
+        await asyncio.sleep(0.025)
+    await asyncio.gather(*tasks)
+
+
+await drill()
+await client.aclose()
+servers["orders-0"].stop()
+print(f"{len(calls)} calls, {sum(c['ok'] for c in calls)} succeeded; marks {json.dumps({k: round(v, 2) for k, v in marks.items()})}")
+""",
+    ),
+    (
+        "md",
+        """
+## Breaker transitions, from the traces
+""",
+    ),
+    (
+        "code",
+        """
+LEVEL = {"closed": 0, "half_open": 1, "open": 2}
+transitions = sorted(
+    (event["at"] - start, event["instance"], event["reach.breaker.from"], event["reach.breaker.to"])
+    for trace in sink.all
+    for event in trace.events
+    if event["event"] == "reach.breaker"
+)
+for at, instance, before, after in transitions:
+    print(f"{at:5.2f}s  {instance}: {before} -> {after}")
+""",
+    ),
+    (
+        "md",
+        """
+## Success rate, latency and breaker state over time
+""",
+    ),
+    (
+        "code",
+        """
+BUCKET = 0.25
+
+
+def buckets(rows: list[dict]) -> dict[int, list[dict]]:
+    grouped: dict[int, list[dict]] = {}
+    for row in rows:
+        grouped.setdefault(int(row["t"] // BUCKET), []).append(row)
+    return dict(sorted(grouped.items()))
+
+
+grouped = buckets(calls)
+times = [index * BUCKET for index in grouped]
+success = [sum(r["ok"] for r in rows) / len(rows) for rows in grouped.values()]
+p50 = [statistics.median(r["ms"] for r in rows) for rows in grouped.values()]
+p95 = [sorted(r["ms"] for r in rows)[int(0.95 * (len(rows) - 1))] for rows in grouped.values()]
+
+figure, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+top.step(times, success, where="post", color="tab:green")
+top.set_ylabel("success rate")
+top.set_ylim(-0.05, 1.05)
+middle.step(times, p50, where="post", label="p50")
+middle.step(times, p95, where="post", label="p95")
+middle.set_ylabel("latency (ms)")
+middle.legend(loc="upper left")
+for offset, instance in enumerate(sorted(servers)):
+    states, level = [(0.0, 0)], 0
+    for at, who, _, after in transitions:
+        if who == instance:
+            states.append((at, LEVEL[after]))
+    states.append((END_AT, states[-1][1]))
+    bottom.step([t for t, _ in states], [s + offset * 0.06 for _, s in states], where="post", label=instance)
+bottom.set_yticks([0, 1, 2], ["closed", "half-open", "open"])
+bottom.set_ylabel("breaker")
+bottom.set_xlabel("seconds into the drill")
+bottom.legend(loc="upper left")
+for axis in (top, middle, bottom):
+    for name, at in marks.items():
+        axis.axvline(at, color="gray", linestyle="--", linewidth=0.8)
+top.text(marks["kill"], 1.08, " orders-1 killed", fontsize=8)
+top.text(marks["outage"], 1.08, " outage", fontsize=8)
+top.text(marks["recover"], 1.08, " recovered", fontsize=8)
+figure.tight_layout()
+plt.show()
+""",
+    ),
+    (
+        "code",
+        """
+def rate(low: float, high: float) -> float:
+    window = [c["ok"] for c in calls if low <= c["t"] < high]
+    return round(sum(window) / len(window), 3)
+
+
+summary = {
+    "before_kill": rate(0.0, marks["kill"]),
+    "after_kill": rate(marks["kill"] + 0.5, marks["outage"]),
+    "during_outage": rate(marks["outage"] + 0.3, marks["recover"]),
+    "after_recovery": rate(marks["recover"] + 1.5, END_AT),
+    "opened": sorted({instance for _, instance, _, after in transitions if after == "open"}),
+    "closed_again": sorted({instance for _, instance, before, after in transitions if after == "closed"}),
+}
+print("SUMMARY", json.dumps(summary))
+""",
+    ),
+]

@@ -1,0 +1,1 @@
+CELLS: list[tuple[str, str]] = []

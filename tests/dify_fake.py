@@ -1,0 +1,187 @@
+"""A minimal stand-in for the parts of ``dify_plugin`` that ``reach_plugins.dify.plugin`` imports.
+
+The real SDK pins versions our stack cannot take and monkey-patches the whole
+process with gevent on import, so it is not installed in the test
+environment. This fake mirrors the shapes the entry points touch (the base
+classes' constructors and message helpers, the pydantic entities they read)
+and nothing else. ``tests/test_dify.py`` also runs the real SDK in a separate
+interpreter when ``REACH_DIFY_PYTHON`` points at one.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MessageType(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class TextMessage(BaseModel):
+    text: str
+
+
+class JsonMessage(BaseModel):
+    json_object: Any
+
+
+class InvokeMessage(BaseModel):
+    MessageType: ClassVar[type[MessageType]] = MessageType
+    type: MessageType
+    message: TextMessage | JsonMessage
+
+
+class ToolInvokeMessage(InvokeMessage):
+    pass
+
+
+class AgentInvokeMessage(InvokeMessage):
+    pass
+
+
+class ToolProviderType(StrEnum):
+    BUILT_IN = "builtin"
+    WORKFLOW = "workflow"
+    API = "api"
+
+
+class ToolLike:
+    response_type: type[InvokeMessage]
+
+    def create_text_message(self, text: str) -> InvokeMessage:
+        return self.response_type(type=MessageType.TEXT, message=TextMessage(text=text))
+
+    def create_json_message(self, json: Any) -> InvokeMessage:
+        return self.response_type(type=MessageType.JSON, message=JsonMessage(json_object=json))
+
+    def __class_getitem__(cls, item: Any) -> type[ToolLike]:
+        return cls
+
+
+class Tool(ToolLike):
+    def __init__(self, runtime: Any, session: Any) -> None:
+        self.runtime, self.session, self.response_type = runtime, session, ToolInvokeMessage
+
+    def invoke(self, tool_parameters: dict[str, Any]) -> Any:
+        return self._invoke(tool_parameters)  # type: ignore[attr-defined]
+
+
+class ToolProvider:
+    pass
+
+
+class AgentStrategy(ToolLike):
+    def __init__(self, runtime: Any, session: Any) -> None:
+        self.runtime, self.session, self.response_type = runtime, session, AgentInvokeMessage
+
+    def invoke(self, parameters: dict[str, Any]) -> Any:
+        return self._invoke(parameters)  # type: ignore[attr-defined]
+
+    def _init_prompt_tools(self, tools: list[Any]) -> list[dict[str, str]]:
+        return [{"name": tool.identity.name, "description": tool.description.llm} for tool in tools]
+
+
+class PromptMessage(BaseModel):
+    role: str = ""
+    content: str | None = None
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: str = "function"
+    function: ToolCallFunction
+
+
+class AssistantPromptMessage(PromptMessage):
+    ToolCall: ClassVar[type[ToolCall]] = ToolCall
+    role: str = "assistant"
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class SystemPromptMessage(PromptMessage):
+    role: str = "system"
+
+
+class UserPromptMessage(PromptMessage):
+    role: str = "user"
+
+
+class ToolPromptMessage(PromptMessage):
+    role: str = "tool"
+    tool_call_id: str
+    name: str = ""
+
+
+class LLMModelConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    provider: str
+    model: str
+    mode: str = "chat"
+    completion_params: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentModelConfig(LLMModelConfig):
+    history_prompt_messages: list[PromptMessage] = Field(default_factory=list)
+
+
+class LLMResult(BaseModel):
+    model: str
+    message: AssistantPromptMessage
+
+
+class AgentToolIdentity(BaseModel):
+    name: str
+    provider: str = "builtin_provider"
+    author: str = ""
+
+
+class ToolDescription(BaseModel):
+    human: dict[str, str] = Field(default_factory=dict)
+    llm: str = ""
+
+
+class ToolEntity(BaseModel):
+    identity: AgentToolIdentity
+    description: ToolDescription | None = None
+    provider_type: ToolProviderType = ToolProviderType.BUILT_IN
+    runtime_parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+MODULES: dict[str, dict[str, Any]] = {
+    "dify_plugin": {"AgentStrategy": AgentStrategy, "Tool": Tool, "ToolProvider": ToolProvider},
+    "dify_plugin.entities": {},
+    "dify_plugin.entities.agent": {"AgentInvokeMessage": AgentInvokeMessage},
+    "dify_plugin.entities.model": {},
+    "dify_plugin.entities.model.llm": {"LLMModelConfig": LLMModelConfig, "LLMResult": LLMResult},
+    "dify_plugin.entities.model.message": {
+        "AssistantPromptMessage": AssistantPromptMessage,
+        "PromptMessage": PromptMessage,
+        "SystemPromptMessage": SystemPromptMessage,
+        "ToolPromptMessage": ToolPromptMessage,
+        "UserPromptMessage": UserPromptMessage,
+    },
+    "dify_plugin.entities.tool": {"ToolInvokeMessage": ToolInvokeMessage, "ToolProviderType": ToolProviderType},
+    "dify_plugin.interfaces": {},
+    "dify_plugin.interfaces.agent": {"AgentModelConfig": AgentModelConfig, "ToolEntity": ToolEntity},
+    "dify_plugin.interfaces.tool": {"ToolLike": ToolLike},
+}
+
+
+def install() -> list[str]:
+    """Put the fake modules in ``sys.modules``; returns their names so the caller can remove them."""
+    for name, attributes in MODULES.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        sys.modules[name] = module
+    return list(MODULES)

@@ -1,0 +1,416 @@
+"""The Dify integration: the before_invoke hook, the settings, and the dify-plugin entry points.
+
+The entry points run here against ``tests/dify_fake.py`` (the real SDK pins
+packages our stack cannot take and patches the process with gevent). With
+``REACH_DIFY_PYTHON`` set to an interpreter that has ``dify_plugin`` and
+``reach_plugins``, the last test loads the example plugins with the real SDK
+and calls a real agent over HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import dify_fake
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import reach_plugins.dify as dify
+from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
+from reach_plugins.errors import ConfigError, SessionClosed, UnknownCapability
+from reach_plugins.model import ErrorInfo, Instance
+from reach_plugins.registry import MemoryRegistry
+from reach_plugins.transport import Call, MockTransport, Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = ROOT / "examples" / "dify_plugin"
+ORDER_ID = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}
+
+
+def echo(call: Call) -> dict[str, Any] | Reply:
+    """The agent: who served which capability for which conversation; ``order_id`` X fails as a business error."""
+    request = call.request
+    if request.payload.get("order_id") == "X":
+        return Reply(status="fail", error=ErrorInfo(type="business", message="there is no order X"))
+    return {
+        "instance": call.instance.instance_id,
+        "capability": request.capability,
+        "payload": request.payload,
+        "session": request.session_id,
+    }
+
+
+@pytest.fixture
+def transport() -> MockTransport:
+    return MockTransport(echo)
+
+
+@pytest.fixture
+async def registry() -> MemoryRegistry:
+    registry = MemoryRegistry()
+    capabilities = [
+        Capability(name="query_order", description="Look up an order", params_schema=ORDER_ID),
+        Capability(name="search_knowledge", description="Search the help centre for policies"),
+    ]
+    await registry.register_agent(AgentDescriptor(name="orders", capabilities=capabilities))
+    for name in ("orders-a", "orders-b", "orders-c"):
+        await registry.register_instance(Instance(agent="orders", instance_id=name, endpoint=f"http://{name}"))
+    return registry
+
+
+@pytest.fixture
+def enhancer(registry: MemoryRegistry, transport: MockTransport) -> Iterator[ReachEnhancer]:
+    with ReachEnhancer(registry=registry, transport=transport, matcher=False) as enhancer:
+        yield enhancer
+
+
+def hook(enhancer: ReachEnhancer, tool: str, params: dict[str, Any], conversation: str | None = "conv-1") -> Any:
+    return dify.before_invoke(
+        tool, params, conversation_id=conversation, app_id="app-9", user_id="user-3", enhancer=enhancer
+    )
+
+
+# ----------------------------------------------------------------------------- before_invoke
+
+
+def test_mapped_tool_is_reached_with_the_conversation_as_affinity_key(
+    enhancer: ReachEnhancer, transport: MockTransport
+) -> None:
+    """A tool an agent offers is reached; every call of one conversation lands on one instance."""
+    results = [hook(enhancer, "query_order", {"order_id": f"A{n}"}) for n in range(4)]
+    assert all(result is not None and result.ok for result in results)
+    assert {call.request.session_id for call in transport.calls} == {"conv-1"}
+    assert len({result.data["instance"] for result in results}) == 1
+    assert results[2].data["payload"] == {"order_id": "A2"}
+
+
+def test_unmapped_tool_returns_none_and_sends_nothing(enhancer: ReachEnhancer, transport: MockTransport) -> None:
+    """A tool no agent offers returns None (Dify runs its own tool) and nothing is sent."""
+    assert hook(enhancer, "get_weather", {"city": "Hangzhou"}) is None
+    assert transport.calls == []
+
+
+def test_closed_conversation_is_refused(enhancer: ReachEnhancer, transport: MockTransport) -> None:
+    """Session liveness applies: after close_conversation the call fails with SessionClosed and is not sent."""
+    assert hook(enhancer, "query_order", {"order_id": "A1"}, "conv-7").ok
+    dify.close_conversation("conv-7", enhancer=enhancer)
+    result = hook(enhancer, "query_order", {"order_id": "A1"}, "conv-7")
+    assert isinstance(result.error, SessionClosed) and "conversation is closed" in result.content
+    assert len(transport.calls) == 1
+
+
+def test_agent_failure_is_a_result_the_model_can_act_on(enhancer: ReachEnhancer) -> None:
+    """A business failure comes back as a failed result whose text says what went wrong and what to do."""
+    result = hook(enhancer, "query_order", {"order_id": "X"})
+    assert not result.ok
+    assert "there is no order X" in result.content and "check the arguments" in result.content
+
+
+def test_the_dify_hop_is_a_span_around_the_tool_span(registry: MemoryRegistry, transport: MockTransport) -> None:
+    """The Dify span carries app, end user and conversation; the enhancer's tool span is its child."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with ReachEnhancer(registry=registry, transport=transport, matcher=False, tracer_provider=provider) as enhancer:
+        hook(enhancer, "query_order", {"order_id": "A1"})
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    outer, inner = spans["dify.tool query_order"], spans["execute_tool query_order"]
+    assert outer.attributes is not None and outer.context is not None and inner.parent is not None
+    assert dict(outer.attributes) == {
+        "dify.app_id": "app-9",
+        "enduser.id": "user-3",
+        "gen_ai.conversation.id": "conv-1",
+    }
+    assert inner.parent.span_id == outer.context.span_id
+
+
+def test_reach_capability_forwards_whatever_the_tool_is_called(
+    enhancer: ReachEnhancer, transport: MockTransport
+) -> None:
+    """reach_capability reaches the named capability; an unknown one fails with UnknownCapability."""
+    result = dify.reach_capability(
+        "search_knowledge", {"query": "returns"}, conversation_id=None, app_id=None, user_id=None, enhancer=enhancer
+    )
+    assert result.ok and result.data["capability"] == "search_knowledge" and result.data["session"] is None
+    missing = dify.reach_capability(
+        "refund_order", {}, conversation_id="c", app_id=None, user_id=None, enhancer=enhancer
+    )
+    assert isinstance(missing.error, UnknownCapability)
+    assert len(transport.calls) == 1
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_settings_take_values_first_then_the_environment() -> None:
+    """Credentials (or prefixed strategy parameters) win over REACH_* variables; blanks fall through."""
+    environ = {"REACH_REGISTRY": "etcd://etcd:2379", "REACH_TENANT": "demo"}
+    settings = dify.ReachSettings.from_mapping({"tenant": "acme", "gateway_url": " "}, environ=environ)
+    assert settings == dify.ReachSettings(registry="etcd://etcd:2379", tenant="acme")
+    prefixed = dify.ReachSettings.from_mapping(
+        {"reach_registry": "memory://", "tenant": "x"}, prefix="reach_", environ={}
+    )
+    assert prefixed == dify.ReachSettings(registry="memory://")
+    assert dify.ReachSettings.given({"reach_tenant": "acme"}, prefix="reach_")
+    assert not dify.ReachSettings.given({"query": "hi", "reach_tenant": ""}, prefix="reach_")
+
+
+def test_enhancers_are_built_once_per_settings_and_configure_takes_precedence(enhancer: ReachEnhancer) -> None:
+    """enhancer_for caches per settings; enhancer_from uses the configured enhancer when nothing is given."""
+    try:
+        first = dify.enhancer_for(dify.ReachSettings(tenant="t-1"))
+        assert dify.enhancer_for(dify.ReachSettings(tenant="t-1")) is first
+        assert dify.enhancer_for(dify.ReachSettings(tenant="t-2")) is not first
+        assert dify.enhancer_from({"tenant": "t-1"}) is first
+        dify.configure(enhancer)
+        assert dify.enhancer_from({}) is enhancer and dify.default_enhancer() is enhancer
+    finally:
+        dify.configure(None)
+        dify.shutdown()
+
+
+def test_check_settings_lists_capabilities_or_explains_an_empty_registry(tmp_path: Path) -> None:
+    """The provider's credential check: capabilities of a YAML registry; ConfigError when it lists none."""
+    agents = tmp_path / "agents.yaml"
+    agents.write_text("agents:\n  - name: orders\n    endpoint: http://127.0.0.1:9\n    capabilities: [query_order]\n")
+    try:
+        assert dify.check_settings({"registry": f"file://{agents}"}) == ["query_order"]
+        with pytest.raises(ConfigError, match="lists no agent"):
+            dify.check_settings({"registry": "memory://"})
+    finally:
+        dify.shutdown()
+
+
+def test_the_hook_needs_no_dify_plugin_and_entry_points_name_the_extra() -> None:
+    """Importing reach_plugins.dify leaves dify_plugin unimported; an entry point without it names the extra."""
+    script = textwrap.dedent(
+        """
+        import sys
+        import reach_plugins.dify as dify
+        assert "dify_plugin" not in sys.modules
+        try:
+            dify.ReachTool
+        except ImportError as exc:
+            print(exc)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+    assert 'pip install "reach-plugins[dify]"' in out.stdout
+
+
+# ----------------------------------------------------------------------------- entry points (fake dify_plugin)
+
+
+@pytest.fixture
+def plugin(enhancer: ReachEnhancer) -> Iterator[ModuleType]:
+    """reach_plugins.dify.plugin imported over the fake SDK, with ``enhancer`` configured; all undone after."""
+    names = dify_fake.install()
+    dify.configure(enhancer)
+    try:
+        yield importlib.import_module("reach_plugins.dify.plugin")
+    finally:
+        dify.configure(None)
+        for name in [*names, "reach_plugins.dify.plugin"]:
+            sys.modules.pop(name, None)
+
+
+def session(conversation: str | None = "conv-1", **parts: Any) -> SimpleNamespace:
+    return SimpleNamespace(conversation_id=conversation, app_id="app-9", **parts)
+
+
+def runtime(**credentials: Any) -> SimpleNamespace:
+    return SimpleNamespace(credentials=credentials, user_id="user-3")
+
+
+def test_reach_tool_class_forwards_one_capability(plugin: ModuleType, transport: MockTransport) -> None:
+    """reach_tool('query_order') is a Tool class whose calls reach query_order in the Dify conversation."""
+    tool_class = plugin.reach_tool("query_order")
+    assert tool_class.__name__ == "QueryOrder" and issubclass(tool_class, dify_fake.Tool)
+    [message] = tool_class(runtime(), session()).invoke({"order_id": "A1"})
+    assert message.type == "json" and message.message.json_object["payload"] == {"order_id": "A1"}
+    assert transport.calls[0].request.session_id == "conv-1"
+
+
+def test_generic_reach_tool_takes_the_capability_from_a_form_parameter(
+    plugin: ModuleType, transport: MockTransport
+) -> None:
+    """The reach_capability parameter picks the capability and is not sent; without one the tool refuses."""
+    tool = plugin.ReachTool(runtime(), session(None))
+    [message] = tool.invoke({"reach_capability": "search_knowledge", "query": "returns"})
+    assert message.message.json_object["capability"] == "search_knowledge"
+    assert transport.calls[0].request.payload == {"query": "returns"}
+    with pytest.raises(ConfigError, match="names no capability"):
+        list(tool.invoke({"query": "returns"}))
+
+
+def test_failed_reach_is_text_for_the_model(plugin: ModuleType) -> None:
+    """A failed reach yields a text message carrying the error and the advice."""
+    [message] = plugin.reach_tool("query_order")(runtime(), session()).invoke({"order_id": "X"})
+    assert message.type == "text" and "there is no order X" in message.message.text
+
+
+class LocalTools:
+    """The Dify side of ``session.tool``: records what it was asked to run."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[str, str, dict[str, Any]]] = []
+
+    def invoke(
+        self, provider_type: Any, provider: str, tool_name: str, parameters: dict[str, Any], credential_id: Any = None
+    ) -> Iterator[Any]:
+        self.ran.append((provider_type.value, tool_name, parameters))
+        yield dify_fake.ToolInvokeMessage(type="text", message={"text": f"local {tool_name}"})
+
+
+def tool_entity(name: str, description: str) -> dict[str, Any]:
+    return {"identity": {"name": name, "provider": "builtin_provider"}, "description": {"llm": description}}
+
+
+def scripted_llm(*replies: dict[str, Any]) -> tuple[SimpleNamespace, list[list[Any]]]:
+    """An LLM whose replies are scripted; returns it and the prompts it saw."""
+    queue, prompts = list(replies), []
+
+    def invoke(model_config: Any, prompt_messages: list[Any], tools: Any = None, stream: bool = True) -> Any:
+        prompts.append(list(prompt_messages))
+        return dify_fake.LLMResult(model="m", message=dify_fake.AssistantPromptMessage(**queue.pop(0)))
+
+    return SimpleNamespace(llm=SimpleNamespace(invoke=invoke)), prompts
+
+
+def calls(*named: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    tool_calls = [
+        {"id": f"c{n}", "function": {"name": name, "arguments": json.dumps(args)}}
+        for n, (name, args) in enumerate(named)
+    ]
+    return {"content": "", "tool_calls": tool_calls}
+
+
+STRATEGY_PARAMETERS = {
+    "query": "Where is A1, and what is the weather?",
+    "instruction": "Be brief.",
+    "model": {"provider": "openai", "model": "gpt", "mode": "chat", "history_prompt_messages": []},
+    "tools": [tool_entity("query_order", "Look up an order"), tool_entity("get_weather", "Weather in a city")],
+    "maximum_iterations": 3,
+}
+
+
+def test_agent_strategy_reaches_mapped_tools_and_runs_the_others(plugin: ModuleType, transport: MockTransport) -> None:
+    """ReachAgentStrategy: query_order is reached (conversation affinity), get_weather runs in Dify; outputs go back."""
+    local = LocalTools()
+    model, prompts = scripted_llm(
+        calls(("query_order", {"order_id": "A1"}), ("get_weather", {"city": "HZ"})), {"content": "A1 shipped; sunny."}
+    )
+    strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id="user-3"), session(tool=local, model=model))
+    messages = list(strategy.invoke(dict(STRATEGY_PARAMETERS)))
+    assert [m.message.text for m in messages] == ["A1 shipped; sunny."]
+    assert [call.request.session_id for call in transport.calls] == ["conv-1"]
+    assert local.ran == [("builtin", "get_weather", {"city": "HZ"})]
+    outputs = [m.content for m in prompts[1] if m.role == "tool"]
+    assert json.loads(outputs[0])["payload"] == {"order_id": "A1"} and outputs[1] == "local get_weather"
+    assert [m.role for m in prompts[0]] == ["system", "user"]
+
+
+def test_agent_strategy_stops_after_maximum_iterations(plugin: ModuleType) -> None:
+    """A model that keeps calling tools is stopped after maximum_iterations rounds."""
+    rounds = [calls(("get_weather", {"city": "HZ"})) for _ in range(2)]
+    model, prompts = scripted_llm(*rounds)
+    strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id=None), session(tool=LocalTools(), model=model))
+    messages = list(strategy.invoke({**STRATEGY_PARAMETERS, "maximum_iterations": 2}))
+    assert len(prompts) == 2 and "Stopped after 2 rounds" in messages[-1].message.text
+
+
+def test_reach_strategy_hooks_a_custom_strategy(plugin: ModuleType, transport: MockTransport) -> None:
+    """@reach_strategy puts before_invoke in front of a custom strategy's invoke_builtin_tool calls."""
+    local = LocalTools()
+
+    @plugin.reach_strategy
+    class Custom(dify_fake.AgentStrategy):
+        def _invoke(self, parameters: dict[str, Any]) -> Iterator[Any]:
+            for name, args in (("query_order", {"order_id": "A7"}), ("get_weather", {})):
+                yield from self.session.tool.invoke_builtin_tool("provider", name, args)
+
+    messages = list(Custom(SimpleNamespace(user_id="u"), session("conv-2", tool=local)).invoke({"tools": []}))
+    assert messages[0].message.json_object["session"] == "conv-2"
+    assert messages[1].message.text == "local get_weather"
+    assert Custom.__name__ == "Custom" and [name for _, name, _ in local.ran] == ["get_weather"]
+    assert len(transport.calls) == 1
+
+
+# ----------------------------------------------------------------------------- the real SDK, when available
+
+REAL_SDK = """
+import dify_plugin  # first: it patches the process with gevent
+import json, os, sys, types
+from dify_plugin.config.config import DifyPluginEnv
+from dify_plugin.core.plugin_registration import PluginRegistration
+from dify_plugin.entities.agent import AgentRuntime
+from dify_plugin.entities.model.llm import LLMResult, LLMUsage
+from dify_plugin.entities.model.message import AssistantPromptMessage
+from dify_plugin.entities.tool import ToolRuntime
+
+plugins, registry = sys.argv[1], sys.argv[2]
+os.chdir(f"{plugins}/reach_tools")
+sys.path.insert(0, os.getcwd())
+tools = PluginRegistration(DifyPluginEnv()).tools_mapping["reach"][2]
+query_order = tools["query_order"][1]
+session = types.SimpleNamespace(conversation_id="conv-real", app_id="app")
+tool_runtime = ToolRuntime(credentials={"registry": registry}, user_id="u", session_id=None)
+tool = query_order(runtime=tool_runtime, session=session)
+answer = [m.message.json_object for m in tool.invoke({"order_id": "A1"})]
+
+os.chdir(f"{plugins}/reach_agent")
+sys.path.insert(0, os.getcwd())
+strategies = PluginRegistration(DifyPluginEnv()).agent_strategies_mapping["reach_agent"][1]
+strategy_class = strategies["reach_function_calling"][1]
+call = {"id": "c1", "type": "function", "function": {"name": "query_order", "arguments": '{"order_id": "A2"}'}}
+replies = iter([AssistantPromptMessage(content="", tool_calls=[call]), AssistantPromptMessage(content="done")])
+def invoke(model_config, prompt_messages, tools=None, stop=None, stream=True):
+    return LLMResult(model="m", message=next(replies), usage=LLMUsage.empty_usage())
+agent_session = types.SimpleNamespace(conversation_id="conv-real", app_id="app", tool=None,
+                                      model=types.SimpleNamespace(llm=types.SimpleNamespace(invoke=invoke)))
+strategy = strategy_class(runtime=AgentRuntime(user_id="u"), session=agent_session)
+tool_entity = {"identity": {"name": "query_order", "author": "a", "label": {"en_US": "q"}, "provider": "reach"},
+               "description": {"human": {"en_US": "q"}, "llm": "Look up an order"}, "provider_type": "builtin"}
+model = {"provider": "p", "model": "m", "mode": "chat", "completion_params": {}, "history_prompt_messages": []}
+parameters = {"query": "where is A2", "instruction": "", "tools": [tool_entity], "maximum_iterations": 3,
+              "reach_registry": registry, "model": model}
+final = [m.message.text for m in strategy.invoke(parameters)]
+print(json.dumps({"tool": answer, "final": final, "class": strategy_class.__name__}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("REACH_DIFY_PYTHON"), reason="set REACH_DIFY_PYTHON to a dify-plugin venv")
+def test_example_plugins_load_and_reach_with_the_real_sdk(tmp_path: Path) -> None:
+    """The real SDK loads both example plugins; their tool and strategy reach a real agent over HTTP."""
+    from reach_plugins.agent import BackgroundServer, ReachAgent
+
+    agent = ReachAgent("orders")
+    seen: list[str | None] = []
+
+    @agent.capability("query_order", description="Look up an order", params_schema=ORDER_ID)
+    def query_order(order_id: str, ctx: Any) -> dict[str, str]:
+        seen.append(ctx.session_id)
+        return {"order_id": order_id, "status": "shipped"}
+
+    with BackgroundServer(agent.app) as server:
+        agents = tmp_path / "agents.yaml"
+        agents.write_text(f"agents:\n  - name: orders\n    endpoint: {server.url}\n    capabilities: [query_order]\n")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [os.environ["REACH_DIFY_PYTHON"], "-c", REAL_SDK, str(PLUGINS), f"file://{agents}"]
+        out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["tool"] == [{"order_id": "A1", "status": "shipped"}]
+    assert report["final"] == ["done"] and report["class"] == "ReachAgentStrategy"
+    assert seen == ["conv-real", "conv-real"]
