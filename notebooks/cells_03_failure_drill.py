@@ -130,7 +130,8 @@ async def drill() -> None:
 await drill()
 await client.aclose()
 servers["orders-0"].stop()
-print(f"{len(calls)} calls, {sum(c['ok'] for c in calls)} succeeded; marks {json.dumps({k: round(v, 2) for k, v in marks.items()})}")
+print(f"{len(calls)} calls, {sum(c['ok'] for c in calls)} succeeded")
+print("marks (s):", {name: round(at, 2) for name, at in marks.items()})
 """,
     ),
     (
@@ -198,7 +199,7 @@ bottom.set_ylabel("breaker")
 bottom.set_xlabel("seconds into the drill")
 bottom.legend(loc="upper left")
 for axis in (top, middle, bottom):
-    for name, at in marks.items():
+    for at in marks.values():
         axis.axvline(at, color="gray", linestyle="--", linewidth=0.8)
 top.text(marks["kill"], 1.08, " orders-1 killed", fontsize=8)
 top.text(marks["outage"], 1.08, " outage", fontsize=8)

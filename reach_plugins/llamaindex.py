@@ -13,7 +13,9 @@ model what to do next. The conversation key is the workflow ``Context``'s
 ``ctx.store["reach_session_id"]`` (created on the first reach, so one Context
 is one conversation), else the ``reach_session_id`` of LlamaIndex's
 ``instrument_tags``. The sync ``call`` works inside a running event loop: the
-reach runs on the enhancer's own loop.
+reach runs on the enhancer's own loop. An enhancer's pooled connections belong
+to one loop, so use one enhancer either from agents and ``acall`` or from
+blocking ``call``, not both.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from reach_plugins.toolcalls import ProxySpec, ToolCall, ToolResult, error_text
 
 if TYPE_CHECKING:
     from reach_plugins.enhancer import ReachEnhancer
+
+__all__ = ["SESSION_KEY", "ReachTool", "ReachToolRetriever", "enhance_agent", "enhance_tools"]
 
 SESSION_KEY = "reach_session_id"
 """Where the conversation key lives: in the workflow ``ctx.store`` and in ``instrument_tags``."""
@@ -283,6 +287,3 @@ def _with_context(inner: AsyncBaseTool, kwargs: Mapping[str, Any], ctx: Context 
     if name is None or ctx is None or name in kwargs:
         return dict(kwargs)
     return {**kwargs, name: ctx}
-
-
-__all__ = ["SESSION_KEY", "ReachTool", "ReachToolRetriever", "enhance_agent", "enhance_tools"]

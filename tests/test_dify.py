@@ -154,7 +154,7 @@ def test_reach_capability_forwards_whatever_the_tool_is_called(
 
 
 def test_settings_take_values_first_then_the_environment() -> None:
-    """Credentials (or prefixed strategy parameters) win over REACH_* variables; blanks fall through."""
+    """Credentials (or prefixed strategy parameters) win over REACH_* variables; blanks fall through; no token shown."""
     environ = {"REACH_REGISTRY": "etcd://etcd:2379", "REACH_TENANT": "demo"}
     settings = dify.ReachSettings.from_mapping({"tenant": "acme", "gateway_url": " "}, environ=environ)
     assert settings == dify.ReachSettings(registry="etcd://etcd:2379", tenant="acme")
@@ -164,6 +164,7 @@ def test_settings_take_values_first_then_the_environment() -> None:
     assert prefixed == dify.ReachSettings(registry="memory://")
     assert dify.ReachSettings.given({"reach_tenant": "acme"}, prefix="reach_")
     assert not dify.ReachSettings.given({"query": "hi", "reach_tenant": ""}, prefix="reach_")
+    assert "s3cret" not in repr(dify.ReachSettings.from_mapping({"gateway_token": "s3cret"}, environ={}))
 
 
 def test_enhancers_are_built_once_per_settings_and_configure_takes_precedence(enhancer: ReachEnhancer) -> None:

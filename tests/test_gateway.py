@@ -13,8 +13,9 @@ from hop_support import TOKENS, Agent, demo_tenants, serve_agents, until_true, w
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from transport_conformance import make_call
 
-from reach_plugins import ReachClient
+from reach_plugins import ReachClient, errors
 from reach_plugins.adapters import SseDecoder
 from reach_plugins.agent import BackgroundServer
 from reach_plugins.gateway import create_app
@@ -276,3 +277,12 @@ async def test_gateway_at_its_inflight_limit_pushes_back(tmp_path: Path) -> None
 async def _busy(url: str) -> bool:
     async with httpx.AsyncClient(base_url=url) as http:
         return "reach_gateway_inflight 1" in (await http.get("/metrics")).text
+
+
+async def test_values_that_cannot_be_headers_are_refused_before_sending() -> None:
+    """A non-ASCII idempotency key is a RequestError naming the header, not a crash inside the HTTP library."""
+    transport = GatewayTransport("http://127.0.0.1:9", token="t")
+    call = make_call("http://unused", "query_order", idempotency_key="ключ", headers={"Idempotency-Key": "ключ"})
+    with pytest.raises(errors.RequestError, match="Idempotency-Key"):
+        await transport.send(call)
+    await transport.aclose()

@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from opentelemetry.trace import SpanKind
@@ -42,7 +42,7 @@ class ReachSettings:
     registry: str = "memory://"
     tenant: str | None = None
     gateway_url: str | None = None
-    gateway_token: str | None = None
+    gateway_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_mapping(
@@ -55,16 +55,17 @@ class ReachSettings:
         """
         env = os.environ if environ is None else environ
         found: dict[str, Any] = {}
-        for field in fields(cls):
-            value = _text(values.get(f"{prefix}{field.name}")) or _text(env.get(f"REACH_{field.name.upper()}"))
+        for setting in fields(cls):
+            name = setting.name
+            value = _text(values.get(f"{prefix}{name}")) or _text(env.get(f"REACH_{name.upper()}"))
             if value:
-                found[field.name] = value
+                found[name] = value
         return cls(**found)
 
     @staticmethod
     def given(values: Mapping[str, Any], *, prefix: str = "") -> bool:
         """Whether ``values`` set any setting (otherwise the configured or environment enhancer applies)."""
-        return any(_text(values.get(f"{prefix}{field.name}")) for field in fields(ReachSettings))
+        return any(_text(values.get(f"{prefix}{setting.name}")) for setting in fields(ReachSettings))
 
     def enhancer(self) -> ReachEnhancer:
         """A new enhancer for these settings (direct HTTP, or through the gateway when ``gateway_url`` is set)."""

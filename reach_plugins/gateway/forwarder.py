@@ -117,11 +117,7 @@ class Forwarder:
         self.tenants = tenants
         self._environ = environ
         self.table = RouteTable(registry, ttl=route_ttl)
-        self.router = Router(
-            self.table,
-            tenants=tenants,
-            is_available=lambda agent, instance: self.pipeline.is_available(agent, instance),
-        )
+        self.router = Router(self.table, tenants=tenants, is_available=self._available)
         self.rule = SourceRule(self.router, self.table, tenants)
         self.transport = transport if transport is not None else HopTransport(node_id=node_id)
         self.pipeline = Pipeline(
@@ -135,6 +131,7 @@ class Forwarder:
         self._watch: asyncio.Task[None] | None = None
 
     def _available(self, agent: str, instance: str) -> bool:
+        """The router's health hook: whether the instance's breaker admits calls."""
         return self.pipeline.is_available(agent, instance)
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:

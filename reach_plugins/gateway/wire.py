@@ -203,6 +203,16 @@ def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]
     return {"request_id": request_id, "status": "fail", "data": None, "error": error}
 
 
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Refuse header values that cannot travel (non-ASCII or control characters) with a RequestError naming them."""
+    for name, value in headers.items():
+        if not (value.isascii() and value.isprintable()):
+            raise RequestError(
+                f"header {name} cannot carry {value!r}: header values are printable ASCII; "
+                "use an ASCII idempotency key, tenant and session id"
+            )
+
+
 def header_lookup(headers: Mapping[str, str]) -> Callable[[str], str | None]:
     """A case-insensitive lookup over headers whose names may be in any case."""
     lowered = {name.lower(): value for name, value in headers.items()}

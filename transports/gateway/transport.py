@@ -22,7 +22,7 @@ from reach_plugins.adapters import HttpRequest, SseDecoder
 from reach_plugins.adapters.reach import ReachStreamDecoder
 from reach_plugins.broadcast import TARGET
 from reach_plugins.errors import ConfigError, InvalidResponse
-from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGET
+from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGET, check_headers
 from reach_plugins.model import ErrorInfo
 from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
@@ -147,7 +147,9 @@ class GatewayTransport(BaseTransport):
 
     def _request(self, call: Call, path: str, accept: str) -> HttpRequest:
         body = json.dumps(wire_body(call), separators=(",", ":"), ensure_ascii=False).encode()
-        return HttpRequest("POST", f"{self.url}{path}", wire_headers(call, self._token, accept=accept), body)
+        headers = wire_headers(call, self._token, accept=accept)
+        check_headers(headers)
+        return HttpRequest("POST", f"{self.url}{path}", headers, body)
 
     def _limits(self, total: float | None) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=total, sock_connect=self._connect_timeout)

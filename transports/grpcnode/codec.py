@@ -15,7 +15,15 @@ from typing import Any, Final
 
 from reach_plugins.broadcast import TARGET
 from reach_plugins.errors import InvalidResponse
-from reach_plugins.gateway.wire import HEADER_PREFER, HEADER_TARGET, HEADER_VIA, VIA, WireBody, parse_body
+from reach_plugins.gateway.wire import (
+    HEADER_PREFER,
+    HEADER_TARGET,
+    HEADER_VIA,
+    VIA,
+    WireBody,
+    check_headers,
+    parse_body,
+)
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
 from reach_plugins.transport import Call, Reply
@@ -79,6 +87,7 @@ def call_metadata(call: Call, token: str | None) -> tuple[tuple[str, str], ...]:
         metadata[HEADER_VIA.lower()] = extra[VIA]
     if token:
         metadata["authorization"] = f"Bearer {token}"
+    check_headers(metadata)
     return tuple(metadata.items())
 
 
