@@ -60,9 +60,19 @@ class AiohttpEngine:
     def __init__(self, pool: PoolConfig, tls: ssl.SSLContext | None) -> None:
         connector = aiohttp.TCPConnector(limit=pool.max_conns, keepalive_timeout=pool.idle_timeout, ssl=tls or True)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+        self._limits: dict[tuple[float, float], aiohttp.ClientTimeout] = {}
+
+    def _timeout(self, total: float, connect: float) -> aiohttp.ClientTimeout:
+        """A ``ClientTimeout`` per distinct pair: most calls repeat their per-attempt timeout, so reuse it."""
+        limits = self._limits.get((total, connect))
+        if limits is None:
+            if len(self._limits) >= 64:
+                self._limits.clear()
+            limits = self._limits[total, connect] = aiohttp.ClientTimeout(total=total, sock_connect=connect)
+        return limits
 
     async def send(self, request: HttpRequest, *, timeout: float, connect_timeout: float) -> HttpResponse:
-        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
+        limits = self._timeout(timeout, connect_timeout)
         try:
             async with self._session.request(
                 request.method,

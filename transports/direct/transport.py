@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
-from reach_plugins.adapters import Adapter, HttpResponse, SseDecoder, StreamDecoder, adapter_for
+from reach_plugins.adapters import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
 from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, StreamIdle, TransportError
 from reach_plugins.model import ErrorInfo, Timeouts
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
@@ -85,24 +85,28 @@ class DirectTransport(BaseTransport):
             engine = self._engines[key] = make_engine(self.engine, pool, tls, http2=self._http2)
         return engine
 
-    async def _discover(self, adapter: Adapter, engine: Engine, call: Call) -> Any:
-        """Run the adapter's discovery request once per endpoint (an A2A agent card) and cache what it teaches."""
-        request = adapter.discovery(call)
-        if request is None:
-            return None
+    async def _discover(self, adapter: Adapter, engine: Engine, call: Call, request: HttpRequest) -> Any:
+        """Run the adapter's discovery ``request`` once per endpoint (an A2A agent card); cache what it teaches."""
         key = (adapter.protocol, call.instance.endpoint)
         if key not in self._discovered:
             connect, _ = _timeouts(call)
-            request = with_credential(request, call.credential)
-            response = await engine.send(request, timeout=call.timeout, connect_timeout=connect)
+            response = await engine.send(
+                with_credential(request, call.credential), timeout=call.timeout, connect_timeout=connect
+            )
             self._discovered[key] = adapter.discovered(call, response)
         return self._discovered[key]
+
+    async def _prepare(self, adapter: Adapter, engine: Engine, call: Call, *, stream: bool) -> HttpRequest:
+        """The request for ``call``, after discovery if the protocol needs it, carrying the credential."""
+        discovery = adapter.discovery(call)
+        discovered = None if discovery is None else await self._discover(adapter, engine, call, discovery)
+        request = adapter.build(call, stream=stream, discovered=discovered)
+        return request if call.credential.type == "none" else with_credential(request, call.credential)
 
     async def send(self, call: Call) -> Reply:
         adapter = adapter_for(call.agent.protocol)
         engine = self._engine_for(call)
-        discovered = await self._discover(adapter, engine, call)
-        request = with_credential(adapter.build(call, discovered=discovered), call.credential)
+        request = await self._prepare(adapter, engine, call, stream=False)
         connect, _ = _timeouts(call)
         response = await engine.send(request, timeout=call.timeout, connect_timeout=connect)
         return adapter.parse(call, response)
@@ -116,8 +120,7 @@ class DirectTransport(BaseTransport):
                 yield event
             return
         engine = self._engine_for(call)
-        discovered = await self._discover(adapter, engine, call)
-        request = with_credential(adapter.build(call, stream=True, discovered=discovered), call.credential)
+        request = await self._prepare(adapter, engine, call, stream=True)
         connect, idle = _timeouts(call)
         deadline = asyncio.get_running_loop().time() + call.timeout
         async with engine.stream(request, timeout=call.timeout, connect_timeout=connect) as wire:
