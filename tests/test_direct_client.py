@@ -140,3 +140,15 @@ async def test_stream_through_the_client_is_normalised(client: ReachClient) -> N
     assert [chunk["reply_content"] for chunk in data] == ["red", "green", ""]
     assert data[-1]["raw_meta"]["finish_reason"] == "stop"
     assert events[-1].kind == "end"
+
+
+async def test_one_client_serves_blocking_and_async_calls(agent_server: BackgroundServer) -> None:
+    """One ReachClient over DirectTransport answers reach_sync (its own loop) and reach (this loop), in any order."""
+    registry = MemoryRegistry()
+    await registry.register_agent(orders.descriptor(agent_server.url))
+    client = ReachClient(registry=registry, transport=DirectTransport())
+    first = client.reach_sync("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
+    second = await client.reach("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
+    third = client.reach_sync("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
+    assert [r.status for r in (first, second, third)] == ["success"] * 3
+    await client.aclose()

@@ -65,7 +65,7 @@ class DirectTransport(BaseTransport):
             raise ImportError('HTTP/2 needs the h2 package: pip install "reach-plugins[http2]"')
         self._http2 = http2
         self._shared = wrap_client(client) if client is not None else None
-        self._engines: dict[Hashable, Engine] = {}
+        self._engines: dict[Hashable, tuple[asyncio.AbstractEventLoop, Engine]] = {}
         self._discovered: dict[tuple[str, str], Any] = {}
 
     def _engine_for(self, call: Call) -> Engine:
@@ -78,12 +78,13 @@ class DirectTransport(BaseTransport):
                 )
             return self._shared
         pool = call.agent.pool
-        key = (call.agent.name, pool.max_conns, pool.idle_timeout, identity)
-        engine = self._engines.get(key)
-        if engine is None:
+        loop = asyncio.get_running_loop()
+        key = (id(loop), call.agent.name, pool.max_conns, pool.idle_timeout, identity)
+        known = self._engines.get(key)
+        if known is None or known[0] is not loop:
             tls = tls_context(*identity) if identity else None
-            engine = self._engines[key] = make_engine(self.engine, pool, tls, http2=self._http2)
-        return engine
+            known = self._engines[key] = (loop, make_engine(self.engine, pool, tls, http2=self._http2))
+        return known[1]
 
     async def _discover(self, adapter: Adapter, engine: Engine, call: Call, request: HttpRequest) -> Any:
         """Run the adapter's discovery ``request`` once per endpoint (an A2A agent card); cache what it teaches."""
@@ -134,10 +135,20 @@ class DirectTransport(BaseTransport):
                 yield event
 
     async def aclose(self) -> None:
-        engines = list(self._engines.values()) + ([self._shared] if self._shared else [])
-        self._engines.clear()
-        for engine in engines:
-            await engine.aclose()
+        """Close every pool: on this loop directly, on another running loop by handing it the close.
+
+        Pools are per event loop (a connection belongs to the loop that opened it), so one
+        transport serves a framework's async calls and its blocking ones (run on a private loop).
+        """
+        here = asyncio.get_running_loop()
+        engines, self._engines = list(self._engines.values()), {}
+        for loop, engine in engines:
+            if loop is here:
+                await engine.aclose()
+            elif loop.is_running():
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.aclose(), loop))
+        if self._shared is not None:
+            await self._shared.aclose()
 
 
 def _reply_events(reply: Reply) -> list[StreamEvent]:
