@@ -110,8 +110,7 @@ answered; `None` means Dify runs its own tool. Closing the Dify conversation
 ends its session: later calls are refused without being sent.
 
 Dify calls tools synchronously, in its own plugin process; here a second
-enhancer plays that process (an enhancer's connections belong to one event
-loop: the one of `areach`, or its own for blocking `reach`).
+enhancer plays that process.
 """,
     ),
     (

@@ -10,9 +10,8 @@ always reaches, ``local_only`` never does.
 A reach runs through :class:`~reach_plugins.ReachClient` (session liveness,
 affinity on the conversation key, the resilience core) inside an
 ``execute_tool {tool}`` span. As with the client, ``areach`` runs on the
-caller's loop and ``reach`` on the client's own loop (safe from any thread):
-close with ``aclose()`` after async use and ``close()`` after blocking use, as
-pooled connections belong to the loop that opened them.
+caller's loop and ``reach`` on the client's own loop (safe from any thread);
+one enhancer serves both.
 """
 
 from __future__ import annotations

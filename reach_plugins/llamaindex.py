@@ -13,9 +13,7 @@ model what to do next. The conversation key is the workflow ``Context``'s
 ``ctx.store["reach_session_id"]`` (created on the first reach, so one Context
 is one conversation), else the ``reach_session_id`` of LlamaIndex's
 ``instrument_tags``. The sync ``call`` works inside a running event loop: the
-reach runs on the enhancer's own loop. An enhancer's pooled connections belong
-to one loop, so use one enhancer either from agents and ``acall`` or from
-blocking ``call``, not both.
+reach runs on the enhancer's own loop.
 """
 
 from __future__ import annotations
