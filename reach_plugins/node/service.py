@@ -21,11 +21,18 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
-from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_VIA, header_lookup, http_status, to_request
+from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_VIA, http_status, to_request
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets, check_callback
-from reach_plugins.telemetry import ATTR_CAPABILITY, ATTR_REQUEST_ID, ATTR_TENANT, extract_context, get_tracer
+from reach_plugins.telemetry import (
+    ATTR_CAPABILITY,
+    ATTR_REQUEST_ID,
+    ATTR_TENANT,
+    HEADER_TRACEPARENT,
+    extract_context,
+    get_tracer,
+)
 from reach_plugins.transport import StreamEvent
 from transports.grpcnode import reach_pb2 as pb
 from transports.grpcnode.codec import (
@@ -93,8 +100,9 @@ class NodeService:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, message: pb.ReachCall, context: Context) -> ReachRequest:
-        metadata = dict(metadata_lookup(context.invocation_metadata()))
+    def _admit(self, message: pb.ReachCall, context: Context) -> tuple[ReachRequest, dict[str, str]]:
+        """The request to run and its metadata (lowercase keys); a ReachError says why not."""
+        metadata = metadata_lookup(context.invocation_metadata())
         via = metadata.get(HEADER_VIA.lower(), "")
         if self.node_id in via.split(","):
             raise LoopDetected(
@@ -109,7 +117,9 @@ class NodeService:
         body = body_from_message(message)
         claimed = metadata.get("x-tenant") or body.tenant
         tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), claimed)
-        return to_request(body, header_lookup(metadata), tenant=tenant, source=peer_address(context.peer()))
+        source = peer_address(context.peer())
+        request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source)
+        return request, metadata
 
     async def _refuse(self, context: Context, exc: ReachError) -> NoReturn:
         status = http_status(exc)
@@ -121,11 +131,10 @@ class NodeService:
         abort: Callable[..., Awaitable[NoReturn]] = context.abort
         await abort(_CODES.get(status, grpc.StatusCode.UNKNOWN), message, trailers)
 
-    def _span(self, context: Context, request: ReachRequest, name: str) -> Span:
-        carrier: Mapping[str, str] = metadata_lookup(context.invocation_metadata())
-        span = self._tracer.start_span(
-            f"{name} {request.capability}", context=extract_context(carrier), kind=SpanKind.SERVER
-        )
+    def _span(self, metadata: Mapping[str, str], request: ReachRequest, name: str) -> Span:
+        """A server span, child of the caller's ``traceparent`` when there is one."""
+        parent = extract_context(metadata) if HEADER_TRACEPARENT in metadata else None
+        span = self._tracer.start_span(f"{name} {request.capability}", context=parent, kind=SpanKind.SERVER)
         if span.is_recording():
             span.set_attribute(ATTR_CAPABILITY, request.capability)
             span.set_attribute(ATTR_REQUEST_ID, request.request_id)
@@ -137,8 +146,8 @@ class NodeService:
 
     async def Call(self, message: pb.ReachCall, context: Context) -> pb.CallReply:
         try:
-            request = self._admit(message, context)
-            with trace.use_span(self._span(context, request, "reach.node"), end_on_exit=True):
+            request, metadata = self._admit(message, context)
+            with trace.use_span(self._span(metadata, request, "reach.node"), end_on_exit=True):
                 async with self.queue.slot(request.priority):
                     response = await self.forwarder.run(request)
         except Backpressure as exc:
@@ -149,10 +158,10 @@ class NodeService:
 
     async def Stream(self, message: pb.ReachCall, context: Context) -> AsyncIterator[pb.StreamReply]:
         try:
-            request = self._admit(message, context)
+            request, metadata = self._admit(message, context)
         except ReachError as exc:
             await self._refuse(context, exc)
-        span = self._span(context, request, "reach.node.stream")
+        span = self._span(metadata, request, "reach.node.stream")
         events: AsyncIterator[StreamEvent] | None = None
         try:
             async with self.queue.slot(request.priority):
@@ -173,7 +182,7 @@ class NodeService:
 
     async def Submit(self, message: pb.SubmitRequest, context: Context) -> pb.SubmitReply:
         try:
-            request = self._admit(message.call, context)
+            request, _ = self._admit(message.call, context)
             callback = check_callback(message.callback) if message.callback else None
         except ReachError as exc:
             await self._refuse(context, exc)

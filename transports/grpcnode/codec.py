@@ -10,7 +10,7 @@ status as from the HTTP gateway; backpressure is its own message type.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, Final
 
 from reach_plugins.broadcast import TARGET
@@ -177,6 +177,6 @@ def error_message(error: ErrorInfo) -> pb.Error:
     return pb.Error(type=error.type, message=error.message, retry_after=error.retry_after or 0.0)
 
 
-def metadata_lookup(metadata: Iterable[tuple[str, str | bytes]] | None) -> Mapping[str, str]:
+def metadata_lookup(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
     """Invocation metadata as a lowercase-keyed dict (binary ``-bin`` entries are skipped)."""
     return {key.lower(): value for key, value in metadata or () if isinstance(value, str)}
