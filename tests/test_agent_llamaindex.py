@@ -181,7 +181,7 @@ async def test_agent_workflow_keeps_the_current_agent_per_session() -> None:
 
 
 async def test_bad_payloads_are_refused_with_what_to_send(http: httpx.AsyncClient) -> None:
-    """Neither messages nor input, or a message without a role, is refused naming what is expected."""
+    """Neither messages nor input, or a message with an unknown role, is refused naming what is expected."""
     empty = await chat(http, {}, "s10")
     roleless = await chat(http, {"messages": [{"content": "hi", "role": "wizard"}]}, "s10")
     assert (empty["status"], roleless["status"]) == ("fail", "fail")
