@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import aclosing
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -12,7 +13,7 @@ from reach_plugins.broadcast import Aggregate, BroadcastResult, TargetedRouter, 
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.core.trace import TraceSink
-from reach_plugins.model import AgentDescriptor, Hop, Priority, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
 from reach_plugins.stores import open_sessions, open_store
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from reach_plugins.core.dedup import DedupStore
     from reach_plugins.registry.base import Clock
     from reach_plugins.sessions import SessionStore
+
+_NO_AUTH = Auth()
+_NO_CREDENTIAL = Credential()
+"""What an agent without ``auth`` gets from a tenant without its own credential for it: nothing to resolve."""
 
 
 class ReachClient:
@@ -68,10 +73,10 @@ class ReachClient:
             opened for opened, given in ((self.sessions, sessions), (dedup, store)) if isinstance(given, str)
         ]
         self._environ = environ if environ is not None else os.environ
+        self._plain_auth: dict[int, tuple[Auth, bool]] = {}
         self.router = Router(
             self.registry,
             tenants=self.tenants,
-            is_available=lambda agent, instance: self.pipeline.is_available(agent, instance),
             clock=clock,
             rng=rng,
         )
@@ -86,11 +91,23 @@ class ReachClient:
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
         )
+        self.router.is_available = self.pipeline.is_available
         self._bridge = SyncBridge()
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         config = self.tenants.get(tenant) if self.tenants is not None and tenant is not None else None
+        if (config is None or agent.name not in config.credentials) and self._no_auth(agent.auth):
+            return _NO_CREDENTIAL
         return resolve_credential(agent, config, self._environ)
+
+    def _no_auth(self, auth: Auth) -> bool:
+        """Whether ``auth`` is the empty default; remembered per (immutable) ``Auth`` object, asked every call."""
+        known = self._plain_auth.get(id(auth))
+        if known is None or known[0] is not auth:
+            if len(self._plain_auth) >= 1024:
+                self._plain_auth.clear()
+            known = self._plain_auth[id(auth)] = (auth, auth == _NO_AUTH)
+        return known[1]
 
     def request(
         self,
@@ -108,21 +125,32 @@ class ReachClient:
         scope_tags: Iterable[str] = (),
         retried_upstream: bool = False,
     ) -> ReachRequest:
-        """Build the :class:`ReachRequest` that :meth:`reach` would send."""
-        return ReachRequest(
-            capability=capability,
-            action=action,
-            payload=dict(payload or {}),
-            session_id=session_id,
-            tenant=tenant if tenant is not None else self.tenant,
-            intent=intent,
-            idempotency_key=idempotency_key,
-            timeout_ms=timeout_ms,
-            hops=[hop if isinstance(hop, Hop) else Hop.parse(hop) for hop in hops],
-            priority=priority,
-            scope_tags=list(scope_tags),
-            retried_upstream=retried_upstream,
+        """Build the :class:`ReachRequest` that :meth:`reach` would send.
+
+        Only the options given are handed to the model (the rest keep their
+        defaults): this runs on every call, and validating unset fields is waste.
+        """
+        fields: dict[str, Any] = {"capability": capability, "payload": {} if payload is None else payload}
+        given = (
+            ("action", action),
+            ("session_id", session_id),
+            ("tenant", tenant if tenant is not None else self.tenant),
+            ("intent", intent),
+            ("idempotency_key", idempotency_key),
+            ("timeout_ms", timeout_ms),
         )
+        for name, value in given:
+            if value is not None:
+                fields[name] = value
+        if hops:
+            fields["hops"] = [hop if isinstance(hop, Hop) else Hop.parse(hop) for hop in hops]
+        if priority != "online":
+            fields["priority"] = priority
+        if scope_tags:
+            fields["scope_tags"] = list(scope_tags)
+        if retried_upstream:
+            fields["retried_upstream"] = True
+        return ReachRequest(**fields)
 
     async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """Send a prepared request through the resilience core (session liveness checked first)."""
@@ -146,7 +174,10 @@ class ReachClient:
         when nothing could be sent; otherwise returns the response, whose
         ``status`` says how it went (``raise_for_status()`` turns failure into an error).
         """
-        return await self.send(self.request(capability, payload, **options), trace=trace)
+        request = self.request(capability, payload, **options)
+        if self.sessions is None:
+            return await self.pipeline.run(request, trace=trace)
+        return await self.send(request, trace=trace)
 
     async def broadcast(
         self,
@@ -179,8 +210,9 @@ class ReachClient:
         request = self.request(capability, payload, **options)
         if self.sessions is not None and request.session_id is not None:
             await self.sessions.check(request.session_id)
-        async for event in self.pipeline.stream(request):
-            yield event
+        async with aclosing(self.pipeline.stream(request)) as events:
+            async for event in events:
+                yield event
 
     async def aclose(self) -> None:
         """Close the pipeline, the transport's pooled connections, and what this client opened from URLs."""

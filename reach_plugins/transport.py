@@ -90,6 +90,9 @@ class BaseTransport:
     """Convenience base: context-manager support, no-op close, streaming as one event."""
 
     owns_retries: bool = False
+    enforces_timeout: bool = False
+    """Optional, read with ``getattr``: True when ``send`` itself gives up once ``call.timeout`` has passed
+    (raising a ``TimeoutError`` or a ``ReadTimeout``), so the core sets no timer of its own around it."""
 
     async def send(self, call: Call) -> Reply:
         raise NotImplementedError("send() must be implemented by Transport subclasses")

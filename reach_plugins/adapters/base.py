@@ -16,14 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from jsonschema import SchemaError
-from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
-
 from reach_plugins.adapters.sse import SseEvent
-from reach_plugins.errors import ConfigError, InvalidResponse
+from reach_plugins.errors import InvalidResponse
 from reach_plugins.model import ErrorInfo
 from reach_plugins.transport import Call, Reply, StreamEvent
+from reach_plugins.validation import compiled
 
 log = logging.getLogger("reach_plugins.adapters")
 
@@ -127,20 +124,25 @@ def endpoint_url(call: Call, path: str) -> str:
 
 def reach_headers(call: Call, *, accept: str = "application/json") -> dict[str, str]:
     """The core's propagation headers, completed from the request when the core did not set them."""
+    given = call.headers
     headers = {"Content-Type": "application/json", "Accept": accept}
-    present: set[str] = set()
-    if call.headers:
-        headers.update(call.headers)
-        present = {name.lower() for name in call.headers}
+    if given:
+        headers.update(given)
     request = call.request
-    if "x-reach-deadline" not in present:
-        headers["X-Reach-Deadline"] = str(max(0, int(call.timeout * 1000)))
-    if request.idempotency_key and "idempotency-key" not in present:
-        headers["Idempotency-Key"] = request.idempotency_key
-    if request.tenant and "x-tenant" not in present:
-        headers["X-Tenant"] = request.tenant
-    if request.hops and "x-reach-hops" not in present:
-        headers["X-Reach-Hops"] = ",".join(str(hop) for hop in request.hops)
+    fallback: list[tuple[str, str]] = []
+    if "X-Reach-Deadline" not in given:
+        fallback.append(("X-Reach-Deadline", str(max(0, int(call.timeout * 1000)))))
+    if request.idempotency_key and "Idempotency-Key" not in given:
+        fallback.append(("Idempotency-Key", request.idempotency_key))
+    if request.tenant and "X-Tenant" not in given:
+        fallback.append(("X-Tenant", request.tenant))
+    if request.hops and "X-Reach-Hops" not in given:
+        fallback.append(("X-Reach-Hops", ",".join(str(hop) for hop in request.hops)))
+    if fallback:
+        present = {name.lower() for name in given}
+        for name, value in fallback:
+            if name.lower() not in present:
+                headers[name] = value
     return headers
 
 
@@ -227,31 +229,15 @@ def http_failure(call: Call, response: HttpResponse) -> Reply:
     return failure(call, info, status_code=status, retry_after=retry_after)
 
 
-_VALIDATORS: dict[str, Validator] = {}
-_MAX_VALIDATORS = 256
-
-
-def _validator(schema: dict[str, Any]) -> Validator:
-    key = json.dumps(schema, sort_keys=True)
-    found = _VALIDATORS.get(key)
-    if found is None:
-        cls = validator_for(schema)
-        try:
-            cls.check_schema(schema)
-        except SchemaError as exc:
-            raise ConfigError(f"return_schema is not a valid JSON Schema: {exc.message}") from None
-        if len(_VALIDATORS) >= _MAX_VALIDATORS:
-            _VALIDATORS.clear()
-        found = _VALIDATORS[key] = cls(schema)
-    return found
-
-
 def check_return(call: Call, data: Any) -> None:
     """Raise :class:`InvalidResponse` when ``data`` breaks the capability's ``return_schema``."""
     capability = call.capability or call.agent.capability(call.request.capability)
     if capability is None or capability.return_schema is None:
         return
-    errors = sorted(_validator(capability.return_schema).iter_errors(data), key=lambda e: list(e.path))
+    validator = compiled(capability.return_schema, "return_schema")
+    if validator.is_valid(data):
+        return
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
     if errors:
         first = errors[0]
         where = "/".join(str(part) for part in first.path) or "(root)"

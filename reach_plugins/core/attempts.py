@@ -15,7 +15,7 @@ from typing import Any, Literal
 from reach_plugins.core.backoff import retry_delay
 from reach_plugins.core.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.core.classify import Verdict, check_return_schema, classify_exception, classify_reply
-from reach_plugins.core.clock import Clock
+from reach_plugins.core.clock import Clock, SystemClock
 from reach_plugins.core.deadline import Deadline, per_attempt_timeout
 from reach_plugins.core.guards import AgentGuards, GuardTable, Slot
 from reach_plugins.core.loopguard import check_target, hops_header
@@ -64,6 +64,10 @@ class Flight:
     excluded: set[tuple[str, str]] = field(default_factory=set)
     status: str = "pending"
     error: ErrorInfo | None = None
+    streamed_events: int = 0
+    """Data events handed to the caller of a stream (a unary request leaves it 0)."""
+    streamed_chars: int = 0
+    """Characters of text those events carried (:func:`~reach_plugins.core.batching.streamed_chars`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +110,9 @@ class Engine:
         self.guards = GuardTable()
         self.observer: TraceRecorder | None = None
         """The request whose breaker call is running now: transitions it causes land in its trace."""
+        enforces = bool(getattr(transport, "enforces_timeout", False))
+        self.transport_times_out = enforces and isinstance(clock, SystemClock)
+        """The transport bounds each send by ``call.timeout`` in real time: a second timer here would be waste."""
 
     def _on_transition(self, transition: BreakerTransition) -> None:
         level = logging.WARNING if transition.after == "open" else logging.INFO
@@ -126,6 +133,22 @@ class Engine:
                 reason=transition.reason,
                 **{ATTR_BREAKER_FROM: transition.before, ATTR_BREAKER_TO: transition.after},
             )
+
+    def admit_now(self, flight: Flight) -> Admission | None:
+        """The usual admission, without waiting: a free slot and a closed breaker; else None (use :meth:`admit`)."""
+        route = flight.route
+        now = self.clock.now()
+        guards = self.guards.get(route.agent, now)
+        slot = guards.try_admit(route.capability)
+        if slot is None:
+            return None
+        breaker = self.breakers.get(route.agent, route.instance.instance_id)
+        if breaker.is_closed and not flight.deadline.expired(now):
+            permit = breaker.acquire(now)
+            if permit is not None:
+                return Admission(guards, slot, breaker, permit)
+        guards.release(slot)
+        return None
 
     async def admit(self, flight: Flight) -> Admission:
         """Rate limit and concurrency, then the breaker; an instance whose breaker refuses is failed over."""
@@ -197,8 +220,11 @@ class Engine:
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
         call = self.prepare(flight, timeout, now)
         try:
-            async with self.clock.timeout_at(now + timeout):
+            if self.transport_times_out:
                 reply = await self.transport.send(call)
+            else:
+                async with self.clock.timeout_at(now + timeout):
+                    reply = await self.transport.send(call)
         except (ReachError, TimeoutError) as exc:
             return classify_exception(exc), None
         verdict = classify_reply(reply)
@@ -247,6 +273,9 @@ class Engine:
     def record(
         self, flight: Flight, verdict: Verdict, admission: Admission, started: float, now: float, delay: float | None
     ) -> None:
+        """Add the attempt to the request's trace (a success only when someone will read it)."""
+        if verdict.ok and not flight.rec.keep:
+            return
         route = flight.route
         flight.rec.attempt(
             number=flight.attempts,
@@ -305,13 +334,15 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
     last: tuple[Verdict, Reply | None] | None = None
     while True:
         flight.attempts += 1
-        try:
-            admission = await engine.admit(flight)
-        except ReachError as exc:
-            flight.attempts -= 1
-            if last is None:
-                raise
-            return engine.give_up(flight, last[0], last[1], f"no instance could take the retry: {exc.message}")
+        admission = engine.admit_now(flight)
+        if admission is None:
+            try:
+                admission = await engine.admit(flight)
+            except ReachError as exc:
+                flight.attempts -= 1
+                if last is None:
+                    raise
+                return engine.give_up(flight, last[0], last[1], f"no instance could take the retry: {exc.message}")
         started = clock.now()
         try:
             verdict, reply = await engine.send(flight)

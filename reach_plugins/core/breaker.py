@@ -45,44 +45,61 @@ class Permit:
 
 
 class _Window:
-    """Counts of calls, failures and slow calls over the last ``window`` seconds, in buckets."""
+    """Counts of calls, failures and slow calls over the last ``window`` seconds, in buckets.
 
-    __slots__ = ("calls", "failures", "head", "slow", "width")
+    Running sums are kept next to the buckets, so reading the totals (after
+    every call) costs the same for ten buckets as for a thousand.
+    """
+
+    __slots__ = ("all_calls", "all_failures", "all_slow", "calls", "failures", "head", "slow", "width")
 
     def __init__(self, window: float, buckets: int) -> None:
         self.width = window / buckets
         self.calls = [0] * buckets
         self.failures = [0] * buckets
         self.slow = [0] * buckets
+        self.all_calls = self.all_failures = self.all_slow = 0
         self.head = -1
 
     def _slot(self, now: float) -> int:
         index = int(now // self.width)
+        head = self.head
         size = len(self.calls)
-        if self.head < 0 or index - self.head >= size:
+        if 0 <= index <= head:
+            return head % size
+        if head < 0 or index - head >= size:
             self.clear()
         else:
-            for stale in range(self.head + 1, index + 1):
+            for stale in range(head + 1, index + 1):
                 slot = stale % size
+                self.all_calls -= self.calls[slot]
+                self.all_failures -= self.failures[slot]
+                self.all_slow -= self.slow[slot]
                 self.calls[slot] = self.failures[slot] = self.slow[slot] = 0
-        self.head = max(self.head, index)
+        self.head = max(head, index)
         return self.head % size
 
     def add(self, now: float, *, failure: bool, slow: bool) -> None:
         slot = self._slot(now)
         self.calls[slot] += 1
-        self.failures[slot] += failure
-        self.slow[slot] += slow
+        self.all_calls += 1
+        if failure:
+            self.failures[slot] += 1
+            self.all_failures += 1
+        if slow:
+            self.slow[slot] += 1
+            self.all_slow += 1
 
     def totals(self, now: float) -> tuple[int, int, int]:
         self._slot(now)
-        return sum(self.calls), sum(self.failures), sum(self.slow)
+        return self.all_calls, self.all_failures, self.all_slow
 
     def clear(self) -> None:
         size = len(self.calls)
         self.calls = [0] * size
         self.failures = [0] * size
         self.slow = [0] * size
+        self.all_calls = self.all_failures = self.all_slow = 0
 
 
 class CircuitBreaker:
@@ -105,6 +122,8 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._probes = 0
         self._generation = 0
+        self._permit = Permit(False, 0)
+        """The permit of a call admitted while closed in this generation (immutable, so shared)."""
 
     def state(self, now: float) -> BreakerState:
         """The state as of ``now`` (an open breaker whose wait is over reads as half-open)."""
@@ -128,7 +147,7 @@ class CircuitBreaker:
     def acquire(self, now: float) -> Permit | None:
         """Admit one call (``None``: rejected). Past ``open_wait`` this moves open to half-open."""
         if self._state == "closed":
-            return Permit(False, self._generation)
+            return self._permit
         if self._state == "open":
             if now < self._opened_at + self.config.open_wait:
                 return None
@@ -165,11 +184,11 @@ class CircuitBreaker:
         calls, failures, slow = self._window.totals(now)
         if calls < self.config.min_calls:
             return
-        window = f"{calls} calls in {self.config.window:g}s"
-        if failures / calls >= self.config.error_threshold:
-            self._open(now, f"failure rate {failures / calls:.0%} over {window}")
-        elif self.config.slow_call_duration is not None and slow / calls >= self.config.slow_call_threshold:
-            self._open(now, f"slow-call rate {slow / calls:.0%} over {window}")
+        config = self.config
+        if failures / calls >= config.error_threshold:
+            self._open(now, f"failure rate {failures / calls:.0%} over {calls} calls in {config.window:g}s")
+        elif config.slow_call_duration is not None and slow / calls >= config.slow_call_threshold:
+            self._open(now, f"slow-call rate {slow / calls:.0%} over {calls} calls in {config.window:g}s")
 
     def _open(self, now: float, reason: str) -> None:
         self._opened_at = now
@@ -179,6 +198,7 @@ class CircuitBreaker:
         before = self._state
         self._state = after
         self._generation += 1
+        self._permit = Permit(False, self._generation)
         self._probes = 0
         if after == "closed":
             self._window.clear()

@@ -8,6 +8,7 @@ concurrency slot, both bounded by ``max_wait`` and the request's deadline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reach_plugins.core.budget import RetryBudget
@@ -41,6 +42,8 @@ class AgentGuards:
         size = agent.pool.max_conns
         self.adaptive = AdaptiveLimit(size)
         self.limiter = ConcurrencyLimiter(size, max_queue=size, name=f"agent {agent.name!r}")
+        self._alone = Slot((self.limiter,), 0.0)
+        """The slot of an attempt that got the agent's limiter at once (the usual case): immutable, so shared."""
         self._by_capability: dict[str, ConcurrencyLimiter] = {}
 
     def fits(self, agent: AgentDescriptor) -> bool:
@@ -58,8 +61,16 @@ class AgentGuards:
             self._by_capability[capability.name] = limiter
         return limiter
 
+    def try_admit(self, capability: Capability | None) -> Slot | None:
+        """The slot of an attempt that needs no wait (no rate limit, no capability limit, a free slot), else None."""
+        unlimited = capability is None or capability.max_concurrency is None
+        if self.bucket is None and unlimited and self.limiter.try_acquire():
+            return self._alone
+        return None
+
     async def admit(self, capability: Capability | None, clock: Clock, deadline: Deadline) -> Slot:
         """Wait (bounded) for a rate token and concurrency slots; raise RateLimited when none frees up."""
+        extra = self._capability_limiter(capability)
         start = clock.now()
         wait_until = start + min(self.max_wait, deadline.remaining(start))
         if self.bucket is not None:
@@ -77,7 +88,6 @@ class AgentGuards:
                     raise
         held: list[ConcurrencyLimiter] = []
         limiters = [self.limiter]
-        extra = self._capability_limiter(capability)
         if extra is not None:
             limiters.append(extra)
         try:
@@ -104,15 +114,17 @@ class AgentGuards:
     def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool) -> None:
         """Give the slots back and let the adaptive limit learn from the attempt."""
         in_flight = self.limiter.in_flight
-        self._release(list(slot.limiters))
-        self.limiter.limit = self.adaptive.record(now, latency, overload=overload, in_flight=in_flight)
+        self._release(slot.limiters)
+        limit = self.adaptive.record(now, latency, overload=overload, in_flight=in_flight)
+        if limit != self.limiter.limit:
+            self.limiter.limit = limit
 
     def release(self, slot: Slot) -> None:
         """Give the slots back without a result to learn from (nothing was sent)."""
-        self._release(list(slot.limiters))
+        self._release(slot.limiters)
 
     @staticmethod
-    def _release(held: list[ConcurrencyLimiter]) -> None:
+    def _release(held: Sequence[ConcurrencyLimiter]) -> None:
         for limiter in held:
             limiter.release()
 

@@ -16,15 +16,17 @@ counts as load and a backoff sleep holds no slot. Raise-vs-return follows
 from __future__ import annotations
 
 import logging
+import math
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 
 from opentelemetry import trace as otel
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
 from reach_plugins.core.attempts import Engine, Flight, run_unary
+from reach_plugins.core.batching import BatchPolicy
 from reach_plugins.core.clock import Clock, as_clock
 from reach_plugins.core.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.core.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
@@ -44,10 +46,13 @@ from reach_plugins.telemetry import (
     ATTR_REQUEST_ID,
     ATTR_SESSION_ID,
     ATTR_STATUS,
+    ATTR_STREAM_CHARS,
+    ATTR_STREAM_EVENTS,
     ATTR_TENANT,
     EVENT_DEDUP_HIT,
     EVENT_DEDUP_UNAVAILABLE,
     EVENT_DEDUP_WAIT,
+    EVENT_STREAMED,
     HEADER_HOPS,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_RETRY,
@@ -62,6 +67,9 @@ from reach_plugins.transport import StreamEvent, Transport
 from reach_plugins.validation import check_payload
 
 logger = logging.getLogger("reach_plugins.core")
+
+_SPANS_RECHECK = 1.0
+"""Seconds between two looks at the global tracer provider while no SDK is installed (the look is not free)."""
 
 
 class Pipeline:
@@ -80,6 +88,7 @@ class Pipeline:
         tracer_provider: TracerProvider | None = None,
         max_hops: int = DEFAULT_MAX_HOPS,
         default_timeout: float = 30.0,
+        stream_batching: BatchPolicy | None = None,
     ) -> None:
         if max_hops < 1 or default_timeout <= 0:
             raise ConfigError(f"max_hops must be >= 1 and default_timeout > 0, got {max_hops} and {default_timeout}")
@@ -89,8 +98,11 @@ class Pipeline:
         self._sink = sink
         self._tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
+        self._spans_on = False
+        self._spans_recheck = -math.inf
         self._max_hops = max_hops
         self._default_timeout = default_timeout
+        self._batching = stream_batching or BatchPolicy()
         self._engine = Engine(
             router=router,
             transport=transport,
@@ -102,33 +114,30 @@ class Pipeline:
     def is_available(self, agent: str, instance_id: str) -> bool:
         """Whether the instance's breaker would admit a call now (the Router's ``is_available`` hook)."""
         breaker = self._engine.breakers.find(agent, instance_id)
-        return breaker is None or breaker.available(self._clock.now())
+        return breaker is None or breaker.is_closed or breaker.available(self._clock.now())
 
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
         started = self._clock.now()
-        scope: AbstractContextManager[Span]
-        if spans_are_noop(self._tracer_provider):
-            scope = nullcontext(otel.get_current_span())
-        else:
-            scope = self._tracer.start_as_current_span(
-                span_name(request.capability),
-                kind=SpanKind.CLIENT,
-                record_exception=False,
-                set_status_on_exception=False,
-            )
-        with scope as span:
-            rec = TraceRecorder(request, started, span)
-            _start_span(span, request)
-            try:
-                response = await self._run(request, rec)
-            except ReachError as exc:
-                self._refused(rec, exc)
-                raise
-            return self._finish(rec, response, trace)
+        if self._spans_off(started):
+            return await self._run(request, otel.get_current_span(), started, trace)
+        with self._tracer.start_as_current_span(
+            span_name(request.capability),
+            kind=SpanKind.CLIENT,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            return await self._run(request, span, started, trace)
 
-    def stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ReachRequest) -> AsyncGenerator[StreamEvent, None]:
         """Stream one request's events; retried only before the first event, never deduplicated."""
+        async with aclosing(self._stream(request)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    def stream_batches(self, request: ReachRequest) -> AsyncGenerator[list[StreamEvent], None]:
+        """:meth:`stream` as the batches the core hands on (write each as one frame to cut writes and wakeups)."""
         return self._stream(request)
 
     async def aclose(self) -> None:
@@ -164,11 +173,39 @@ class Pipeline:
         retries_here = not (request.retried_upstream or owns_retries)
         return Flight(request, rec, route, deadline, key, retries_here, headers)
 
-    async def _run(self, request: ReachRequest, rec: TraceRecorder) -> ReachResponse:
-        flight = self._prepare(request, rec, None)
-        if flight.key is None:
-            return await run_unary(self._engine, flight)
-        key = store_key(request, flight.key)
+    def _spans_off(self, now: float) -> bool:
+        """Whether spans would record nothing (no SDK): asked of OpenTelemetry at most once a second.
+
+        An installed SDK stays installed, so a yes is kept for good; a global
+        SDK installed while the client runs is picked up within a second.
+        """
+        if self._spans_on:
+            return False
+        if now < self._spans_recheck:
+            return True
+        off = spans_are_noop(self._tracer_provider)
+        self._spans_on = not off
+        self._spans_recheck = now + (_SPANS_RECHECK if self._tracer_provider is None else math.inf)
+        return off
+
+    async def _run(self, request: ReachRequest, span: Span, started: float, trace: bool) -> ReachResponse:
+        rec = TraceRecorder(request, started, span, keep=trace or self._sink is not None)
+        _start_span(span, request)
+        try:
+            flight = self._prepare(request, rec, None)
+            if flight.key is None:
+                response = await run_unary(self._engine, flight)
+            else:
+                response = await self._deduplicated(flight, flight.key)
+        except ReachError as exc:
+            self._refused(rec, exc)
+            raise
+        return self._finish(rec, response, trace)
+
+    async def _deduplicated(self, flight: Flight, idempotency_key: str) -> ReachResponse:
+        """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest."""
+        request = flight.request
+        key = store_key(request, idempotency_key)
         stored = await self._claim(flight, key, payload_hash(request), flight.route.agent.idempotency.window)
         if stored is not None:
             return self._replay(flight, stored)
@@ -247,31 +284,45 @@ class Pipeline:
             rec.span.record_exception(exc)
             _end_span(rec.span, "error", error, rec.dedup_hit)
 
-    async def _stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
+    async def _stream(self, request: ReachRequest) -> AsyncGenerator[list[StreamEvent], None]:
         started = self._clock.now()
-        owned = not spans_are_noop(self._tracer_provider)
+        owned = not self._spans_off(started)
         span = self._tracer.start_span(span_name(request.capability), kind=SpanKind.CLIENT) if owned else None
         span = span or otel.get_current_span()
-        rec = TraceRecorder(request, started, span)
+        rec = TraceRecorder(request, started, span, keep=self._sink is not None)
         _start_span(span, request)
         flight: Flight | None = None
         try:
             flight = self._prepare(request, rec, otel.set_span_in_context(span))
-            async for event in stream_attempts(self._engine, flight, explicit_deadline=has_explicit_deadline(request)):
-                yield event
+            explicit = has_explicit_deadline(request)
+            attempts = stream_attempts(self._engine, flight, explicit_deadline=explicit, batching=self._batching)
+            async with aclosing(attempts) as batches:
+                async for batch in batches:
+                    yield batch
         except ReachError as exc:
             self._refused(rec, exc)
             raise
         finally:
             if flight is not None:
-                status = flight.status if flight.status != "pending" else "cancelled"
-                if self._sink is not None:
-                    emit_safely(self._sink, rec.build(status, flight.error, self._clock.now()))
-                if span.is_recording():
-                    _end_span(span, status, flight.error, False)
-                    span.set_attribute(ATTR_ATTEMPTS, flight.attempts)
+                self._streamed(rec, flight)
             if owned:
                 span.end()
+
+    def _streamed(self, rec: TraceRecorder, flight: Flight) -> None:
+        """Close a stream's books: what it carried (span attributes and trace), its status, its trace line."""
+        status = flight.status if flight.status != "pending" else "cancelled"
+        now = self._clock.now()
+        rec.event(EVENT_STREAMED, now, events=flight.streamed_events, chars=flight.streamed_chars)
+        if self._sink is not None:
+            emit_safely(self._sink, rec.build(status, flight.error, now))
+        span = rec.span
+        if span.is_recording():
+            _end_span(span, status, flight.error, False)
+            span.set_attribute(ATTR_ATTEMPTS, flight.attempts)
+            span.set_attribute(ATTR_AGENT, flight.route.agent.name)
+            span.set_attribute(ATTR_INSTANCE, flight.route.instance.instance_id)
+            span.set_attribute(ATTR_STREAM_EVENTS, flight.streamed_events)
+            span.set_attribute(ATTR_STREAM_CHARS, flight.streamed_chars)
 
 
 def _start_span(span: Span, request: ReachRequest) -> None:

@@ -5,14 +5,20 @@ after that each gap between events is bounded by ``stream_idle`` (and by the
 request's deadline only when the caller set one), so a long, lively stream is
 never cut by a total timeout — the seeds' half-finished answers. Every stream
 ends with exactly one ``end`` or ``error`` event.
+
+Past the first event, a relay task reads the stream and hands events on in
+batches (:mod:`reach_plugins.core.batching`): at most ``max_delay`` late, the
+first event never delayed, the rest flushed with the ``end`` or ``error``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from reach_plugins.core.attempts import Engine, Flight
+from reach_plugins.core.batching import BatchPolicy, StreamBatcher, streamed_chars
 from reach_plugins.core.classify import SUCCESS, Verdict, classify_exception, classify_reply
 from reach_plugins.core.deadline import per_attempt_timeout, timeouts_for
 from reach_plugins.errors import ReachError
@@ -35,9 +41,10 @@ async def _close(events: AsyncIterator[StreamEvent]) -> None:
         await aclose()
 
 
-def _final(flight: Flight, response: ReachResponse) -> StreamEvent:
+def _final(flight: Flight, response: ReachResponse) -> list[StreamEvent]:
+    """The one-event batch of a stream that never started: the error of the request's final answer."""
     flight.status, flight.error = response.status, response.error
-    return StreamEvent("error", error=response.error)
+    return [StreamEvent("error", error=response.error)]
 
 
 async def _open(
@@ -65,8 +72,13 @@ def _error_of(verdict: Verdict) -> StreamEvent:
     return StreamEvent("error", error=verdict.error or ErrorInfo(type=verdict.outcome, message=verdict.outcome))
 
 
-async def stream_attempts(engine: Engine, flight: Flight, *, explicit_deadline: bool) -> AsyncIterator[StreamEvent]:
-    """Yield the events of the first attempt whose stream starts well; sets ``flight.status`` at the end."""
+async def stream_attempts(
+    engine: Engine, flight: Flight, *, explicit_deadline: bool, batching: BatchPolicy
+) -> AsyncGenerator[list[StreamEvent], None]:
+    """Yield, in batches, the events of the first attempt whose stream starts well; sets ``flight.status``.
+
+    The first event goes out alone and at once; the last batch carries the ``end`` or ``error`` event.
+    """
     clock = engine.clock
     last: Verdict | None = None
     while True:
@@ -77,7 +89,8 @@ async def stream_attempts(engine: Engine, flight: Flight, *, explicit_deadline: 
             flight.attempts -= 1
             if last is None:
                 raise
-            yield _final(flight, engine.give_up(flight, last, None, f"no instance could take the retry: {exc.message}"))
+            why = f"no instance could take the retry: {exc.message}"
+            yield _final(flight, engine.give_up(flight, last, None, why))
             return
         started = clock.now()
         try:
@@ -103,40 +116,131 @@ async def stream_attempts(engine: Engine, flight: Flight, *, explicit_deadline: 
                     engine.fail_over(flight, f"{flight.route.instance.instance_id} failed before its first event")
                 except ReachError as exc:
                     if not admission.breaker.available(clock.now()):
-                        yield _final(flight, engine.give_up(flight, verdict, None, f"no other instance: {exc.message}"))
+                        why = f"no other instance: {exc.message}"
+                        yield _final(flight, engine.give_up(flight, verdict, None, why))
                         return
             continue
         settled = False
+        relay: _Relay | None = None
         try:
-            yield first
+            batcher = StreamBatcher(batching)
+            batcher.add(first, opened)
+            yield _counted(flight, batcher.take())
             verdict = SUCCESS
             if first.kind != "end":
-                follower = _follow(engine, flight, events, explicit_deadline)
-                try:
-                    async for item in follower:
-                        if isinstance(item, Verdict):
-                            verdict = item
-                            break
-                        yield item
-                finally:
-                    await follower.aclose()
+                relay = _Relay(engine, flight, events, batcher, explicit_deadline)
+                async for batch in relay.batches():
+                    yield _counted(flight, batch)
+                verdict = relay.verdict
             end = clock.now()
             engine.settle(flight, admission, verdict, opened - started, end)
             settled = True
             engine.record(flight, verdict, admission, started, end, None)
+            tail = batcher.take()
             if verdict.ok:
                 flight.status = "success"
                 if first.kind != "end":
-                    yield StreamEvent("end")
+                    tail.append(StreamEvent("end"))
             else:
                 flight.status = "timeout" if verdict.outcome == "timeout" else "fail"
                 flight.error = verdict.error
-                yield _error_of(verdict)
+                tail.append(_error_of(verdict))
+            if tail:
+                yield _counted(flight, tail)
             return
         finally:
+            if relay is not None:
+                await relay.stop()
             if not settled:
                 engine.abandon(admission)
             await _close(events)
+
+
+def _counted(flight: Flight, batch: list[StreamEvent]) -> list[StreamEvent]:
+    """Count the data events and characters handed to the caller (span attributes and trace of the stream)."""
+    for event in batch:
+        if event.kind == "data":
+            flight.streamed_events += 1
+            flight.streamed_chars += streamed_chars(event.data)
+    return batch
+
+
+class _Relay:
+    """Reads the rest of a started stream in a task of its own and hands it on in batches.
+
+    The caller's task then wakes once per batch rather than once per event.
+    The reading task stops at a full batch until the caller takes it, so a slow
+    caller slows the agent down (TCP backpressure) instead of filling memory.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        flight: Flight,
+        events: AsyncIterator[StreamEvent],
+        batcher: StreamBatcher,
+        explicit_deadline: bool,
+    ) -> None:
+        self._clock = engine.clock
+        self._batcher = batcher
+        self._wake = asyncio.Event()
+        """Set by the reader when the caller must look: a batch is due now, or a new one started (arm its timer)."""
+        self._due_now = False
+        self._taken = asyncio.Event()
+        self.verdict: Verdict = SUCCESS
+        """How the stream ended: success (``end``), or the verdict of its failure."""
+        follower = _follow(engine, flight, events, explicit_deadline)
+        self._task = asyncio.get_running_loop().create_task(self._read(follower))
+
+    async def _read(self, follower: AsyncGenerator[StreamEvent | Verdict, None]) -> None:
+        batcher = self._batcher
+        try:
+            async for item in follower:
+                if isinstance(item, Verdict):
+                    self.verdict = item
+                    return
+                if batcher.add(item, self._clock.now()):
+                    self._due_now = True
+                    self._wake.set()
+                elif batcher.pending == 1:
+                    self._wake.set()
+                while batcher.full:
+                    self._taken.clear()
+                    await self._taken.wait()
+        finally:
+            await follower.aclose()
+            self._wake.set()
+
+    async def batches(self) -> AsyncIterator[list[StreamEvent]]:
+        """Each batch once it is due; returns when the stream is over, leaving the last events buffered."""
+        batcher, task = self._batcher, self._task
+        while True:
+            if not self._due_now:
+                due = batcher.due()
+                try:
+                    if due is None:
+                        await self._wake.wait()
+                    else:
+                        async with self._clock.timeout_at(due):
+                            await self._wake.wait()
+                except TimeoutError:
+                    self._due_now = True
+                self._wake.clear()
+            if task.done():
+                break
+            if self._due_now:
+                self._due_now = False
+                batch = batcher.take()
+                self._taken.set()
+                if batch:
+                    yield batch
+        task.result()
+
+    async def stop(self) -> None:
+        """Stop reading (the caller left, or the stream is over) before the stream itself is closed."""
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.wait({self._task})
 
 
 async def _follow(

@@ -91,14 +91,20 @@ def _attributes(attrs: dict[str, Any]) -> dict[str, AttributeValue]:
 
 
 class TraceRecorder:
-    """Collects one request's route, attempts and events; mirrors events onto its span."""
+    """Collects one request's route, attempts and events; mirrors events onto its span.
 
-    __slots__ = ("attempts", "dedup_hit", "events", "request", "route", "span", "started_at")
+    ``keep`` says whether anyone will read a successful attempt (a trace was
+    asked for, a sink is set, or the span records): when nobody will, the
+    pipeline skips recording it — the common case, and a hot path.
+    """
 
-    def __init__(self, request: ReachRequest, started_at: float, span: Span) -> None:
+    __slots__ = ("attempts", "dedup_hit", "events", "keep", "request", "route", "span", "started_at")
+
+    def __init__(self, request: ReachRequest, started_at: float, span: Span, *, keep: bool = True) -> None:
         self.request = request
         self.started_at = started_at
         self.span = span
+        self.keep = keep or span.is_recording()
         self.route: RouteDecision | None = None
         self.attempts: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []

@@ -59,6 +59,17 @@ class _Scan:
     skipped: list[Skip]
 
 
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """The explanation last given for a capability's round robin; reused while its inputs repeat (they mostly do)."""
+
+    peers: list[tuple[InstanceKey, int]]
+    skipped: list[Skip]
+    priority: int
+    shown: list[CandidateScore]
+    reason: str
+
+
 class Router:
     """Chooses an instance for each :class:`ReachRequest` from a registry view; never awaits."""
 
@@ -84,7 +95,7 @@ class Router:
         self._plans: dict[tuple[object, ...], Plan] = {}
         self._rr: dict[str, SmoothWeightedRoundRobin[InstanceKey]] = {}
         self._card_cache: dict[tuple[str, str, float | None, str | None], CandidateScore] = {}
-        self._last_shown: dict[str, tuple[list[tuple[InstanceKey, int]], list[Skip], list[CandidateScore]]] = {}
+        self._last_shown: dict[str, _Shown] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -107,13 +118,14 @@ class Router:
         if rr is None:
             rr = self._rr[capability] = SmoothWeightedRoundRobin(self._rng)
         offer, inst = healthy[rr.pick(peers)]
-        reason = f"smooth weighted round robin over {len(healthy)} healthy instance(s) in priority tier {scan.priority}"
         last = self._last_shown.get(capability)
-        if last is not None and last[0] == peers and last[1] == scan.skipped:
-            shown = last[2]
+        if last is not None and last.peers == peers and last.skipped == scan.skipped and last.priority == scan.priority:
+            shown, reason = last.shown, last.reason
         else:
             shown = self._cards([(key[0], key[1], float(weight)) for key, weight in peers], scan.skipped)
-            self._last_shown[capability] = (peers, scan.skipped, shown)
+            tier = scan.priority
+            reason = f"smooth weighted round robin over {len(peers)} healthy instance(s) in priority tier {tier}"
+            self._last_shown[capability] = _Shown(peers, scan.skipped, scan.priority, shown, reason)
         return self._answer(request, offer, inst, shown, reason, "none", started)
 
     def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:

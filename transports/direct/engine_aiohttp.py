@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -60,15 +61,25 @@ class AiohttpEngine:
     def __init__(self, pool: PoolConfig, tls: ssl.SSLContext | None) -> None:
         connector = aiohttp.TCPConnector(limit=pool.max_conns, keepalive_timeout=pool.idle_timeout, ssl=tls or True)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
-        self._limits: dict[tuple[float, float], aiohttp.ClientTimeout] = {}
+        self._limits: dict[tuple[int, float], aiohttp.ClientTimeout] = {}
 
     def _timeout(self, total: float, connect: float) -> aiohttp.ClientTimeout:
-        """A ``ClientTimeout`` per distinct pair: most calls repeat their per-attempt timeout, so reuse it."""
-        limits = self._limits.get((total, connect))
+        """A ``ClientTimeout`` ending the attempt on time (at most a millisecond early, never late).
+
+        The total is rounded down to the millisecond so that calls whose
+        remaining budgets differ by microseconds share one object; aiohttp's
+        rounding of long timeouts up to the next whole second is turned off,
+        since the core relies on this bound ending the attempt.
+        """
+        millis = int(total * 1000.0)
+        if millis < 1:
+            return aiohttp.ClientTimeout(total=total, sock_connect=connect, ceil_threshold=math.inf)
+        limits = self._limits.get((millis, connect))
         if limits is None:
             if len(self._limits) >= 64:
                 self._limits.clear()
-            limits = self._limits[total, connect] = aiohttp.ClientTimeout(total=total, sock_connect=connect)
+            limits = aiohttp.ClientTimeout(total=millis / 1000.0, sock_connect=connect, ceil_threshold=math.inf)
+            self._limits[millis, connect] = limits
         return limits
 
     async def send(self, request: HttpRequest, *, timeout: float, connect_timeout: float) -> HttpResponse:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
 from reach_plugins.adapters import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
-from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, StreamIdle, TransportError
+from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, ReadTimeout, StreamIdle, TransportError
 from reach_plugins.model import ErrorInfo, Timeouts
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
 from transports.direct.auth import tls_context, tls_identity, with_credential
@@ -48,6 +48,8 @@ class DirectTransport(BaseTransport):
     """
 
     owns_retries = False
+    enforces_timeout = True
+    """``send`` gives up after ``call.timeout`` (discovery included): the core needs no timer of its own."""
 
     def __init__(
         self,
@@ -101,15 +103,24 @@ class DirectTransport(BaseTransport):
         """The request for ``call``, after discovery if the protocol needs it, carrying the credential."""
         discovery = adapter.discovery(call)
         discovered = None if discovery is None else await self._discover(adapter, engine, call, discovery)
-        request = adapter.build(call, stream=stream, discovered=discovered)
-        return request if call.credential.type == "none" else with_credential(request, call.credential)
+        return with_credential(adapter.build(call, stream=stream, discovered=discovered), call.credential)
 
     async def send(self, call: Call) -> Reply:
         adapter = adapter_for(call.agent.protocol)
         engine = self._engine_for(call)
-        request = await self._prepare(adapter, engine, call, stream=False)
+        discovery = adapter.discovery(call)
+        discovered = None
+        timeout = call.timeout
+        if discovery is not None:
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            discovered = await self._discover(adapter, engine, call, discovery)
+            timeout -= loop.time() - began
+            if timeout <= 0:
+                raise ReadTimeout(f"discovering {call.instance.endpoint} used up the attempt's time")
+        request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
         connect, _ = _timeouts(call)
-        response = await engine.send(request, timeout=call.timeout, connect_timeout=connect)
+        response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
         return adapter.parse(call, response)
 
     async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
