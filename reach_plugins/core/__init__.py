@@ -1,6 +1,7 @@
 """The resilience core: sans-IO state machines (breaker, backoff, budget, dedup, limits) and one async pipeline."""
 
 from reach_plugins.core.backoff import full_jitter, retry_delay
+from reach_plugins.core.batching import BatchPolicy, StreamBatcher, streamed_chars
 from reach_plugins.core.breaker import Breakers, BreakerState, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.core.budget import RetryBudget
 from reach_plugins.core.classify import Outcome, Verdict, check_return_schema, classify_exception, classify_reply
@@ -24,6 +25,7 @@ from reach_plugins.core.trace import JsonLinesSink, LoggingSink, TraceSink, open
 __all__ = [
     "DEFAULT_MAX_HOPS",
     "AdaptiveLimit",
+    "BatchPolicy",
     "Begin",
     "BreakerState",
     "BreakerTransition",
@@ -44,6 +46,7 @@ __all__ = [
     "RetryBudget",
     "RouteLike",
     "RouterLike",
+    "StreamBatcher",
     "SystemClock",
     "TokenBucket",
     "TraceSink",
@@ -64,4 +67,5 @@ __all__ = [
     "resolve_key",
     "retry_delay",
     "store_key",
+    "streamed_chars",
 ]
