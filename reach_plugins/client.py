@@ -9,10 +9,13 @@ from contextlib import aclosing
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from pydantic import ValidationError
+
 from reach_plugins.broadcast import Aggregate, BroadcastResult, TargetedRouter, broadcast
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.core.trace import TraceSink
+from reach_plugins.errors import InvalidPayload
 from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
@@ -150,7 +153,12 @@ class ReachClient:
             fields["scope_tags"] = list(scope_tags)
         if retried_upstream:
             fields["retried_upstream"] = True
-        return ReachRequest(**fields)
+        try:
+            return ReachRequest(**fields)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"])
+            raise InvalidPayload(f"{where}: {problem['msg']}", field=where) from None
 
     async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """Send a prepared request through the resilience core (session liveness checked first)."""

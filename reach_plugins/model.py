@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from reach_plugins.units import Duration, Ratio
 
@@ -22,6 +22,9 @@ Semantic ``verb_object`` names (``query_order``, ``extract_clause``) are what th
 docs recommend: the semantic matcher ranks on them.
 """
 _NAME = re.compile(NAME_PATTERN)
+
+HeaderText = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=1024)]
+"""Text that travels in a header (session, tenant, intent, idempotency key): no control characters."""
 
 Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a"]
 DangerLevel = Literal["low", "medium", "high"]
@@ -314,10 +317,10 @@ class ReachRequest(BaseModel):
     capability: str
     action: str | None = None
     payload: dict[str, Any] = Field(default_factory=dict)
-    session_id: str | None = None
-    tenant: str | None = None
-    intent: str | None = None
-    idempotency_key: str | None = None
+    session_id: HeaderText | None = None
+    tenant: HeaderText | None = None
+    intent: HeaderText | None = None
+    idempotency_key: HeaderText | None = None
     deadline: float | None = None
     """Absolute deadline, seconds since the epoch (it crosses processes)."""
     timeout_ms: int | None = Field(default=None, gt=0)

@@ -166,3 +166,14 @@ async def test_expired_session_is_refused(registry: MemoryRegistry) -> None:
     with pytest.raises(errors.SessionClosed, match="expired"):
         await client.reach("query_order", {"order_id": "A1"}, session_id="chat-3")
     assert len(transport.calls) == 1
+
+
+async def test_header_breaking_values_are_refused_before_sending(registry: MemoryRegistry) -> None:
+    """An idempotency key or session id with control characters is InvalidPayload naming the field; nothing sent."""
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport)
+    with pytest.raises(errors.InvalidPayload, match="idempotency_key"):
+        await client.reach("query_order", {"order_id": "A1"}, idempotency_key="WO-1\r\nX-Evil: 1")
+    with pytest.raises(errors.InvalidPayload, match="session_id"):
+        await client.reach("query_order", {"order_id": "A1"}, session_id="s\x00")
+    assert transport.calls == []

@@ -255,7 +255,7 @@ class Engine:
         """The backoff before the next attempt, or why there is none."""
         if not verdict.retryable:
             return Plan(None, f"{verdict.outcome} is never retried")
-        if not flight.retries_here:
+        if not flight.retries_here and verdict.outcome != "backpressure":
             return Plan(None, "retries belong to another layer (retried upstream, or the transport retries)")
         capability = flight.route.capability
         policy = capability.retry or flight.route.agent.retry
@@ -290,7 +290,10 @@ class Engine:
             breaker_state=admission.breaker.state(now),
         )
 
-    def respond(self, flight: Flight, status: Status, data: Any, error: ErrorInfo | None) -> ReachResponse:
+    def respond(
+        self, flight: Flight, status: Status, data: Any, error: ErrorInfo | None, reply: Reply | None = None
+    ) -> ReachResponse:
+        """The response; who served it is what the far side says (a gateway or node may have failed over)."""
         route = flight.route
         decision = route.decision
         return ReachResponse(
@@ -298,8 +301,8 @@ class Engine:
             status=status,
             data=data,
             error=error,
-            agent=route.agent.name,
-            instance=route.instance.instance_id,
+            agent=(reply.agent if reply is not None and reply.agent else route.agent.name),
+            instance=(reply.instance if reply is not None and reply.instance else route.instance.instance_id),
             attempts=flight.far_attempts,
             cost_ms=(self.clock.now() - flight.rec.started_at) * 1000.0,
             context_restore=decision.context_restore,
@@ -325,7 +328,7 @@ class Engine:
             return self.respond(flight, "timeout", None, ErrorInfo(type="timeout", message=message))
         data = reply.data if reply is not None and verdict.outcome == "business" else None
         error = verdict.error or ErrorInfo(type=verdict.outcome, message=why)
-        return self.respond(flight, "fail", data, error)
+        return self.respond(flight, "fail", data, error, reply)
 
 
 async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
@@ -354,7 +357,7 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
         flight.far_attempts += reply.attempts if reply is not None else 1
         if verdict.ok and reply is not None:
             engine.record(flight, verdict, admission, started, now, None)
-            return engine.respond(flight, "success", reply.data, None)
+            return engine.respond(flight, "success", reply.data, None, reply)
         plan = engine.plan_retry(flight, verdict, admission, now)
         engine.record(flight, verdict, admission, started, now, plan.delay)
         if plan.delay is None:
