@@ -223,7 +223,7 @@ async def test_refusals_carry_the_error_type_and_status(tmp_path: Path) -> None:
 async def test_values_that_cannot_be_metadata_are_refused_before_sending() -> None:
     """A control character in an idempotency key is a RequestError naming the metadata key."""
     transport = GrpcNodeTransport("127.0.0.1:9", token=DEMO)
-    call = make_call("http://unused", "query_order", idempotency_key="a\x1fb", headers={"Idempotency-Key": "a\x1fb"})
+    call = make_call("http://unused", "query_order", headers={"Idempotency-Key": "a\x1fb"})
     with pytest.raises(errors.RequestError, match="idempotency-key"):
         await transport.send(call)
     await transport.aclose()
