@@ -242,3 +242,13 @@ def check_return(call: Call, data: Any) -> None:
         first = errors[0]
         where = "/".join(str(part) for part in first.path) or "(root)"
         raise invalid(call, f"the reply does not fit return_schema at {where}: {first.message}")
+
+
+class NoDiscovery:
+    """For protocols that learn nothing before their first call (everything but A2A's agent card)."""
+
+    def discovery(self, call: Call) -> HttpRequest | None:
+        return None
+
+    def discovered(self, call: Call, response: HttpResponse) -> Any:
+        return None

@@ -16,6 +16,7 @@ from typing import Any
 from reach_plugins.adapters.base import (
     HttpRequest,
     HttpResponse,
+    NoDiscovery,
     decode_json,
     encode_json,
     endpoint_url,
@@ -86,16 +87,10 @@ def _first_choice(body: Any) -> Mapping[str, Any] | None:
     return None
 
 
-class OpenAIAdapter:
+class OpenAIAdapter(NoDiscovery):
     """Client side of an OpenAI-compatible chat-completions endpoint."""
 
     protocol = "openai-compatible"
-
-    def discovery(self, call: Call) -> HttpRequest | None:
-        return None
-
-    def discovered(self, call: Call, response: HttpResponse) -> Any:
-        return None
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         options = call.agent.protocol_options

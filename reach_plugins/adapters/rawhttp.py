@@ -23,6 +23,7 @@ from typing import Any
 from reach_plugins.adapters.base import (
     HttpRequest,
     HttpResponse,
+    NoDiscovery,
     StreamDecoder,
     decode_json,
     encode_json,
@@ -57,16 +58,10 @@ def _template_context(call: Call) -> dict[str, Any]:
     }
 
 
-class RawHttpAdapter:
+class RawHttpAdapter(NoDiscovery):
     """Client side of an arbitrary JSON API; non-streaming (a stream is the one reply)."""
 
     protocol = "raw-http"
-
-    def discovery(self, call: Call) -> HttpRequest | None:
-        return None
-
-    def discovered(self, call: Call, response: HttpResponse) -> Any:
-        return None
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         options = call.agent.protocol_options

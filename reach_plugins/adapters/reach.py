@@ -13,6 +13,7 @@ from typing import Any
 from reach_plugins.adapters.base import (
     HttpRequest,
     HttpResponse,
+    NoDiscovery,
     decode_json,
     encode_json,
     endpoint_url,
@@ -43,16 +44,10 @@ def reach_body(call: Call) -> dict[str, Any]:
     }
 
 
-class ReachAdapter:
+class ReachAdapter(NoDiscovery):
     """Client side of the reach wire protocol."""
 
     protocol = "reach"
-
-    def discovery(self, call: Call) -> HttpRequest | None:
-        return None
-
-    def discovered(self, call: Call, response: HttpResponse) -> Any:
-        return None
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         path = "/reach/stream" if stream else "/reach"
