@@ -15,6 +15,7 @@ from urllib.parse import urljoin
 
 from reach_plugins.adapters.base import (
     TEXT_FIELDS,
+    EndsOnce,
     HttpRequest,
     HttpResponse,
     decode_json,
@@ -155,12 +156,8 @@ class A2AAdapter:
         return A2AStreamDecoder(call)
 
 
-class A2AStreamDecoder:
+class A2AStreamDecoder(EndsOnce):
     """``message/stream`` events (message, task, status-update, artifact-update) into stream events."""
-
-    def __init__(self, call: Call) -> None:
-        self._call = call
-        self._done = False
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
         if self._done:
@@ -190,13 +187,5 @@ class A2AStreamDecoder:
             return self._finish(StreamEvent("end"))
         return []
 
-    def _finish(self, event: StreamEvent) -> list[StreamEvent]:
-        self._done = True
-        return [event]
-
-    def close(self) -> list[StreamEvent]:
-        if self._done:
-            return []
-        self._done = True
-        cut = ErrorInfo(type="transient", message=f"the A2A stream from {self._call.instance.endpoint} was cut")
-        return [StreamEvent("error", error=cut)]
+    def _cut(self) -> str:
+        return f"the A2A stream from {self._call.instance.endpoint} was cut"

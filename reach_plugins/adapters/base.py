@@ -252,3 +252,27 @@ class NoDiscovery:
 
     def discovered(self, call: Call, response: HttpResponse) -> Any:
         return None
+
+
+class EndsOnce:
+    """What every stream decoder shares: it ends once, and a stream cut before its end is a transient error."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._done = False
+
+    def _finish(self, event: StreamEvent) -> list[StreamEvent]:
+        self._done = True
+        return [event]
+
+    def _cut(self) -> str:
+        """How the stream was cut short, for the error event that ``close`` sends."""
+        return f"the stream from {self._call.instance.endpoint} ended before 'end'"
+
+    def _on_close(self) -> StreamEvent:
+        return StreamEvent("error", error=ErrorInfo(type="transient", message=self._cut()))
+
+    def close(self) -> list[StreamEvent]:
+        if self._done:
+            return []
+        return self._finish(self._on_close())

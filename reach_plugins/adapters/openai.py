@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reach_plugins.adapters.base import (
+    EndsOnce,
     HttpRequest,
     HttpResponse,
     NoDiscovery,
@@ -30,7 +31,6 @@ from reach_plugins.adapters.base import (
     success,
 )
 from reach_plugins.adapters.sse import SseEvent
-from reach_plugins.model import ErrorInfo
 from reach_plugins.transport import Call, Reply, StreamEvent
 
 PASSTHROUGH = ("tools", "tool_choice", "temperature", "top_p", "max_tokens", "stop", "response_format", "seed", "user")
@@ -130,27 +130,25 @@ class OpenAIAdapter(NoDiscovery):
         return OpenAIStreamDecoder(call)
 
 
-class OpenAIStreamDecoder:
+class OpenAIStreamDecoder(EndsOnce):
     """``data: {chunk}`` frames into ``reply_content``/``tool_calls`` deltas; ``data: [DONE]`` ends."""
 
     def __init__(self, call: Call) -> None:
-        self._call = call
-        self._done = False
+        super().__init__(call)
         self._finished = False
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
         if self._done:
             return []
         if event.data.strip() == "[DONE]":
-            self._done = True
-            return [StreamEvent("end")]
+            return self._finish(StreamEvent("end"))
         try:
             chunk = json.loads(event.data)
         except ValueError:
             raise invalid(self._call, f"a stream chunk is not JSON ({event.data[:80]!r})") from None
         if isinstance(chunk, Mapping) and "error" in chunk:
-            self._done = True
-            return [StreamEvent("error", error=error_info(chunk["error"], "transient", "the agent's stream failed"))]
+            failed = error_info(chunk["error"], "transient", "the agent's stream failed")
+            return self._finish(StreamEvent("error", error=failed))
         choice = _first_choice(chunk)
         if choice is None:
             return []
@@ -164,11 +162,9 @@ class OpenAIStreamDecoder:
         data = {"reply_content": content or "", "tool_calls": tool_calls, "raw_meta": _meta(chunk, choice)}
         return [StreamEvent("data", data)]
 
-    def close(self) -> list[StreamEvent]:
-        if self._done:
-            return []
-        self._done = True
-        if self._finished:
-            return [StreamEvent("end")]
-        cut = ErrorInfo(type="transient", message=f"the stream from {self._call.instance.endpoint} ended before [DONE]")
-        return [StreamEvent("error", error=cut)]
+    def _on_close(self) -> StreamEvent:
+        """A stream whose last chunk had a ``finish_reason`` is complete even without ``[DONE]``."""
+        return StreamEvent("end") if self._finished else super()._on_close()
+
+    def _cut(self) -> str:
+        return f"the stream from {self._call.instance.endpoint} ended before [DONE]"

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from reach_plugins.adapters.base import (
+    EndsOnce,
     HttpRequest,
     HttpResponse,
     NoDiscovery,
@@ -25,7 +26,6 @@ from reach_plugins.adapters.base import (
     success,
 )
 from reach_plugins.adapters.sse import SseEvent
-from reach_plugins.model import ErrorInfo
 from reach_plugins.transport import Call, Reply, StreamEvent
 
 
@@ -70,31 +70,18 @@ class ReachAdapter(NoDiscovery):
         return ReachStreamDecoder(call)
 
 
-class ReachStreamDecoder:
+class ReachStreamDecoder(EndsOnce):
     """``data`` / ``end`` / ``error`` SSE frames into stream events."""
-
-    def __init__(self, call: Call) -> None:
-        self._call = call
-        self._done = False
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
         if self._done:
             return []
         if event.event == "end":
-            self._done = True
-            return [StreamEvent("end")]
+            return self._finish(StreamEvent("end"))
         try:
             value = json.loads(event.data) if event.data else None
         except ValueError:
             raise invalid(self._call, f"a stream frame is not JSON ({event.data[:80]!r})") from None
         if event.event == "error":
-            self._done = True
-            return [StreamEvent("error", error=error_info(value, "transient", "the agent's stream failed"))]
+            return self._finish(StreamEvent("error", error=error_info(value, "transient", "the agent's stream failed")))
         return [StreamEvent("data", value)]
-
-    def close(self) -> list[StreamEvent]:
-        if self._done:
-            return []
-        self._done = True
-        cut = ErrorInfo(type="transient", message=f"the stream from {self._call.instance.endpoint} ended before 'end'")
-        return [StreamEvent("error", error=cut)]
