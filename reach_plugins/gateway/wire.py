@@ -33,7 +33,7 @@ from reach_plugins.errors import (
     SessionClosed,
     UnknownCapability,
 )
-from reach_plugins.model import Hop, Priority, ReachRequest, ReachResponse, new_request_id
+from reach_plugins.model import HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
 from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS, HEADER_IDEMPOTENCY_KEY, HEADER_RETRY, RETRY_UPSTREAM
 
 HEADER_AUTHORIZATION: Final = "Authorization"
@@ -64,11 +64,11 @@ class WireBody(BaseModel):
     capability: str = Field(min_length=1, max_length=200)
     action: str | None = Field(default=None, max_length=200)
     payload: dict[str, Any] | None = None
-    session_id: str | None = Field(default=None, max_length=256)
+    session_id: HeaderText | None = Field(default=None, max_length=256)
     tenant: str | None = Field(default=None, max_length=128, pattern=HEADER_SAFE)
     idempotency_key: str | None = Field(default=None, max_length=256, pattern=HEADER_SAFE)
     deadline_ms: int | None = Field(default=None, ge=0, le=MAX_DEADLINE_MS)
-    intent: str | None = Field(default=None, max_length=200)
+    intent: HeaderText | None = Field(default=None, max_length=200)
     priority: Priority = "online"
     scope_tags: list[str] = Field(default_factory=list, max_length=32)
 
