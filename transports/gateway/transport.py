@@ -20,12 +20,12 @@ import aiohttp
 
 from reach_plugins.adapters import HttpRequest, SseDecoder
 from reach_plugins.adapters.reach import ReachStreamDecoder
-from reach_plugins.broadcast import TARGET
 from reach_plugins.errors import ConfigError, InvalidResponse
-from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGET, check_headers
 from reach_plugins.model import ErrorInfo
+from reach_plugins.routing.pinning import TARGET
 from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
+from reach_plugins.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGET, check_headers
 from transports.direct.engine_aiohttp import FOREIGN, mapped
 
 _KNOWN_TYPES = frozenset(

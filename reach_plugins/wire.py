@@ -16,7 +16,6 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach_plugins.broadcast import PREFER, TARGET
 from reach_plugins.core.loopguard import parse_hops_header
 from reach_plugins.errors import (
     ApprovalRequired,
@@ -34,6 +33,7 @@ from reach_plugins.errors import (
     UnknownCapability,
 )
 from reach_plugins.model import HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
+from reach_plugins.routing.pinning import PREFER, TARGET
 from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS, HEADER_IDEMPOTENCY_KEY, HEADER_RETRY, RETRY_UPSTREAM
 
 HEADER_AUTHORIZATION: Final = "Authorization"
