@@ -15,9 +15,10 @@ from starlette.testclient import TestClient
 
 from reach_plugins.gateway import create_app
 
-ALLOWED = {200, 400, 401, 403, 404, 409, 429, 503, 504}
+ALLOWED = {200, 400, 401, 403, 404, 408, 409, 413, 415, 429, 503, 504}
 """Every status the gateway may answer: 200 for routed outcomes, refusals otherwise; never 500."""
 
+DEMO = {"Authorization": "Bearer tok-demo", "Content-Type": "application/json"}
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
 json_values = st.recursive(
     json_scalars,
@@ -55,7 +56,10 @@ bodies = (
 )
 header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
 headers = st.fixed_dictionaries(
-    {"Authorization": st.sampled_from(["Bearer tok-demo"] * 4 + ["Bearer tok-acme", "Bearer bad", "Basic x", ""])},
+    {
+        "Authorization": st.sampled_from(["Bearer tok-demo"] * 4 + ["Bearer tok-acme", "Bearer bad", "Basic x", ""]),
+        "Content-Type": st.sampled_from(["application/json"] * 4 + ["application/json; charset=utf-8", "text/plain"]),
+    },
     optional={
         "X-Reach-Deadline": header_values,
         "X-Reach-Hops": header_values,
@@ -94,7 +98,7 @@ def test_any_json_body_gets_a_named_answer(gateway: TestClient, body: Any, sent:
 @given(raw=st.binary(max_size=64))
 def test_any_bytes_get_a_named_answer(gateway: TestClient, raw: bytes) -> None:
     """Bytes that are not JSON (or not an object) are a 400 that says the body is not valid."""
-    answer = gateway.post("/v1/reach", content=raw, headers={"Authorization": "Bearer tok-demo"})
+    answer = gateway.post("/v1/reach", content=raw, headers=DEMO)
     check(answer)
     if answer.status_code == 400:
         assert "body" in answer.json()["error"]["message"]
@@ -104,7 +108,7 @@ def test_any_bytes_get_a_named_answer(gateway: TestClient, raw: bytes) -> None:
 @given(body=bodies)
 def test_stream_endpoint_never_fails_with_500(gateway: TestClient, body: Any) -> None:
     """The SSE endpoint refuses bad input the same way before any stream starts."""
-    check(gateway.post("/v1/reach/stream", content=json.dumps(body), headers={"Authorization": "Bearer tok-demo"}))
+    check(gateway.post("/v1/reach/stream", content=json.dumps(body), headers=DEMO))
 
 
 def test_invalid_fields_are_named(gateway: TestClient) -> None:
@@ -112,7 +116,7 @@ def test_invalid_fields_are_named(gateway: TestClient) -> None:
     answer = gateway.post(
         "/v1/reach",
         json={"capability": "query_order", "payload": [1], "colour": "red"},
-        headers={"Authorization": "Bearer tok-demo"},
+        headers=DEMO,
     )
     message = answer.json()["error"]["message"]
     assert answer.status_code == 400
