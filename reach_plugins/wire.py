@@ -45,6 +45,8 @@ SOURCE: Final = "reach.source"
 """Request metadata: the caller's network address, as the server saw it (for ``internal_only``)."""
 VIA: Final = "reach.via"
 """Request metadata: the nodes this request was forwarded through, comma separated."""
+MAX_REPLY: Final = 16 << 20
+"""Largest whole reply a transport accepts from an agent or a hop, in bytes (16 MiB)."""
 MAX_DEADLINE_MS: Final = 86_400_000
 HEADER_SAFE: Final = r"^[\x20-\x7e]+$"
 """Fields that travel on as header values (``X-Tenant``, ``Idempotency-Key``): printable ASCII only."""
