@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from reach_plugins.errors import RequestError
@@ -25,6 +26,15 @@ BODY_TIMEOUT: Final = 15.0
 """Default seconds a caller has to send the whole body once its headers arrived."""
 SINGLE: Final = ("authorization", "x-tenant", "idempotency-key", "x-reach-deadline", "content-type", "content-length")
 """Headers that must appear at most once: two values would leave it to chance which one decides."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """How much of a request a server reads: body bytes, JSON depth, seconds for the body to arrive."""
+
+    max_body: int = MAX_BODY
+    max_depth: int = MAX_DEPTH
+    body_timeout: float = BODY_TIMEOUT
 
 
 class BodyTooLarge(RequestError):

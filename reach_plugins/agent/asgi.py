@@ -12,23 +12,42 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from reach_plugins.agent.agent import Outcome
+from reach_plugins.errors import ReachError
+from reach_plugins.inbound import read_body
+from reach_plugins.wire import http_status
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
+
+
+_CLOSE = {"Connection": "close"}
+"""Refused before the body was read whole: the connection ends, so the rest is never read."""
 
 
 def _json(outcome: Outcome) -> Response:
     return Response(outcome.encoded, outcome.status, outcome.headers, media_type="application/json")
 
 
+async def _body(agent: ReachAgent, request: Request) -> bytes | Outcome:
+    """The body, read within the agent's byte and time budgets; a refusal (413/408) past them."""
+    limits = agent.limits
+    try:
+        return await read_body(request.stream(), request.headers, limit=limits.max_body, timeout=limits.body_timeout)
+    except ReachError as exc:
+        error = {"type": exc.error_type, "message": exc.message}
+        return Outcome(http_status(exc), {"request_id": None, "status": "fail", "data": None, "error": error}, _CLOSE)
+
+
 def build_app(agent: ReachAgent) -> Starlette:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work)."""
 
     async def reach(request: Request) -> Response:
-        return _json(await agent.handle(await request.body(), request.headers))
+        raw = await _body(agent, request)
+        return _json(raw if isinstance(raw, Outcome) else await agent.handle(raw, request.headers))
 
     async def reach_stream(request: Request) -> Response:
-        answer = await agent.open_stream(await request.body(), request.headers)
+        raw = await _body(agent, request)
+        answer = raw if isinstance(raw, Outcome) else await agent.open_stream(raw, request.headers)
         if isinstance(answer, Outcome):
             return _json(answer)
         return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
