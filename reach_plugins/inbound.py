@@ -108,27 +108,28 @@ async def read_body(
     return b"".join(parts)
 
 
-def loads(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Strict JSON: UTF-8, no ``NaN``/``Infinity``, no lone surrogate, nested at most ``max_depth`` deep."""
+def loads(raw: bytes, *, max_depth: int = MAX_DEPTH, what: str = "body") -> Any:
+    """Strict JSON: UTF-8, no ``NaN``/``Infinity``, no lone surrogate, nested at most ``max_depth`` deep.
+
+    ``what`` names the field in the refusal (``body``, or ``payload`` where the payload travels as bytes).
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise RequestError("the body is not UTF-8 text") from None
+        raise RequestError(f"the {what} is not UTF-8 text") from None
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
-        raise RequestError(f"the body is nested deeper than {max_depth} levels") from None
-    except _Constant as exc:
-        raise RequestError(f"the body is not valid JSON: {exc}") from None
+        raise RequestError(f"the {what} is nested deeper than {max_depth} levels") from None
     except ValueError as exc:
-        raise RequestError(f"the body is not valid JSON: {exc}") from None
-    check_json(value, max_depth=max_depth)
+        raise RequestError(f"the {what} is not valid JSON: {exc}") from None
+    _check(value, max_depth, what)
     return value
 
 
-def check_json(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+def _check(value: Any, max_depth: int, what: str) -> None:
     """Refuse nesting deeper than ``max_depth`` and strings that are not Unicode text (lone surrogates)."""
-    stack: list[tuple[Any, int, str]] = [(value, 0, "body")]
+    stack: list[tuple[Any, int, str]] = [(value, 0, what)]
     while stack:
         item, depth, where = stack.pop()
         if isinstance(item, str):

@@ -6,9 +6,9 @@ import asyncio
 import os
 import signal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import grpc
 
@@ -16,6 +16,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.serve import build_forwarder
+from reach_plugins.inbound import MAX_BODY
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.service import NodeService
 from reach_plugins.node.tickets import Tickets
@@ -26,11 +27,21 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
 
+SLOW_CLIENTS: Final[tuple[tuple[str, Any], ...]] = (
+    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.max_connection_idle_ms", 300_000),
+    ("grpc.max_receive_message_length", MAX_BODY),
+)
+"""Default server options: a connection must finish its handshake in 10 s, idle ones go after 5 min, 1 MiB messages."""
+
+
 class NodeServer:
     """A Reach node listening on ``host:port`` (0 picks a free port); ``async with`` starts and stops it.
 
     ``node_id`` names the node in ``x-reach-via`` chains (node-to-node loop
-    detection); by default a random one.
+    detection); by default a random one. ``callback_hosts`` are the hosts
+    (``host`` or ``host:port``) Submit callbacks may go to; none by default.
+    ``options`` are grpc server options, over :data:`SLOW_CLIENTS`.
     """
 
     def __init__(
@@ -45,6 +56,7 @@ class NodeServer:
         node_id: str | None = None,
         tracer_provider: TracerProvider | None = None,
         options: list[tuple[str, Any]] | None = None,
+        callback_hosts: Collection[str] = (),
     ) -> None:
         self.host = host
         self.port = port
@@ -55,11 +67,11 @@ class NodeServer:
             forwarder,
             access,
             queue=self.queue,
-            tickets=Tickets(),
+            tickets=Tickets(callback_hosts=callback_hosts),
             node_id=self.node_id,
             tracer_provider=tracer_provider,
         )
-        self._options = options or []
+        self._options = list({**dict(SLOW_CLIENTS), **dict(options or [])}.items())
         self._server: Any = None
 
     @property
@@ -107,11 +119,19 @@ def build_node(
     queue_capacity: int = 1000,
     workers: int = 64,
     node_id: str | None = None,
+    allow_open: bool = False,
+    callback_hosts: Collection[str] = (),
+    options: list[tuple[str, Any]] | None = None,
 ) -> NodeServer:
     """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started."""
     node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
     forwarder, access = build_forwarder(
-        config, registry=registry, environ=environ, tracer_provider=tracer_provider, node_id=node_id
+        config,
+        registry=registry,
+        environ=environ,
+        tracer_provider=tracer_provider,
+        node_id=node_id,
+        allow_open=allow_open,
     )
     return NodeServer(
         forwarder,
@@ -122,6 +142,8 @@ def build_node(
         workers=workers,
         node_id=node_id,
         tracer_provider=tracer_provider,
+        callback_hosts=callback_hosts,
+        options=options,
     )
 
 
