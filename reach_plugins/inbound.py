@@ -140,7 +140,7 @@ def _check(value: Any, max_depth: int, what: str) -> None:
             if isinstance(item, dict):
                 for key, child in item.items():
                     _text(key, where)
-                    stack.append((child, depth + 1, key[:64] if depth == 0 else where))
+                    stack.append((child, depth + 1, f"{where}.{key[:32]}" if depth < 4 else where))
             else:
                 stack.extend((child, depth + 1, where) for child in item)
 
@@ -149,4 +149,4 @@ def _text(value: str, where: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise RequestError(f"{where!r}: a string holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+        raise RequestError(f"{where}: a string holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
