@@ -41,10 +41,14 @@ HEADER_AUTHORIZATION: Final = "Authorization"
 HEADER_PREFER: Final = "X-Reach-Prefer"
 HEADER_TARGET: Final = "X-Reach-Target"
 HEADER_VIA: Final = "X-Reach-Via"
+HEADER_SOURCE: Final = "X-Reach-Source"
+"""Between hops: the addresses the request came from so far, comma separated (it may only add, never vouch)."""
 SOURCE: Final = "reach.source"
-"""Request metadata: the caller's network address, as the server saw it (for ``internal_only``)."""
+"""Request metadata: the addresses the request came through, earlier hops' first, this server's peer last."""
 VIA: Final = "reach.via"
 """Request metadata: the nodes this request was forwarded through, comma separated."""
+UNKNOWN_SOURCE: Final = "unknown"
+"""The source of a caller whose address the server cannot see (a unix socket): outside every network."""
 MAX_REPLY: Final = 16 << 20
 """Largest whole reply a transport accepts from an agent or a hop, in bytes (16 MiB)."""
 MAX_DEADLINE_MS: Final = 86_400_000
@@ -142,8 +146,8 @@ def to_request(
     via = header(HEADER_VIA)
     if via:
         metadata[VIA] = via
-    if source:
-        metadata[SOURCE] = source
+    carried = [address.strip() for address in (header(HEADER_SOURCE) or "").split(",") if address.strip()]
+    metadata[SOURCE] = ",".join([*carried[:16], source or UNKNOWN_SOURCE])
     try:
         return _request(body, header, tenant=tenant, deadline_ms=deadline_ms, metadata=metadata)
     except ValidationError as exc:
