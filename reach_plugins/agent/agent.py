@@ -217,7 +217,7 @@ class ReachAgent:
         try:
             body = loads(raw, max_depth=self.limits.max_depth)
         except ReachError as exc:
-            return _fail(None, 400, "rejected", f"{exc.message}; the body must be a JSON object with \"capability\"")
+            return _fail(None, 400, "rejected", f'{exc.message}; the body must be a JSON object with "capability"')
         if not isinstance(body, dict) or not isinstance(body.get("capability"), str):
             return _fail(None, 400, "rejected", 'the body must be a JSON object with "capability" and "payload"')
         request_id, name = body.get("request_id"), body["capability"]
