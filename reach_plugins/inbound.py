@@ -57,15 +57,20 @@ def _refuse_constant(name: str) -> Any:
     raise _Constant(f"{name} is not a JSON number")
 
 
-def single_headers(raw: Iterable[tuple[bytes, bytes]], names: Iterable[str] = SINGLE) -> dict[str, str]:
-    """The headers as a lowercase dict; ``RequestError`` when one of ``names`` appears twice."""
+def single_headers(raw: Iterable[tuple[bytes | str, bytes | str]], names: Iterable[str] = SINGLE) -> dict[str, str]:
+    """The headers (or gRPC metadata) as a lowercase dict; ``RequestError`` when one of ``names`` appears twice.
+
+    Binary values (gRPC ``-bin`` metadata) are left out.
+    """
     watched = frozenset(names)
     headers: dict[str, str] = {}
     for key, value in raw:
-        name = key.decode("latin-1").lower()
+        name = (key.decode("latin-1") if isinstance(key, bytes) else key).lower()
         if name in headers and name in watched:
             raise RequestError(f"header {name} appears more than once; send it once")
-        headers[name] = value.decode("latin-1")
+        if isinstance(value, bytes) and name.endswith("-bin"):
+            continue
+        headers[name] = value.decode("latin-1") if isinstance(value, bytes) else value
     return headers
 
 

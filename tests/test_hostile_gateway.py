@@ -62,19 +62,31 @@ bodies = (
     | st.fixed_dictionaries({}, optional=fields)
     | json_values
 )
-header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
+header_values = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30) | st.binary(
+    max_size=40
+).map(lambda raw: bytes(b for b in raw if b not in b"\r\n\x00"))
+"""Printable ASCII, and raw bytes (latin-1 and control characters) as a hostile client sends them."""
 headers = st.fixed_dictionaries(
     {
         "Authorization": st.sampled_from(["Bearer tok-demo"] * 4 + ["Bearer tok-acme", "Bearer bad", "Basic x", ""]),
         "Content-Type": st.sampled_from(["application/json"] * 4 + ["application/json; charset=utf-8", "text/plain"]),
     },
     optional={
-        "X-Reach-Deadline": header_values,
-        "X-Reach-Hops": header_values,
-        "X-Reach-Target": header_values,
-        "X-Reach-Prefer": header_values,
-        "Idempotency-Key": header_values,
-        "X-Tenant": st.sampled_from(["demo", "acme", "ghost"]),
+        name: header_values
+        for name in (
+            "X-Reach-Deadline",
+            "X-Reach-Hops",
+            "X-Reach-Target",
+            "X-Reach-Prefer",
+            "X-Reach-Via",
+            "X-Reach-Source",
+            "X-Reach-Retry",
+            "Idempotency-Key",
+            "X-Tenant",
+            "traceparent",
+            "tracestate",
+            "Content-Length",
+        )
     },
 )
 

@@ -157,6 +157,8 @@ async def test_result_needs_the_token_of_the_tenant_that_submitted(world: World)
         (call(idempotency_key="k" * 8192), DEMO, "idempotency_key"),
         (call(), (*DEMO, ("x-reach-deadline", "nan")), "X-Reach-Deadline"),
         (call(), (*DEMO, ("idempotency-key", "k" * 8192)), "idempotency_key"),
+        (call(), (*DEMO, ("authorization", "Bearer tok-acme")), "authorization"),
+        (call(), (*DEMO, ("x-tenant", "demo"), ("x-tenant", "acme")), "x-tenant"),
     ],
 )
 async def test_bad_fields_are_invalid_argument_naming_the_field(

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
-from reach_plugins.inbound import loads
+from reach_plugins.inbound import loads, single_headers
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets
@@ -42,7 +42,6 @@ from transports.grpcnode.codec import (
     body_from_message,
     dumps,
     error_message,
-    metadata_lookup,
     result_message,
 )
 
@@ -108,7 +107,7 @@ class NodeService:
 
     def _admit(self, message: pb.ReachCall, context: Context) -> tuple[ReachRequest, dict[str, str]]:
         """The request to run and its metadata (lowercase keys); a ReachError says why not."""
-        metadata = metadata_lookup(context.invocation_metadata())
+        metadata = single_headers(context.invocation_metadata() or ())
         via = metadata.get(HEADER_VIA.lower(), "")
         if self.node_id in via.split(","):
             raise LoopDetected(
@@ -211,7 +210,7 @@ class NodeService:
         ``failed``) and ``x-reach-callback-error`` say how the push went.
         """
         try:
-            metadata = metadata_lookup(context.invocation_metadata())
+            metadata = single_headers(context.invocation_metadata() or ())
             tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), metadata.get("x-tenant"))
         except ReachError as exc:
             await self._refuse(context, exc)
