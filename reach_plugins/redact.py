@@ -24,6 +24,14 @@ def safe_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else parts.path.partition("?")[0]
 
 
+def url_path(url: str) -> str:
+    """Only the path of ``url`` (``/reach``): what a caller may learn of an agent's address."""
+    try:
+        return urlsplit(url).path or "/"
+    except ValueError:
+        return "<unparsable URL>"
+
+
 def describe(exc: BaseException) -> str:
     """What went wrong, by kind only: the exception's class, plus the OS error's text for socket failures."""
     kind = type(exc).__name__

@@ -199,7 +199,7 @@ async def test_direct_client_leaks_no_secret_in_any_fault(
 
 
 async def test_gateway_leaks_no_secret_in_any_fault(config: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Through the gateway, every fault x credential kind: 0 secrets in answers, spans and log lines."""
+    """Through the gateway, every fault x credential kind: 0 secrets in answers, spans and logs; no agent address."""
     caplog.set_level(logging.DEBUG)
     seen = Seen()
     app = create_app(config, environ=ENVIRON, tracer_provider=seen.provider)
@@ -215,3 +215,5 @@ async def test_gateway_leaks_no_secret_in_any_fault(config: Path, caplog: pytest
                 assert answer.status_code != 500, answer.text
     assert len(seen.spans.get_finished_spans()) >= len(CAPABILITIES)
     assert _hits(seen.texts + seen.span_texts() + _log_texts(caplog)) == []
+    endpoints = {url for agent in yaml.safe_load(config.read_text())["agents"] for url in agent["endpoints"]}
+    assert [text for text in seen.texts for url in endpoints if url.removeprefix("http://") in text] == []

@@ -13,18 +13,20 @@ import aiohttp
 from reach_plugins.adapters import HttpRequest, HttpResponse
 from reach_plugins.errors import ConfigError, ConnectError, ConnectionLost, InvalidResponse, ReadTimeout
 from reach_plugins.model import PoolConfig
-from reach_plugins.redact import describe, safe_url
+from reach_plugins.redact import describe, safe_url, url_path
 from reach_plugins.wire import MAX_REPLY
 
 
 def mapped(exc: BaseException, request: HttpRequest) -> Exception:
     """aiohttp's exception as ours, most specific first (a connect timeout is a timeout *and* a connect error).
 
-    The message is built from the exception's kind and the URL without its
-    query or userinfo, never from aiohttp's text: its repr carries the query
-    string and, for a malformed answer, the request headers (credentials).
+    The message is built from the exception's kind and the URL's path, never
+    from aiohttp's text: its repr carries the query string and, for a
+    malformed answer, the request headers (credentials). The host stays out
+    too: through a gateway the message reaches callers who must not learn
+    where agents live (the trace's attempts record the endpoint).
     """
-    where = f"{request.method} {safe_url(request.url)}"
+    where = f"{request.method} {url_path(request.url)}"
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return ConnectError(f"connecting for {where} timed out")
     if isinstance(exc, aiohttp.ClientConnectorError):
