@@ -147,7 +147,8 @@ def to_request(
     if via:
         metadata[VIA] = via
     carried = [address.strip() for address in (header(HEADER_SOURCE) or "").split(",") if address.strip()]
-    metadata[SOURCE] = ",".join([*carried[:16], source or UNKNOWN_SOURCE])
+    # servers append what they saw, so the last entries are observed ones; a caller's own only restrict it
+    metadata[SOURCE] = ",".join([*carried[-16:], source or UNKNOWN_SOURCE])
     try:
         return _request(body, header, tenant=tenant, deadline_ms=deadline_ms, metadata=metadata)
     except ValidationError as exc:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from reach_plugins.agent import BackgroundServer
+from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.gateway import create_app
 
 ALLOWED = {200, 400, 401, 403, 404, 408, 409, 413, 415, 429, 503, 504}
@@ -209,6 +210,37 @@ def test_bad_input_is_a_4xx_and_never_leaks_a_place_in_flight(served: Served, pa
         assert answer.json()["error"]["message"], name
     assert served.inflight() == 0
     assert good(served).status_code == 200
+
+
+def test_a_stream_abandoned_by_its_caller_releases_its_place(tmp_path: Path) -> None:
+    """Callers that open an endless stream and hang up after one event leave the gateway's in-flight count at 0."""
+    ticker = ReachAgent("ticker")
+
+    @ticker.capability("tick")
+    async def tick() -> AsyncIterator[int]:
+        for n in range(100_000):
+            yield n
+            await asyncio.sleep(0.01)
+
+    with BackgroundServer(ticker.app) as agent:
+        config = write_config(
+            tmp_path / "agents.yaml",
+            {"ticker": {"endpoints": [agent.url], "capabilities": ["tick"]}},
+            {"demo": {"token_env": "DEMO_TOKEN", "agents": "*"}},
+        )
+        with BackgroundServer(create_app(config, environ=TOKENS, max_inflight=4)) as gateway:
+            served = Served(gateway)
+            for _ in range(8):
+                with (
+                    httpx.Client(base_url=served.url) as http,
+                    http.stream("POST", "/v1/reach/stream", json={"capability": "tick"}, headers=DEMO) as answer,
+                ):
+                    assert answer.status_code == 200
+                    next(answer.iter_bytes())
+            deadline = time.monotonic() + 5
+            while served.inflight() != 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert served.inflight() == 0
 
 
 def test_unauthenticated_flood_does_not_lock_the_gateway(served: Served) -> None:

@@ -128,6 +128,15 @@ async def test_a_caller_cannot_vouch_for_itself(world: World, capability: str) -
     assert world.vault.count(capability) == before
 
 
+async def test_a_long_forged_chain_cannot_push_out_the_observed_source(world: World) -> None:
+    """Forty forged inside addresses in X-Reach-Source still leave the gateway's own observation in the chain."""
+    forged = ",".join(["127.0.0.1"] * 40)
+    before = world.vault.count("query_order")
+    answer = await world.post("query_order", unix=True, headers={**DEMO, "X-Reach-Source": forged})
+    assert answer.status_code != 200 or answer.json()["status"] != "success"
+    assert world.vault.count("query_order") == before
+
+
 async def test_closest_known_names_only_what_the_caller_may_reach(world: World) -> None:
     """A typo gets hints from the caller's own capabilities: acme (orders only) never hears of whoami."""
     demo = await world.post("whoamii", unix=False)

@@ -168,15 +168,15 @@ class Gateway:
     # ------------------------------------------------------------------ request handling
 
     def _gate(self, request: Request) -> tuple[dict[str, str], str | None]:
-        """Before a byte of the body is read: concurrency bound, one value per auth header, JSON, a valid token."""
+        """Before a byte of the body is read: concurrency bound, one value per auth header, a valid token, JSON."""
         if self.inflight > self.max_inflight:
             raise Backpressure(
                 f"the gateway is serving {self.max_inflight} requests, its limit; retry after {self.retry_after:g}s",
                 retry_after=self.retry_after,
             )
         headers = _headers(request)
-        require_json(headers)
         tenant = self.access.authenticate(headers.get("authorization"), headers.get("x-tenant"))
+        require_json(headers)
         return headers, tenant
 
     async def _admit(self, request: Request, headers: dict[str, str], tenant: str | None) -> ReachRequest:
