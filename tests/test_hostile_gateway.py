@@ -23,6 +23,7 @@ from starlette.testclient import TestClient
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.gateway import create_app
+from reach_plugins.inbound import InputLimits
 
 ALLOWED = {200, 400, 401, 403, 404, 408, 409, 413, 415, 429, 503, 504}
 """Every status the gateway may answer: 200 for routed outcomes, refusals otherwise; never 500."""
@@ -189,7 +190,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         config = write_config(
             tmp_path_factory.mktemp("hostile") / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants()
         )
-        app = create_app(config, environ=TOKENS, max_inflight=4, body_timeout=1.0)
+        app = create_app(config, environ=TOKENS, max_inflight=4, limits=InputLimits(body_timeout=1.0))
         with BackgroundServer(app, proxy_headers=False, header_timeout=1.0) as server:
             yield Served(server)
 
@@ -323,6 +324,14 @@ def test_an_oversized_head_is_refused(served: Served) -> None:
     head = post_head("/v1/reach", {**DEMO, **{f"X-Pad-{i}": "p" * 1000 for i in range(40)}})
     answer = raw_request(served.port, head, timeout=5.0)
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+
+
+def test_body_bytes_sent_with_the_head_never_count_as_head(served: Served) -> None:
+    """A small head and a 600 KB body written in one go is served: only bytes before the blank line are head."""
+    body = json.dumps({"capability": "query_order", "payload": {"order_id": "big", "pad": "p" * 600_000}}).encode()
+    head = post_head("/v1/reach", {**DEMO, "Content-Length": str(len(body)), "Connection": "close"})
+    answer = raw_request(served.port, head, body)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
 @pytest.mark.parametrize("name", ["Authorization", "X-Tenant"])

@@ -34,6 +34,7 @@ def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) ->
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             self._head_bytes = 0
+            self._tail = b""
             self._head_timer: asyncio.TimerHandle | None = None
             self._arm()
 
@@ -46,9 +47,12 @@ def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) ->
                 self._head_timer.cancel()
                 self._head_timer = None
             self._head_bytes = 0
+            self._tail = b""
 
         def _reading_head(self) -> bool:
-            return self.cycle is None or bool(self.cycle.response_complete)
+            """No request in progress: the previous one was answered and its body read to the end (or none yet)."""
+            cycle = self.cycle
+            return cycle is None or bool(cycle.response_complete and not cycle.more_body)
 
         def _too_slow(self) -> None:
             self._head_timer = None
@@ -56,9 +60,15 @@ def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) ->
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            """Count the bytes up to the head's blank line (body bytes never count) before the parser sees them."""
+            if self.transport.is_closing():
+                return
             before = self.cycle
             if self._reading_head():
-                self._head_bytes += len(data)
+                window = self._tail + data
+                end = window.find(b"\r\n\r\n")
+                self._head_bytes += len(data) if end < 0 else end + 4 - len(self._tail)
+                self._tail = window[-3:]
                 if self._head_bytes > max_header_bytes:
                     self._disarm()
                     self.transport.write(_TOO_LARGE)

@@ -33,11 +33,9 @@ from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
 from reach_plugins.inbound import (
-    BODY_TIMEOUT,
-    MAX_BODY,
-    MAX_DEPTH,
     BodyTimeout,
     BodyTooLarge,
+    InputLimits,
     loads,
     read_body,
     require_json,
@@ -145,9 +143,7 @@ class Gateway:
         max_inflight: int = 1024,
         tracer_provider: TracerProvider | None = None,
         retry_after: float = 1.0,
-        max_body: int = MAX_BODY,
-        max_depth: int = MAX_DEPTH,
-        body_timeout: float = BODY_TIMEOUT,
+        limits: InputLimits | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -155,7 +151,7 @@ class Gateway:
         self.access = access
         self.max_inflight = max_inflight
         self.retry_after = retry_after
-        self.max_body, self.max_depth, self.body_timeout = max_body, max_depth, body_timeout
+        self.limits = limits or InputLimits()
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
@@ -181,8 +177,9 @@ class Gateway:
 
     async def _admit(self, request: Request, headers: dict[str, str], tenant: str | None) -> ReachRequest:
         """Read the body within its byte and time budgets, parse it strictly: the ReachRequest to run."""
-        raw = await read_body(request.stream(), headers, limit=self.max_body, timeout=self.body_timeout)
-        body = parse_body(loads(raw, max_depth=self.max_depth))
+        limits = self.limits
+        raw = await read_body(request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout)
+        body = parse_body(loads(raw, max_depth=limits.max_depth))
         if headers.get("x-tenant") is None and body.tenant is not None:
             tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
         source = request.client.host if request.client else None

@@ -11,6 +11,7 @@ from reach_plugins.config import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.inbound import InputLimits
 from reach_plugins.registry import FileRegistry, Registry, open_registry
 
 if TYPE_CHECKING:
@@ -65,15 +66,16 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
     max_inflight: int = 1024,
     allow_open: bool = False,
-    **limits: Any,
+    limits: InputLimits | None = None,
 ) -> Starlette:
-    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`); ``limits`` go to :class:`Gateway`."""
+    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`); ``limits`` bound each request read."""
     from reach_plugins.gateway.app import Gateway
 
     forwarder, access = build_forwarder(
         config, registry=registry, environ=environ, tracer_provider=tracer_provider, allow_open=allow_open
     )
-    return Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, **limits).app()
+    gateway = Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, limits=limits)
+    return gateway.app()
 
 
 def serve_gateway(
