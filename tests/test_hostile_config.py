@@ -10,7 +10,9 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from reach_plugins.cli import app
 from reach_plugins.config import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.gateway import create_app
@@ -129,3 +131,10 @@ def test_any_config_loads_or_names_its_problem(tmp_path: Path, doc: dict[str, An
         load_config(path)
     except ConfigError as exc:
         assert str(exc)
+
+
+def test_reach_gateway_without_tenants_exits_saying_allow_open(tmp_path: Path) -> None:
+    """`reach gateway --config F` on a config without tenants exits 2 and names --allow-open; nothing listens."""
+    result = CliRunner().invoke(app, ["gateway", "--config", str(write(tmp_path, {})), "--port", "9"])
+    assert result.exit_code == 2
+    assert "--allow-open" in result.output

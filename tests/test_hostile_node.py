@@ -156,7 +156,7 @@ async def test_result_needs_the_token_of_the_tenant_that_submitted(world: World)
         (call(tenant="demo\x01"), DEMO, "tenant"),
         (call(idempotency_key="k" * 8192), DEMO, "idempotency_key"),
         (call(), (*DEMO, ("x-reach-deadline", "nan")), "X-Reach-Deadline"),
-        (call(), (*DEMO, ("idempotency-key", "k" * 8192)), "idempotency_key"),
+        (call(), (*DEMO, ("idempotency-key", "k" * 2000)), "idempotency_key"),
         (call(), (*DEMO, ("authorization", "Bearer tok-acme")), "authorization"),
         (call(), (*DEMO, ("x-tenant", "demo"), ("x-tenant", "acme")), "x-tenant"),
     ],
