@@ -194,6 +194,7 @@ def test_oversize_bodies_cost_at_most_three_body_limits() -> None:
         growth = server.peak_rss() - before
         declared = raw_request(server.port, post_head("/reach", {**JSON, "Content-Length": str(400 << 20)}))
     assert declared.startswith(b"HTTP/1.1 413"), declared[:100]
+    print(f"peak RSS growth {growth / (1 << 20):.2f} MiB")
     assert growth <= 3 * (1 << 20), f"peak RSS grew by {growth / (1 << 20):.1f} MiB"
 
 

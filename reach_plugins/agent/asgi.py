@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -28,11 +29,13 @@ def _json(outcome: Outcome) -> Response:
     return Response(outcome.encoded, outcome.status, outcome.headers, media_type="application/json")
 
 
-async def _body(agent: ReachAgent, request: Request) -> bytes | Outcome:
+async def _body(agent: ReachAgent, request: Request, large: asyncio.Semaphore) -> bytes | Outcome:
     """The body, read within the agent's byte and time budgets; a refusal (413/408) past them."""
     limits = agent.limits
     try:
-        return await read_body(request.stream(), request.headers, limit=limits.max_body, timeout=limits.body_timeout)
+        return await read_body(
+            request.stream(), request.headers, limit=limits.max_body, timeout=limits.body_timeout, large=large
+        )
     except ReachError as exc:
         error = {"type": exc.error_type, "message": exc.message}
         return Outcome(http_status(exc), {"request_id": None, "status": "fail", "data": None, "error": error}, _CLOSE)
@@ -40,13 +43,14 @@ async def _body(agent: ReachAgent, request: Request) -> bytes | Outcome:
 
 def build_app(agent: ReachAgent) -> Starlette:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work)."""
+    large = agent.limits.places()
 
     async def reach(request: Request) -> Response:
-        raw = await _body(agent, request)
+        raw = await _body(agent, request, large)
         return _json(raw if isinstance(raw, Outcome) else await agent.handle(raw, request.headers))
 
     async def reach_stream(request: Request) -> Response:
-        raw = await _body(agent, request)
+        raw = await _body(agent, request, large)
         answer = raw if isinstance(raw, Outcome) else await agent.open_stream(raw, request.headers)
         if isinstance(answer, Outcome):
             return _json(answer)

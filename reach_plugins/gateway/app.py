@@ -152,6 +152,7 @@ class Gateway:
         self.max_inflight = max_inflight
         self.retry_after = retry_after
         self.limits = limits or InputLimits()
+        self._large = self.limits.places()
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
@@ -178,7 +179,9 @@ class Gateway:
     async def _admit(self, request: Request, headers: dict[str, str], tenant: str | None) -> ReachRequest:
         """Read the body within its byte and time budgets, parse it strictly: the ReachRequest to run."""
         limits = self.limits
-        raw = await read_body(request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout)
+        raw = await read_body(
+            request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self._large
+        )
         body = parse_body(loads(raw, max_depth=limits.max_depth))
         if headers.get("x-tenant") is None and body.tenant is not None:
             tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
