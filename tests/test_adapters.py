@@ -25,6 +25,7 @@ from reach_plugins.adapters import (
     parse_retry_after,
     reach_headers,
 )
+from reach_plugins.adapters.a2a_wire import Binding
 from reach_plugins.adapters.paths import lookup, render, without
 from reach_plugins.errors import ConfigError, InvalidPayload, InvalidResponse
 from reach_plugins.model import AgentDescriptor, Capability, Hop, ReachRequest
@@ -262,10 +263,9 @@ def test_raw_http_mapping_must_name_reply_content() -> None:
 
 
 def test_a2a_request_is_a_jsonrpc_message() -> None:
-    """The user's text is a text part, the rest of the payload a data part; the session is the contextId."""
-    request = A2AAdapter().build(
-        call("a2a", {"query": "refunds", "lang": "en"}, session_id="s-1"), discovered="http://x/a2a"
-    )
+    """0.3: the user's text is a text part, the rest of the payload a data part; the session is the contextId."""
+    binding = Binding("http://x/a2a", "0.3", "0.3.0")
+    request = A2AAdapter().build(call("a2a", {"query": "refunds", "lang": "en"}, session_id="s-1"), discovered=binding)
     body = sent(request.body)
     assert (request.url, body["method"], body["params"]["message"]["contextId"]) == (
         "http://x/a2a",
@@ -278,25 +278,79 @@ def test_a2a_request_is_a_jsonrpc_message() -> None:
     ]
 
 
-def test_a2a_card_url_is_resolved_against_the_endpoint() -> None:
-    """A relative card URL is resolved against the instance's endpoint; a card without url is invalid."""
+def test_a2a_1x_request_speaks_the_current_spec() -> None:
+    """1.x: SendMessage, ROLE_USER, kind-less parts and the A2A-Version header the 1.x server requires."""
+    binding = Binding("http://x/a2a", "1.0", "1.0")
+    request = A2AAdapter().build(call("a2a", {"query": "refunds", "lang": "en"}), discovered=binding, stream=True)
+    body = sent(request.body)
+    assert (body["method"], body["params"]["message"]["role"], request.headers["A2A-Version"]) == (
+        "SendStreamingMessage",
+        "ROLE_USER",
+        "1.0",
+    )
+    assert body["params"]["message"]["parts"] == [{"text": "refunds"}, {"data": {"lang": "en"}}]
+
+
+def test_a2a_card_picks_the_1x_interface_then_0_3() -> None:
+    """A 1.x card's JSON-RPC 1.x interface wins; a 0.3 card's relative url is resolved; no interface is invalid."""
     adapter, a2a_call = A2AAdapter(), call("a2a")
-    assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == "http://agent:9000/rpc"
-    with pytest.raises(InvalidResponse, match="url"):
+    both = {
+        "supportedInterfaces": [
+            {"url": "http://a/grpc", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
+            {"url": "/old", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+            {"url": "/new", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+        ]
+    }
+    assert adapter.discovered(a2a_call, response(both)) == Binding("http://agent:9000/new", "1.0", "1.0")
+    assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == Binding("http://agent:9000/rpc", "0.3", "0.3")
+    old = call("a2a", protocol_options={"version": "0.3"})
+    assert adapter.discovered(old, response(both)).url == "http://agent:9000/old"
+    with pytest.raises(InvalidResponse, match="no JSON-RPC interface"):
         adapter.discovered(a2a_call, response({"name": "kb"}))
 
 
 def test_a2a_message_result_is_normalised() -> None:
-    """A Message result's text parts become reply_content."""
+    """A Message result's text parts become reply_content, in both dialects."""
     result = {"kind": "message", "messageId": "m1", "parts": [{"kind": "text", "text": "hello"}]}
     reply = A2AAdapter().parse(call("a2a"), response({"jsonrpc": "2.0", "id": "1", "result": result}))
     assert (reply.data["reply_content"], reply.data["raw_meta"]["message_id"]) == ("hello", "m1")
+    wrapped = {"message": {"messageId": "m2", "role": "ROLE_AGENT", "parts": [{"text": "hi"}, {"data": {"n": 1}}]}}
+    reply = A2AAdapter().parse(call("a2a"), response({"jsonrpc": "2.0", "id": "1", "result": wrapped}))
+    assert (reply.data["reply_content"], reply.data["raw_meta"]["data"]) == ("hi", [{"n": 1}])
 
 
-@pytest.mark.parametrize(("code", "kind"), [(-32603, "transient"), (-32602, "business"), (-32001, "business")])
-def test_a2a_rpc_errors_are_classified(code: int, kind: str) -> None:
-    """An internal JSON-RPC error is transient; the others (bad params, task not found...) are business."""
+@pytest.mark.parametrize(
+    ("code", "key", "kind"),
+    [(-32603, None, "business"), (-32603, "k-1", "transient"), (-32602, "k-1", "business"), (-32001, None, "business")],
+)
+def test_a2a_rpc_errors_are_classified(code: int, key: str | None, kind: str) -> None:
+    """An executor error is retried only with an idempotency key (A2A has none of its own); others are business."""
     body = {"jsonrpc": "2.0", "id": "1", "error": {"code": code, "message": "m"}}
-    reply = A2AAdapter().parse(call("a2a"), response(body))
+    reply = A2AAdapter().parse(call("a2a", idempotency_key=key), response(body))
     assert reply.error is not None
     assert reply.error.type == kind
+
+
+def test_a2a_executor_error_on_a_non_retryable_capability_is_not_retried_even_with_a_key() -> None:
+    """A key alone does not make an executor error retryable when the capability says it is not."""
+    body = {"jsonrpc": "2.0", "id": "1", "error": {"code": -32603, "message": "boom"}}
+    one = call("a2a", idempotency_key="k-1", capability=Capability(name="ask", retryable=False))
+    reply = A2AAdapter().parse(one, response(body))
+    assert reply.error is not None
+    assert reply.error.type == "business"
+
+
+def test_a2a_input_required_task_is_continued_by_the_same_session_only() -> None:
+    """An input-required task's id goes on the session's next message, not on another session's, until it ends."""
+    adapter, binding = A2AAdapter(), Binding("http://x/a2a", "1.0", "1.0")
+    waiting = {"task": {"id": "t-1", "contextId": "s-1", "status": {"state": "TASK_STATE_INPUT_REQUIRED"}}}
+    adapter.parse(call("a2a", session_id="s-1"), response({"jsonrpc": "2.0", "id": "1", "result": waiting}))
+
+    def task_id(session: str) -> Any:
+        body = sent(adapter.build(call("a2a", {"query": "A1"}, session_id=session), discovered=binding).body)
+        return body["params"]["message"].get("taskId")
+
+    assert (task_id("s-1"), task_id("s-2")) == ("t-1", None)
+    done = {"task": {"id": "t-1", "contextId": "s-1", "status": {"state": "TASK_STATE_COMPLETED"}}}
+    adapter.parse(call("a2a", session_id="s-1"), response({"jsonrpc": "2.0", "id": "1", "result": done}))
+    assert task_id("s-1") is None
