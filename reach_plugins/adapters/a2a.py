@@ -110,7 +110,7 @@ class OpenTasks:
 
 
 def rpc_error(call: Call, raw: Any) -> ErrorInfo:
-    """A JSON-RPC error: an executor error (-32603) is retried only with an idempotency key on a retryable capability."""
+    """A JSON-RPC error; an executor error (-32603) is retried only with a key on a retryable capability."""
     code = raw.get("code") if isinstance(raw, Mapping) else None
     message = f"A2A error {code}: {(raw.get('message') if isinstance(raw, Mapping) else None) or 'no message'}"
     if code != INTERNAL_ERROR:

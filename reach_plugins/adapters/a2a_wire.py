@@ -29,7 +29,12 @@ METHODS: dict[Dialect, dict[str, str]] = {
     "0.3": {"send": "message/send", "stream": "message/stream", "get": "tasks/get", "cancel": "tasks/cancel"},
 }
 VERSION_HEADER = "A2A-Version"
-_WRAPPED = (("task", "task"), ("message", "message"), ("statusUpdate", "status-update"), ("artifactUpdate", "artifact-update"))
+_WRAPPED = (
+    ("task", "task"),
+    ("message", "message"),
+    ("statusUpdate", "status-update"),
+    ("artifactUpdate", "artifact-update"),
+)
 
 
 @dataclass(frozen=True, slots=True)

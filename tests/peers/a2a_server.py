@@ -2,7 +2,9 @@
 
     .venv-peers/bin/python tests/peers/a2a_server.py PORT
 
-The card lists JSON-RPC 1.0 and 0.3 (the SDK's compat mode) at ``/a2a``. What
+At the root, the card lists JSON-RPC 1.0 and 0.3 (the SDK's compat mode) at
+``/a2a``; under ``/v1only`` the same agent is served as a plain 1.x agent
+(its card has ``supportedInterfaces`` and no ``url``). What
 the executor does depends on the first word of the user's text:
 
 * ``ask``: ``input-required`` with the question "Which order?"; the next
@@ -80,8 +82,12 @@ class PeerExecutor(AgentExecutor):
         await updater.complete()
 
 
-def card(port: int) -> AgentCard:
-    url = f"http://127.0.0.1:{port}/a2a"
+def card(port: int, *, compat: bool) -> AgentCard:
+    """The card: JSON-RPC 1.0 (and 0.3 with ``compat``, which also adds the 0.3 ``url`` to the served card)."""
+    url = f"http://127.0.0.1:{port}/a2a" if compat else f"http://127.0.0.1:{port}/v1only/a2a"
+    interfaces = [AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0", url=url)]
+    if compat:
+        interfaces.append(AgentInterface(protocol_binding="JSONRPC", protocol_version="0.3", url=url))
     return AgentCard(
         name="peer",
         description="The tests' A2A peer.",
@@ -90,10 +96,7 @@ def card(port: int) -> AgentCard:
         default_input_modes=["text"],
         default_output_modes=["text"],
         skills=[AgentSkill(id="echo", name="echo", description="Echo the text.", tags=["test"])],
-        supported_interfaces=[
-            AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0", url=url),
-            AgentInterface(protocol_binding="JSONRPC", protocol_version="0.3", url=url),
-        ],
+        supported_interfaces=interfaces,
     )
 
 
@@ -101,14 +104,21 @@ async def executions(request: Request) -> JSONResponse:
     return JSONResponse(dict(EXECUTIONS))
 
 
-def app(port: int) -> Starlette:
-    agent_card = card(port)
-    handler = DefaultRequestHandler(agent_executor=PeerExecutor(), task_store=InMemoryTaskStore(), agent_card=agent_card)
-    routes = [
-        *create_agent_card_routes(agent_card=agent_card),
-        *create_jsonrpc_routes(request_handler=handler, rpc_url="/a2a", enable_v0_3_compat=True),
-        Route("/executions", executions),
+def agent_routes(port: int, *, compat: bool) -> list[Route]:
+    """The card and the JSON-RPC endpoint of one agent; without ``compat`` it lives under ``/v1only``."""
+    agent_card = card(port, compat=compat)
+    executor, store = PeerExecutor(), InMemoryTaskStore()
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=store, agent_card=agent_card)
+    prefix = "" if compat else "/v1only"
+    return [
+        *create_agent_card_routes(agent_card=agent_card, card_url=f"{prefix}/.well-known/agent-card.json"),
+        *create_jsonrpc_routes(request_handler=handler, rpc_url=f"{prefix}/a2a", enable_v0_3_compat=compat),
     ]
+
+
+def app(port: int) -> Starlette:
+    """Two agents sharing one executor count: 1.x + 0.3 compat at the root, 1.x only under ``/v1only``."""
+    routes = [*agent_routes(port, compat=True), *agent_routes(port, compat=False), Route("/executions", executions)]
     return Starlette(routes=routes)
 
 

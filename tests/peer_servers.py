@@ -1,0 +1,59 @@
+"""Real peers built with their official SDKs, run from ``.venv-peers`` (built by ``scripts/setup.sh``).
+
+The SDKs' pins conflict with ours, so each peer is a separate process started
+with that virtualenv's Python: ``peer("a2a_server.py")`` runs
+``tests/peers/a2a_server.py PORT`` and yields its base URL once it answers.
+Without the virtualenv a test is skipped (a failure under ``CI=true``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from servers import STARTUP_SECONDS, _missing, free_port, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = Path(__file__).resolve().parent / "peers"
+PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=0.5)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def peer(script: str, probe: str = "/") -> Iterator[str]:
+    """Run ``tests/peers/<script> PORT`` in the peers' virtualenv; yield ``http://127.0.0.1:PORT``."""
+    if not PEER_PYTHON.exists():
+        _missing(f"the peers' virtualenv {PEER_PYTHON.parent.parent} is missing (scripts/setup.sh builds it)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen([str(PEER_PYTHON), str(PEERS / script), str(port)], stdout=log, stderr=log)
+        try:
+            wait_until(lambda: process.poll() is not None or _answers(url + probe), STARTUP_SECONDS, f"{script} start")
+            if process.poll() is not None:
+                log.seek(0)
+                output = log.read()[-2000:].decode(errors="replace")
+                raise AssertionError(f"{script} exited with {process.returncode}: {output}")
+            yield url
+        finally:
+            _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
