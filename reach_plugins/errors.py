@@ -27,6 +27,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── InvalidResponse              the downstream answered garbage or broke return_schema
     ├── RemoteError                  the agent answered with an error
     │   └── BusinessError            error.type == "business": never retried
+    │       └── Refused              error.type == "refusal": the model behind the agent refused
     ├── DeadlineExceeded             the request's deadline passed (lists the attempts)
     └── BackendUnavailable           etcd or Redis (shared registry/state) did not answer
 """
@@ -173,6 +174,12 @@ class BusinessError(RemoteError):
     error_type = "business"
 
 
+class Refused(BusinessError):
+    """The model behind an agent refused (an OpenAI ``refusal``): an answer, never retried nor held against it."""
+
+    error_type = "refusal"
+
+
 class DeadlineExceeded(ReachError):
     """The request's deadline passed; ``attempts`` lists what was tried."""
 
@@ -198,6 +205,7 @@ _BY_TYPE: dict[str, type[ReachError]] = {
     "circuit_open": CircuitOpen,
     "rate_limited": RateLimited,
     "rejected": PermissionDenied,
+    "refusal": Refused,
 }
 
 

@@ -354,3 +354,33 @@ def test_a2a_input_required_task_is_continued_by_the_same_session_only() -> None
     done = {"task": {"id": "t-1", "contextId": "s-1", "status": {"state": "TASK_STATE_COMPLETED"}}}
     adapter.parse(call("a2a", session_id="s-1"), response({"jsonrpc": "2.0", "id": "1", "result": done}))
     assert task_id("s-1") is None
+
+
+# ----------------------------------------------------------------------------- openai stream assembly
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arguments=st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.text(max_size=6)), max_size=3),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=6),
+)
+def test_openai_tool_call_fragments_assemble_whatever_the_split(arguments: dict[str, Any], cuts: list[int]) -> None:
+    """However the arguments string is cut into fragments, the stream yields one call with the whole JSON value."""
+    text = json.dumps(arguments)
+    points = sorted({min(cut, len(text)) for cut in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(points)] or [""]
+    decoder = OpenAIAdapter().decoder(call("openai-compatible"))
+    chunks = [{"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": ""}}]}]
+    chunks += [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces]
+    events = [
+        event
+        for delta in chunks
+        for event in decoder.feed(SseEvent("message", json.dumps({"choices": [{"index": 0, "delta": delta}]})))
+    ]
+    events += decoder.feed(
+        SseEvent("message", json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))
+    )
+    events += decoder.feed(SseEvent("message", "[DONE]"))
+    calls = [tool for event in events if event.kind == "data" for tool in event.data["tool_calls"]]
+    assert calls == [{"id": "c1", "name": "f", "arguments": arguments, "index": 0}]
+    assert events[-1].kind == "end"

@@ -25,7 +25,17 @@ from reach_plugins.validation import compiled
 log = logging.getLogger("reach_plugins.adapters")
 
 KNOWN_ERROR_TYPES = frozenset(
-    {"business", "transient", "timeout", "rejected", "backpressure", "invalid_response", "circuit_open", "rate_limited"}
+    {
+        "business",
+        "transient",
+        "timeout",
+        "rejected",
+        "backpressure",
+        "invalid_response",
+        "circuit_open",
+        "rate_limited",
+        "refusal",
+    }
 )
 TRANSIENT_STATUSES = frozenset({408, 429})
 TEXT_FIELDS = ("input", "query", "message", "prompt", "question", "text")
