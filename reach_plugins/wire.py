@@ -206,7 +206,7 @@ def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         error["retry_after"] = retry_after
-    body = {"request_id": request_id, "status": "fail", "data": None, "error": error}
+    body: dict[str, Any] = {"request_id": request_id, "status": "fail", "data": None, "error": error}
     if not isinstance(exc, Backpressure):
         body[REFUSED] = True
     return body

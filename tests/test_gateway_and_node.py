@@ -129,7 +129,7 @@ async def test_agent_killed_mid_run_fails_over_and_loses_nothing(tmp_path: Path,
 
 @pytest.mark.parametrize("name", ["gateway", "node"])
 async def test_the_hop_enforces_tenant_rules(tmp_path: Path, name: str) -> None:
-    """A client routing without a tenant table is still refused by the hop, and raises PermissionDenied as direct would."""
+    """A client routing without a tenant table is refused by the hop: PermissionDenied, raised as direct would."""
     with serve_agents(("orders", "o1"), ("tickets", "t1")) as agents:
         tickets = {"endpoints": [agents[1].url], "capabilities": ["create_ticket"]}
         config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url], "tickets": tickets}, demo_tenants())

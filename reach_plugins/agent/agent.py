@@ -33,7 +33,7 @@ from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
 from reach_plugins.context import Served, serving
-from reach_plugins.errors import BusinessError, ConfigError, ReachError
+from reach_plugins.errors import BusinessError, ConfigError, ReachError, UnknownCapability
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop
 
 if TYPE_CHECKING:
@@ -220,7 +220,10 @@ class ReachAgent:
         if handler is None:
             offered = ", ".join(sorted(self._handlers)) or "nothing"
             return _fail(
-                request_id, 404, "unknown_capability", f"agent {self.name!r} has no capability {name!r}; it offers: {offered}"
+                request_id,
+                404,
+                UnknownCapability.code,
+                f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
         payload = body.get("payload") or {}
         try:
