@@ -7,19 +7,15 @@ early as it can — at the first success, the first N, a quorum (or as soon as
 those became impossible), or once all answered — cancelling the stragglers.
 The result lists who answered, in order of arrival, and who was cancelled.
 
-Pinning is request metadata that :class:`TargetedRouter` applies around a
-router: ``reach.target`` (``agent/instance``) must serve the request or nobody
-does; ``reach.prefer`` names an instance to use when it can take the request
-(how a gateway or node honours the instance its caller already picked).
+Each copy is pinned with ``reach.target`` (:mod:`reach_plugins.routing.pinning`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,63 +23,16 @@ from reach_plugins.core.dedup import resolve_key
 from reach_plugins.errors import NoHealthyAgent, ReachError, RequestError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.routing import Route
+from reach_plugins.routing.pinning import TARGET
 
 if TYPE_CHECKING:
     from reach_plugins.client import ReachClient
 
-TARGET: Final = "reach.target"
-"""Metadata key: the ``agent/instance`` that must serve this request (a broadcast copy)."""
-PREFER: Final = "reach.prefer"
-"""Metadata key: the ``agent/instance`` to use if it can take the request, else route as usual."""
 DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a broadcast waits when the request sets neither ``deadline`` nor ``timeout_ms``."""
 
 Aggregate = Literal["first", "first_n", "quorum", "all"]
 Status = Literal["success", "fail", "timeout"]
-
-
-class CandidateRouter(Protocol):
-    """A router that can both pick one instance and list every usable one (``reach_plugins.routing.Router``)."""
-
-    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route: ...
-
-    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]: ...
-
-
-class TargetedRouter:
-    """Honours ``reach.target`` and ``reach.prefer`` pins; any other request is routed by the inner router.
-
-    A pin is served only when the pinned instance is among the request's
-    candidates (tenant rules, health and breaker all still apply) and was not
-    tried already; a failed-over request therefore leaves a preferred
-    instance, and a targeted one ends with ``NoHealthyAgent``.
-    """
-
-    def __init__(self, router: CandidateRouter) -> None:
-        self.router = router
-
-    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route:
-        metadata = request.metadata
-        required = metadata.get(TARGET) if metadata else None
-        wanted = required or (metadata.get(PREFER) if metadata else None)
-        if wanted is None:
-            return self.router.route(request, exclude=exclude)
-        agent, _, instance = wanted.partition("/")
-        if (agent, instance) not in exclude:
-            for route in self.router.candidates(request):
-                if route.agent.name == agent and route.instance.instance_id == instance:
-                    decision = route.decision.model_copy(update={"reason": f"pinned by the caller to {wanted}"})
-                    return replace(route, decision=decision)
-        if required is not None:
-            raise NoHealthyAgent(
-                f"target {wanted} cannot take this {request.capability!r} request: it is not a usable candidate "
-                "(unknown here, not allowed for the tenant, unhealthy, or already tried)",
-                reasons={wanted: "not a usable candidate"},
-            )
-        return self.router.route(request, exclude=exclude)
-
-    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
-        return self.router.candidates(request, limit=limit)
 
 
 class BroadcastResult(BaseModel):

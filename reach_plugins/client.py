@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import ValidationError
 
-from reach_plugins.broadcast import Aggregate, BroadcastResult, TargetedRouter, broadcast
+from reach_plugins.broadcast import Aggregate, BroadcastResult, broadcast
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.core.trace import TraceSink
@@ -19,6 +19,7 @@ from reach_plugins.errors import InvalidPayload
 from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
+from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.stores import open_sessions, open_store
 from reach_plugins.syncbridge import SyncBridge
 from reach_plugins.transport import Credential, StreamEvent, Transport

@@ -12,9 +12,9 @@ from hop_support import TOKENS, Agent, demo_tenants, serve_agents, write_config
 
 from reach_plugins import AgentDescriptor, ReachClient, errors
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.broadcast import PREFER, TARGET
 from reach_plugins.gateway import create_app
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.routing.pinning import PREFER, TARGET
 from reach_plugins.transport import Call, MockTransport
 from transports.gateway import GatewayTransport
 

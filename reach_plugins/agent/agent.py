@@ -33,7 +33,7 @@ from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
 from reach_plugins.context import Served, serving
-from reach_plugins.errors import BusinessError, ConfigError, ReachError
+from reach_plugins.errors import BusinessError, ConfigError, ReachError, UnknownCapability
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop
 
 if TYPE_CHECKING:
@@ -220,7 +220,10 @@ class ReachAgent:
         if handler is None:
             offered = ", ".join(sorted(self._handlers)) or "nothing"
             return _fail(
-                request_id, 404, "rejected", f"agent {self.name!r} has no capability {name!r}; it offers: {offered}"
+                request_id,
+                404,
+                UnknownCapability.code,
+                f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
         payload = body.get("payload") or {}
         try:
@@ -235,7 +238,7 @@ class ReachAgent:
                 raise BusinessError("the payload must be a JSON object")
             kwargs = handler.arguments(payload, ctx)
         except ReachError as exc:
-            return _fail(request_id, 400, exc.error_type if exc.error_type != "rejected" else "business", exc.message)
+            return _fail(request_id, 400, exc.error_type, exc.message)
         return _Prepared(handler, payload, kwargs, ctx)
 
     async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
