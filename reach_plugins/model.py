@@ -26,7 +26,7 @@ _NAME = re.compile(NAME_PATTERN)
 HeaderText = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=1024)]
 """Text that travels in a header (session, tenant, intent, idempotency key): no control characters."""
 
-Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a"]
+Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a", "mcp"]
 DangerLevel = Literal["low", "medium", "high"]
 InstanceStatus = Literal["ready", "draining", "down"]
 Priority = Literal["online", "batch"]

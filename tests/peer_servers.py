@@ -31,11 +31,11 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def peer(script: str, probe: str = "/") -> Iterator[str]:
-    """Run ``tests/peers/<script> PORT`` in the peers' virtualenv; yield ``http://127.0.0.1:PORT``."""
+def peer(script: str, probe: str = "/", port: int | None = None) -> Iterator[str]:
+    """Run ``tests/peers/<script> PORT`` in the peers' virtualenv (a free port by default); yield its base URL."""
     if not PEER_PYTHON.exists():
         _missing(f"the peers' virtualenv {PEER_PYTHON.parent.parent} is missing (scripts/setup.sh builds it)")
-    port = free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen([str(PEER_PYTHON), str(PEERS / script), str(port)], stdout=log, stderr=log)

@@ -106,7 +106,7 @@ def test_reach_headers_complete_what_the_core_left_out() -> None:
 
 def test_unknown_protocol_is_a_config_error() -> None:
     """Only the four protocols exist; the error lists them."""
-    with pytest.raises(ConfigError, match="a2a, openai-compatible, raw-http, reach"):
+    with pytest.raises(ConfigError, match="a2a, mcp, openai-compatible, raw-http, reach"):
         adapter_for("grpc")
 
 

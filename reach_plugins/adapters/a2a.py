@@ -44,6 +44,7 @@ from reach_plugins.adapters.base import (
     EndsOnce,
     HttpRequest,
     HttpResponse,
+    NoHandshake,
     decode_json,
     encode_json,
     endpoint_url,
@@ -129,7 +130,7 @@ def normalised(parts: list[Mapping[str, Any]], meta: dict[str, Any]) -> dict[str
     return {"reply_content": texts(parts), "tool_calls": [], "raw_meta": meta}
 
 
-class A2AAdapter:
+class A2AAdapter(NoHandshake):
     """Client side of an A2A agent (1.x or 0.3, JSON-RPC binding)."""
 
     protocol = "a2a"
