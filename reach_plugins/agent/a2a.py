@@ -58,9 +58,11 @@ def _state(state: str, dialect: Dialect) -> str:
 
 
 def _parts(data: Any, dialect: Dialect) -> list[dict[str, Any]]:
-    """A result as parts: its text (a string, or ``reply_content``), and a data part for anything structured."""
+    """A result as parts: its text (a string, ``reply_content``, else the JSON), and a data part if structured."""
     text = data if isinstance(data, str) else data.get("reply_content") if isinstance(data, Mapping) else None
-    parts: list[dict[str, Any]] = [{"text": text}] if isinstance(text, str) else []
+    if not isinstance(text, str):
+        text = json.dumps(data, ensure_ascii=False, default=str)
+    parts: list[dict[str, Any]] = [{"text": text}]
     if not isinstance(data, str) and data is not None:
         parts.append({"data": data})
     if dialect == "0.3":
