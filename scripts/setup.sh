@@ -18,3 +18,8 @@ if [[ ! -x .venv-peers/bin/python ]]; then
   "$PYTHON" -m venv .venv-peers
 fi
 .venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements.txt
+# langchain-mcp-adapters still requires mcp<2: one more virtualenv, for the test that loads the gateway's /mcp tools.
+if [[ ! -x .venv-mcp1/bin/python ]]; then
+  "$PYTHON" -m venv .venv-mcp1
+fi
+.venv-mcp1/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-mcp1.txt

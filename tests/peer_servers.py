@@ -20,6 +20,8 @@ from servers import STARTUP_SECONDS, _missing, free_port, wait_until
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+MCP1_PYTHON = ROOT / ".venv-mcp1" / "bin" / "python"
+"""langchain-mcp-adapters still requires mcp<2: it has a virtualenv of its own."""
 
 
 def _answers(url: str) -> bool:

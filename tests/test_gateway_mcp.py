@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from hop_support import TOKENS, Agent, demo_tenants, serve_agents, write_config
-from peer_servers import PEER_PYTHON, PEERS
+from peer_servers import MCP1_PYTHON, PEER_PYTHON, PEERS
 from servers import _missing
 
 from reach_plugins.agent import BackgroundServer
@@ -90,3 +90,31 @@ def test_a_forged_session_is_unknown(gateway: tuple[str, dict[str, Agent]]) -> N
     headers = {"Authorization": f"Bearer {TOKENS['DEMO_TOKEN']}", "Mcp-Session-Id": "forged"}
     answer = httpx.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers)
     assert answer.status_code == 404
+
+
+def test_langchain_mcp_adapters_loads_the_gateways_tools_into_a_langgraph_agent(
+    gateway: tuple[str, dict[str, Agent]],
+) -> None:
+    """langchain-mcp-adapters (mcp 1.x) lists the tenant's tools; a LangGraph agent's call reaches the agent."""
+    url, agents = gateway
+    if not MCP1_PYTHON.exists():
+        _missing("the virtualenv .venv-mcp1 is missing (scripts/setup.sh builds it)")
+    before = agents["o1"].count("query_order")
+    done = subprocess.run(
+        [
+            str(MCP1_PYTHON),
+            str(PEERS / "langchain_mcp_client.py"),
+            f"{url}/mcp",
+            TOKENS["DEMO_TOKEN"],
+            "query_order",
+            json.dumps({"order_id": "L1"}),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    seen = json.loads(done.stdout)
+    assert seen["tools"] == ["query_order", "refuse", "whoami"]
+    assert len(seen["tool_messages"]) == 1 and '"order_id": "L1"' in str(seen["tool_messages"][0])
+    assert agents["o1"].count("query_order") - before == 1
