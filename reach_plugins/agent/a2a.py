@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reach_plugins.adapters.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
 from reach_plugins.adapters.sse import encode_sse
+from reach_plugins.wire import MAX_BODY
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -51,6 +52,10 @@ class RpcError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _state(state: str, dialect: Dialect) -> str:
@@ -112,10 +117,13 @@ class A2AServer:
         return JSONResponse(self.card(str(request.base_url)))
 
     async def rpc_route(self, request: Request) -> Response:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            return self._error(None, INVALID_REQUEST, f"the body is {len(raw)} bytes; at most {MAX_BODY}")
         try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
-            return self._error(None, -32700, "the body is not JSON")
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return self._error(None, -32700, "the body is not JSON (or nests too deep)")
         if not isinstance(body, dict) or not isinstance(body.get("method"), str):
             return self._error(None, INVALID_REQUEST, "expected a JSON-RPC request")
         rpc_id, method = body.get("id"), body["method"]
@@ -162,7 +170,7 @@ class A2AServer:
         message = params.get("message")
         if not isinstance(message, Mapping):
             raise RpcError(INVALID_PARAMS, "params.message is required")
-        metadata = {**(message.get("metadata") or {}), **(params.get("metadata") or {})}
+        metadata = {**_mapping(message.get("metadata")), **_mapping(params.get("metadata"))}
         offered = self.agent.capabilities
         name = metadata.get("reach.capability") or (offered[0].name if len(offered) == 1 else None)
         capability = next((c for c in offered if c.name == name), None)
@@ -192,7 +200,8 @@ class A2AServer:
 
     async def _run(self, params: Mapping[str, Any], headers: Mapping[str, str], dialect: Dialect) -> dict[str, Any]:
         name, payload, message = self._payload(params)
-        context_id = str(message.get("contextId") or uuid.uuid4().hex)
+        given = message.get("contextId")
+        context_id = given if isinstance(given, str) and given else uuid.uuid4().hex
         task_id = uuid.uuid4().hex
         request_id = str(message.get("messageId") or task_id)
         body = {"request_id": request_id, "capability": name, "payload": payload, "session_id": context_id}

@@ -74,8 +74,8 @@ class McpEndpoint:
             return _error(None, INVALID_REQUEST, f"the body is {len(raw)} bytes; at most {MAX_BODY}", 413)
         try:
             message = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return _error(None, PARSE_ERROR, "the body is not JSON", 400)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return _error(None, PARSE_ERROR, "the body is not JSON (or nests too deep)", 400)
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             return _error(None, INVALID_REQUEST, "expected one JSON-RPC request or notification", 400)
         if "id" not in message:
