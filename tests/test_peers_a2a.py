@@ -6,12 +6,15 @@ that re-runs an executor is seen, not guessed.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 import httpx
 import pytest
+from hop_support import until_true
 from peer_servers import peer
 
 from reach_plugins import ReachClient
@@ -138,3 +141,13 @@ async def test_a_failed_task_is_a_business_error_with_its_text(reach: ReachClien
     assert response.error is not None
     assert (response.error.type, response.error.message) == ("business", "cannot do that")
     assert executions(a2a_peer).get("refuse", 0) - before == 1
+
+
+async def test_leaving_a_stream_cancels_the_a2a_task(reach: ReachClient, a2a_peer: str) -> None:
+    """The caller stops reading a working task's stream: the agent receives CancelTask for that task."""
+    before = executions(a2a_peer).get("cancel", 0)
+    async with aclosing(reach.stream("ask_peer", {"query": "slow work"}, session_id=session())) as events:
+        async for event in events:
+            assert event.kind == "data" and event.data["reply_content"] == "working on it"
+            break
+    await until_true(lambda: asyncio.to_thread(lambda: executions(a2a_peer).get("cancel", 0) - before == 1))

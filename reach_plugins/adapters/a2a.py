@@ -29,6 +29,7 @@ from reach_plugins.adapters.a2a_wire import (
     METHODS,
     VERSION_HEADER,
     Binding,
+    Dialect,
     binding_from_card,
     data_parts,
     dialect_of,
@@ -227,6 +228,18 @@ class A2AStreamDecoder(EndsOnce):
     def __init__(self, call: Call, adapter: A2AAdapter) -> None:
         super().__init__(call)
         self._adapter = adapter
+        self._task_id: str | None = None
+        """The task this stream follows, once an event named it: what ``abandoned`` cancels."""
+
+    def abandoned(self, opened: HttpRequest) -> HttpRequest | None:
+        """``CancelTask`` (``tasks/cancel`` in 0.3) for the task the caller left, at the stream's URL."""
+        if self._task_id is None:
+            return None
+        dialect: Dialect = "1.0" if VERSION_HEADER in opened.headers else "0.3"
+        rpc_id = f"cancel-{self._call.request.request_id}"
+        body = {"jsonrpc": "2.0", "id": rpc_id, "method": METHODS[dialect]["cancel"], "params": {"id": self._task_id}}
+        headers = {**opened.headers, "Accept": "application/json"}
+        return HttpRequest("POST", opened.url, headers, encode_json(body))
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
         if self._done:
@@ -241,6 +254,9 @@ class A2AStreamDecoder(EndsOnce):
         if not isinstance(result, Mapping):
             raise invalid(self._call, "a stream event has no 'result'")
         kind, item = unwrap(result)
+        named = item.get("id") if kind == "task" else item.get("taskId")
+        if isinstance(named, str) and named:
+            self._task_id = named
         if kind == "artifact-update":
             parts = parts_of(item.get("artifact"))
             meta = {"kind": kind, "task_id": item.get("taskId"), "last_chunk": item.get("lastChunk")}

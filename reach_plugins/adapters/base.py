@@ -58,6 +58,11 @@ class StreamDecoder(Protocol):
         """The connection ended: the final events (``end`` if the stream was complete, else ``error``)."""
         ...
 
+    def abandoned(self, opened: HttpRequest) -> HttpRequest | None:
+        """The caller left before the end: a request that stops the far side's work (given the one that opened
+        the stream), or ``None``."""
+        ...
+
 
 class Adapter(Protocol):
     """Builds requests for, and normalises replies of, agents speaking one protocol."""
@@ -294,3 +299,6 @@ class EndsOnce:
         if self._done:
             return []
         return self._finish(self._on_close())
+
+    def abandoned(self, opened: HttpRequest) -> HttpRequest | None:
+        return None

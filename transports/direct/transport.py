@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,6 +23,8 @@ from transports.direct.engine import Engine, EngineName, WireStream, make_engine
 
 if TYPE_CHECKING:
     import httpx
+
+logger = logging.getLogger("reach_plugins.transports.direct")
 
 
 def _timeouts(call: Call) -> tuple[float, float]:
@@ -153,8 +156,14 @@ class DirectTransport(BaseTransport):
                 for event in _reply_events(reply):
                     yield event
                 return
-            async for event in _events(call, wire, decoder, deadline, idle):
-                yield event
+            ended = False
+            try:
+                async for event in _events(call, wire, decoder, deadline, idle):
+                    ended = event.kind != "data"
+                    yield event
+            finally:
+                if not ended:
+                    await _abandon(engine, decoder.abandoned(request), connect)
 
     async def aclose(self) -> None:
         """Close every pool: on this loop directly, on another running loop by handing it the close.
@@ -171,6 +180,16 @@ class DirectTransport(BaseTransport):
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.aclose(), loop))
         if self._shared is not None:
             await self._shared.aclose()
+
+
+async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
+    """The caller left a stream before its end: ask the far side to stop (A2A's CancelTask), best effort."""
+    if request is None:
+        return
+    try:
+        await engine.send(request, timeout=timeout, connect_timeout=timeout)
+    except (ReachError, OSError, TimeoutError) as exc:
+        logger.info("could not ask %s to stop the abandoned stream's work: %s", request.url, exc)
 
 
 def _reply_events(reply: Reply) -> list[StreamEvent]:
