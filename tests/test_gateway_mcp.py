@@ -118,3 +118,11 @@ def test_langchain_mcp_adapters_loads_the_gateways_tools_into_a_langgraph_agent(
     assert seen["tools"] == ["query_order", "refuse", "whoami"]
     assert len(seen["tool_messages"]) == 1 and '"order_id": "L1"' in str(seen["tool_messages"][0])
     assert agents["o1"].count("query_order") - before == 1
+
+
+def test_mcp_calls_are_counted_in_the_gateways_metrics(gateway: tuple[str, dict[str, Agent]]) -> None:
+    """/mcp answers appear in reach_gateway_requests_total under endpoint="mcp"."""
+    url, _ = gateway
+    httpx.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'endpoint="mcp"' in metrics

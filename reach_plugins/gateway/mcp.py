@@ -57,6 +57,22 @@ class McpEndpoint:
         """MCP session id -> the tenant that opened it (bounded: the oldest session is dropped)."""
 
     async def handle(self, request: Request) -> Response:
+        """One MCP message, counted in the gateway's in-flight requests (over ``max_inflight``: 429, come back)."""
+        gateway = self.gateway
+        gateway.inflight += 1
+        try:
+            if gateway.inflight > gateway.max_inflight:
+                headers = {"Retry-After": f"{gateway.retry_after:g}"}
+                return Response(status_code=429, headers=headers)
+            answer = await self._handle(request)
+        finally:
+            gateway.inflight -= 1
+        from reach_plugins.gateway.app import REQUESTS  # app.py mounts this module: import its names late
+
+        gateway.metrics.inc(REQUESTS, {"endpoint": "mcp", "status": str(answer.status_code)})
+        return answer
+
+    async def _handle(self, request: Request) -> Response:
         try:
             tenant = self.gateway.access.authenticate(request.headers.get("authorization"), None)
         except ReachError as exc:
