@@ -7,6 +7,7 @@ lost its session would be seen.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -111,3 +112,20 @@ async def test_a_restarted_server_gets_a_new_session_and_the_call_succeeds() -> 
     assert (before.status, after.status) == ("success", "success"), after.error
     assert after.data["reply_content"] == "cups"
     assert after.data["raw_meta"]["mcp_session_id"] != before.data["raw_meta"]["mcp_session_id"]
+
+
+async def test_concurrent_first_calls_of_a_conversation_share_one_initialised_session(
+    registered: tuple[ReachClient, AgentDescriptor], mcp_peer: str
+) -> None:
+    """Ten calls racing to open one conversation's session all succeed, and only one session is kept for it."""
+    client, _ = registered
+    conversation = f"s-{uuid.uuid4().hex[:6]}"
+    answers = await asyncio.gather(
+        *(client.reach("remember_item", {"item": f"i{n}"}, session_id=conversation) for n in range(10))
+    )
+    assert [a.status for a in answers] == ["success"] * 10, [a.error for a in answers]
+    final = await client.reach("remember_item", {"item": "last"}, session_id=conversation)
+    assert len(final.data["reply_content"].split(", ")) == 11
+    assert {a.data["raw_meta"]["mcp_session_id"] for a in [*answers, final]} == {
+        final.data["raw_meta"]["mcp_session_id"]
+    }

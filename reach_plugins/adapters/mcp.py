@@ -145,15 +145,18 @@ class McpAdapter(NoDiscovery):
         return None
 
     def handshaken(self, call: Call, response: HttpResponse) -> None:
-        """Learn from a handshake answer: the session opened, then initialised."""
+        """Learn from a handshake answer: the session opened (a result), then initialised (202, no body)."""
         if response.status >= 500 or response.status in (408, 429):
             raise RemoteError(f"MCP server {call.instance.endpoint} answered HTTP {response.status} to the handshake")
         if not 200 <= response.status < 300:
             raise invalid(call, f"the MCP handshake was refused with HTTP {response.status}")
         session = self.sessions.get(call)
-        if session is not None:
-            session.ready = True
+        if response.status == 202 or not response.body.strip():
+            if session is not None:
+                session.ready = True
             return
+        if session is not None:
+            return  # another call of this conversation opened its session first: all use that one
         message = self._message(call, response)
         result = message.get("result") if isinstance(message, Mapping) else None
         if not isinstance(result, Mapping):
