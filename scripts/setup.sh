@@ -23,3 +23,8 @@ if [[ ! -x .venv-mcp1/bin/python ]]; then
   "$PYTHON" -m venv .venv-mcp1
 fi
 .venv-mcp1/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-mcp1.txt
+# a2a-sdk 0.3 and 1.x cannot share a virtualenv: the genuine 0.3 peer gets its own.
+if [[ ! -x .venv-a2a03/bin/python ]]; then
+  "$PYTHON" -m venv .venv-a2a03
+fi
+.venv-a2a03/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-a2a03.txt

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 PEER_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 MCP1_PYTHON = ROOT / ".venv-mcp1" / "bin" / "python"
+A2A03_PYTHON = ROOT / ".venv-a2a03" / "bin" / "python"
+"""a2a-sdk 0.3 and 1.x cannot share a virtualenv: the 0.3 peer has its own."""
 """langchain-mcp-adapters still requires mcp<2: it has a virtualenv of its own."""
 
 
@@ -33,14 +35,14 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def peer(script: str, probe: str = "/", port: int | None = None) -> Iterator[str]:
-    """Run ``tests/peers/<script> PORT`` in the peers' virtualenv (a free port by default); yield its base URL."""
-    if not PEER_PYTHON.exists():
-        _missing(f"the peers' virtualenv {PEER_PYTHON.parent.parent} is missing (scripts/setup.sh builds it)")
+def peer(script: str, probe: str = "/", port: int | None = None, python: Path = PEER_PYTHON) -> Iterator[str]:
+    """Run ``tests/peers/<script> PORT`` with ``python`` (the peers' venv; a free port by default); yield its URL."""
+    if not python.exists():
+        _missing(f"the virtualenv {python.parent.parent} is missing (scripts/setup.sh builds it)")
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen([str(PEER_PYTHON), str(PEERS / script), str(port)], stdout=log, stderr=log)
+        process = subprocess.Popen([str(python), str(PEERS / script), str(port)], stdout=log, stderr=log)
         try:
             wait_until(lambda: process.poll() is not None or _answers(url + probe), STARTUP_SECONDS, f"{script} start")
             if process.poll() is not None:
