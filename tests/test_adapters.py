@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from reach_plugins.adapters import (
     A2AAdapter,
     HttpResponse,
+    McpAdapter,
     OpenAIAdapter,
     RawHttpAdapter,
     ReachAdapter,
@@ -27,7 +28,7 @@ from reach_plugins.adapters import (
 )
 from reach_plugins.adapters.a2a_wire import Binding
 from reach_plugins.adapters.paths import lookup, render, without
-from reach_plugins.errors import ConfigError, InvalidPayload, InvalidResponse
+from reach_plugins.errors import ConfigError, ConnectError, InvalidPayload, InvalidResponse
 from reach_plugins.model import AgentDescriptor, Capability, Hop, ReachRequest
 from reach_plugins.transport import Call
 
@@ -384,3 +385,56 @@ def test_openai_tool_call_fragments_assemble_whatever_the_split(arguments: dict[
     calls = [tool for event in events if event.kind == "data" for tool in event.data["tool_calls"]]
     assert calls == [{"id": "c1", "name": "f", "arguments": arguments, "index": 0}]
     assert events[-1].kind == "end"
+
+
+# ----------------------------------------------------------------------------- mcp
+
+
+def mcp_ready(adapter: McpAdapter, mcp_call: Any, session_id: str | None = "sid-1") -> None:
+    """Walk the adapter through its handshake: initialize answered (with a session id), then initialized (202)."""
+    headers = {"Content-Type": "application/json", **({"Mcp-Session-Id": session_id} if session_id else {})}
+    assert adapter.handshake(mcp_call) is not None
+    init = {"jsonrpc": "2.0", "id": "i", "result": {"protocolVersion": "2025-06-18", "capabilities": {}}}
+    adapter.handshaken(mcp_call, HttpResponse(200, headers, json.dumps(init).encode()))
+    notification = adapter.handshake(mcp_call)
+    assert notification is not None and sent(notification.body)["method"] == "notifications/initialized"
+    adapter.handshaken(mcp_call, HttpResponse(202, {}, b""))
+    assert adapter.handshake(mcp_call) is None
+
+
+def test_mcp_call_carries_the_session_and_the_tool_arguments() -> None:
+    """After the handshake, a call is tools/call with the payload as arguments, under the session's id and version."""
+    adapter, mcp_call = McpAdapter(), call("mcp", {"a": 1}, session_id="conv-1")
+    mcp_ready(adapter, mcp_call)
+    request = adapter.build(mcp_call)
+    assert sent(request.body)["params"] == {"name": "ask", "arguments": {"a": 1}}
+    assert (request.headers["Mcp-Session-Id"], request.headers["MCP-Protocol-Version"]) == ("sid-1", "2025-06-18")
+    other = call("mcp", {}, session_id="conv-2")
+    assert adapter.handshake(other) is not None and "Mcp-Session-Id" not in adapter.handshake(other).headers
+
+
+def test_mcp_sse_reply_tool_error_and_rpc_error() -> None:
+    """A reply in one SSE event is read; isError is a business failure; a JSON-RPC error too."""
+    adapter, mcp_call = McpAdapter(), call("mcp", {}, session_id="conv-1")
+    mcp_ready(adapter, mcp_call)
+    result = {"content": [{"type": "text", "text": "4"}], "structuredContent": {"n": 4}, "isError": False}
+    body = f"event: message\ndata: {json.dumps({'jsonrpc': '2.0', 'id': 'x', 'result': result})}\n\n".encode()
+    reply = adapter.parse(mcp_call, HttpResponse(200, {"Content-Type": "text/event-stream"}, body))
+    assert (reply.data["reply_content"], reply.data["structured_content"]) == ("4", {"n": 4})
+    failed = {"jsonrpc": "2.0", "id": "x", "result": {"content": [{"type": "text", "text": "no"}], "isError": True}}
+    reply = adapter.parse(mcp_call, response(failed))
+    assert reply.error is not None and (reply.error.type, reply.error.message) == ("business", "no")
+    reply = adapter.parse(
+        mcp_call, response({"jsonrpc": "2.0", "id": "x", "error": {"code": -32602, "message": "bad"}})
+    )
+    assert reply.error is not None and reply.error.type == "business"
+
+
+def test_mcp_forgotten_session_is_not_executed_and_reopened() -> None:
+    """404 on a known session: a ConnectError (the tool did not run) and the next attempt opens a new session."""
+    adapter, mcp_call = McpAdapter(), call("mcp", {}, session_id="conv-1")
+    mcp_ready(adapter, mcp_call)
+    with pytest.raises(ConnectError, match="no longer knows session sid-1"):
+        adapter.parse(mcp_call, response({"error": "gone"}, 404))
+    again = adapter.handshake(mcp_call)
+    assert again is not None and sent(again.body)["method"] == "initialize"
