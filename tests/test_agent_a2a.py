@@ -7,6 +7,7 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from peer_servers import PEER_PYTHON, PEERS
 from servers import _missing
@@ -91,3 +92,24 @@ async def test_reachs_own_a2a_adapter_reaches_a_reach_agent(served: str, version
     assert answer.data["reply_content"] == "found returns (de)"
     assert [e.data["reply_content"] for e in events if e.kind == "data"] == ["found refunds (en)"]
     assert events[-1].kind == "end"
+
+
+def test_get_and_cancel_answer_in_the_dialect_asked(served: str) -> None:
+    """tasks/get reads a task back in 0.3 shape; a finished task is not cancelable; an unknown one is not found."""
+
+    def rpc(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = httpx.post(
+            f"{served}/a2a", json={"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+        ).json()
+        return answer
+
+    message = {"kind": "message", "messageId": "m-9", "role": "user", "parts": [{"kind": "text", "text": "tea"}]}
+    sent = rpc("message/send", {"message": message})["result"]
+    read = rpc("tasks/get", {"id": sent["id"]})["result"]
+    assert (read["kind"], read["status"]["state"], read["artifacts"][0]["parts"][0]) == (
+        "task",
+        "completed",
+        {"kind": "text", "text": "found tea (en)"},
+    )
+    assert rpc("CancelTask", {"id": sent["id"]})["error"]["code"] == -32002
+    assert rpc("GetTask", {"id": "never"})["error"]["code"] == -32001

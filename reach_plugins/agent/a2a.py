@@ -23,7 +23,8 @@ import json
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -76,10 +77,39 @@ def _parts(data: Any, dialect: Dialect) -> list[dict[str, Any]]:
 
 
 def _message(text: str, task_id: str, context_id: str, dialect: Dialect) -> dict[str, Any]:
-    message: dict[str, Any] = {"messageId": uuid.uuid4().hex, "taskId": task_id, "contextId": context_id}
+    message: dict[str, Any] = {"messageId": f"{task_id}-status", "taskId": task_id, "contextId": context_id}
     if dialect == "0.3":
         return {**message, "kind": "message", "role": "agent", "parts": [{"kind": "text", "text": text}]}
     return {**message, "role": "ROLE_AGENT", "parts": [{"text": text}]}
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A task this agent answered (its tasks finish before the answer): what ``GetTask`` reads back."""
+
+    id: str
+    context_id: str
+    capability: str
+    state: Literal["completed", "failed"]
+    result: Any = None
+    reason: str | None = None
+    """Why a failed task failed (its status message)."""
+
+    def artifact(self, dialect: Dialect) -> dict[str, Any]:
+        return {"artifactId": f"{self.id}-result", "name": self.capability, "parts": _parts(self.result, dialect)}
+
+    def status(self, dialect: Dialect) -> dict[str, Any]:
+        status: dict[str, Any] = {"state": _state(self.state, dialect)}
+        if self.reason is not None:
+            status["message"] = _message(self.reason, self.id, self.context_id, dialect)
+        return status
+
+    def shaped(self, dialect: Dialect) -> dict[str, Any]:
+        """The task in ``dialect`` (0.3 names its kind)."""
+        task: dict[str, Any] = {"id": self.id, "contextId": self.context_id, "status": self.status(dialect)}
+        if self.state == "completed":
+            task["artifacts"] = [self.artifact(dialect)]
+        return {"kind": "task", **task} if dialect == "0.3" else task
 
 
 class A2AServer:
@@ -87,8 +117,8 @@ class A2AServer:
 
     def __init__(self, agent: ReachAgent) -> None:
         self.agent = agent
-        self.tasks: OrderedDict[str, tuple[dict[str, Any], str]] = OrderedDict()
-        """Task id -> (the task in 1.x shape, its 0.3 twin's state); bounded, the oldest dropped."""
+        self.tasks: OrderedDict[str, Finished] = OrderedDict()
+        """The tasks answered, by id; bounded, the oldest dropped."""
 
     def card(self, base: str) -> dict[str, Any]:
         url = base.rstrip("/") + RPC_PATH
@@ -98,7 +128,7 @@ class A2AServer:
         ]
         return {
             "name": self.agent.name,
-            "description": f"Reach agent {self.agent.name}",
+            "description": self.agent.description or f"Reach agent {self.agent.name}",
             "version": "1.0.0",
             "supportedInterfaces": [
                 {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
@@ -135,35 +165,22 @@ class A2AServer:
         headers = {name.lower(): value for name, value in request.headers.items()}
         try:
             if kind == "get":
-                return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": self._known(params, dialect)})
+                return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": self._known(params).shaped(dialect)})
             if kind == "cancel":
-                self._known(params, dialect)
+                self._known(params)
                 raise RpcError(NOT_CANCELABLE, "the task has finished: it can no longer be cancelled")
-            task = await self._run(params, headers, dialect)
+            task = await self._run(params, headers)
         except RpcError as exc:
             return self._error(rpc_id, exc.code, exc.message)
         if kind == "send":
-            return self._result(rpc_id, task, dialect, "task")
+            return self._result(rpc_id, task.shaped(dialect), dialect, "task")
         return StreamingResponse(self._events(rpc_id, task, dialect), media_type="text/event-stream")
 
-    def _known(self, params: Mapping[str, Any], dialect: Dialect) -> dict[str, Any]:
+    def _known(self, params: Mapping[str, Any]) -> Finished:
         task_id = params.get("id")
         if not isinstance(task_id, str) or task_id not in self.tasks:
             raise RpcError(TASK_NOT_FOUND, f"no task {task_id!r}")
-        return self._shaped(self.tasks[task_id][0], self.tasks[task_id][1], dialect)
-
-    def _shaped(self, task: dict[str, Any], state: str, dialect: Dialect) -> dict[str, Any]:
-        """The stored task in ``dialect``: 0.3 names its kind, spells states and parts its way."""
-        status: dict[str, Any] = {"state": _state(state, dialect)}
-        message = task["status"].get("message")
-        if message is not None:
-            status["message"] = _message(texts(parts_of(message)), task["id"], task["contextId"], dialect)
-        shaped = {"id": task["id"], "contextId": task["contextId"], "status": status}
-        if task.get("artifacts"):
-            artifact = task["artifacts"][0]
-            shaped["artifacts"] = [{**artifact, "parts": _parts(artifact["result"], dialect)}]
-            shaped["artifacts"][0].pop("result")
-        return {"kind": "task", **shaped} if dialect == "0.3" else shaped
+        return self.tasks[task_id]
 
     def _payload(self, params: Mapping[str, Any]) -> tuple[str, dict[str, Any], Mapping[str, Any]]:
         """(capability, payload, message) of a send request."""
@@ -198,7 +215,7 @@ class A2AServer:
         parameters = handler.signature.parameters.values()
         return [p.name for p in parameters if p.name != "ctx" and p.default is inspect.Parameter.empty]
 
-    async def _run(self, params: Mapping[str, Any], headers: Mapping[str, str], dialect: Dialect) -> dict[str, Any]:
+    async def _run(self, params: Mapping[str, Any], headers: Mapping[str, str]) -> Finished:
         name, payload, message = self._payload(params)
         given = message.get("contextId")
         context_id = given if isinstance(given, str) and given else uuid.uuid4().hex
@@ -206,31 +223,27 @@ class A2AServer:
         request_id = str(message.get("messageId") or task_id)
         body = {"request_id": request_id, "capability": name, "payload": payload, "session_id": context_id}
         outcome = await self.agent.handle(json.dumps(body).encode(), headers)
-        answer, error = outcome.body, outcome.body.get("error") or {}
-        task: dict[str, Any] = {"id": task_id, "contextId": context_id, "status": {}}
-        if answer.get("status") == "success":
-            state = "completed"
-            task["artifacts"] = [{"artifactId": uuid.uuid4().hex, "name": name, "result": answer.get("data")}]
+        error = _mapping(outcome.body.get("error"))
+        if outcome.body.get("status") == "success":
+            task = Finished(task_id, context_id, name, "completed", result=outcome.body.get("data"))
         elif error.get("type") == "business":
-            state = "failed"
-            task["status"]["message"] = {"parts": [{"text": str(error.get("message", "failed"))}]}
+            task = Finished(task_id, context_id, name, "failed", reason=str(error.get("message") or "failed"))
         else:
             code = INVALID_PARAMS if 400 <= outcome.status < 500 else INTERNAL
-            raise RpcError(code, str(error.get("message", f"the agent answered HTTP {outcome.status}")))
-        self.tasks[task_id] = (task, state)
+            raise RpcError(code, str(error.get("message") or f"the agent answered HTTP {outcome.status}"))
+        self.tasks[task_id] = task
         while len(self.tasks) > TASKS_KEPT:
             self.tasks.popitem(last=False)
-        return self._shaped(task, state, dialect)
+        return task
 
-    async def _events(self, rpc_id: Any, task: dict[str, Any], dialect: Dialect) -> AsyncIterator[bytes]:
-        """A finished task as a stream: the task, its artifact, then its final status."""
-        submitted = {**task, "status": {"state": _state("submitted", dialect)}}
-        submitted.pop("artifacts", None)
+    async def _events(self, rpc_id: Any, task: Finished, dialect: Dialect) -> AsyncIterator[bytes]:
+        """A finished task as a stream: the task submitted, its artifact, then its final status."""
+        ids = {"taskId": task.id, "contextId": task.context_id}
+        submitted = {"id": task.id, "contextId": task.context_id, "status": {"state": _state("submitted", dialect)}}
         events: list[tuple[str, dict[str, Any]]] = [("task", submitted)]
-        ids = {"taskId": task["id"], "contextId": task["contextId"]}
-        for artifact in task.get("artifacts", []):
-            events.append(("artifactUpdate", {**ids, "artifact": artifact, "lastChunk": True}))
-        events.append(("statusUpdate", {**ids, "status": task["status"], "final": True}))
+        if task.state == "completed":
+            events.append(("artifactUpdate", {**ids, "artifact": task.artifact(dialect), "lastChunk": True}))
+        events.append(("statusUpdate", {**ids, "status": task.status(dialect), "final": True}))
         for kind, item in events:
             yield encode_sse(json.dumps({"jsonrpc": "2.0", "id": rpc_id, "result": self._wrap(item, kind, dialect)}))
 
