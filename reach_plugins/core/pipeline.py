@@ -56,7 +56,9 @@ from reach_plugins.telemetry import (
     HEADER_HOPS,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_RETRY,
+    HEADER_SUMMARY,
     HEADER_TENANT,
+    META_SUMMARY,
     RETRY_UPSTREAM,
     get_tracer,
     inject_context,
@@ -166,6 +168,9 @@ class Pipeline:
             headers[HEADER_TENANT] = request.tenant
         if key:
             headers[HEADER_IDEMPOTENCY_KEY] = key
+        summary = request.metadata.get(META_SUMMARY) if request.metadata else None
+        if summary:
+            headers[HEADER_SUMMARY] = summary
         if request.retried_upstream or not owns_retries:
             headers[HEADER_RETRY] = RETRY_UPSTREAM
         if rec.span.get_span_context().is_valid:
