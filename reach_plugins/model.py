@@ -146,11 +146,21 @@ class Routing(Strict):
 
 
 class HealthCheck(Strict):
-    """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``."""
+    """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``; active probes.
+
+    Active probes (:mod:`reach_plugins.probes`, seed 003 section 5.2): a cheap connect every
+    ``probe_interval``, the agent's own readiness (``ready_path``) every ``ready_interval``;
+    ``refusals_to_down`` consecutive refused connections mark an instance down at once.
+    """
 
     path: str = "/healthz"
     interval: Duration = 10.0
     missed_heartbeats: int = Field(default=3, ge=1)
+    probe: bool = True
+    probe_interval: Duration = 5.0
+    ready_path: str = "/readyz"
+    ready_interval: Duration = 30.0
+    refusals_to_down: int = Field(default=2, ge=1)
 
 
 class Idempotency(Strict):
