@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from hop_support import free_port
@@ -37,7 +38,7 @@ def test_probes_are_jittered_and_readiness_is_rarer() -> None:
         if ready:
             readies.append(now)
         now += 0.1
-    gaps = [b - a for a, b in zip(connects, connects[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(connects)]
     assert min(gaps) >= 5 * (1 - JITTER) - 0.11 and max(gaps) <= 5 * (1 + JITTER) + 0.11
     assert len(set(round(gap, 1) for gap in gaps)) > 3, "probes must not march in step"
     assert 7 <= len(readies) <= 13
