@@ -6,7 +6,9 @@ from reach_plugins.core.consistency import ConsistencyMonitor, ConsistencyTransi
 from reach_plugins.model import ConsistencyPolicy, ReachRequest
 
 POLICY = ConsistencyPolicy(min_similarity=0.2, window=10, min_replies=4, max_low_rate=0.5, eject_for=5, max_eject=20)
-ASK = ReachRequest(capability="query_order", intent="where is my order", payload={"order_id": "A1", "q": "order status"})
+ASK = ReachRequest(
+    capability="query_order", intent="where is my order", payload={"order_id": "A1", "q": "order status"}
+)
 
 
 def test_an_on_topic_reply_scores_above_an_off_topic_one() -> None:
