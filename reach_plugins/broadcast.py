@@ -23,7 +23,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -31,11 +31,17 @@ from reach_plugins.core.dedup import resolve_key
 from reach_plugins.errors import NoHealthyAgent, ReachError, RequestError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.routing import Route
-from reach_plugins.routing.pinning import TARGET
+from reach_plugins.routing.pinning import TARGET, CandidateRouter
 from reach_plugins.telemetry import META_SUMMARY, SUMMARY_BYTES
 
-if TYPE_CHECKING:
-    from reach_plugins.client import ReachClient
+
+class Sender(Protocol):
+    """What a broadcast needs of a client (:class:`~reach_plugins.ReachClient`): candidates, and a way to send."""
+
+    @property
+    def router(self) -> CandidateRouter: ...
+
+    async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse: ...
 
 DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a broadcast waits when the request sets neither ``deadline`` nor ``timeout_ms``."""
@@ -136,7 +142,7 @@ def _copies(request: ReachRequest, routes: list[Route], deadline: float) -> list
     return copies
 
 
-async def _one(client: ReachClient, target: str, request: ReachRequest) -> ReachResponse:
+async def _one(client: Sender, target: str, request: ReachRequest) -> ReachResponse:
     """One copy's answer; a copy refused before sending becomes a failed answer of its target."""
     try:
         return await client.send(request)
@@ -149,7 +155,7 @@ async def _one(client: ReachClient, target: str, request: ReachRequest) -> Reach
 class _Launcher:
     """Starts the copies: all at once, or (sharing summaries) the first at once and the rest one by one."""
 
-    def __init__(self, client: ReachClient, copies: list[tuple[str, ReachRequest]], lead: int, stagger: float) -> None:
+    def __init__(self, client: Sender, copies: list[tuple[str, ReachRequest]], lead: int, stagger: float) -> None:
         self.client, self.waiting, self.stagger = client, list(copies), stagger
         self.tasks: dict[asyncio.Task[ReachResponse], str] = {}
         self.next_at = 0.0
@@ -171,7 +177,7 @@ class _Launcher:
 
 
 async def broadcast(
-    client: ReachClient,
+    client: Sender,
     request: ReachRequest,
     *,
     k: int = 3,
