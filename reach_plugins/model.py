@@ -433,6 +433,8 @@ class ReachTrace(BaseModel):
     error: ErrorInfo | None = None
     started_at: float = 0.0
     duration_ms: float = 0.0
+    usage: dict[str, int] | None = None
+    """Tokens the agent reported for this request (OpenAI-compatible ``usage``), for :mod:`reach_plugins.usage`."""
 
 
 class ReachResponse(BaseModel):

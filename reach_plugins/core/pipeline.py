@@ -66,6 +66,7 @@ from reach_plugins.telemetry import (
     spans_are_noop,
 )
 from reach_plugins.transport import StreamEvent, Transport
+from reach_plugins.usage import usage_of
 from reach_plugins.validation import check_payload
 
 logger = logging.getLogger("reach_plugins.core")
@@ -267,6 +268,7 @@ class Pipeline:
     def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:
         failed = response.status != "success"
         if trace or failed or self._sink is not None:
+            rec.usage = usage_of(response.data)
             built = rec.build(response.status, response.error, self._clock.now())
             if self._sink is not None:
                 emit_safely(self._sink, built)
