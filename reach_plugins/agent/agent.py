@@ -29,7 +29,7 @@ from opentelemetry import propagate, trace
 from pydantic import ValidationError
 
 from reach_plugins.adapters import encode_sse
-from reach_plugins.agent.approval import ApprovalGate, Approver, needs_approval
+from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
@@ -274,7 +274,7 @@ class ReachAgent:
     async def _approve(self, prepared: _Prepared) -> None:
         """Wait for the approver when the capability needs one (raises when it does not approve in time)."""
         capability = prepared.handler.capability
-        if self._approval is not None and needs_approval(capability):
+        if self._approval is not None and capability.needs_approval:
             await self._approval.check(capability, prepared.ctx, prepared.payload)
 
     async def _execute(self, prepared: _Prepared) -> Outcome:

@@ -71,11 +71,6 @@ class ApprovalDecision:
 Approver = Callable[[ApprovalRequest], "ApprovalDecision | bool | Awaitable[ApprovalDecision | bool]"]
 
 
-def needs_approval(capability: Capability) -> bool:
-    """Whether a reach of ``capability`` waits for an approver."""
-    return capability.danger_level == "high" or capability.require_approval
-
-
 def _reply_margin(remaining: float) -> float:
     """Time kept back from the caller's deadline so the "no approval" answer reaches it before it gives up."""
     return max(0.05, 0.1 * remaining)

@@ -35,7 +35,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Literal
@@ -158,11 +158,18 @@ class CapabilityMatcher:
             wanted = {capability_text(c) for c in catalogue.values()}
             self._vectors = {text: vector for text, vector in self._vectors.items() if text in wanted}
 
-    def match(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> MatchResult:
-        """The capability ``tool_name`` maps to; cached, so asking again is a dict lookup."""
-        return self.match_many([(tool_name, description)], scope_tags=scope_tags)[0]
+    def match(
+        self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = (), wait: bool = False
+    ) -> MatchResult:
+        """The capability ``tool_name`` maps to; cached, so asking again is a dict lookup.
 
-    def match_many(self, tools: Iterable[tuple[str, str]], *, scope_tags: Sequence[str] = ()) -> list[MatchResult]:
+        ``wait=True`` ignores :attr:`timeout` (explanations and build-time matching are not the routing path).
+        """
+        return self.match_many([(tool_name, description)], scope_tags=scope_tags, wait=wait)[0]
+
+    def match_many(
+        self, tools: Iterable[tuple[str, str]], *, scope_tags: Sequence[str] = (), wait: bool = False
+    ) -> list[MatchResult]:
         """Decide for several ``(tool name, description)`` pairs at once: one embedding batch for all new ones.
 
         An agent's tools are known when it is built; matching them together
@@ -180,7 +187,8 @@ class CapabilityMatcher:
         candidates = self._eligible(tags)
         fresh = {key: self._decide_without_model(key[0], key[1], candidates) for key in keys if key not in found}
         semantic = sorted({key for key, result in fresh.items() if result is None})
-        judged = self._judge_all(semantic, candidates) if semantic else {}
+        timeout = None if wait else self.timeout
+        judged = self._judge_all(semantic, candidates, generation, timeout) if semantic else {}
         decided = {key: result for key, result in fresh.items() if result is not None} | judged
         with self._lock:
             if generation == self._generation:
@@ -192,13 +200,16 @@ class CapabilityMatcher:
         found.update(decided)
         return [found[key] for key in keys]
 
-    def _judge_all(self, semantic: list[_Key], candidates: Sequence[Capability]) -> dict[_Key, MatchResult]:
+    def _judge_all(
+        self, semantic: list[_Key], candidates: Sequence[Capability], generation: int, timeout: float | None
+    ) -> dict[_Key, MatchResult]:
         """Score ``semantic`` tools with the model within the time budget, or decide them ``degraded``.
 
-        The budget is :attr:`timeout` per tool text, plus :data:`WARMUP_TIMEOUT` when catalogue
+        The budget is ``timeout`` per tool text, plus :data:`WARMUP_TIMEOUT` when catalogue
         entries are not embedded yet (loading a model and indexing a new catalogue is a one-time
-        cost, not a per-call one). A model that overruns it keeps working in the background, so the
-        catalogue's vectors are ready next time; a ``ConfigError`` (a broken embedder) is raised.
+        cost, not a per-call one). A model that overruns it keeps working in the background and its
+        decisions are cached when they arrive, so the next call finds them; a ``ConfigError`` (a
+        broken embedder) is raised.
         """
 
         def judge() -> dict[_Key, MatchResult]:
@@ -208,19 +219,20 @@ class CapabilityMatcher:
                 for key, vector in zip(semantic, vectors, strict=True)
             }
 
-        if self.timeout is None:
+        if timeout is None:
             return judge()
         with self._lock:
             unembedded = len({capability_text(c) for c in candidates} - set(self._vectors))
             if self._worker is None:
                 self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-matcher")
             worker = self._worker
-        budget = self.timeout * len(semantic) + (WARMUP_TIMEOUT if unembedded else 0.0)
+        budget = timeout * len(semantic) + (WARMUP_TIMEOUT if unembedded else 0.0)
         future = worker.submit(judge)
         try:
             return future.result(timeout=budget)
         except FutureTimeout:
-            future.cancel()
+            if not future.cancel():
+                future.add_done_callback(lambda done: self._adopt(done, generation))
             why = f"the embedder {self.embedder.name} took longer than {budget * 1000:g} ms"
         except ConfigError:
             raise
@@ -228,6 +240,14 @@ class CapabilityMatcher:
             why = f"the embedder {self.embedder.name} failed ({type(exc).__name__})"
         logger.warning("semantic matching degraded: %s; routing by exact name and scope tags only", why)
         return {key: MatchResult(None, 0.0, None, None, "degraded", best=why) for key in semantic}
+
+    def _adopt(self, done: Future[dict[_Key, MatchResult]], generation: int) -> None:
+        """Cache the decisions of a model run that finished after its caller stopped waiting."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        with self._lock:
+            if generation == self._generation:
+                self._decisions.update(done.result())
 
     def rank(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> list[tuple[str, float]]:
         """Every eligible capability with its cosine score, best first (uncached; for explanations and tuning)."""
