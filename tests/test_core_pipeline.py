@@ -264,8 +264,7 @@ async def test_seed_retry_storm_is_capped_by_the_budget() -> None:
     fake.default("503")
     for _ in range(200):
         await pipeline.run(order())
-    naive_sends = 200 * 3
-    assert len(fake.calls) < 200 * 1.05 < naive_sends
+    assert len(fake.calls) == 200 + 10, "ten failed retries drain the 20-token budget to half; then none"
 
 
 async def test_ten_percent_failures_are_fully_retried() -> None:

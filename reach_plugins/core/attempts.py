@@ -137,14 +137,14 @@ class Engine:
     def admit_now(self, flight: Flight) -> Admission | None:
         """The usual admission, without waiting: a free slot and a closed breaker; else None (use :meth:`admit`)."""
         route = flight.route
-        now = self.clock.now()
-        guards = self.guards.get(route.agent, now)
+        tick = self.clock.monotonic()
+        guards = self.guards.get(route.agent, tick)
         slot = guards.try_admit(route.capability)
         if slot is None:
             return None
         breaker = self.breakers.get(route.agent, route.instance.instance_id)
-        if breaker.is_closed and not flight.deadline.expired(now):
-            permit = breaker.acquire(now)
+        if breaker.is_closed and not flight.deadline.expired(self.clock.now()):
+            permit = breaker.acquire(tick)
             if permit is not None:
                 return Admission(guards, slot, breaker, permit)
         guards.release(slot)
@@ -154,16 +154,16 @@ class Engine:
         """Rate limit and concurrency, then the breaker; an instance whose breaker refuses is failed over."""
         while True:
             route = flight.route
-            guards = self.guards.get(route.agent, self.clock.now())
+            guards = self.guards.get(route.agent, self.clock.monotonic())
             slot = await guards.admit(route.capability, self.clock, flight.deadline)
             breaker = self.breakers.get(route.agent, route.instance.instance_id)
-            now = self.clock.now()
+            tick = self.clock.monotonic()
             self.observer = flight.rec
             try:
-                permit = breaker.acquire(now)
+                permit = breaker.acquire(tick)
             finally:
                 self.observer = None
-            if permit is not None and not flight.deadline.expired(now):
+            if permit is not None and not flight.deadline.expired(self.clock.now()):
                 return Admission(guards, slot, breaker, permit)
             guards.release(slot)
             if permit is not None:
@@ -171,7 +171,7 @@ class Engine:
                 raise DeadlineExceeded(
                     f"request {flight.request.request_id}: the deadline passed while waiting for a slot"
                 )
-            state = breaker.state(now)
+            state = breaker.state(tick)
             try:
                 self.fail_over(flight, f"breaker of {route.instance.instance_id} is {state}")
             except NoHealthyAgent as exc:
@@ -232,19 +232,29 @@ class Engine:
             verdict = check_return_schema(route.capability, reply.data) or verdict
         return verdict, reply
 
-    def settle(self, flight: Flight, admission: Admission, verdict: Verdict, duration: float, now: float) -> None:
-        """Feed the breaker, the retry budget and the adaptive limit; free the slots."""
+    def settle(
+        self, flight: Flight, admission: Admission, verdict: Verdict, duration: float, *, again: bool = False
+    ) -> None:
+        """Feed the breaker, the retry budget and the adaptive limit; free the slots.
+
+        ``again``: the request retries on the same instance. The breaker then
+        waits for the request's last attempt there, so it judges requests, not
+        attempts: a flaky instance whose retries succeed is not opened, a dead
+        one (every attempt fails) is.
+        """
+        tick = self.clock.monotonic()
         self.observer = flight.rec
         try:
-            admission.breaker.record(admission.permit, now, failure=verdict.instance_fault, duration=duration)
+            if again and verdict.instance_fault:
+                admission.breaker.release(admission.permit)
+            else:
+                admission.breaker.record(admission.permit, tick, failure=verdict.instance_fault, duration=duration)
         finally:
             self.observer = None
         if verdict.ok:
-            admission.guards.budget.record_success()
-        elif verdict.retryable:
-            admission.guards.budget.record_failure()
+            admission.guards.budget.record_success(retry=flight.attempts > 1)
         latency = duration if verdict.ok else None
-        admission.guards.done(admission.slot, now, latency=latency, overload=verdict.overload)
+        admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload)
 
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""
@@ -268,6 +278,7 @@ class Engine:
         delay = retry_delay(flight.attempts - 1, policy, self.rng, verdict.retry_after)
         if not flight.deadline.fits(now, delay):
             return Plan(None, f"a retry after {delay:.3g}s would start past the deadline", out_of_time=True)
+        admission.guards.budget.spend()
         return Plan(delay, "retry")
 
     def record(
@@ -287,7 +298,7 @@ class Engine:
             outcome=verdict.outcome,
             error=verdict.error.message if verdict.error else None,
             retry_delay_ms=None if delay is None else delay * 1000.0,
-            breaker_state=admission.breaker.state(now),
+            breaker_state=admission.breaker.state(self.clock.monotonic()),
         )
 
     def respond(
@@ -346,19 +357,20 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
                 if last is None:
                     raise
                 return engine.give_up(flight, last[0], last[1], f"no instance could take the retry: {exc.message}")
-        started = clock.now()
+        started, tick = clock.now(), clock.monotonic()
         try:
             verdict, reply = await engine.send(flight)
         except BaseException:
             engine.abandon(admission)
             raise
-        now = clock.now()
-        engine.settle(flight, admission, verdict, now - started, now)
+        now, duration = clock.now(), clock.monotonic() - tick
         flight.far_attempts += reply.attempts if reply is not None else 1
         if verdict.ok and reply is not None:
+            engine.settle(flight, admission, verdict, duration)
             engine.record(flight, verdict, admission, started, now, None)
             return engine.respond(flight, "success", reply.data, None, reply)
         plan = engine.plan_retry(flight, verdict, admission, now)
+        engine.settle(flight, admission, verdict, duration, again=plan.delay is not None and not verdict.unreachable)
         engine.record(flight, verdict, admission, started, now, plan.delay)
         if plan.delay is None:
             return engine.give_up(flight, verdict, reply, plan.why, out_of_time=plan.out_of_time)
@@ -366,9 +378,9 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
         last = (verdict, reply)
         flight.rec.event(EVENT_RETRY, now, attempt=flight.attempts, delay_ms=delay * 1000.0, outcome=verdict.outcome)
         await clock.sleep(delay)
-        if verdict.unreachable or not admission.breaker.available(clock.now()):
+        if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
             try:
                 engine.fail_over(flight, f"{flight.route.instance.instance_id} is unreachable or its breaker opened")
             except ReachError as exc:
-                if not admission.breaker.available(clock.now()):
+                if not admission.breaker.available(clock.monotonic()):
                     return engine.give_up(flight, verdict, reply, f"no other instance to fail over to: {exc.message}")

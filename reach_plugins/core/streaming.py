@@ -102,8 +102,9 @@ async def stream_attempts(
         flight.far_attempts += 1
         if not verdict.ok:
             await _close(events)
-            engine.settle(flight, admission, verdict, opened - started, opened)
             plan = engine.plan_retry(flight, verdict, admission, opened)
+            again = plan.delay is not None and not verdict.unreachable
+            engine.settle(flight, admission, verdict, opened - started, again=again)
             engine.record(flight, verdict, admission, started, opened, plan.delay)
             if plan.delay is None:
                 yield _final(flight, engine.give_up(flight, verdict, None, plan.why, out_of_time=plan.out_of_time))
@@ -111,11 +112,11 @@ async def stream_attempts(
             last = verdict
             flight.rec.event(EVENT_RETRY, opened, attempt=flight.attempts, delay_ms=plan.delay * 1000.0)
             await clock.sleep(plan.delay)
-            if verdict.unreachable or not admission.breaker.available(clock.now()):
+            if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
                 try:
                     engine.fail_over(flight, f"{flight.route.instance.instance_id} failed before its first event")
                 except ReachError as exc:
-                    if not admission.breaker.available(clock.now()):
+                    if not admission.breaker.available(clock.monotonic()):
                         why = f"no other instance: {exc.message}"
                         yield _final(flight, engine.give_up(flight, verdict, None, why))
                         return
@@ -133,7 +134,7 @@ async def stream_attempts(
                     yield _counted(flight, batch)
                 verdict = relay.verdict
             end = clock.now()
-            engine.settle(flight, admission, verdict, opened - started, end)
+            engine.settle(flight, admission, verdict, opened - started)
             settled = True
             engine.record(flight, verdict, admission, started, end, None)
             tail = batcher.take()
@@ -149,10 +150,10 @@ async def stream_attempts(
                 yield _counted(flight, tail)
             return
         finally:
-            if relay is not None:
-                await relay.stop()
             if not settled:
                 engine.abandon(admission)
+            if relay is not None:
+                await relay.stop()
             await _close(events)
 
 
