@@ -87,6 +87,8 @@ class Admission:
     slot: Slot
     breaker: CircuitBreaker
     permit: Permit
+    hop: tuple[CircuitBreaker, Permit] | None = None
+    """The breaker and permit of the gateway or node the attempt goes through (None: straight to the agent)."""
 
 
 class Engine:
@@ -108,6 +110,8 @@ class Engine:
         self.credentials = credentials or _no_credential
         self.breakers = Breakers(self._on_transition)
         self.guards = GuardTable()
+        self.hop: str | None = getattr(transport, "hop", None)
+        """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
         self.observer: TraceRecorder | None = None
         """The request whose breaker call is running now: transitions it causes land in its trace."""
         enforces = bool(getattr(transport, "enforces_timeout", False))
@@ -142,13 +146,28 @@ class Engine:
         slot = guards.try_admit(route.capability)
         if slot is None:
             return None
-        breaker = self.breakers.get(route.agent, route.instance.instance_id)
-        if breaker.is_closed and not flight.deadline.expired(self.clock.now()):
+        breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
+        closed = breaker.is_closed and (self.hop is None or self.breakers.hop(self.hop).is_closed)
+        if closed and not flight.deadline.expired(self.clock.now()):
             permit = breaker.acquire(tick)
             if permit is not None:
-                return Admission(guards, slot, breaker, permit)
+                return Admission(guards, slot, breaker, permit, self._hop_permit(tick))
         guards.release(slot)
         return None
+
+    def _hop_permit(self, tick: float) -> tuple[CircuitBreaker, Permit] | None:
+        """A permit of the hop's breaker (None without a hop); raises CircuitOpen while the hop's breaker is open."""
+        if self.hop is None:
+            return None
+        breaker = self.breakers.hop(self.hop)
+        permit = breaker.acquire(tick)
+        if permit is None:
+            raise CircuitOpen(
+                f"the breaker of {self.hop} is {breaker.state(tick)}: it did not answer, so nothing is sent "
+                f"through it for {breaker.open_for:g}s (then it is probed)",
+                reasons={self.hop: f"breaker {breaker.state(tick)}"},
+            )
+        return breaker, permit
 
     async def admit(self, flight: Flight) -> Admission:
         """Rate limit and concurrency, then the breaker; an instance whose breaker refuses is failed over."""
@@ -156,7 +175,7 @@ class Engine:
             route = flight.route
             guards = self.guards.get(route.agent, self.clock.monotonic())
             slot = await guards.admit(route.capability, self.clock, flight.deadline)
-            breaker = self.breakers.get(route.agent, route.instance.instance_id)
+            breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
             tick = self.clock.monotonic()
             self.observer = flight.rec
             try:
@@ -164,7 +183,12 @@ class Engine:
             finally:
                 self.observer = None
             if permit is not None and not flight.deadline.expired(self.clock.now()):
-                return Admission(guards, slot, breaker, permit)
+                try:
+                    return Admission(guards, slot, breaker, permit, self._hop_permit(tick))
+                except CircuitOpen:
+                    breaker.release(permit)
+                    guards.release(slot)
+                    raise
             guards.release(slot)
             if permit is not None:
                 breaker.release(permit)
@@ -233,19 +257,31 @@ class Engine:
         return verdict, reply
 
     def settle(
-        self, flight: Flight, admission: Admission, verdict: Verdict, duration: float, *, again: bool = False
+        self,
+        flight: Flight,
+        admission: Admission,
+        verdict: Verdict,
+        duration: float,
+        *,
+        again: bool = False,
+        answered: bool = True,
     ) -> None:
-        """Feed the breaker, the retry budget and the adaptive limit; free the slots.
+        """Feed the breakers, the retry budget and the adaptive limit; free the slots.
 
         ``again``: the request retries on the same instance. The breaker then
         waits for the request's last attempt there, so it judges requests, not
         attempts: a flaky instance whose retries succeed is not opened, a dead
-        one (every attempt fails) is.
+        one (every attempt fails) is. ``answered``: something answered (False:
+        the transport raised). Through a hop, no answer is the hop's own
+        failure: it goes to the hop's breaker and the instance is not blamed.
         """
         tick = self.clock.monotonic()
+        hop_fault = admission.hop is not None and not answered and verdict.instance_fault
         self.observer = flight.rec
         try:
-            if again and verdict.instance_fault:
+            if admission.hop is not None:
+                admission.hop[0].record(admission.hop[1], tick, failure=hop_fault, duration=duration)
+            if hop_fault or (again and verdict.instance_fault):
                 admission.breaker.release(admission.permit)
             else:
                 admission.breaker.record(admission.permit, tick, failure=verdict.instance_fault, duration=duration)
@@ -259,6 +295,8 @@ class Engine:
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""
         admission.breaker.release(admission.permit)
+        if admission.hop is not None:
+            admission.hop[0].release(admission.hop[1])
         admission.guards.release(admission.slot)
 
     def plan_retry(self, flight: Flight, verdict: Verdict, admission: Admission, now: float) -> Plan:
@@ -370,7 +408,8 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
             engine.record(flight, verdict, admission, started, now, None)
             return engine.respond(flight, "success", reply.data, None, reply)
         plan = engine.plan_retry(flight, verdict, admission, now)
-        engine.settle(flight, admission, verdict, duration, again=plan.delay is not None and not verdict.unreachable)
+        again = plan.delay is not None and not verdict.unreachable
+        engine.settle(flight, admission, verdict, duration, again=again, answered=reply is not None)
         engine.record(flight, verdict, admission, started, now, plan.delay)
         if plan.delay is None:
             return engine.give_up(flight, verdict, reply, plan.why, out_of_time=plan.out_of_time)

@@ -236,29 +236,38 @@ class CircuitBreaker:
 
 
 class Breakers:
-    """One breaker per (agent, instance), created on first use from the agent's config.
+    """One breaker per (agent, instance, tenant) and one per hop, created on first use.
 
-    Bounded: past ``max_breakers`` the closed, idle breakers are dropped first.
+    Per tenant, so that failures one tenant's input causes cannot open the
+    breaker other tenants go through (DESIGN 11.3); per hop (a gateway or node
+    the transport goes through), so that a hop that does not answer opens its
+    own breaker, never those of the agent instances behind it. Bounded: past
+    ``max_breakers`` the closed, idle breakers are dropped first.
     """
 
     def __init__(self, listener: Listener | None = None, *, max_breakers: int = 10_000) -> None:
         self._listener = listener
         self._max = max_breakers
-        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+        self._breakers: dict[tuple[str, str, str], CircuitBreaker] = {}
 
-    def get(self, agent: AgentDescriptor, instance_id: str) -> CircuitBreaker:
-        key = (agent.name, instance_id)
+    def get(self, agent: AgentDescriptor, instance_id: str, tenant: str | None = None) -> CircuitBreaker:
+        return self._get((agent.name, instance_id, tenant or ""), agent.circuit_breaker)
+
+    def hop(self, address: str) -> CircuitBreaker:
+        """The breaker of the gateway or node at ``address`` (default settings)."""
+        return self._get((HOP, address, ""), None)
+
+    def _get(self, key: tuple[str, str, str], config: CircuitBreakerConfig | None) -> CircuitBreaker:
         breaker = self._breakers.get(key)
-        config = agent.circuit_breaker
-        if breaker is None or (breaker.config is not config and breaker.config != config):
+        if breaker is None or (config is not None and breaker.config is not config and breaker.config != config):
             if breaker is None and len(self._breakers) >= self._max:
                 self._prune()
-            breaker = CircuitBreaker(config, agent=agent.name, instance=instance_id, listener=self._emit)
+            breaker = CircuitBreaker(config, agent=key[0], instance=key[1], listener=self._emit)
             self._breakers[key] = breaker
         return breaker
 
-    def find(self, agent: str, instance_id: str) -> CircuitBreaker | None:
-        return self._breakers.get((agent, instance_id))
+    def find(self, agent: str, instance_id: str, tenant: str | None = None) -> CircuitBreaker | None:
+        return self._breakers.get((agent, instance_id, tenant or ""))
 
     def _emit(self, transition: BreakerTransition) -> None:
         if self._listener is not None:
@@ -268,3 +277,7 @@ class Breakers:
         closed = [key for key, breaker in self._breakers.items() if breaker.is_closed]
         for key in closed[: max(1, len(closed) // 2)]:
             del self._breakers[key]
+
+
+HOP = "(hop)"
+"""The agent name a hop's breaker is filed and reported under (its instance is the hop's address)."""
