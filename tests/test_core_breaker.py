@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from reach_plugins.core import BreakerTransition, CircuitBreaker, FakeClock, Permit, Pipeline
 from reach_plugins.errors import CircuitOpen
 from reach_plugins.model import CircuitBreakerConfig, ReachRequest
+from reach_plugins.transport import Call, MockTransport, Reply
 
 T0 = 1_000.0
 
@@ -210,8 +211,8 @@ def setup(instances: int = 3) -> tuple[FakeClock, FakeAgent, Pipeline]:
     return clock, fake, pipeline
 
 
-def order() -> ReachRequest:
-    return ReachRequest(capability="query_order", payload={"order_id": "A1"})
+def order(tenant: str | None = None) -> ReachRequest:
+    return ReachRequest(capability="query_order", payload={"order_id": "A1"}, tenant=tenant)
 
 
 async def test_open_instance_is_skipped_by_the_router() -> None:
@@ -266,3 +267,60 @@ async def test_retry_fails_over_when_the_breaker_opens_mid_request() -> None:
     response = await pipeline.run(order(), trace=True)
     assert response.ok and response.instance == "orders-1"
     assert response.trace is not None
+
+
+# --------------------------------------------------------------------------- attribution: per hop, per tenant
+
+
+async def test_a_hop_that_does_not_answer_opens_its_own_breaker_not_the_instances() -> None:
+    """Through a hop, connection failures open the hop's breaker; every agent instance stays available."""
+    clock = FakeClock()
+    fake = FakeAgent(clock)
+    fake.default("connect")
+    fake.transport.owns_retries = True
+    fake.transport.hop = "http://127.0.0.1:9"
+    router = FakeRouter([make_agent(instances=3)])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for _ in range(10):
+        await pipeline.run(order())
+    sent = len(fake.calls)
+    with pytest.raises(CircuitOpen, match=r"http://127\.0\.0\.1:9"):
+        await pipeline.run(order())
+    assert len(fake.calls) == sent
+    assert all(pipeline.is_available("orders", f"orders-{i}") for i in range(3))
+    fake.default("ok")
+    clock.advance(5)
+    assert (await pipeline.run(order())).ok
+
+
+async def test_a_hop_that_answers_with_an_agent_failure_blames_the_instance() -> None:
+    """A failure the hop reports (it answered) counts for the instance, as without a hop."""
+    clock = FakeClock()
+    fake = FakeAgent(clock)
+    fake.default("503", "orders-0")
+    fake.transport.owns_retries = True
+    fake.transport.hop = "http://127.0.0.1:9"
+    router = FakeRouter([make_agent(instances=1)])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for _ in range(10):
+        await pipeline.run(order())
+    assert not pipeline.is_available("orders", "orders-0")
+
+
+async def test_one_tenant_cannot_open_a_breaker_for_another() -> None:
+    """Tenant 'evil' makes the only instance fail until its breaker opens; tenant 'good' is still served."""
+
+    def by_tenant(call: Call) -> Reply:
+        if call.request.tenant == "evil":
+            return Reply(status="fail", status_code=500)
+        return Reply(status="success", data={"ok": True})
+
+    router = FakeRouter([make_agent(instances=1)])
+    pipeline = Pipeline(router=router, transport=MockTransport(by_tenant), clock=FakeClock())
+    for _ in range(10):
+        await pipeline.run(order(tenant="evil"))
+    with pytest.raises(CircuitOpen):
+        await pipeline.run(order(tenant="evil"))
+    assert all([(await pipeline.run(order(tenant="good"))).ok for _ in range(20)])
