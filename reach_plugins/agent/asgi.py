@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from reach_plugins.agent.agent import Outcome
+from reach_plugins.agent.cancellation import while_connected
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -25,7 +26,9 @@ def build_app(agent: ReachAgent) -> Starlette:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work)."""
 
     async def reach(request: Request) -> Response:
-        return _json(await agent.handle(await request.body(), request.headers))
+        raw = await request.body()
+        outcome = await while_connected(request.receive, agent.handle(raw, request.headers))
+        return _json(outcome) if outcome is not None else Response(status_code=499)
 
     async def reach_stream(request: Request) -> Response:
         answer = await agent.open_stream(await request.body(), request.headers)
