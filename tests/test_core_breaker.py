@@ -324,3 +324,21 @@ async def test_one_tenant_cannot_open_a_breaker_for_another() -> None:
     with pytest.raises(CircuitOpen):
         await pipeline.run(order(tenant="evil"))
     assert all([(await pipeline.run(order(tenant="good"))).ok for _ in range(20)])
+
+
+async def test_a_stream_through_a_hop_that_does_not_answer_blames_the_hop() -> None:
+    """Streams too: a hop refusing connections opens its own breaker; the agent instances stay available."""
+    clock = FakeClock()
+    fake = FakeAgent(clock)
+    fake.default("connect")
+    fake.transport.owns_retries = True
+    fake.transport.hop = "grpc://127.0.0.1:9"
+    router = FakeRouter([make_agent(instances=2)])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for _ in range(10):
+        events = [event async for event in pipeline.stream(order())]
+        assert events[-1].kind == "error"
+    with pytest.raises(CircuitOpen, match="grpc://127"):
+        [event async for event in pipeline.stream(order())]
+    assert all(pipeline.is_available("orders", f"orders-{i}") for i in range(2))

@@ -49,8 +49,8 @@ def _final(flight: Flight, response: ReachResponse) -> list[StreamEvent]:
 
 async def _open(
     engine: Engine, flight: Flight, started: float
-) -> tuple[AsyncIterator[StreamEvent], StreamEvent, Verdict]:
-    """Start the stream and wait for its first event within the attempt's time."""
+) -> tuple[AsyncIterator[StreamEvent], StreamEvent, Verdict, bool]:
+    """Start the stream and wait for its first event within the attempt's time; the last item: did anyone answer."""
     route = flight.route
     timeout = flight.deadline.attempt_timeout(started, per_attempt_timeout(route.agent, route.capability))
     events = engine.transport.stream(engine.prepare(flight, timeout, started))
@@ -61,11 +61,11 @@ async def _open(
         first = StreamEvent("end")
     except (ReachError, TimeoutError) as exc:
         verdict = classify_exception(exc)
-        return events, _error_of(verdict), verdict
+        return events, _error_of(verdict), verdict, False
     except BaseException:
         await _close(events)
         raise
-    return events, first, classify_event(first)
+    return events, first, classify_event(first), True
 
 
 def _error_of(verdict: Verdict) -> StreamEvent:
@@ -94,7 +94,7 @@ async def stream_attempts(
             return
         started = clock.now()
         try:
-            events, first, verdict = await _open(engine, flight, started)
+            events, first, verdict, answered = await _open(engine, flight, started)
         except BaseException:
             engine.abandon(admission)
             raise
@@ -104,7 +104,7 @@ async def stream_attempts(
             await _close(events)
             plan = engine.plan_retry(flight, verdict, admission, opened)
             again = plan.delay is not None and not verdict.unreachable
-            engine.settle(flight, admission, verdict, opened - started, again=again)
+            engine.settle(flight, admission, verdict, opened - started, again=again, answered=answered)
             engine.record(flight, verdict, admission, started, opened, plan.delay)
             if plan.delay is None:
                 yield _final(flight, engine.give_up(flight, verdict, None, plan.why, out_of_time=plan.out_of_time))
