@@ -61,6 +61,8 @@ class Flight:
     headers: dict[str, str]
     attempts: int = 0
     far_attempts: int = 0
+    spent_retry: bool = False
+    """A retry token of the budget was spent on this request: its success gives the token back with one more."""
     excluded: set[tuple[str, str]] = field(default_factory=set)
     status: str = "pending"
     error: ErrorInfo | None = None
@@ -288,7 +290,7 @@ class Engine:
         finally:
             self.observer = None
         if verdict.ok:
-            admission.guards.budget.record_success(retry=flight.attempts > 1)
+            admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None
         admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload)
 
@@ -316,7 +318,7 @@ class Engine:
         delay = retry_delay(flight.attempts - 1, policy, self.rng, verdict.retry_after)
         if not flight.deadline.fits(now, delay):
             return Plan(None, f"a retry after {delay:.3g}s would start past the deadline", out_of_time=True)
-        admission.guards.budget.spend()
+        flight.spent_retry = admission.guards.budget.spend() or flight.spent_retry
         return Plan(delay, "retry")
 
     def record(
