@@ -32,13 +32,14 @@ KILLED_FOR = 33.0
 """Seconds of calls after the kill: past the first release's 30 s open time, so probes of the dead instance happen."""
 
 AGENT = """
-import sys
+import asyncio, sys
 from reach_plugins.agent import ReachAgent, serve
 
 agent = ReachAgent("orders")
 
 @agent.capability("query_order")
-def query_order(n: int) -> dict:
+async def query_order(n: int) -> dict:
+    await asyncio.sleep(0.05)  # some work, so calls are in flight when the process is killed
     return {"n": n}
 
 serve(agent, "127.0.0.1", int(sys.argv[1]), loop="asyncio", log_level="warning")
