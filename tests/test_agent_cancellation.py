@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from reach_plugins import ReachClient
-from reach_plugins.agent import BackgroundServer, ReachAgent, cancelled
+from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.agent.cancellation import cancelled
 from reach_plugins.errors import SessionClosed
 from reach_plugins.registry.memory import MemoryRegistry
 from reach_plugins.sessions import MemorySessions

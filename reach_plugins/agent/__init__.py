@@ -12,7 +12,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('the agent SDK needs the server extra: pip install "reach-plugins[server]"') from exc
 
 from reach_plugins.agent.agent import Outcome, ReachAgent
-from reach_plugins.agent.cancellation import cancelled
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.agent.langgraph import add_langgraph, serve_langgraph
 from reach_plugins.agent.registration import Registration
@@ -28,7 +27,6 @@ __all__ = [
     "Registration",
     "SnapshotStore",
     "add_langgraph",
-    "cancelled",
     "serve",
     "serve_langgraph",
     "uvicorn_config",
