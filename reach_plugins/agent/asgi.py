@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
 from reach_plugins.agent.agent import Outcome
+from reach_plugins.agent.cancellation import while_connected
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -29,7 +30,9 @@ def build_app(agent: ReachAgent) -> Starlette:
     """
 
     async def reach(request: Request) -> Response:
-        return _json(await agent.handle(await request.body(), request.headers))
+        raw = await request.body()
+        outcome = await while_connected(request.receive, agent.handle(raw, request.headers))
+        return _json(outcome) if outcome is not None else Response(status_code=499)
 
     async def reach_stream(request: Request) -> Response:
         answer = await agent.open_stream(await request.body(), request.headers)
