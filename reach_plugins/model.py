@@ -26,7 +26,7 @@ _NAME = re.compile(NAME_PATTERN)
 HeaderText = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=1024)]
 """Text that travels in a header (session, tenant, intent, idempotency key): no control characters."""
 
-Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a"]
+Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a", "mcp"]
 DangerLevel = Literal["low", "medium", "high"]
 InstanceStatus = Literal["ready", "draining", "down"]
 Priority = Literal["online", "batch"]
@@ -84,12 +84,12 @@ class RetryPolicy(Strict):
     budget_max_tokens: float = Field(default=20.0, gt=0)
     """Retry budget size per target agent (gRPC retry throttling ``maxTokens``).
 
-    20 keeps a 10 % transient failure rate fully retried (no retry withheld
-    in 100,000 simulated requests; 10 withheld about 0.2 %) while a full
-    outage stops retries after ten failed attempts.
+    A retry takes a token, a retry that succeeds gives back two: flaky agents
+    (up to about 40 % independent failures) keep every retry, while a dead
+    one stops getting retries after ten failed ones (see ``core.budget``).
     """
     budget_token_ratio: float = Field(default=0.2, gt=0)
-    """Tokens a success gives back; a failure takes one. No retries below half full."""
+    """Tokens a successful first attempt adds. No retries at half full or below."""
 
 
 class RateLimit(Strict):
@@ -101,7 +101,7 @@ class RateLimit(Strict):
 
 
 class CircuitBreakerConfig(Strict):
-    """Time-sliding window breaker per instance (defaults from the seeds: 60 s, 30 %, 30 s)."""
+    """Time-sliding window breaker per instance (60 s, 30 %); open 5 s, doubling on each re-open up to 60 s."""
 
     window: Duration = 60.0
     buckets: int = Field(default=10, ge=1)
@@ -109,8 +109,28 @@ class CircuitBreakerConfig(Strict):
     min_calls: int = Field(default=10, ge=1)
     slow_call_duration: Duration | None = None
     slow_call_threshold: Ratio = 1.0
-    open_wait: Duration = 30.0
+    open_wait: Duration = 5.0
+    """How long the first opening lasts: short, so a short fault stays short (DESIGN 11.3)."""
     half_open_probes: int = Field(default=3, ge=1)
+    max_open_wait: Duration = 60.0
+    """Cap of the open time, which doubles on each consecutive re-open (a failed half-open probe)."""
+
+
+class ConsistencyPolicy(Strict):
+    """Eject an instance whose replies stop matching their requests (seed 001, section 2.2).
+
+    Each reply is scored against its request (embedding cosine of the request's intent and payload text
+    with the reply's text); an instance with ``max_low_rate`` or more of its last ``window`` replies
+    below ``min_similarity`` (at least ``min_replies`` scored) is ejected for ``eject_for`` seconds,
+    doubling on each consecutive ejection up to ``max_eject``, then probed with one call.
+    """
+
+    min_similarity: float = Field(default=0.1, ge=-1.0, le=1.0)
+    window: int = Field(default=20, ge=1)
+    min_replies: int = Field(default=5, ge=1)
+    max_low_rate: Ratio = 0.5
+    eject_for: Duration = 30.0
+    max_eject: Duration = 300.0
 
 
 class PoolConfig(Strict):
@@ -129,11 +149,21 @@ class Routing(Strict):
 
 
 class HealthCheck(Strict):
-    """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``."""
+    """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``; active probes.
+
+    Active probes (:mod:`reach_plugins.probes`, seed 003 section 5.2): a cheap connect every
+    ``probe_interval``, the agent's own readiness (``ready_path``) every ``ready_interval``;
+    ``refusals_to_down`` consecutive refused connections mark an instance down at once.
+    """
 
     path: str = "/healthz"
     interval: Duration = 10.0
     missed_heartbeats: int = Field(default=3, ge=1)
+    probe: bool = True
+    probe_interval: Duration = 5.0
+    ready_path: str = "/readyz"
+    ready_interval: Duration = 30.0
+    refusals_to_down: int = Field(default=2, ge=1)
 
 
 class Idempotency(Strict):
@@ -190,6 +220,8 @@ class Capability(Strict):
     input_tokens_required: int | None = Field(default=None, ge=0)
     retry: RetryPolicy | None = None
     timeouts: Timeouts | None = None
+    consistency: ConsistencyPolicy | None = None
+    """Opt in to reply consistency checks (:mod:`reach_plugins.core.consistency`)."""
 
     @field_validator("name")
     @classmethod
@@ -404,6 +436,8 @@ class ReachTrace(BaseModel):
     error: ErrorInfo | None = None
     started_at: float = 0.0
     duration_ms: float = 0.0
+    usage: dict[str, int] | None = None
+    """Tokens the agent reported for this request (OpenAI-compatible ``usage``), for :mod:`reach_plugins.usage`."""
 
 
 class ReachResponse(BaseModel):

@@ -8,6 +8,7 @@ query and, for a malformed answer, the request headers) nor from a raw URL.
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlsplit
 
 
@@ -33,11 +34,12 @@ def url_path(url: str) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """What went wrong, by kind only: the exception's class, plus the OS error's text for socket failures."""
+    """What went wrong, by kind only: the exception's class, plus the OS's name for a socket error's errno.
+
+    Never the OS error's own text: asyncio's reads "Connect call failed ('10.0.0.5', 8080)".
+    """
     kind = type(exc).__name__
-    cause = getattr(exc, "os_error", None)
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{kind} ({exc.strerror})"
-    if isinstance(cause, OSError) and cause.strerror:
-        return f"{kind} ({cause.strerror})"
+    cause = exc if isinstance(exc, OSError) else getattr(exc, "os_error", None)
+    if isinstance(cause, OSError) and cause.errno:
+        return f"{kind} ({os.strerror(cause.errno)})"
     return kind

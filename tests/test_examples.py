@@ -28,6 +28,7 @@ SCRIPTS = [
     "dify_before_invoke",
     "via_gateway",
     "via_node",
+    "mcp_and_a2a",
 ]
 TIMEOUT = 90
 
@@ -94,6 +95,15 @@ def test_langgraph_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
     assert "Order A1002 is paid" in out and "(local fallback)" not in out
 
 
+def test_mcp_and_a2a(runs: dict[str, subprocess.Popen[str]]) -> None:
+    """One enhancer reaches an MCP server's tool (found by tools/list) and an A2A agent, from one LangGraph agent."""
+    out = output_of(runs, "mcp_and_a2a")
+    assert "MCP tools as capabilities: ['check_inventory']" in out
+    assert "via check_stock -> check_inventory on agent stock-tools" in out and "12 x blue kettle" in out
+    assert "via search_knowledge -> search_knowledge on agent kb-a2a" in out and "within 7 days" in out
+    assert "(local fallback)" not in out
+
+
 def test_llamaindex_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
     """The FunctionAgent sees its tool plus a proxy; one Context keeps the conversation on one instance."""
     out = output_of(runs, "llamaindex_agent")
@@ -116,7 +126,7 @@ def test_via_gateway(runs: dict[str, subprocess.Popen[str]]) -> None:
     """Calls go through the gateway; a wrong token is rejected."""
     out = output_of(runs, "via_gateway")
     assert out.count("via the gateway") == 2
-    assert "wrong token -> fail (rejected)" in out
+    assert "wrong token -> Unauthenticated (unauthenticated)" in out
 
 
 def test_via_node(runs: dict[str, subprocess.Popen[str]]) -> None:

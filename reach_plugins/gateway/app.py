@@ -31,6 +31,7 @@ from reach_plugins.adapters import encode_sse
 from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
 from reach_plugins.inbound import (
     BodyTimeout,
@@ -152,7 +153,8 @@ class Gateway:
         self.max_inflight = max_inflight
         self.retry_after = retry_after
         self.limits = limits or InputLimits()
-        self._large = self.limits.places()
+        self.large = self.limits.places()
+        """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
@@ -180,7 +182,7 @@ class Gateway:
         """Read the body within its byte and time budgets, parse it strictly: the ReachRequest to run."""
         limits = self.limits
         raw = await read_body(
-            request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self._large
+            request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self.large
         )
         body = parse_body(loads(raw, max_depth=limits.max_depth))
         if headers.get("x-tenant") is None and body.tenant is not None:
@@ -349,5 +351,6 @@ class Gateway:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/mcp", McpEndpoint(self).handle, methods=["GET", "POST", "DELETE"]),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
