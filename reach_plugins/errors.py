@@ -212,3 +212,20 @@ def error_for_response(response: ReachResponse) -> ReachError:
     if kind == "backpressure":
         return Backpressure(message, retry_after=info.retry_after if info else None)
     return _BY_TYPE.get(kind, RemoteError)(message)
+
+
+class OutcomeUnknown(ReachError):
+    """A keyed call was sent and its answer lost, and no place that can check its key is left to ask.
+
+    The agent may or may not have executed it. ``key`` is the idempotency key: retrying later with the same
+    key is safe (the key is checked before anything runs again), running it under a new key is not.
+    """
+
+    error_type = "outcome_unknown"
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message, key=key)
+        self.key = key
+
+
+_BY_TYPE["outcome_unknown"] = OutcomeUnknown

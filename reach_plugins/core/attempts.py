@@ -3,6 +3,23 @@
 :class:`Engine` holds the machinery a pipeline shares across requests
 (breakers, guards, router, transport, clock); :class:`Flight` is the state of
 one request. ``run_unary`` is the retry loop; streaming reuses the same steps.
+
+What follows an attempt depends on its outcome (DESIGN 11.1), one row each
+(:meth:`Engine.decide`; the table reads top to bottom, the first match wins):
+
+================  =====================================================================================
+outcome           next step
+================  =====================================================================================
+success           finish
+business          give up (never retried)
+not_delivered     fail over to the next candidate at once: no backoff, no retry budget, not a retry;
+                  with no candidate left, plan it like ``failed`` (same instance after a backoff)
+failed            retry after full-jitter backoff within max_attempts, budget and deadline, else give up
+unknown, keyed    pin the key where it can be checked (that instance, or any instance of an agent that
+                  declares shared idempotency), then retry as ``failed`` but only there; a move away from
+                  the pin, or giving up, ends ``OutcomeUnknown`` (the key is safe to retry later)
+unknown, no key   as ``failed`` when the capability is retryable, else give up
+================  =====================================================================================
 """
 
 from __future__ import annotations
@@ -21,7 +38,7 @@ from reach_plugins.core.guards import AgentGuards, GuardTable, Slot
 from reach_plugins.core.loopguard import check_target, hops_header
 from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.trace import TraceRecorder
-from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, ReachError
+from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry import (
     ATTR_BREAKER_FROM,
@@ -60,7 +77,15 @@ class Flight:
     """Whether this layer owns retries (not marked ``retried_upstream``, transport does not retry)."""
     headers: dict[str, str]
     attempts: int = 0
+    counted: int = 0
+    """Attempts that count against ``max_attempts`` (a ``not_delivered`` one does not)."""
     far_attempts: int = 0
+    pin: str | None = None
+    """``agent/instance`` where a keyed attempt may have run (its answer was lost); retries go only there."""
+    pin_shared: bool = False
+    """The pinned agent declares shared idempotency: any of its instances can check the key."""
+    ran_at: str | None = None
+    """The last ``agent/instance`` an attempt may have run at (sent, and not answered "not delivered")."""
     excluded: set[tuple[str, str]] = field(default_factory=set)
     status: str = "pending"
     error: ErrorInfo | None = None
@@ -77,6 +102,18 @@ class Plan:
     delay: float | None
     why: str
     out_of_time: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What follows an attempt: ``finish``, ``give_up``, ``fail_over`` (now) or ``retry`` (after ``plan``)."""
+
+    action: Literal["finish", "give_up", "fail_over", "retry"]
+    plan: Plan
+
+
+def _where(route: RouteLike) -> str:
+    return f"{route.agent.name}/{route.instance.instance_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +147,7 @@ class Engine:
         self.guards = GuardTable()
         self.observer: TraceRecorder | None = None
         """The request whose breaker call is running now: transitions it causes land in its trace."""
-        enforces = bool(getattr(transport, "enforces_timeout", False))
-        self.transport_times_out = enforces and isinstance(clock, SystemClock)
+        self.transport_times_out = transport.bounds_timeout and isinstance(clock, SystemClock)
         """The transport bounds each send by ``call.timeout`` in real time: a second timer here would be waste."""
 
     def _on_transition(self, transition: BreakerTransition) -> None:
@@ -181,11 +217,38 @@ class Engine:
                     reasons={route.instance.instance_id: f"breaker {state}", **exc.reasons},
                 ) from exc
 
+    def pin(self, flight: Flight, where: str | None, shared: bool) -> None:
+        """Keep the rest of the flight where its key can be checked (``where``, or any instance if ``shared``)."""
+        flight.pin, flight.pin_shared = where or _where(flight.route), shared
+
+    def check_pin(self, flight: Flight, route: RouteLike) -> None:
+        """Raise OutcomeUnknown when ``route`` cannot check the pinned key (another instance, another agent)."""
+        if flight.pin is None or _where(route) == flight.pin:
+            return
+        agent = flight.pin.partition("/")[0]
+        if flight.pin_shared and route.agent.name == agent:
+            return
+        raise self.outcome_unknown(flight)
+
+    @staticmethod
+    def outcome_unknown(flight: Flight) -> OutcomeUnknown:
+        """The end of a keyed flight whose answer was lost where no one else can check its key."""
+        return OutcomeUnknown(
+            f"request {flight.request.request_id}: an attempt at {flight.pin} was sent and its answer lost, and "
+            f"{flight.pin} cannot take the retry; retrying later with idempotency key {flight.key!r} is safe "
+            "(it is checked before anything runs again)",
+            key=flight.key,
+        )
+
     def fail_over(self, flight: Flight, reason: str) -> None:
-        """Route again without the instances tried so far (raises NoHealthyAgent/CircuitOpen when none is left)."""
+        """Route again without the instances tried so far (raises NoHealthyAgent/CircuitOpen when none is left,
+        OutcomeUnknown when the flight is pinned and the next candidate cannot check its key)."""
         old = flight.route
         flight.excluded.add((old.agent.name, old.instance.instance_id))
+        if flight.pin is not None and not flight.pin_shared:
+            raise self.outcome_unknown(flight)
         route = self.router.route(flight.request, exclude=flight.excluded)
+        self.check_pin(flight, route)
         check_target(flight.request.hops, route.agent.name, route.capability.name)
         flight.headers[HEADER_HOPS] = hops_header(flight.request.hops, route.agent.name, route.capability.name)
         flight.route = route
@@ -219,6 +282,7 @@ class Engine:
         route = flight.route
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
         call = self.prepare(flight, timeout, now)
+        before, flight.ran_at = flight.ran_at, _where(route)
         try:
             if self.transport_times_out:
                 reply = await self.transport.send(call)
@@ -226,8 +290,13 @@ class Engine:
                 async with self.clock.timeout_at(now + timeout):
                     reply = await self.transport.send(call)
         except (ReachError, TimeoutError) as exc:
-            return classify_exception(exc), None
+            verdict = classify_exception(exc)
+            if not verdict.delivered:
+                flight.ran_at = before
+            return verdict, None
         verdict = classify_reply(reply)
+        if not verdict.delivered:
+            flight.ran_at = before
         if verdict.ok:
             verdict = check_return_schema(route.capability, reply.data) or verdict
         return verdict, reply
@@ -259,7 +328,7 @@ class Engine:
             return Plan(None, "retries belong to another layer (retried upstream, or the transport retries)")
         capability = flight.route.capability
         policy = capability.retry or flight.route.agent.retry
-        if flight.attempts >= policy.max_attempts:
+        if flight.counted >= policy.max_attempts:
             return Plan(None, f"max_attempts {policy.max_attempts} reached")
         if verdict.delivered and not capability.retryable and flight.key is None:
             return Plan(None, f"capability {capability.name!r} is not retryable and the agent may have executed it")
@@ -270,13 +339,45 @@ class Engine:
             return Plan(None, f"a retry after {delay:.3g}s would start past the deadline", out_of_time=True)
         return Plan(delay, "retry")
 
+    def decide(self, flight: Flight, verdict: Verdict, admission: Admission, now: float) -> Step:
+        """The step after an attempt: the table in this module's docstring, row by row."""
+        stage = verdict.stage
+        if stage == "success":
+            return Step("finish", Plan(None, "success"))
+        if stage == "business":
+            return Step("give_up", Plan(None, "business is never retried"))
+        if stage == "not_delivered":
+            try:
+                self.fail_over(flight, f"{flight.route.instance.instance_id}: not delivered ({verdict.outcome})")
+            except ReachError:
+                pass
+            else:
+                return Step("fail_over", Plan(0.0, "not delivered: failed over at once"))
+        flight.counted += 1
+        if stage == "unknown" and flight.key is not None and flight.pin is None:
+            self.pin(flight, _where(flight.route), flight.route.agent.idempotency.shared)
+        plan = self.plan_retry(flight, verdict, admission, now)
+        return Step("give_up" if plan.delay is None else "retry", plan)
+
     def record(
         self, flight: Flight, verdict: Verdict, admission: Admission, started: float, now: float, delay: float | None
     ) -> None:
         """Add the attempt to the request's trace (a success only when someone will read it)."""
+        self.record_at(flight, flight.route, verdict, admission, started, now, delay)
+
+    def record_at(
+        self,
+        flight: Flight,
+        route: RouteLike,
+        verdict: Verdict,
+        admission: Admission,
+        started: float,
+        now: float,
+        delay: float | None,
+    ) -> None:
+        """:meth:`record` for an attempt at ``route`` (the flight may have failed over since)."""
         if verdict.ok and not flight.rec.keep:
             return
-        route = flight.route
         flight.rec.attempt(
             number=flight.attempts,
             agent=route.agent.name,
@@ -316,6 +417,10 @@ class Engine:
         now = self.clock.now()
         flight.rec.event(EVENT_GIVE_UP, now, reason=why, outcome=verdict.outcome)
         last = verdict.error.message if verdict.error else verdict.outcome
+        if flight.pin is not None and verdict.outcome != "business":
+            unknown = self.outcome_unknown(flight)
+            info = ErrorInfo(type=unknown.error_type, message=f"{unknown.message}; gave up: {why}; last error: {last}")
+            return self.respond(flight, "fail", None, info)
         if verdict.outcome == "invalid_response":
             logger.warning(
                 "request %s: invalid response from %s: %s",
@@ -332,7 +437,7 @@ class Engine:
 
 
 async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
-    """Attempt, classify, retry with full jitter within budget and deadline, fail over; return the answer."""
+    """Admit, send, settle, then take the step :meth:`Engine.decide` names, until an answer is due."""
     clock = engine.clock
     last: tuple[Verdict, Reply | None] | None = None
     while True:
@@ -355,20 +460,24 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
         now = clock.now()
         engine.settle(flight, admission, verdict, now - started, now)
         flight.far_attempts += reply.attempts if reply is not None else 1
-        if verdict.ok and reply is not None:
-            engine.record(flight, verdict, admission, started, now, None)
+        tried = flight.route
+        step = engine.decide(flight, verdict, admission, now)
+        engine.record_at(flight, tried, verdict, admission, started, now, step.plan.delay)
+        if step.action == "finish" and reply is not None:
             return engine.respond(flight, "success", reply.data, None, reply)
-        plan = engine.plan_retry(flight, verdict, admission, now)
-        engine.record(flight, verdict, admission, started, now, plan.delay)
-        if plan.delay is None:
-            return engine.give_up(flight, verdict, reply, plan.why, out_of_time=plan.out_of_time)
-        delay = plan.delay
+        if step.action == "give_up":
+            return engine.give_up(flight, verdict, reply, step.plan.why, out_of_time=step.plan.out_of_time)
         last = (verdict, reply)
+        if step.action == "fail_over":
+            continue
+        delay = step.plan.delay or 0.0
         flight.rec.event(EVENT_RETRY, now, attempt=flight.attempts, delay_ms=delay * 1000.0, outcome=verdict.outcome)
         await clock.sleep(delay)
         if verdict.unreachable or not admission.breaker.available(clock.now()):
             try:
                 engine.fail_over(flight, f"{flight.route.instance.instance_id} is unreachable or its breaker opened")
+            except OutcomeUnknown:
+                return engine.give_up(flight, verdict, reply, "the pinned instance cannot take the retry")
             except ReachError as exc:
                 if not admission.breaker.available(clock.now()):
                     return engine.give_up(flight, verdict, reply, f"no other instance to fail over to: {exc.message}")

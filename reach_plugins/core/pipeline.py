@@ -34,7 +34,8 @@ from reach_plugins.core.loopguard import DEFAULT_MAX_HOPS, check_length, check_t
 from reach_plugins.core.ports import CredentialResolver, RouterLike
 from reach_plugins.core.streaming import stream_attempts
 from reach_plugins.core.trace import TraceRecorder, TraceSink, emit_safely
-from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, ReachError
+from reach_plugins.routing.pinning import TARGET
+from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry import (
     ATTR_AGENT,
@@ -67,6 +68,9 @@ from reach_plugins.transport import StreamEvent, Transport
 from reach_plugins.validation import check_payload
 
 logger = logging.getLogger("reach_plugins.core")
+
+CLAIM_GRACE = 2.0
+"""Seconds a dedup claim outlives its request's deadline: a crashed owner blocks its key no longer than that."""
 
 _SPANS_RECHECK = 1.0
 """Seconds between two looks at the global tracer provider while no SDK is installed (the look is not free)."""
@@ -203,10 +207,14 @@ class Pipeline:
         return self._finish(rec, response, trace)
 
     async def _deduplicated(self, flight: Flight, idempotency_key: str) -> ReachResponse:
-        """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest."""
+        """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest.
+
+        The claim is settled by how the flight ended: ``done`` on success, ``unknown`` when an attempt may
+        have run and its answer was lost (or the caller went away mid-send), released otherwise.
+        """
         request = flight.request
         key = store_key(request, idempotency_key)
-        stored = await self._claim(flight, key, payload_hash(request), flight.route.agent.idempotency.window)
+        stored = await self._claim(flight, key, payload_hash(request))
         if stored is not None:
             return self._replay(flight, stored)
         response: ReachResponse | None = None
@@ -214,29 +222,41 @@ class Pipeline:
             response = await run_unary(self._engine, flight)
         finally:
             if response is not None and response.ok:
-                await self._store.complete(key, response.model_copy())
+                await self._store.complete(key, response.model_copy(deep=True))
+            elif flight.pin is not None or (response is None and flight.ran_at is not None):
+                await self._store.unknown(key, flight.pin or flight.ran_at)
             else:
                 await self._store.fail(key)
         return response
 
-    async def _claim(self, flight: Flight, key: str, digest: str, ttl: float) -> ReachResponse | None:
-        """Own the key (None), or return the stored/in-flight twin's response once it is there."""
+    async def _claim(self, flight: Flight, key: str, digest: str) -> ReachResponse | None:
+        """Own the key (None), or return the stored/in-flight twin's response once it is there.
+
+        The claim is a lease of the request's deadline plus :data:`CLAIM_GRACE`; a key left ``unknown`` (by
+        a lost answer or a crashed owner) is taken over pinned where it can be checked, never run as new.
+        """
         clock = self._clock
         waited = False
+        agent = flight.route.agent
         while True:
+            now = clock.now()
+            lease = flight.deadline.remaining(now) + CLAIM_GRACE
+            where = f"{agent.name}/{flight.route.instance.instance_id}"
             try:
-                begin = await self._store.begin(key, digest, ttl)
+                begin = await self._store.begin(key, digest, lease, window=agent.idempotency.window, where=where)
             except BackendUnavailable as exc:
-                if not flight.route.capability.retryable:
+                if not agent.idempotency.shared:
                     raise
-                logger.warning("dedup store unreachable; %s runs without dedup: %s", flight.route.capability.name, exc)
-                flight.rec.event(EVENT_DEDUP_UNAVAILABLE, clock.now(), error=exc.message)
+                logger.warning("dedup store unreachable; %s is guarded by %s's own store: %s", key, agent.name, exc)
+                flight.rec.event(EVENT_DEDUP_UNAVAILABLE, now, error=exc.message)
                 return None
             if begin.state == "new":
                 return None
+            if begin.state == "unknown":
+                await self._take_over(flight, key, begin.where)
+                return None
             if begin.state == "done" and begin.result is not None:
                 return begin.result
-            now = clock.now()
             if flight.deadline.expired(now):
                 raise DeadlineExceeded(
                     f"request {flight.request.request_id}: a request with the same idempotency key is still "
@@ -249,6 +269,28 @@ class Pipeline:
             if result is not None:
                 return result
 
+    async def _take_over(self, flight: Flight, key: str, where: str | None) -> None:
+        """Own an ``unknown`` key: route only where it can be checked, else hand it back and raise OutcomeUnknown."""
+        engine = self._engine
+        agent, _, instance = (where or "").partition("/")
+        shared = flight.route.agent.idempotency.shared and (not agent or agent == flight.route.agent.name)
+        engine.pin(flight, where or f"{flight.route.agent.name}/{flight.route.instance.instance_id}", shared)
+        try:
+            if where is None and not shared:
+                raise engine.outcome_unknown(flight)
+            if where is not None and not shared and flight.route.instance.instance_id != instance:
+                pinned = flight.request.model_copy(update={"metadata": {**flight.request.metadata, TARGET: where}})
+                try:
+                    route = engine.router.route(pinned)
+                except ReachError:
+                    raise engine.outcome_unknown(flight) from None
+                engine.check_pin(flight, route)
+                flight.route = route
+                flight.rec.route = route.decision
+        except OutcomeUnknown:
+            await self._store.unknown(key, where)
+            raise
+
     def _replay(self, flight: Flight, stored: ReachResponse) -> ReachResponse:
         rec = flight.rec
         rec.dedup_hit = True
@@ -256,7 +298,8 @@ class Pipeline:
         rec.event(EVENT_DEDUP_HIT, now, first_request_id=stored.request_id)
         cost = (now - rec.started_at) * 1000.0
         return stored.model_copy(
-            update={"request_id": flight.request.request_id, "attempts": 0, "cost_ms": cost, "trace": None}
+            update={"request_id": flight.request.request_id, "attempts": 0, "cost_ms": cost, "trace": None},
+            deep=True,
         )
 
     def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:
