@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from reach_plugins.errors import (
     Backpressure,
-    OutcomeUnknown,
     BusinessError,
     ConnectError,
     InvalidResponse,
+    OutcomeUnknown,
     ReachError,
     ReadTimeout,
     RemoteError,

@@ -31,12 +31,12 @@ from reach_plugins.core.clock import Clock, as_clock
 from reach_plugins.core.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.core.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
 from reach_plugins.core.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
-from reach_plugins.core.ports import CredentialResolver, RouterLike
+from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.streaming import stream_attempts
 from reach_plugins.core.trace import TraceRecorder, TraceSink, emit_safely
-from reach_plugins.routing.pinning import TARGET
 from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.routing.pinning import TARGET
 from reach_plugins.telemetry import (
     ATTR_AGENT,
     ATTR_ATTEMPTS,
@@ -279,17 +279,25 @@ class Pipeline:
             if where is None and not shared:
                 raise engine.outcome_unknown(flight)
             if where is not None and not shared and flight.route.instance.instance_id != instance:
-                pinned = flight.request.model_copy(update={"metadata": {**flight.request.metadata, TARGET: where}})
-                try:
-                    route = engine.router.route(pinned)
-                except ReachError:
-                    raise engine.outcome_unknown(flight) from None
-                engine.check_pin(flight, route)
-                flight.route = route
-                flight.rec.route = route.decision
+                flight.route = self._route_to(flight, where)
+                flight.rec.route = flight.route.decision
         except OutcomeUnknown:
             await self._store.unknown(key, where)
             raise
+
+    def _route_to(self, flight: Flight, where: str) -> RouteLike:
+        """The route to the pinned ``agent/instance`` (asked as a ``reach.target`` pin), or OutcomeUnknown."""
+        engine = self._engine
+        pinned = flight.request.model_copy(update={"metadata": {**flight.request.metadata, TARGET: where}})
+        passed: set[tuple[str, str]] = set()
+        while True:
+            try:
+                route = engine.router.route(pinned, exclude=passed)
+            except ReachError:
+                raise engine.outcome_unknown(flight) from None
+            if f"{route.agent.name}/{route.instance.instance_id}" == where:
+                return route
+            passed.add((route.agent.name, route.instance.instance_id))
 
     def _replay(self, flight: Flight, stored: ReachResponse) -> ReachResponse:
         rec = flight.rec
