@@ -28,6 +28,7 @@ SCRIPTS = [
     "dify_before_invoke",
     "via_gateway",
     "via_node",
+    "transactional_agent",
 ]
 TIMEOUT = 90
 
@@ -158,3 +159,11 @@ def test_dify_plugin_folder_is_complete(plugin: str) -> None:
     assert sources
     for source in sources:
         ast.parse((root / source).read_text(), filename=source)
+
+
+def test_transactional_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
+    """A key committed with the handler's effect is answered by a fresh instance, never charged twice."""
+    out = output_of(runs, "transactional_agent")
+    assert "charges in the database: 1" in out
+    first, again = re.findall(r"\{'charge': (\d+), 'order_id': 'A-7'", out)
+    assert first == again

@@ -29,7 +29,17 @@ from reach_plugins.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGE
 from transports.direct.engine_aiohttp import FOREIGN, mapped
 
 _KNOWN_TYPES = frozenset(
-    {"business", "transient", "timeout", "rejected", "backpressure", "invalid_response", "circuit_open", "rate_limited"}
+    {
+        "business",
+        "transient",
+        "timeout",
+        "rejected",
+        "backpressure",
+        "invalid_response",
+        "circuit_open",
+        "rate_limited",
+        "outcome_unknown",
+    }
 )
 
 
