@@ -85,7 +85,9 @@ async def test_unreachable_store_answers_not_executed() -> None:
     """If the key cannot be claimed the handler does not run; the answer is retryable and says why."""
     executed: list[str] = []
     async with http(instance(DEAD_REDIS, executed)) as client:
-        reply = await client.post("/reach", json=body("create_ticket", {"title": "x"}), headers={"Idempotency-Key": "k"})
+        reply = await client.post(
+            "/reach", json=body("create_ticket", {"title": "x"}), headers={"Idempotency-Key": "k"}
+        )
     assert reply.status_code == 503 and "not executed" in reply.json()["error"]["message"]
     assert executed == []
 
