@@ -37,7 +37,9 @@ OUTCOME_UNKNOWN = OutcomeUnknown.error_type
 """The error type a hop answers with when it sent the call on and lost the answer."""
 
 _RETRYABLE: frozenset[str] = frozenset({"transient", "timeout", "backpressure"})
-_INSTANCE_FAULTS: frozenset[str] = frozenset({"transient", "timeout", "backpressure", "invalid_response"})
+_INSTANCE_FAULTS: frozenset[str] = frozenset({"transient", "timeout", "invalid_response"})
+"""Backpressure is not among them: an instance that answers "slow down" or "in progress elsewhere, not
+executed" is alive; the adaptive limit (``overload``) and failover handle it, a breaker would shut it out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,7 @@ class Verdict:
 
     @property
     def instance_fault(self) -> bool:
-        """Counts against the instance's circuit breaker (a business refusal does not)."""
+        """Counts against the instance's circuit breaker (a business refusal or backpressure does not)."""
         return self.outcome in _INSTANCE_FAULTS
 
 
