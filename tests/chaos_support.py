@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -159,8 +158,10 @@ class AgentProc:
     args: tuple[str, ...]
     process: subprocess.Popen[str] | None = None
 
-    def start(self) -> None:
+    def spawn(self) -> None:
         self.process = _spawn(AGENT, *self.args)
+
+    def started(self) -> None:
         wait_until(lambda: port_answers(self.port) or self._died(), 30, f"agent {self.instance_id} start")
         assert not self._died(), self._stderr()
 
@@ -191,17 +192,24 @@ class Cluster:
     agents: list[AgentProc] = field(default_factory=list)
     others: list[subprocess.Popen[str]] = field(default_factory=list)
 
-    def add_agent(self, store: str, work: float, *, advertise_port: int | None = None) -> AgentProc:
-        instance_id = f"{self.name}-{len(self.agents)}"
-        port = free_port()
-        log = self.folder / f"{instance_id}.log"
-        args = [self.name, str(port), self.registry, store, str(work), str(log), instance_id]
-        if advertise_port is not None:
-            args.append(f"http://127.0.0.1:{advertise_port}")
-        agent = AgentProc(instance_id, port, log, tuple(args))
-        agent.start()
-        self.agents.append(agent)
-        return agent
+    def add_agents(
+        self, count: int, store: str, work: float, *, ports: dict[int, tuple[int, int]] | None = None
+    ) -> None:
+        """Start ``count`` instances at once (``ports``: index -> (listen, advertised) for one behind a proxy)."""
+        made = []
+        for index in range(count):
+            instance_id = f"{self.name}-{len(self.agents)}"
+            port, advertised = (ports or {}).get(index, (free_port(), 0))
+            log = self.folder / f"{instance_id}.log"
+            args = [self.name, str(port), self.registry, store, str(work), str(log), instance_id]
+            if advertised:
+                args.append(f"http://127.0.0.1:{advertised}")
+            agent = AgentProc(instance_id, port, log, tuple(args))
+            agent.spawn()
+            self.agents.append(agent)
+            made.append(agent)
+        for agent in made:
+            agent.started()
 
     def duplicates(self) -> dict[str, int]:
         """Keys completed more than once, counted across every instance's log."""
@@ -332,7 +340,3 @@ def cluster(folder: Path, etcd_url: str, name: str = "tickets") -> Iterator[Clus
         yield made
     finally:
         made.stop()
-
-
-def now() -> float:
-    return time.monotonic()

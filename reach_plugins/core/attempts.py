@@ -13,7 +13,8 @@ outcome           next step
 success           finish
 business          give up (never retried)
 not_delivered     fail over to the next candidate at once: no backoff, no retry budget, not a retry;
-                  with no candidate left, plan it like ``failed`` (same instance after a backoff)
+                  with no candidate left, plan it like ``failed`` (same instance after a backoff). Through
+                  a hop (it owns retries and failover) every candidate sits behind the same hop: plan it
 failed            retry after full-jitter backoff within max_attempts, budget and deadline, else give up
 unknown, keyed    pin the key where it can be checked (that instance, or any instance of an agent that
                   declares shared idempotency), then retry as ``failed`` but only there; a move away from
@@ -346,7 +347,7 @@ class Engine:
             return Step("finish", Plan(None, "success"))
         if stage == "business":
             return Step("give_up", Plan(None, "business is never retried"))
-        if stage == "not_delivered":
+        if stage == "not_delivered" and flight.retries_here:
             try:
                 self.fail_over(flight, f"{flight.route.instance.instance_id}: not delivered ({verdict.outcome})")
             except ReachError:
