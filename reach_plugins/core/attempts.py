@@ -421,7 +421,8 @@ class Engine:
         if flight.pin is not None and verdict.outcome != "business":
             unknown = self.outcome_unknown(flight)
             info = ErrorInfo(type=unknown.error_type, message=f"{unknown.message}; gave up: {why}; last error: {last}")
-            return self.respond(flight, "fail", None, info)
+            late = out_of_time or flight.deadline.expired(now)
+            return self.respond(flight, "timeout" if late else "fail", None, info)
         if verdict.outcome == "invalid_response":
             logger.warning(
                 "request %s: invalid response from %s: %s",
