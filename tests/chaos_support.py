@@ -73,18 +73,19 @@ async def main() -> None:
         key = f"{prefix}-{n}"
         async with gate:
             started = time.monotonic()
-            outcomes = []
+            outcomes, errors = [], []
             while True:
                 try:
                     response = await client.reach("work", {"n": n}, idempotency_key=key, timeout_ms=int(timeout_ms))
                     outcome = "success" if response.ok else (response.error.type if response.error else "fail")
                 except ReachError as exc:
                     outcome = type(exc).__name__
+                    errors.append(str(exc)[:300])
                 outcomes.append(outcome)
                 if outcome == "success" or time.monotonic() - started > float(retry_for):
                     break
                 await asyncio.sleep(0.5)
-            results[key] = {"outcomes": outcomes, "seconds": time.monotonic() - started}
+            results[key] = {"outcomes": outcomes, "seconds": time.monotonic() - started, "errors": errors[-1:]}
 
     print("ready", flush=True)
     sys.stdin.readline()
