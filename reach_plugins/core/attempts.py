@@ -27,20 +27,20 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reach_plugins.core.backoff import retry_delay
-from reach_plugins.core.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
+from reach_plugins.core.breaker import Breakers, BreakerTransition
 from reach_plugins.core.classify import Verdict, check_return_schema, classify_exception, classify_reply
 from reach_plugins.core.clock import Clock, SystemClock
-from reach_plugins.core.deadline import Deadline, per_attempt_timeout
-from reach_plugins.core.guards import AgentGuards, GuardTable, Slot
+from reach_plugins.core.deadline import per_attempt_timeout
+from reach_plugins.core.flight import Admission, Flight, Plan, Step, where_of
+from reach_plugins.core.guards import GuardTable
 from reach_plugins.core.loopguard import check_target, hops_header
 from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.trace import TraceRecorder
 from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
-from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.telemetry import (
     ATTR_BREAKER_FROM,
     ATTR_BREAKER_TO,
@@ -63,68 +63,6 @@ _NO_CREDENTIAL = Credential()
 
 def _no_credential(agent: Any, tenant: str | None) -> Credential:
     return _NO_CREDENTIAL
-
-
-@dataclass(slots=True)
-class Flight:
-    """The running state of one request."""
-
-    request: ReachRequest
-    rec: TraceRecorder
-    route: RouteLike
-    deadline: Deadline
-    key: str | None
-    retries_here: bool
-    """Whether this layer owns retries (not marked ``retried_upstream``, transport does not retry)."""
-    headers: dict[str, str]
-    attempts: int = 0
-    counted: int = 0
-    """Attempts that count against ``max_attempts`` (a ``not_delivered`` one does not)."""
-    far_attempts: int = 0
-    pin: str | None = None
-    """``agent/instance`` where a keyed attempt may have run (its answer was lost); retries go only there."""
-    pin_shared: bool = False
-    """The pinned agent declares shared idempotency: any of its instances can check the key."""
-    ran_at: str | None = None
-    """The last ``agent/instance`` an attempt may have run at (sent, and not answered "not delivered")."""
-    excluded: set[tuple[str, str]] = field(default_factory=set)
-    status: str = "pending"
-    error: ErrorInfo | None = None
-    streamed_events: int = 0
-    """Data events handed to the caller of a stream (a unary request leaves it 0)."""
-    streamed_chars: int = 0
-    """Characters of text those events carried (:func:`~reach_plugins.core.batching.streamed_chars`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What follows a failed attempt: a retry after ``delay`` seconds, or (``delay`` None) the end, and why."""
-
-    delay: float | None
-    why: str
-    out_of_time: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """What follows an attempt: ``finish``, ``give_up``, ``fail_over`` (now) or ``retry`` (after ``plan``)."""
-
-    action: Literal["finish", "give_up", "fail_over", "retry"]
-    plan: Plan
-
-
-def _where(route: RouteLike) -> str:
-    return f"{route.agent.name}/{route.instance.instance_id}"
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """What one admitted attempt holds: concurrency slots and a breaker permit."""
-
-    guards: AgentGuards
-    slot: Slot
-    breaker: CircuitBreaker
-    permit: Permit
 
 
 class Engine:
@@ -220,11 +158,11 @@ class Engine:
 
     def pin(self, flight: Flight, where: str | None, shared: bool) -> None:
         """Keep the rest of the flight where its key can be checked (``where``, or any instance if ``shared``)."""
-        flight.pin, flight.pin_shared = where or _where(flight.route), shared
+        flight.pin, flight.pin_shared = where or where_of(flight.route), shared
 
     def check_pin(self, flight: Flight, route: RouteLike) -> None:
         """Raise OutcomeUnknown when ``route`` cannot check the pinned key (another instance, another agent)."""
-        if flight.pin is None or _where(route) == flight.pin:
+        if flight.pin is None or where_of(route) == flight.pin:
             return
         agent = flight.pin.partition("/")[0]
         if flight.pin_shared and route.agent.name == agent:
@@ -283,7 +221,7 @@ class Engine:
         route = flight.route
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
         call = self.prepare(flight, timeout, now)
-        before, flight.ran_at = flight.ran_at, _where(route)
+        before, flight.ran_at = flight.ran_at, where_of(route)
         try:
             if self.transport_times_out:
                 reply = await self.transport.send(call)
@@ -356,7 +294,7 @@ class Engine:
                 return Step("fail_over", Plan(0.0, "not delivered: failed over at once"))
         flight.counted += 1
         if stage == "unknown" and flight.key is not None and flight.pin is None:
-            self.pin(flight, _where(flight.route), flight.route.agent.idempotency.shared)
+            self.pin(flight, where_of(flight.route), flight.route.agent.idempotency.shared)
         plan = self.plan_retry(flight, verdict, admission, now)
         return Step("give_up" if plan.delay is None else "retry", plan)
 

@@ -25,11 +25,12 @@ from opentelemetry import trace as otel
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from reach_plugins.core.attempts import Engine, Flight, run_unary
+from reach_plugins.core.attempts import Engine, run_unary
 from reach_plugins.core.batching import BatchPolicy
 from reach_plugins.core.clock import Clock, as_clock
 from reach_plugins.core.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.core.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
+from reach_plugins.core.flight import Flight
 from reach_plugins.core.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
 from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.streaming import stream_attempts

@@ -17,10 +17,11 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from reach_plugins.core.attempts import Engine, Flight
+from reach_plugins.core.attempts import Engine
 from reach_plugins.core.batching import BatchPolicy, StreamBatcher, streamed_chars
 from reach_plugins.core.classify import SUCCESS, Verdict, classify_exception, classify_reply
 from reach_plugins.core.deadline import per_attempt_timeout, timeouts_for
+from reach_plugins.core.flight import Flight
 from reach_plugins.errors import OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.telemetry import EVENT_RETRY
