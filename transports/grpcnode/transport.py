@@ -82,6 +82,7 @@ class GrpcNodeTransport(BaseTransport):
     """
 
     owns_retries = True
+    bounds_timeout = True
 
     def __init__(
         self,
