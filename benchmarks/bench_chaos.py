@@ -4,8 +4,10 @@ Each scenario runs real processes (3 agent instances registered in etcd, 2
 caller processes sending the *same* keys, a gateway or node where named) and
 one fault: ``kill -9`` of an instance, an instance losing every reply for 5 s,
 the callers' Redis ``kill -9``-ed for 3 s, the gateway ``kill -9``-ed and
-restarted. Each runs twice: agents with a shared (Redis) idempotency store,
-and agents with keys but no shared store (memory, per instance). Duplicates
+restarted. Each runs twice: agents with a shared (Redis) idempotency store
+that commit each execution with its key in one transaction (the SDK's
+``committed`` hook, SQLite shared by the instances), and agents with keys but
+no shared store (memory, per instance). Duplicates
 are completed executions counted at the agents, by key; callers retry a failed
 key with the same key for a few seconds, as real callers do.
 
@@ -55,7 +57,7 @@ Run = Callable[[Cluster, str, int], Awaitable[list[Any]]]
 
 
 async def kill_instance(c: Cluster, agents: str, keys: int, work: float, hop: str = "direct") -> list[Any]:
-    c.add_agents(3, agent_store(agents), work)
+    c.add_agents(3, agent_store(agents), work, transactional=agents == "shared")
     if hop != "direct":
         _, port = c.hop(hop, fresh())
         hop = f"{hop}=http://127.0.0.1:{port}" if hop == "gateway" else f"{hop}=127.0.0.1:{port}"
@@ -69,7 +71,7 @@ async def kill_instance(c: Cluster, agents: str, keys: int, work: float, hop: st
 async def lose_replies(c: Cluster, agents: str, keys: int) -> list[Any]:
     port = free_port()
     proxy = await FaultProxy(("127.0.0.1", port)).start()
-    c.add_agents(3, agent_store(agents), 0.05, ports={0: (port, proxy.port)})
+    c.add_agents(3, agent_store(agents), 0.05, ports={0: (port, proxy.port)}, transactional=agents == "shared")
     callers = c.callers(fresh(), keys=keys, concurrency=50, retry_for=RETRY_FOR)
     proxy.mode = "lose_reply"
     go(callers)
@@ -85,7 +87,7 @@ async def kill_redis(c: Cluster, agents: str, keys: int) -> list[Any]:
     command += ["--dir", str(data), "--save", "", "--appendonly", "yes", "--appendfsync", "always"]
     redis = Server("redis", command, port, data, redis_answers)
     redis.start()
-    c.add_agents(3, agent_store(agents), 0.05)
+    c.add_agents(3, agent_store(agents), 0.05, transactional=agents == "shared")
     callers = c.callers(fresh(f"redis://127.0.0.1:{port}/0"), keys=keys, concurrency=50, retry_for=RETRY_FOR)
     go(callers)
     await asyncio.to_thread(wait_for_executions, c, keys // 5, 120)
@@ -96,7 +98,7 @@ async def kill_redis(c: Cluster, agents: str, keys: int) -> list[Any]:
 
 
 async def kill_gateway(c: Cluster, agents: str, keys: int) -> list[Any]:
-    c.add_agents(3, agent_store(agents), 0.05)
+    c.add_agents(3, agent_store(agents), 0.05, transactional=agents == "shared")
     store = fresh()
     gateway, port = c.hop("gateway", store)
     callers = c.callers(fresh(), hop=f"gateway=http://127.0.0.1:{port}", keys=keys, concurrency=50, retry_for=RETRY_FOR)

@@ -9,9 +9,11 @@ one JSON summary: each key's first and final outcome and its latency.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -28,19 +30,30 @@ TOKEN = "tok-chaos"
 CAPABILITY = "work"
 
 AGENT = """
-import asyncio, sys
+import asyncio, sqlite3, sys
 from reach_plugins.agent import ReachAgent, ReachContext, serve
 from reach_plugins.registry import open_registry
 
-name, port, registry, store, work, log, instance_id = sys.argv[1:8]
-advertise = sys.argv[8] if len(sys.argv) > 8 else f"http://127.0.0.1:{port}"
-agent = ReachAgent(name, idempotency=store)
+name, port, registry, store, work, log, instance_id, effects = sys.argv[1:9]
+advertise = sys.argv[9] if len(sys.argv) > 9 else f"http://127.0.0.1:{port}"
 out = open(log, "a", buffering=1)
+
+def database() -> sqlite3.Connection:
+    return sqlite3.connect(effects, timeout=30, isolation_level=None)
+
+async def committed(scope: str):
+    row = database().execute("SELECT n FROM executions WHERE scope = ? LIMIT 1", (scope,)).fetchone()
+    return None if row is None else {"n": row[0], "by": "the ledger"}
+
+agent = ReachAgent(name, idempotency=store, committed=committed if effects != "-" else None)
 
 @agent.capability("work", description="Do some work once per key")
 async def work_(n: int, ctx: ReachContext) -> dict:
     await asyncio.sleep(float(work))
-    out.write(f"{ctx.idempotency_key}\\n")
+    if effects == "-":
+        out.write(f"{ctx.idempotency_key}\\n")
+    else:  # the effect and its key in one transaction (the hook's documented use)
+        database().execute("INSERT INTO executions VALUES (?, ?, ?)", (ctx.idempotency_key, ctx.idempotency_scope, n))
     return {"n": n, "by": instance_id}
 
 agent.register_on_startup(open_registry(registry), advertise, instance_id=instance_id)
@@ -194,15 +207,31 @@ class Cluster:
     others: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def add_agents(
-        self, count: int, store: str, work: float, *, ports: dict[int, tuple[int, int]] | None = None
+        self,
+        count: int,
+        store: str,
+        work: float,
+        *,
+        ports: dict[int, tuple[int, int]] | None = None,
+        transactional: bool = False,
     ) -> None:
-        """Start ``count`` instances at once (``ports``: index -> (listen, advertised) for one behind a proxy)."""
+        """Start ``count`` instances at once (``ports``: index -> (listen, advertised) for one behind a proxy).
+
+        ``transactional`` agents commit each execution and its key in one SQLite transaction shared by every
+        instance and pass the agent SDK's ``committed`` hook; the others append each execution to a log.
+        """
+        effects = "-"
+        if transactional:
+            effects = str(self.effects)
+            with sqlite3.connect(self.effects) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("CREATE TABLE IF NOT EXISTS executions (key TEXT, scope TEXT, n INTEGER)")
         made = []
         for index in range(count):
             instance_id = f"{self.name}-{len(self.agents)}"
             port, advertised = (ports or {}).get(index, (free_port(), 0))
             log = self.folder / f"{instance_id}.log"
-            args = [self.name, str(port), self.registry, store, str(work), str(log), instance_id]
+            args = [self.name, str(port), self.registry, store, str(work), str(log), instance_id, effects]
             if advertised:
                 args.append(f"http://127.0.0.1:{advertised}")
             agent = AgentProc(instance_id, port, log, tuple(args))
@@ -212,13 +241,24 @@ class Cluster:
         for agent in made:
             agent.started()
 
-    def duplicates(self) -> dict[str, int]:
-        """Keys completed more than once, counted across every instance's log."""
+    @property
+    def effects(self) -> Path:
+        return self.folder / "effects.db"
+
+    def executions(self) -> Counter[str]:
+        """Completed executions by key: every instance's log plus the transactional agents' database."""
         counts = Counter(key for agent in self.agents for key in agent.executions())
-        return {key: n for key, n in counts.items() if n > 1}
+        if self.effects.exists():
+            with contextlib.closing(sqlite3.connect(self.effects, timeout=30)) as db:
+                counts.update(key for (key,) in db.execute("SELECT key FROM executions"))
+        return counts
+
+    def duplicates(self) -> dict[str, int]:
+        """Keys completed more than once, across every instance."""
+        return {key: n for key, n in self.executions().items() if n > 1}
 
     def completed(self) -> int:
-        return sum(len(agent.executions()) for agent in self.agents)
+        return sum(self.executions().values())
 
     def config(self) -> Path:
         path = self.folder / "tenants.yaml"

@@ -2,8 +2,9 @@
 
 Each scenario asserts **0 duplicate completed executions**, counted at the agents
 by key, and prints what the callers saw (OutcomeUnknown, other failures,
-latency). ``shared`` agents run with a Redis idempotency store and declare it;
-``local`` agents keep keys in memory. Callers keep their dedup claims in Redis
+latency). ``shared`` agents run with a Redis idempotency store and declare it, and
+commit each execution with its key in one transaction (the SDK's ``committed``
+hook); ``local`` agents keep keys in memory and log executions. Callers keep their dedup claims in Redis
 and, like real callers, retry a failed key with the same key for a while.
 Blocking waits run in threads: the fault proxy lives on the test's loop.
 """
@@ -58,7 +59,7 @@ async def test_instance_killed_mid_run(agents: str, work: float, etcd_url: str, 
     """3 instances, 2 callers sending the same keys, ``kill -9`` of one mid-run: no key completes twice; with a
     shared agent store every key ends in success, without one the keys lost with the instance end OutcomeUnknown."""
     with cluster(tmp_path, etcd_url) as c:
-        c.add_agents(3, agent_store(agents, redis_url), work)
+        c.add_agents(3, agent_store(agents, redis_url), work, transactional=agents == "shared")
         retry_for = 12.0 if agents == "shared" else 3.0
         callers = c.callers(fresh(redis_url), keys=150, concurrency=15, retry_for=retry_for)
         go(callers)
@@ -93,7 +94,7 @@ async def test_redis_killed_for_three_seconds_then_every_key_resent(
     """The callers' Redis is ``kill -9``-ed for 3 s under keyed load: calls are refused (or guarded by shared
     agents), never run unguarded; resending every key afterwards replays, with no DeadlineExceeded."""
     with cluster(tmp_path, etcd_url) as c:
-        c.add_agents(3, agent_store(agents, redis_url), 0.05)
+        c.add_agents(3, agent_store(agents, redis_url), 0.05, transactional=agents == "shared")
         store = fresh(f"redis://127.0.0.1:{private_redis.port}/0")
         prefix = uuid.uuid4().hex[:8]
         callers = c.callers(store, keys=100, concurrency=10, retry_for=10.0, prefix=prefix)
@@ -163,7 +164,7 @@ async def test_gateway_killed_and_back(etcd_url: str, redis_url: str, tmp_path: 
     instances behind it (per-hop attribution is issue 13's).
     """
     with cluster(tmp_path, etcd_url) as c:
-        c.add_agents(3, fresh(redis_url), 0.3)
+        c.add_agents(3, fresh(redis_url), 0.3, transactional=True)
         gateway_store = fresh(redis_url)
         gateway, port = c.hop("gateway", gateway_store)
         hop = f"gateway=http://127.0.0.1:{port}"
