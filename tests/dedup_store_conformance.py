@@ -98,6 +98,13 @@ class DedupStoreConformance:
         taken = await store.begin("k", "h1", 6, window=300)
         assert (taken.state, taken.where) == ("unknown", "a/a-1")
 
+    async def test_a_crashed_owner_is_looked_for_where_it_last_sent(self, store: DedupStore, clock: FakeClock) -> None:
+        """sent() moves the claim's ``where`` (a failed-over owner): its heir asks the instance that may have it."""
+        await store.begin("k", "h1", 6, window=300, where="a/a-1")
+        await store.sent("k", "a/a-2")
+        clock.advance(7)
+        assert (await store.begin("k", "h1", 6, window=300)).where == "a/a-2"
+
     async def test_a_waiter_wakes_when_the_owner_loses_the_answer(self, store: DedupStore) -> None:
         """wait() returns None on unknown(): the waiter then takes the key over (it does not wait the lease out)."""
         await store.begin("k", "h1", 60, window=300)

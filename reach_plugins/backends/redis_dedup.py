@@ -82,6 +82,13 @@ return 1
 """
 """KEYS: entry. ARGV: owner token, where, channel, key."""
 
+_SENT: Final = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'w', ARGV[2])
+return 1
+"""
+"""KEYS: entry. ARGV: owner token, where."""
+
 _FAIL: Final = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
@@ -122,6 +129,7 @@ class RedisDedupStore:
         self._complete = redis.register_script(_COMPLETE)
         self._fail = redis.register_script(_FAIL)
         self._unknown = redis.register_script(_UNKNOWN)
+        self._sent = redis.register_script(_SENT)
         self._claims: dict[str, str] = {}
         self._waiting: dict[str, set[asyncio.Future[object]]] = {}
         self._settled = Subscription(redis, f"{prefix}dedup:settled", self._on_settled, self._on_gap)
@@ -181,6 +189,17 @@ class RedisDedupStore:
             await self._unknown(keys=[self._entry(key)], args=[token, where or "", self._settled.channel, key])
         except OUTAGE_ERRORS as exc:
             logger.warning("redis at %s unreachable; claim on %r left to lapse: %s", describe(self.redis), key, exc)
+
+    async def sent(self, key: str, where: str) -> None:
+        token = self._claims.get(key)
+        if token is None:
+            return
+        try:
+            await self._sent(keys=[self._entry(key)], args=[token, where])
+        except OUTAGE_ERRORS as exc:
+            logger.warning(
+                "redis at %s unreachable; %r sent on to %s unrecorded: %s", describe(self.redis), key, where, exc
+            )
 
     async def fail(self, key: str) -> None:
         token = self._claims.pop(key, None)

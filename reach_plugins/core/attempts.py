@@ -222,6 +222,8 @@ class Engine:
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
         call = self.prepare(flight, timeout, now)
         before, flight.ran_at = flight.ran_at, where_of(route)
+        if flight.claim is not None and flight.claim.where != flight.ran_at:
+            await flight.claim.moved(flight.ran_at)
         try:
             if self.transport_times_out:
                 reply = await self.transport.send(call)

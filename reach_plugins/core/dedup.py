@@ -145,6 +145,10 @@ class DedupStore(Protocol):
         """The owner sent it and lost the answer at ``where``: keep the key ``unknown`` for the window."""
         ...
 
+    async def sent(self, key: str, where: str) -> None:
+        """The owner is sending it to ``where`` (not where it first said): an heir must ask there."""
+        ...
+
     async def fail(self, key: str) -> None:
         """Drop the claim without a result: the next request with this key runs."""
         ...
@@ -225,6 +229,11 @@ class MemoryDedupStore:
             return
         entry.state, entry.where, entry.expires_at = "unknown", where or entry.where, entry.window_end
         entry.settle()
+
+    async def sent(self, key: str, where: str) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.state == "in_flight":
+            entry.where = where
 
     async def fail(self, key: str) -> None:
         entry = self._entries.pop(key, None)

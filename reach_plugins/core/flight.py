@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,6 +36,8 @@ class Flight:
     """The pinned agent declares shared idempotency: any of its instances can check the key."""
     ran_at: str | None = None
     """The last ``agent/instance`` an attempt may have run at (sent, and not answered "not delivered")."""
+    claim: Claim | None = None
+    """The dedup claim this flight owns, if keyed and claimed."""
     excluded: set[tuple[str, str]] = field(default_factory=set)
     status: str = "pending"
     error: ErrorInfo | None = None
@@ -42,6 +45,19 @@ class Flight:
     """Data events handed to the caller of a stream (a unary request leaves it 0)."""
     streamed_chars: int = 0
     """Characters of text those events carried (:func:`~reach_plugins.core.batching.streamed_chars`)."""
+
+
+@dataclass(slots=True)
+class Claim:
+    """The flight's dedup claim: where it says the key was sent, and how to tell the store it moved."""
+
+    where: str | None
+    tell: Callable[[str], Awaitable[None]]
+
+    async def moved(self, where: str) -> None:
+        """Record ``where`` before sending there: a crashed owner's heir then asks the right instance."""
+        self.where = where
+        await self.tell(where)
 
 
 @dataclass(frozen=True, slots=True)

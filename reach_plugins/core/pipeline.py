@@ -30,7 +30,7 @@ from reach_plugins.core.batching import BatchPolicy
 from reach_plugins.core.clock import Clock, as_clock
 from reach_plugins.core.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.core.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
-from reach_plugins.core.flight import Flight
+from reach_plugins.core.flight import Claim, Flight
 from reach_plugins.core.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
 from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.streaming import stream_attempts
@@ -251,6 +251,9 @@ class Pipeline:
                 logger.warning("dedup store unreachable; %s is guarded by %s's own store: %s", key, agent.name, exc)
                 flight.rec.event(EVENT_DEDUP_UNAVAILABLE, now, error=exc.message)
                 return None
+            if begin.state in ("new", "unknown"):
+                claimed_at = begin.where if begin.state == "unknown" else where
+                flight.claim = Claim(claimed_at, lambda moved: self._store.sent(key, moved))
             if begin.state == "new":
                 return None
             if begin.state == "unknown":
