@@ -140,3 +140,19 @@ async def test_replays_are_copies() -> None:
     second.data["payload"]["order_id"] = "mutated by the second caller"
     third = await pipeline.run(order(idempotency_key="k-7"))
     assert third.data["payload"]["order_id"] == "A1" and fake.executions["op-1"] == 1
+
+
+async def test_failing_over_a_refused_connect_spends_no_retry_budget() -> None:
+    """Refused connects that fail over at once leave the retry budget as it was; failures that retry spend it."""
+    agent = make_agent(instances=2)
+    _, fake, pipeline, _ = setup(agent)
+    budget = pipeline._engine.guards.get(agent, 0.0).budget
+    before = budget.tokens
+    fake.default("connect", "orders-0")
+    for n in range(4):
+        assert (await pipeline.run(order(op=f"op-{n}"))).ok
+    assert fake.sent["orders-0"] >= 1 and budget.tokens >= before
+    fake.default("ok", "orders-0")
+    fake.script("*", "503")
+    await pipeline.run(order(op="x"))
+    assert budget.tokens < before

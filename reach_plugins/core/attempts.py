@@ -13,8 +13,8 @@ outcome           next step
 success           finish
 business          give up (never retried)
 not_delivered     fail over to the next candidate at once: no backoff, no retry budget, not a retry;
-                  with no candidate left, plan it like ``failed`` (same instance after a backoff). Through
-                  a hop (it owns retries and failover) every candidate sits behind the same hop: plan it
+                  with no candidate left, plan it like ``failed`` (same instance after a backoff); through
+                  a hop, which owns retries and failover, every candidate sits behind it: plan it so too
 failed            retry after full-jitter backoff within max_attempts, budget and deadline, else give up
 unknown, keyed    pin the key where it can be checked (that instance, or any instance of an agent that
                   declares shared idempotency), then retry as ``failed`` but only there; a move away from
@@ -251,7 +251,7 @@ class Engine:
             self.observer = None
         if verdict.ok:
             admission.guards.budget.record_success()
-        elif verdict.retryable:
+        elif verdict.retryable and verdict.delivered:
             admission.guards.budget.record_failure()
         latency = duration if verdict.ok else None
         admission.guards.done(admission.slot, now, latency=latency, overload=verdict.overload)
@@ -295,6 +295,8 @@ class Engine:
             else:
                 return Step("fail_over", Plan(0.0, "not delivered: failed over at once"))
         flight.counted += 1
+        if stage == "not_delivered":  # nowhere else to go: from here on it is a retry like any other
+            admission.guards.budget.record_failure()
         if stage == "unknown" and flight.key is not None and flight.pin is None:
             self.pin(flight, where_of(flight.route), flight.route.agent.idempotency.shared)
         plan = self.plan_retry(flight, verdict, admission, now)
