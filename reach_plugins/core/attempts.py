@@ -231,6 +231,9 @@ class Engine:
                 async with self.clock.timeout_at(now + timeout):
                     reply = await self.transport.send(call)
         except (ReachError, TimeoutError) as exc:
+            if isinstance(exc, ReachError) and exc.refused:
+                flight.ran_at = before
+                raise
             verdict = classify_exception(exc)
             if not verdict.delivered:
                 flight.ran_at = before

@@ -20,6 +20,7 @@ TARGET: Final = "reach.target"
 PREFER: Final = "reach.prefer"
 """Metadata key: the ``agent/instance`` to use if it can take the request, else route as usual."""
 
+
 class CandidateRouter(Protocol):
     """A router that can both pick one instance and list every usable one (``reach_plugins.routing.Router``)."""
 
