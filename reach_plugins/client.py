@@ -121,6 +121,7 @@ class ReachClient:
         self.router = Router(
             self.registry,
             tenants=self.tenants,
+            is_available=self._available,
             clock=clock,
             rng=rng,
         )
@@ -135,8 +136,11 @@ class ReachClient:
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
         )
-        self.router.is_available = self.pipeline.is_available
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _available(self, agent: str, instance_id: str) -> bool:
+        """The router's health port: whether the instance's breaker admits calls now."""
+        return self.pipeline.is_available(agent, instance_id)
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         config = self.tenants.get(tenant) if self.tenants is not None and tenant is not None else None
