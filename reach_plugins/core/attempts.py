@@ -33,6 +33,7 @@ from reach_plugins.core.backoff import retry_delay
 from reach_plugins.core.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.core.classify import Verdict, check_return_schema, classify_exception, classify_reply
 from reach_plugins.core.clock import Clock, SystemClock
+from reach_plugins.core.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 from reach_plugins.core.deadline import per_attempt_timeout
 from reach_plugins.core.flight import Admission, Flight, Plan, Step, where_of
 from reach_plugins.core.guards import GuardTable
@@ -45,6 +46,8 @@ from reach_plugins.telemetry import (
     ATTR_BREAKER_FROM,
     ATTR_BREAKER_TO,
     EVENT_BREAKER,
+    EVENT_CONSISTENCY,
+    EVENT_CONSISTENCY_STATE,
     EVENT_FAILOVER,
     EVENT_GIVE_UP,
     EVENT_RETRY,
@@ -83,6 +86,8 @@ class Engine:
         self.rng = rng
         self.credentials = credentials or _no_credential
         self.breakers = Breakers(self._on_transition)
+        self.consistency = ConsistencyMonitor(listener=self._on_consistency)
+        """Per-instance reply consistency (capabilities with ``consistency:``): ejects instances answering beside."""
         self.guards = GuardTable()
         self.hop: str | None = transport.hop
         """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
@@ -90,6 +95,42 @@ class Engine:
         """The request whose breaker call is running now: transitions it causes land in its trace."""
         self.transport_times_out = transport.bounds_timeout and isinstance(clock, SystemClock)
         """The transport bounds each send by ``call.timeout`` in real time: a second timer here would be waste."""
+
+    def _on_consistency(self, transition: ConsistencyTransition) -> None:
+        level = logging.WARNING if transition.after == "ejected" else logging.INFO
+        logger.log(
+            level,
+            "consistency %s/%s: %s -> %s (%s)",
+            transition.agent,
+            transition.instance,
+            transition.before,
+            transition.after,
+            transition.reason,
+        )
+        if self.observer is not None:
+            self.observer.event(
+                EVENT_CONSISTENCY_STATE,
+                transition.at,
+                instance=transition.instance,
+                reason=transition.reason,
+                **{ATTR_BREAKER_FROM: transition.before, ATTR_BREAKER_TO: transition.after},
+            )
+
+    def _judge_consistency(self, flight: Flight, data: Any) -> None:
+        """Score a successful reply against its request when the capability opted in; feed the monitor."""
+        route = flight.route
+        policy = route.capability.consistency
+        if policy is None:
+            return
+        score = score_reply(flight.request, data)
+        self.observer = flight.rec
+        try:
+            low = self.consistency.record(
+                route.agent.name, route.instance.instance_id, policy, score, self.clock.monotonic()
+            )
+        finally:
+            self.observer = None
+        flight.rec.event(EVENT_CONSISTENCY, self.clock.now(), instance=route.instance.instance_id, score=score, low=low)
 
     def _on_transition(self, transition: BreakerTransition) -> None:
         level = logging.WARNING if transition.after == "open" else logging.INFO
@@ -244,6 +285,7 @@ class Engine:
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
         call = self.prepare(flight, timeout, now)
         before, flight.ran_at = flight.ran_at, where_of(route)
+        self.consistency.sent(route.agent.name, route.instance.instance_id)
         if flight.claim is not None and flight.claim.where != flight.ran_at:
             await flight.claim.moved(flight.ran_at)
         try:
@@ -265,6 +307,8 @@ class Engine:
             flight.ran_at = before
         if verdict.ok:
             verdict = check_return_schema(route.capability, reply.data) or verdict
+        if verdict.ok:
+            self._judge_consistency(flight, reply.data)
         return verdict, reply
 
     def settle(

@@ -120,9 +120,11 @@ class Pipeline:
         )
 
     def is_available(self, agent: str, instance_id: str) -> bool:
-        """Whether the instance's breaker would admit a call now (the Router's ``is_available`` hook)."""
-        breaker = self._engine.breakers.find(agent, instance_id)
-        return breaker is None or breaker.is_closed or breaker.available(self._clock.monotonic())
+        """Whether the instance's breaker would admit a call now and it is not ejected for inconsistent replies."""
+        engine, now = self._engine, self._clock.monotonic()
+        breaker = engine.breakers.find(agent, instance_id)
+        closed = breaker is None or breaker.is_closed or breaker.available(now)
+        return closed and engine.consistency.available(agent, instance_id, now)
 
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
