@@ -171,6 +171,9 @@ class Idempotency(Strict):
 
     key_from: str | None = None
     window: Duration = 300.0
+    shared: bool = False
+    """Every instance checks keys in one shared store (the agent SDK with ``idempotency="redis://..."``):
+    after a lost answer a keyed call may go to any instance of this agent, not only the one that had it."""
 
 
 class Auth(Strict):

@@ -158,8 +158,8 @@ async def test_retry_after_is_honoured() -> None:
 
 
 async def test_backpressure_hint_is_honoured() -> None:
-    """An explicit backpressure reply is retried after its hinted delay."""
-    _, fake, pipeline = setup()
+    """An explicit backpressure reply with no other instance to take it is retried after its hinted delay."""
+    _, fake, pipeline = setup(make_agent(instances=1))
     fake.script("*", "backpressure:2")
     response = await pipeline.run(order(), trace=True)
     assert response.ok and response.trace is not None

@@ -29,6 +29,7 @@ SCRIPTS = [
     "via_gateway",
     "via_node",
     "mcp_and_a2a",
+    "transactional_agent",
 ]
 TIMEOUT = 90
 
@@ -168,3 +169,11 @@ def test_dify_plugin_folder_is_complete(plugin: str) -> None:
     assert sources
     for source in sources:
         ast.parse((root / source).read_text(), filename=source)
+
+
+def test_transactional_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
+    """A key committed with the handler's effect is answered by a fresh instance, never charged twice."""
+    out = output_of(runs, "transactional_agent")
+    assert "charges in the database: 1" in out
+    first, again = re.findall(r"\{'charge': (\d+), 'order_id': 'A-7'", out)
+    assert first == again

@@ -15,7 +15,9 @@ store       default            why
 ==========  =================  ========================================================
 dedup       fails closed       a keyed call promised "at most once"; without the
                                store that promise cannot be kept, so nothing is sent
-                               (``BackendUnavailable``). ``on_outage=open`` runs it
+                               (``BackendUnavailable``) -- unless the target agent
+                               declares shared idempotency: its own store guards the
+                               key, and the call proceeds. ``on_outage=open`` runs it
                                unguarded instead, with a warning.
 sessions    fails open         liveness stops ghost calls; refusing every conversation
                                because a cache is down would turn a Redis blip into an

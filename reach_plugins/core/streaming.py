@@ -17,11 +17,12 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from reach_plugins.core.attempts import Engine, Flight
+from reach_plugins.core.attempts import Engine
 from reach_plugins.core.batching import BatchPolicy, StreamBatcher, streamed_chars
 from reach_plugins.core.classify import SUCCESS, Verdict, classify_exception, classify_reply
 from reach_plugins.core.deadline import per_attempt_timeout, timeouts_for
-from reach_plugins.errors import ReachError
+from reach_plugins.core.flight import Flight
+from reach_plugins.errors import OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.telemetry import EVENT_RETRY
 from reach_plugins.transport import Reply, StreamEvent
@@ -105,21 +106,26 @@ async def stream_attempts(
         flight.far_attempts += 1
         if not verdict.ok:
             await _close(events)
-            plan = engine.plan_retry(flight, verdict, admission, opened)
-            again = plan.delay is not None and not verdict.unreachable
+            tried = flight.route
+            step = engine.decide(flight, verdict, admission, opened)
+            again = step.action == "retry" and not verdict.unreachable
             engine.settle(flight, admission, verdict, opened - started, again=again, answered=answered)
-            engine.record(flight, verdict, admission, started, opened, plan.delay)
-            if plan.delay is None:
-                yield _final(flight, engine.give_up(flight, verdict, None, plan.why, out_of_time=plan.out_of_time))
+            engine.record_at(flight, tried, verdict, admission, started, opened, step.plan.delay)
+            if step.action != "retry" and step.action != "fail_over":
+                why, out_of_time = step.plan.why, step.plan.out_of_time
+                yield _final(flight, engine.give_up(flight, verdict, None, why, out_of_time=out_of_time))
                 return
             last = verdict
-            flight.rec.event(EVENT_RETRY, opened, attempt=flight.attempts, delay_ms=plan.delay * 1000.0)
-            await clock.sleep(plan.delay)
+            if step.action == "fail_over":
+                continue
+            delay = step.plan.delay or 0.0
+            flight.rec.event(EVENT_RETRY, opened, attempt=flight.attempts, delay_ms=delay * 1000.0)
+            await clock.sleep(delay)
             if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
                 try:
                     engine.fail_over(flight, f"{flight.route.instance.instance_id} failed before its first event")
                 except ReachError as exc:
-                    if not admission.breaker.available(clock.monotonic()):
+                    if isinstance(exc, OutcomeUnknown) or not admission.breaker.available(clock.monotonic()):
                         why = f"no other instance: {exc.message}"
                         yield _final(flight, engine.give_up(flight, verdict, None, why))
                         return

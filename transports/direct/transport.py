@@ -51,7 +51,7 @@ class DirectTransport(BaseTransport):
     """
 
     owns_retries = False
-    enforces_timeout = True
+    bounds_timeout = True
     """``send`` gives up after ``call.timeout`` (discovery included): the core needs no timer of its own."""
 
     def __init__(

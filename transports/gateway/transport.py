@@ -125,6 +125,7 @@ class GatewayTransport(BaseTransport):
     """Send each call to the gateway at ``url`` (``http://host:port``), authenticated with ``token``."""
 
     owns_retries = True
+    bounds_timeout = True
 
     def __init__(
         self, url: str, *, token: str | None = None, max_conns: int = 100, connect_timeout: float = 3.0

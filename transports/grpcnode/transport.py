@@ -77,6 +77,7 @@ class GrpcNodeTransport(BaseTransport):
     """
 
     owns_retries = True
+    bounds_timeout = True
 
     def __init__(
         self,
