@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from reach_plugins.errors import RequestError
+from reach_plugins.errors import BodyTimeout, BodyTooLarge, RequestError, UnsupportedMediaType
 
 MAX_BODY: Final = 1 << 20
 """Default largest request body, in bytes (1 MiB)."""
@@ -45,18 +45,6 @@ class InputLimits:
     def places(self) -> asyncio.Semaphore:
         """A fresh semaphore of large-body places, for one server (one event loop)."""
         return asyncio.Semaphore(self.large_bodies)
-
-
-class BodyTooLarge(RequestError):
-    """The body is longer than the server accepts (HTTP 413)."""
-
-
-class BodyTimeout(RequestError):
-    """The body did not arrive in time (HTTP 408): a slow or stalled client."""
-
-
-class UnsupportedMediaType(RequestError):
-    """A POST without ``Content-Type: application/json`` (HTTP 415)."""
 
 
 class _Constant(ValueError):

@@ -20,6 +20,8 @@ from reach_plugins.core.loopguard import parse_hops_header
 from reach_plugins.errors import (
     ApprovalRequired,
     Backpressure,
+    BodyTimeout,
+    BodyTooLarge,
     ConfigError,
     DeadlineExceeded,
     IdempotencyConflict,
@@ -32,9 +34,9 @@ from reach_plugins.errors import (
     SessionClosed,
     Unauthenticated,
     UnknownCapability,
+    UnsupportedMediaType,
     from_wire,
 )
-from reach_plugins.inbound import BodyTimeout, BodyTooLarge, UnsupportedMediaType
 from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
 from reach_plugins.routing.pinning import PREFER, TARGET
 from reach_plugins.telemetry import (

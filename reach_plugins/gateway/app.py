@@ -28,14 +28,12 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from reach_plugins.adapters import encode_sse
-from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError
+from reach_plugins.errors import Backpressure, BodyTimeout, BodyTooLarge, ConfigError, RateLimited, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
 from reach_plugins.inbound import (
-    BodyTimeout,
-    BodyTooLarge,
     InputLimits,
     loads,
     read_body,

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from reach_plugins.errors import ReachError
-from reach_plugins.inbound import BodyTooLarge, loads, read_body
+from reach_plugins.errors import BodyTooLarge, ReachError
+from reach_plugins.inbound import loads, read_body
 from reach_plugins.model import ReachRequest
 from reach_plugins.wire import SOURCE
 
