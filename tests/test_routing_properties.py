@@ -46,7 +46,7 @@ def test_swrr_follows_weights_within_one_percent(weights: list[int], seed: int) 
 @given(weights=st.lists(st.integers(min_value=1, max_value=200), min_size=1, max_size=8), seed=st.integers(0, 2**32))
 @example(weights=[5, 1, 1], seed=1)
 def test_swrr_is_smooth(weights: list[int], seed: int) -> None:
-    """Every W = sum(weights) consecutive picks hold each peer exactly its weight; a peer waits at most W/w + n picks."""
+    """Any W = sum(weights) consecutive picks hold each peer exactly its weight; a peer waits at most W/w + n picks."""
     rr: SmoothWeightedRoundRobin[int] = SmoothWeightedRoundRobin(random.Random(seed))
     rr.update(enumerate(weights))
     total = sum(weights)
