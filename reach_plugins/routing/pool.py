@@ -8,9 +8,8 @@ the round-robin state) and keeps it honest at O(1) a call:
 
 * the router checks the instance it picked, live, before using it, and looks
   again in full when it fails: an unusable instance is never handed out;
-* each call re-checks a few more entries in rotation (:data:`CHECKS_PER_CALL`),
-  so a recovered instance, a closed breaker or a new load figure is seen
-  within ``n / CHECKS_PER_CALL`` calls;
+* each call re-checks one more entry in rotation, so a recovered instance,
+  a closed breaker or a new load figure is seen within ``n`` calls;
 * the whole pool is looked at again when the registry revision moves and at
   least every ``refresh`` seconds of the router's clock.
 """
@@ -19,16 +18,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Final
 
 from reach_plugins.model import CandidateScore, Instance
 from reach_plugins.routing.affinity import InstanceKey
 from reach_plugins.routing.index import Offer
 from reach_plugins.routing.policy import Plan
 from reach_plugins.routing.swrr import SmoothWeightedRoundRobin
-
-CHECKS_PER_CALL: Final = 1
-"""Entries re-checked on each call besides the one picked (a pool of n is re-checked in full every n calls)."""
 
 Skip = tuple[str, str, str]
 """A skipped candidate: agent, instance id (``*`` for the whole agent), reason."""
@@ -107,12 +102,10 @@ class Pool:
         self.rr.set(entry.key, weight)
         self.shown = None
 
-    def due(self, count: int) -> list[Entry]:
-        """The next ``count`` entries of the rotation (each call re-checks a few)."""
-        entries = self.look.entries if self.look is not None else []
+    def due(self) -> Entry | None:
+        """The next entry of the rotation (each call re-checks one), or ``None`` before the first look."""
+        entries = self.look.entries if self.look is not None else ()
         if not entries:
-            return []
-        size = len(entries)
-        start = self._cursor % size
-        self._cursor = start + count
-        return [entries[(start + step) % size] for step in range(min(count, size))]
+            return None
+        cursor = self._cursor = (self._cursor + 1) % len(entries)
+        return entries[cursor]

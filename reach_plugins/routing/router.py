@@ -17,7 +17,7 @@ caches (index, per-request plans and their pools) are keyed by the view's
 ``revision``, so a registry change is picked up on the next call. Health is not
 re-read for every instance on every call (that made a call O(n)): a
 :class:`~reach_plugins.routing.pool.Pool` keeps the last full look, checks the
-picked instance live, re-checks a few others per call in rotation and looks in
+picked instance live, re-checks one other per call in rotation and looks in
 full again at least every ``refresh`` seconds.
 """
 
@@ -35,7 +35,7 @@ from reach_plugins.registry.base import Clock, RegistryView
 from reach_plugins.routing.affinity import InstanceKey, Placement, Rendezvous, SessionTable
 from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.policy import Plan, make_plan
-from reach_plugins.routing.pool import CHECKS_PER_CALL, Entry, Look, Pool, Skip
+from reach_plugins.routing.pool import Entry, Look, Pool, Skip
 from reach_plugins.routing.route import AvailabilityHook, Route, TenantLike
 
 MAX_RECORDED: Final = 16
@@ -95,7 +95,7 @@ class Router:
             return self._route_excluding(request, pool, now, exclude, started)
         self._keep_fresh(pool, now)
         entry = pool.pick()
-        if not self._usable_now(entry, now):
+        if not self._usable_now(pool, entry, now):
             self._reload(pool, now)
             entry = pool.pick()
         shown = pool.shown
@@ -198,7 +198,7 @@ class Router:
             return self._place(request, session_id, look.usable, look, affinity, why, started)
         self._keep_fresh(pool, now)
         placed = self._hrw.place(session_id, pool.keys, self._sessions.active)
-        if not self._usable_now(pool.by_key[placed.key], now):
+        if not self._usable_now(pool, pool.by_key[placed.key], now):
             self._reload(pool, now)
             placed = self._hrw.place(session_id, pool.keys, self._sessions.active)
         return self._pin(request, session_id, placed, pool.by_key, pool.priority, pool.skipped, affinity, why, started)
@@ -289,31 +289,26 @@ class Router:
         return pool
 
     def _keep_fresh(self, pool: Pool, now: float) -> None:
-        """Load the pool if it is stale, else re-check the next few entries of its rotation (O(1))."""
-        if pool.look is None or now >= pool.expires or now < pool.expires - self.refresh:
+        """Load the pool if it is stale, else re-check the next entry of its rotation (O(1))."""
+        entry = pool.due()
+        if entry is None or not pool.expires - self.refresh <= now < pool.expires:
             self._reload(pool, now)
             return
-        instances = self.view.instances
-        for entry in pool.due(CHECKS_PER_CALL):
-            live = instances(entry.offer.name).get(entry.instance.instance_id)
-            if live is None or (self._unusable(live, now, (), sticky=False) is None) != (entry.weight > 0):
-                self._reload(pool, now)
-                return
-            if live is not entry.instance and entry.weight > 0:
-                entry.instance = live
-                weight = _weight(entry.offer.weight, live.load)
-                if weight != entry.weight:
-                    pool.reweigh(entry, weight)
+        live = self.view.instances(entry.offer.name).get(entry.instance.instance_id)
+        if live is None or (self._unusable(live, now, (), sticky=False) is None) != (entry.weight > 0):
+            self._reload(pool, now)
+        elif entry.weight > 0:
+            _adopt(pool, entry, live)
 
     def _reload(self, pool: Pool, now: float) -> None:
         pool.load(self._look(pool.plan, now, ()), now + self.refresh)
 
-    def _usable_now(self, entry: Entry, now: float) -> bool:
+    def _usable_now(self, pool: Pool, entry: Entry, now: float) -> bool:
         """Whether the picked entry can take the request now; it adopts the registry's latest record of it."""
         live = self.view.instances(entry.offer.name).get(entry.instance.instance_id)
         if live is None or self._unusable(live, now, (), sticky=False) is not None:
             return False
-        entry.instance = live
+        _adopt(pool, entry, live)
         return True
 
     def _look(self, plan: Plan, now: float, exclude: Collection[tuple[str, str]]) -> Look:
@@ -419,6 +414,15 @@ class Router:
 def _weight(weight: int, load: float) -> int:
     """Load-aware SWRR weight: the agent's weight scaled by ``1 - load``, never below 1."""
     return weight if load == 0.0 else max(1, round(weight * (1.0 - load)))
+
+
+def _adopt(pool: Pool, entry: Entry, live: Instance) -> None:
+    """Take the registry's latest record of a usable entry (a heartbeat replaced it); its weight follows its load."""
+    if live is not entry.instance:
+        entry.instance = live
+        weight = _weight(entry.offer.weight, live.load)
+        if weight != entry.weight:
+            pool.reweigh(entry, weight)
 
 
 def _nobody(capability: str, skipped: list[Skip]) -> NoHealthyAgent:
