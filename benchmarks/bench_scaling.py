@@ -158,7 +158,7 @@ async def flatness(calls: int, batch: int) -> list[Row]:
 
         cases[f"new-session decision, {size} agent(s)"] = decide
     samples: dict[str, list[int]] = {name: [] for name in cases}
-    for name, call in cases.items():
+    for call in cases.values():
         await timed(call, batch)  # warm-up: pools loaded, code paths hot
     gc.collect()
     gc.freeze()
