@@ -137,3 +137,22 @@ def test_refresh_must_be_positive() -> None:
     """A non-positive refresh period is a ConfigError naming the option."""
     with pytest.raises(ConfigError, match="refresh"):
         Router(MemoryRegistry(), refresh=0)
+
+
+async def test_a_full_look_only_when_the_rotation_fell_behind() -> None:
+    """Past ``refresh``, a router whose rotation re-checked every entry keeps its pool; an idle one looks in full."""
+    clock = FakeClock()
+    registry = MemoryRegistry(clock=clock)
+    await estate(registry, 2, 3)
+    view = CountingView(registry)
+    r = Router(view, clock=clock, rng=random.Random(7), refresh=1.0)  # type: ignore[arg-type]
+    for _ in range(10):  # more calls than the 6 entries: the rotation went all the way round
+        r.route(ask())
+    clock.advance(1.5)
+    view.reads = 0
+    r.route(ask())
+    assert view.reads <= 2 * 3
+    clock.advance(1.5)  # one call in the period: the rotation saw one entry of six
+    view.reads = 0
+    r.route(ask())
+    assert view.reads >= 2 * 3 + 3

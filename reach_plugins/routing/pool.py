@@ -10,8 +10,9 @@ the round-robin state) and keeps it honest at O(1) a call:
   again in full when it fails: an unusable instance is never handed out;
 * each call re-checks one more entry in rotation, so a recovered instance,
   a closed breaker or a new load figure is seen within ``n`` calls;
-* the whole pool is looked at again when the registry revision moves and at
-  least every ``refresh`` seconds of the router's clock.
+* the whole pool is looked at again when the registry revision moves, and
+  every ``refresh`` seconds of the router's clock unless the rotation has
+  re-checked every entry meanwhile (so a busy router never pays a full look).
 """
 
 from __future__ import annotations
@@ -58,7 +59,19 @@ class Look:
 class Pool:
     """A plan, its latest :class:`Look`, and the round robin over that look's usable instances."""
 
-    __slots__ = ("_cursor", "by_key", "expires", "keys", "look", "plan", "reason", "rr", "shown", "usable")
+    __slots__ = (
+        "_cursor",
+        "_rechecked",
+        "by_key",
+        "expires",
+        "keys",
+        "look",
+        "plan",
+        "reason",
+        "rr",
+        "shown",
+        "usable",
+    )
 
     def __init__(self, plan: Plan, rng: random.Random) -> None:
         self.plan = plan
@@ -71,6 +84,7 @@ class Pool:
         self.shown: list[CandidateScore] | None = None
         self.reason = ""
         self._cursor = 0
+        self._rechecked = 0
 
     def load(self, look: Look, expires: float) -> None:
         """Adopt a fresh look (it has at least one usable entry); the round robin keeps its place."""
@@ -80,6 +94,7 @@ class Pool:
         self.by_key = dict(zip(self.keys, self.usable, strict=True))
         self.rr.update((key, entry.weight) for key, entry in zip(self.keys, self.usable, strict=True))
         self.expires = expires
+        self._rechecked = 0
         self.shown = None
         self.reason = (
             f"smooth weighted round robin over {len(self.usable)} healthy instance(s) in priority tier {look.priority}"
@@ -108,4 +123,13 @@ class Pool:
         if not entries:
             return None
         cursor = self._cursor = (self._cursor + 1) % len(entries)
+        self._rechecked += 1
         return entries[cursor]
+
+    def prolong(self, expires: float) -> bool:
+        """Keep the look until ``expires`` if the rotation re-checked every entry since it was taken or last kept."""
+        if self.look is None or self._rechecked < len(self.look.entries):
+            return False
+        self.expires = expires
+        self._rechecked = 0
+        return True

@@ -18,7 +18,7 @@ caches (index, per-request plans and their pools) are keyed by the view's
 re-read for every instance on every call (that made a call O(n)): a
 :class:`~reach_plugins.routing.pool.Pool` keeps the last full look, checks the
 picked instance live, re-checks one other per call in rotation and looks in
-full again at least every ``refresh`` seconds.
+full again every ``refresh`` seconds unless that rotation went all the way round.
 """
 
 from __future__ import annotations
@@ -291,7 +291,10 @@ class Router:
     def _keep_fresh(self, pool: Pool, now: float) -> None:
         """Load the pool if it is stale, else re-check the next entry of its rotation (O(1))."""
         entry = pool.due()
-        if entry is None or not pool.expires - self.refresh <= now < pool.expires:
+        if entry is None or now < pool.expires - self.refresh:  # no look yet, or the clock went back
+            self._reload(pool, now)
+            return
+        if now >= pool.expires and not pool.prolong(now + self.refresh):
             self._reload(pool, now)
             return
         live = self.view.instances(entry.offer.name).get(entry.instance.instance_id)
