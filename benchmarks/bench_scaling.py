@@ -61,6 +61,8 @@ TARGET_FLATNESS = 1.5
 TARGET_NEW_SESSION_US = 20.0
 PAYLOAD = {"order_id": "A1"}
 Call = Callable[[int], Awaitable[Any]]
+ROUTER_GROWTH: list[int] = []
+"""Bytes the routing state grew by on a client's first calls (filled by the curve's builders)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ class Row:
     p99_us: float
     mean_us: float
     memory_mb: float | None = None
+    router_mb: float | None = None
 
 
 async def estate(agents: int, instances: int) -> MemoryRegistry:
@@ -131,10 +134,13 @@ async def timed(call: Call, count: int, offset: int = 0) -> list[int]:
     return samples
 
 
-def row(part: str, dimension: str, size: int, samples: list[int], memory: float | None = None) -> Row:
+def row(
+    part: str, dimension: str, size: int, samples: list[int], memory: float | None = None, router: float | None = None
+) -> Row:
     ordered = sorted(samples)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1000  # noqa: E731
-    return Row(part, dimension, size, len(samples), pick(0.5), pick(0.99), statistics.fmean(samples) / 1000, memory)
+    mean = statistics.fmean(samples) / 1000
+    return Row(part, dimension, size, len(samples), pick(0.5), pick(0.99), mean, memory, router)
 
 
 async def flatness(calls: int, batch: int) -> list[Row]:
@@ -179,15 +185,23 @@ async def flatness(calls: int, batch: int) -> list[Row]:
     return rows
 
 
-async def built(make: Callable[[], Awaitable[tuple[ReachClient, Call]]]) -> tuple[ReachClient, Call, float]:
-    """Build an estate and its client, make one call; return them and the megabytes allocated meanwhile."""
+async def built(
+    make: Callable[[], Awaitable[tuple[ReachClient, Call]]],
+) -> tuple[ReachClient, Call, float, float]:
+    """Build an estate and its client, make one call; return them, the megabytes allocated, and the router's share.
+
+    The router's share is what the pools, round robin and session table hold:
+    the growth from just before the first call to just after it (for open
+    conversations, from before the first conversation).
+    """
     gc.collect()
     tracemalloc.start()
     client, call = await make()
     await call(0)
+    gc.collect()
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return client, call, size / 1e6
+    return client, call, size / 1e6, ROUTER_GROWTH.pop() / 1e6
 
 
 async def curve(calls: int) -> list[Row]:
@@ -197,6 +211,9 @@ async def curve(calls: int) -> list[Row]:
     def shape(agents: int, instances: int) -> Callable[[], Awaitable[tuple[ReachClient, Call]]]:
         async def make() -> tuple[ReachClient, Call]:
             client = client_for(await estate(agents, instances))
+            before, _ = tracemalloc.get_traced_memory()
+            await client.reach("query_order", PAYLOAD)
+            ROUTER_GROWTH.append(tracemalloc.get_traced_memory()[0] - before)
             return client, lambda n: client.reach("query_order", PAYLOAD)
 
         return make
@@ -204,8 +221,10 @@ async def curve(calls: int) -> list[Row]:
     def conversations(count: int) -> Callable[[], Awaitable[tuple[ReachClient, Call]]]:
         async def make() -> tuple[ReachClient, Call]:
             client = client_for(await estate(1, INSTANCES))
+            before, _ = tracemalloc.get_traced_memory()
             for n in range(count):
                 await client.reach("query_order", PAYLOAD, session_id=f"conv-{n}")
+            ROUTER_GROWTH.append(tracemalloc.get_traced_memory()[0] - before)
             order = [f"conv-{random.Random(n).randrange(count)}" for n in range(calls + 1)]
             return client, lambda n: client.reach("query_order", PAYLOAD, session_id=order[n % len(order)])
 
@@ -218,13 +237,13 @@ async def curve(calls: int) -> list[Row]:
     )
     for dimension, maker in dimensions:
         for size in CURVE_SIZES:
-            client, call, memory = await built(maker(size))
+            client, call, memory, router = await built(maker(size))
             await timed(call, min(calls, 500), offset=1)
             gc.collect()
             gc.freeze()
             samples = await timed(call, calls, offset=1)
             gc.unfreeze()
-            rows.append(row("curve", dimension, size, samples, round(memory, 2)))
+            rows.append(row("curve", dimension, size, samples, round(memory, 2), round(router, 2)))
             await client.aclose()
             print(f"  {dimension:28} {size:>6,}: p50 {rows[-1].p50_us:8.1f} us  memory {memory:7.1f} MB", flush=True)
     return rows
@@ -235,7 +254,7 @@ def verdict(rows: list[Row]) -> dict[str, Any]:
     one, many = by["reach, 1 agent(s)"].p50_us, by["reach, 1000 agent(s)"].p50_us
     new = by["new-session decision, 1 agent(s)"].p50_us
     agents = {r.size: r for r in rows if r.dimension.startswith("agents")}
-    per_10k = agents[10_000].memory_mb if 10_000 in agents else None
+    per_10k = agents.get(10_000)
     return {
         "reach_p50_1_agent_us": one,
         "target_reach_p50_1_agent_us": TARGET_P50_US,
@@ -248,7 +267,8 @@ def verdict(rows: list[Row]) -> dict[str, Any]:
         "new_session_decision_p50_us": new,
         "target_new_session_us": TARGET_NEW_SESSION_US,
         "met_new_session": new <= TARGET_NEW_SESSION_US,
-        "memory_mb_per_10000_agents_of_3": per_10k,
+        "memory_mb_per_10000_agents_of_3": per_10k.memory_mb if per_10k else None,
+        "routing_state_mb_per_10000_agents_of_3": per_10k.router_mb if per_10k else None,
     }
 
 
@@ -294,14 +314,23 @@ def main(argv: list[str] | None = None) -> int:
     print("scaling curve:")
     rows = flat + asyncio.run(curve(curve_calls))
     checks = verdict(rows)
-    print(f"\n{'dimension':28} {'size':>7} {'p50 us':>8} {'p99 us':>9} {'mean us':>8} {'memory MB':>10}")
+    print(
+        f"\n{'dimension':28} {'size':>7} {'p50 us':>8} {'p99 us':>9} {'mean us':>8} "
+        f"{'memory MB':>10} {'routing MB':>10}"
+    )
     for r in rows[len(flat) :]:
-        print(f"{r.dimension:28} {r.size:>7,} {r.p50_us:8.1f} {r.p99_us:9.1f} {r.mean_us:8.1f} {r.memory_mb:10.2f}")
+        print(
+            f"{r.dimension:28} {r.size:>7,} {r.p50_us:8.1f} {r.p99_us:9.1f} {r.mean_us:8.1f} "
+            f"{r.memory_mb:10.2f} {r.router_mb:10.2f}"
+        )
     print("\ntargets:")
     print(f"  reach p50, 1 agent:        {checks['reach_p50_1_agent_us']:.1f} us (target <= {TARGET_P50_US:g})")
     print(f"  1,000 agents / 1 agent:    {checks['ratio_1000_to_1']:.2f}x (target <= {TARGET_FLATNESS:g}x)")
     print(f"  new-session decision p50:  {checks['new_session_decision_p50_us']:.1f} us (target <= 20)")
-    print(f"  memory, 10,000 agents x 3: {checks['memory_mb_per_10000_agents_of_3']} MB")
+    print(
+        f"  memory, 10,000 agents x 3: {checks['memory_mb_per_10000_agents_of_3']} MB "
+        f"(routing state {checks['routing_state_mb_per_10000_agents_of_3']} MB)"
+    )
     drawn = draw(rows, PICTURE)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     report = {
