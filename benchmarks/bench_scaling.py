@@ -107,6 +107,13 @@ def client_for(registry: MemoryRegistry) -> ReachClient:
     return ReachClient(registry, transport=MockTransport(lambda call: {"status": "shipped"}))
 
 
+def forget_calls(client: ReachClient) -> None:
+    """MockTransport records every call; drop them so neither memory figures nor the collector see them."""
+    transport = client.transport
+    if isinstance(transport, MockTransport):
+        transport.calls.clear()
+
+
 def core_alone() -> Pipeline:
     """The pipeline behind a router that always answers the same route (the floor for any routing)."""
     capability = Capability(name="query_order")
@@ -172,6 +179,9 @@ async def flatness(calls: int, batch: int) -> list[Row]:
     while done < calls:
         for name, call in cases.items():
             samples[name] += await timed(call, batch, offset=batch + done)
+        for client in keep:
+            if isinstance(client, ReachClient):
+                forget_calls(client)
         done += batch
     gc.unfreeze()
     for client in keep:
@@ -198,6 +208,7 @@ async def built(
     tracemalloc.start()
     client, call = await make()
     await call(0)
+    forget_calls(client)
     gc.collect()
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -224,6 +235,7 @@ async def curve(calls: int) -> list[Row]:
             before, _ = tracemalloc.get_traced_memory()
             for n in range(count):
                 await client.reach("query_order", PAYLOAD, session_id=f"conv-{n}")
+            forget_calls(client)
             ROUTER_GROWTH.append(tracemalloc.get_traced_memory()[0] - before)
             order = [f"conv-{random.Random(n).randrange(count)}" for n in range(calls + 1)]
             return client, lambda n: client.reach("query_order", PAYLOAD, session_id=order[n % len(order)])
@@ -239,6 +251,7 @@ async def curve(calls: int) -> list[Row]:
         for size in CURVE_SIZES:
             client, call, memory, router = await built(maker(size))
             await timed(call, min(calls, 500), offset=1)
+            forget_calls(client)
             gc.collect()
             gc.freeze()
             samples = await timed(call, calls, offset=1)
