@@ -23,12 +23,14 @@ import random
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from reach_plugins.model import HealthCheck, Instance
 from reach_plugins.registry.base import RegistryView
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger("reach_plugins.probes")
 
@@ -110,6 +112,7 @@ class Prober:
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._users = 0
 
     @classmethod
     def shared(cls, registry: RegistryView) -> Prober:
@@ -126,6 +129,17 @@ class Prober:
         """Start probing on the running loop (idempotent)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="reach-prober")
+
+    def acquire(self) -> None:
+        """One more user (a client, a gateway): probing starts with the first."""
+        self._users += 1
+        self.start()
+
+    async def release(self) -> None:
+        """One user fewer: probing stops with the last."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0:
+            await self.aclose()
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -178,6 +192,8 @@ class Prober:
         self.book.connected(instance.agent, instance.instance_id, refused=refused, ok=ok, check=check)
 
     async def _ready(self, instance: Instance, check: HealthCheck) -> None:
+        import aiohttp  # imported when probing starts: importing reach_plugins pulls in no HTTP client
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
         url = instance.endpoint.rstrip("/") + check.ready_path
