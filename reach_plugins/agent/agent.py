@@ -32,15 +32,19 @@ from reach_plugins.adapters import encode_sse
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
+from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.context import Served, serving
-from reach_plugins.errors import BusinessError, ConfigError, ReachError
+from reach_plugins.errors import BusinessError, ConfigError, PermissionDenied, ReachError
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop
+from reach_plugins.tokens.errors import status_of
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from reach_plugins.agent.registration import Registration
     from reach_plugins.registry.base import Registry
+    from reach_plugins.tokens.claims import Claims
+    from reach_plugins.tokens.verifier import TokenVerifier
 
 log = logging.getLogger("reach_plugins.agent")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,6 +105,8 @@ class ReachAgent:
         snapshots: SnapshotStore | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tokens: TokenVerifier | None = None,
+        trust: TrustLevel = "L2",
     ) -> None:
         try:
             AgentDescriptor(name=name)
@@ -118,6 +124,9 @@ class ReachAgent:
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
         self._announce: list[tuple[Registry, str, dict[str, Any]]] = []
         self._registrations: list[Registration] = []
+        self.trust: TrustLevel = trust
+        self._gate = TokenGate(name, tokens, trust) if tokens is not None else None
+        """With ``tokens`` (a verifier of the Reach issuer), every call must carry a token for this agent."""
 
     # ------------------------------------------------------------------ declaring
 
@@ -174,6 +183,7 @@ class ReachAgent:
             protocol="reach",
             endpoints=list(endpoints),
             capabilities=self.capabilities,
+            trust_level=self.trust,
         )
 
     # ------------------------------------------------------------------ health
@@ -189,7 +199,9 @@ class ReachAgent:
 
     # ------------------------------------------------------------------ serving
 
-    def _context(self, body: Mapping[str, Any], headers: Mapping[str, str], capability: str) -> ReachContext:
+    def _context(
+        self, body: Mapping[str, Any], headers: Mapping[str, str], capability: str, claims: Claims | None
+    ) -> ReachContext:
         session_id = body.get("session_id")
         hops = headers.get("x-reach-hops")
         return ReachContext(
@@ -197,7 +209,7 @@ class ReachAgent:
             capability=capability,
             action=body.get("action"),
             session_id=session_id,
-            tenant=body.get("tenant") or headers.get("x-tenant"),
+            tenant=claims.tenant if claims is not None else body.get("tenant") or headers.get("x-tenant"),
             idempotency_key=headers.get("idempotency-key") or body.get("idempotency_key"),
             deadline=_deadline(headers, body),
             hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
@@ -205,7 +217,16 @@ class ReachAgent:
             state=self.sessions.setdefault(session_id, {}) if session_id else {},
         )
 
-    def _prepare(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | _Prepared:
+    async def _admit(self, headers: Mapping[str, str]) -> Outcome | Claims | None:
+        """The caller's token claims (``None`` with tokens off), or the 401/403 refusing the call."""
+        if self._gate is None:
+            return None
+        try:
+            return await self._gate.admit(headers)
+        except PermissionDenied as exc:
+            return _fail(None, status_of(exc), exc.error_type, exc.message)
+
+    def _prepare(self, raw: bytes, headers: Mapping[str, str], claims: Claims | None = None) -> Outcome | _Prepared:
         """Parse and check one request body: an early :class:`Outcome`, or what is needed to run it."""
         try:
             body = json.loads(raw)
@@ -224,7 +245,7 @@ class ReachAgent:
             )
         payload = body.get("payload") or {}
         try:
-            ctx = self._context(body, headers, name)
+            ctx = self._context(body, headers, name, claims)
         except ValueError as exc:
             return _fail(request_id, 400, "rejected", f"bad X-Reach-Hops header: {exc}")
         remaining = ctx.remaining()
@@ -240,7 +261,10 @@ class ReachAgent:
 
     async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
         """Answer one ``POST /reach`` body (``headers`` with lowercase names)."""
-        prepared = self._prepare(raw, headers)
+        claims = await self._admit(headers)
+        if isinstance(claims, Outcome):
+            return claims
+        prepared = self._prepare(raw, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
         ctx = prepared.ctx
@@ -277,7 +301,10 @@ class ReachAgent:
 
     async def open_stream(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | AsyncIterator[bytes]:
         """Answer one ``POST /reach/stream`` body: an early :class:`Outcome`, or the SSE frames to send."""
-        prepared = self._prepare(raw, headers)
+        claims = await self._admit(headers)
+        if isinstance(claims, Outcome):
+            return claims
+        prepared = self._prepare(raw, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
         return self._frames(prepared)
@@ -317,7 +344,7 @@ class ReachAgent:
 
         Streams enter it around each step of the handler only, never across a ``yield`` to the server.
         """
-        return serving(
+        served = serving(
             self.name,
             ctx.capability,
             hops=ctx.hops,
@@ -325,6 +352,7 @@ class ReachAgent:
             tenant=ctx.tenant,
             deadline=ctx.deadline,
         )
+        return serving_holding(served, ctx.headers)
 
     def _span(self, ctx: ReachContext, headers: Mapping[str, str]) -> Any:
         """A server span continuing the caller's trace (``traceparent``)."""
