@@ -51,6 +51,8 @@ from reach_plugins.telemetry import (
     extract_context,
     get_tracer,
 )
+from reach_plugins.tokens.app import issuer_routes
+from reach_plugins.tokens.issuer import TokenIssuer
 from reach_plugins.transport import StreamEvent
 
 log = logging.getLogger("reach_plugins.gateway")
@@ -96,6 +98,7 @@ class Gateway:
         max_inflight: int = 1024,
         tracer_provider: TracerProvider | None = None,
         retry_after: float = 1.0,
+        issuer: TokenIssuer | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -103,6 +106,8 @@ class Gateway:
         self.access = access
         self.max_inflight = max_inflight
         self.retry_after = retry_after
+        self.issuer = issuer
+        """The token issuer role (DESIGN.md 11.4): ``POST /v1/tokens`` and the JWKS, when given."""
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
@@ -271,4 +276,6 @@ class Gateway:
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_text, methods=["GET"]),
         ]
+        if self.issuer is not None:
+            routes += issuer_routes(self.issuer, self.access.authenticate)
         return Starlette(routes=routes, lifespan=lifespan)

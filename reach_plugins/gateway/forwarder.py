@@ -111,6 +111,7 @@ class Forwarder:
         default_timeout: float = 30.0,
         node_id: str | None = None,
         owns_registry: bool = False,
+        direct: Transport | None = None,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -119,7 +120,7 @@ class Forwarder:
         self.table = RouteTable(registry, ttl=route_ttl)
         self.router = Router(self.table, tenants=tenants, is_available=self._available)
         self.rule = SourceRule(self.router, self.table, tenants)
-        self.transport = transport if transport is not None else HopTransport(node_id=node_id)
+        self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
         self.pipeline = Pipeline(
             router=TargetedRouter(self.rule),
             transport=self.transport,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,10 +11,15 @@ from reach_plugins.config import load_config
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.registry import FileRegistry, Registry, open_registry
+from reach_plugins.tokens.claims import VIA_GATEWAY
+from reach_plugins.tokens.issuer import TokenIssuer
+from reach_plugins.tokens.serve import agent_transport, build_issuer
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
+
+    from reach_plugins.trust.audit import AuditHook
 
 
 def build_forwarder(
@@ -25,12 +30,18 @@ def build_forwarder(
     tracer_provider: TracerProvider | None = None,
     node_id: str | None = None,
     route_ttl: float = 1.0,
+    issuer: TokenIssuer | None = None,
+    via: str | None = None,
+    audit: AuditHook | str | None = None,
 ) -> tuple[Forwarder, Access]:
     """The forwarder and access rules a server runs with.
 
     Tenants (tokens, allow-lists, networks, credentials) come from ``config``
     and are read once at start. Agents come from ``registry`` when given,
     else from ``config`` itself, which is then reloaded when it changes.
+    Agents are reached with a token of ``issuer`` each (by default one signing
+    with ``$REACH_ISSUER_KEYS``, else a key of this process), marked ``via``;
+    L3 agents only with ``audit`` set.
     """
     path = Path(config)
     tenants = load_config(path).tenants
@@ -44,6 +55,7 @@ def build_forwarder(
         node_id=node_id,
         route_ttl=route_ttl,
         owns_registry=registry is None or isinstance(registry, str),
+        direct=agent_transport(issuer or build_issuer(tenants, environ=environ), via=via, audit=audit),
     )
     return forwarder, access
 
@@ -55,12 +67,24 @@ def create_app(
     environ: Mapping[str, str] = os.environ,
     tracer_provider: TracerProvider | None = None,
     max_inflight: int = 1024,
+    issuer_keys: Sequence[str | os.PathLike[str]] = (),
+    audit: AuditHook | str | None = None,
 ) -> Starlette:
-    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`)."""
+    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted."""
     from reach_plugins.gateway.app import Gateway
 
-    forwarder, access = build_forwarder(config, registry=registry, environ=environ, tracer_provider=tracer_provider)
-    return Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider).app()
+    issuer = build_issuer(load_config(Path(config)).tenants, keys=issuer_keys, environ=environ)
+    forwarder, access = build_forwarder(
+        config,
+        registry=registry,
+        environ=environ,
+        tracer_provider=tracer_provider,
+        issuer=issuer,
+        via=VIA_GATEWAY,
+        audit=audit,
+    )
+    gateway = Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, issuer=issuer)
+    return gateway.app()
 
 
 def serve_gateway(
@@ -69,6 +93,8 @@ def serve_gateway(
     port: int = 8080,
     *,
     registry: str | None = None,
+    issuer_keys: Sequence[str | os.PathLike[str]] = (),
+    audit: str | None = None,
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -80,6 +106,6 @@ def serve_gateway(
 
     from reach_plugins.agent.server import uvicorn_config
 
-    app = create_app(config, registry=registry)
+    app = create_app(config, registry=registry, issuer_keys=issuer_keys, audit=audit)
     options.setdefault("proxy_headers", False)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run()

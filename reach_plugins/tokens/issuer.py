@@ -4,7 +4,8 @@
 agent; ``exchange`` serves an agent reaching further: the token it received
 (audience = that agent) becomes a new token whose subject is that agent,
 bound to the chain so far. The received token itself is never sent on.
-``may_reach(tenant, agent)`` (the tenant allow-list) is asked before signing.
+``may_reach(tenant, agent)`` (the tenant allow-list) is asked before issuing
+to a tenant; an exchange continues a call already admitted.
 """
 
 from __future__ import annotations
@@ -79,6 +80,18 @@ class TokenIssuer:
             reason = self._may_reach(tenant, audience)
             if reason is not None:
                 raise TokenDenied(f"no token for agent {audience!r}: {reason}")
+        return self._sign(subject=subject, audience=audience, tenant=tenant, chain=chain, via=via, ttl=ttl)
+
+    def _sign(
+        self,
+        *,
+        subject: str,
+        audience: str,
+        tenant: str | None,
+        chain: tuple[str, ...],
+        via: str | None,
+        ttl: float | None,
+    ) -> Issued:
         if len(chain) >= MAX_CHAIN:
             raise TokenDenied(f"the token chain is {len(chain)} hops long; at most {MAX_CHAIN} are issued")
         lifetime = self.ttl if ttl is None else min(ttl, self.ttl)
@@ -112,7 +125,9 @@ class TokenIssuer:
         chain = (*received.chain, received.subject)
         if audience in chain:
             raise TokenDenied(f"agent {audience!r} is already in the token chain {' -> '.join(chain)}: a loop")
-        return self.issue(subject=received.audience, audience=audience, tenant=received.tenant, chain=chain)
+        return self._sign(
+            subject=received.audience, audience=audience, tenant=received.tenant, chain=chain, via=None, ttl=None
+        )
 
 
 class RingKeys(KeySource):

@@ -2,8 +2,8 @@
 
 The hook is a callable ``hook(event) -> bool | None | Awaitable[...]``
 (``False`` refuses) or a URL that receives the event as JSON and answers 2xx
-``{"allow": true|false, "reason": ...}``. An unreachable audit URL refuses:
-an L3 call never goes unaudited. Only the gateway reaches L3 agents, so the
+``{"allow": true|false, "reason": ...}``. An unreachable audit URL refuses,
+and so does a gateway without an audit: an L3 call never goes unaudited. Only the gateway reaches L3 agents, so the
 gateway installs :class:`AuditTransport` around its next hop.
 """
 
@@ -70,13 +70,18 @@ def url_hook(url: str, *, timeout: float = 5.0) -> AuditHook:
 class AuditTransport(BaseTransport):
     """``inner``, with every call to an L3 agent and its reply shown to ``hook`` first."""
 
-    def __init__(self, inner: Transport, hook: AuditHook | str) -> None:
+    def __init__(self, inner: Transport, hook: AuditHook | str | None) -> None:
         self.inner = inner
-        self.hook: AuditHook = url_hook(hook) if isinstance(hook, str) else hook
+        self.hook: AuditHook | None = url_hook(hook) if isinstance(hook, str) else hook
         self.owns_retries = inner.owns_retries
         self.enforces_timeout = bool(getattr(inner, "enforces_timeout", False))
 
     async def _check(self, event: AuditEvent) -> None:
+        if self.hook is None:
+            raise AuditRefused(
+                f"agent {event.agent!r} is L3 and this gateway has no content audit to show its traffic to; "
+                "start the gateway with --audit URL (or pass audit= to create_app)"
+            )
         verdict = self.hook(event)
         if inspect.isawaitable(verdict):
             verdict = await verdict
