@@ -22,6 +22,7 @@ from reach_plugins.routing import Router
 from reach_plugins.stores import open_sessions, open_store
 from reach_plugins.syncbridge import SyncBridge
 from reach_plugins.transport import Credential, StreamEvent, Transport
+from reach_plugins.trust.caller import caller_transport
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from reach_plugins.core.dedup import DedupStore
     from reach_plugins.registry.base import Clock
     from reach_plugins.sessions import SessionStore
+    from reach_plugins.tokens.source import TokenSource
 
 _NO_AUTH = Auth()
 _NO_CREDENTIAL = Credential()
@@ -41,6 +43,8 @@ class ReachClient:
     ``registry`` and the shared stores are objects or URLs (``memory://``,
     ``file://agents.yaml``, ``etcd://host:port``, ``redis://host:port/db``).
     Without a ``transport`` the client reaches agents directly over HTTP.
+    ``tokens`` (e.g. ``LocalTokens()`` or ``RemoteTokens(issuer_url, bearer=...)``)
+    gives each direct reach the target's per-hop token (DESIGN.md 11.4).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class ReachClient:
         tracer_provider: TracerProvider | None = None,
         default_timeout: float = 30.0,
         environ: Mapping[str, str] | None = None,
+        tokens: TokenSource | None = None,
     ) -> None:
         self.registry = open_registry(registry, clock=clock)
         self._opened: list[Any] = [self.registry] if isinstance(registry, str) else []
@@ -85,7 +90,7 @@ class ReachClient:
         )
         self.pipeline = Pipeline(
             router=TargetedRouter(self.router),
-            transport=transport,
+            transport=caller_transport(transport, tokens),
             store=dedup,
             clock=clock,
             rng=rng,

@@ -40,7 +40,5 @@ class TokenTransport(BaseTransport):
             yield event
 
     async def aclose(self) -> None:
+        """Close the inner transport; the token source belongs to whoever made it."""
         await self.inner.aclose()
-        close = getattr(self.tokens, "aclose", None)
-        if close is not None:
-            await close()
