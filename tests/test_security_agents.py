@@ -46,7 +46,9 @@ def _agent(name: str, issuer: TokenIssuer, served: Served, registry: MemoryRegis
         if then:
             async with ReachClient(registry, tokens=LocalTokens(issuer)) as client:
                 reply = await client.reach(f"ask_{then}", {})
-            answer["then"] = reply.data if reply.status == "success" else reply.error.model_dump() if reply.error else None
+            answer["then"] = (
+                reply.data if reply.status == "success" else reply.error.model_dump() if reply.error else None
+            )
         return answer
 
     return agent

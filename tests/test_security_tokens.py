@@ -7,6 +7,7 @@ import asyncio
 import jwt
 import pytest
 
+from reach_plugins.config import TenantConfig
 from reach_plugins.errors import ConfigError
 from reach_plugins.tokens import (
     MAX_TTL,
@@ -20,7 +21,6 @@ from reach_plugins.tokens import (
 )
 from reach_plugins.tokens.held import holding
 from reach_plugins.tokens.serve import tenant_rule
-from reach_plugins.config import TenantConfig
 
 
 class WallClock:
@@ -48,7 +48,12 @@ async def test_issued_token_carries_the_contract_claims(issuer: TokenIssuer) -> 
     issued = issuer.for_tenant("alpha", "orders")
     payload = jwt.decode(issued.token, options={"verify_signature": False})
     assert {"iss", "sub", "aud", "tenant", "chain", "jti", "exp"} <= payload.keys()
-    assert (payload["iss"], payload["sub"], payload["aud"], payload["tenant"]) == ("reach", "tenant:alpha", "orders", "alpha")
+    assert (payload["iss"], payload["sub"], payload["aud"], payload["tenant"]) == (
+        "reach",
+        "tenant:alpha",
+        "orders",
+        "alpha",
+    )
     assert payload["exp"] - payload["iat"] == pytest.approx(300, abs=1)
     assert jwt.get_unverified_header(issued.token)["alg"] == "EdDSA"
 
@@ -91,9 +96,7 @@ async def test_tampered_token_is_refused(issuer: TokenIssuer) -> None:
     """Changing the tenant in the payload breaks the signature: the token is refused."""
     token = issuer.for_tenant("alpha", "orders").token
     head, body, signature = token.split(".")
-    forged_body = jwt.utils.base64url_encode(
-        jwt.utils.base64url_decode(body).replace(b'"alpha"', b'"betaa"')
-    ).decode()
+    forged_body = jwt.utils.base64url_encode(jwt.utils.base64url_decode(body).replace(b'"alpha"', b'"betaa"')).decode()
     with pytest.raises(InvalidToken):
         await issuer.verifier().verify(f"{head}.{forged_body}.{signature}", audience="orders")
 
@@ -108,7 +111,7 @@ async def test_alg_none_and_hs256_are_refused(issuer: TokenIssuer) -> None:
 
 
 async def test_rotation_keeps_old_tokens_valid_and_signs_with_the_new_key(issuer: TokenIssuer) -> None:
-    """After rotate(): tokens of the old key still verify, new tokens use the new kid; retiring the old key ends them."""
+    """After rotate(): old tokens still verify, new ones use the new kid; retiring the old key ends the old tokens."""
     verifier = issuer.verifier()
     old_kid = issuer.keys.active.kid
     old = issuer.for_tenant("alpha", "orders").token

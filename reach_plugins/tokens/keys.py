@@ -78,9 +78,7 @@ class KeyRing:
         self._keys = list(keys)
 
     @classmethod
-    def load(
-        cls, files: Sequence[str | os.PathLike[str]] = (), *, environ: Mapping[str, str] = os.environ
-    ) -> KeyRing:
+    def load(cls, files: Sequence[str | os.PathLike[str]] = (), *, environ: Mapping[str, str] = os.environ) -> KeyRing:
         """Keys from PEM ``files`` (newest first), else from ``$REACH_ISSUER_KEYS``, else one fresh key."""
         if files:
             keys = []

@@ -60,9 +60,10 @@ class RemoteJwks:
             import aiohttp
 
             try:
-                async with aiohttp.ClientSession(trust_env=False) as session, session.get(
-                    self.url, timeout=aiohttp.ClientTimeout(total=5), allow_redirects=False
-                ) as reply:
+                async with (
+                    aiohttp.ClientSession(trust_env=False) as session,
+                    session.get(self.url, timeout=aiohttp.ClientTimeout(total=5), allow_redirects=False) as reply,
+                ):
                     document = await reply.json(content_type=None) if reply.status == 200 else None
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 document = None

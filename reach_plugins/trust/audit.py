@@ -56,9 +56,12 @@ def url_hook(url: str, *, timeout: float = 5.0) -> AuditHook:
         import aiohttp
 
         try:
-            async with aiohttp.ClientSession(trust_env=False) as session, session.post(
-                url, json=event.as_json(), timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
-            ) as reply:
+            async with (
+                aiohttp.ClientSession(trust_env=False) as session,
+                session.post(
+                    url, json=event.as_json(), timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
+                ) as reply,
+            ):
                 answer = await reply.json(content_type=None) if 200 <= reply.status < 300 else None
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return False

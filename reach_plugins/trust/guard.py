@@ -18,10 +18,7 @@ def trust_problem(call: Call) -> str | None:
     """Why ``call`` may not go straight to its agent, or ``None``."""
     agent = call.agent
     if agent.trust_level == "L3":
-        return (
-            f"agent {agent.name!r} is L3 (sandboxed): it is reachable only through the gateway; "
-            "use GatewayTransport"
-        )
+        return f"agent {agent.name!r} is L3 (sandboxed): it is reachable only through the gateway; use GatewayTransport"
     if agent.trust_level == "L1":
         if not call.instance.endpoint.startswith("https://"):
             endpoint = call.instance.endpoint
