@@ -202,10 +202,11 @@ class Capability(Strict):
 
 
 def _check_endpoint(url: str) -> str:
-    """The endpoint policy every record obeys, loaded or read (http/https/grpc, no userinfo, not link-local)."""
-    from reach_plugins.trust.endpoints import endpoint_problem
+    """The endpoint policy every record obeys, loaded or read (http/https/grpc, no userinfo, not link-local,
+    inside the allowed networks when configured)."""
+    from reach_plugins.trust.endpoints import policy_problem
 
-    problem = endpoint_problem(url)
+    problem = policy_problem(url)
     if problem is not None:
         raise ValueError(problem)
     return url

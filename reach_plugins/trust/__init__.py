@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from reach_plugins.trust.audit import AuditEvent, AuditHook, AuditRefused, AuditTransport, url_hook
-from reach_plugins.trust.endpoints import SCHEMES, endpoint_problem, parse_networks
+from reach_plugins.trust.endpoints import SCHEMES, allow_networks, endpoint_problem, parse_networks, policy_problem
 from reach_plugins.trust.guard import TrustGuard, trust_problem
 
 __all__ = [
@@ -13,8 +13,10 @@ __all__ = [
     "AuditRefused",
     "AuditTransport",
     "TrustGuard",
+    "allow_networks",
     "endpoint_problem",
     "parse_networks",
+    "policy_problem",
     "trust_problem",
     "url_hook",
 ]
