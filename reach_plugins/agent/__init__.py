@@ -15,7 +15,7 @@ from reach_plugins.agent.agent import Outcome, ReachAgent
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.agent.langgraph import add_langgraph, serve_langgraph
 from reach_plugins.agent.registration import Registration
-from reach_plugins.agent.server import BackgroundServer, serve, uvicorn_config
+from reach_plugins.agent.server import BackgroundServer, mtls, serve, uvicorn_config
 from reach_plugins.agent.snapshots import MemorySnapshotStore, SnapshotStore
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Registration",
     "SnapshotStore",
     "add_langgraph",
+    "mtls",
     "serve",
     "serve_langgraph",
     "uvicorn_config",

@@ -26,9 +26,8 @@ def caller_transport(transport: Transport, tokens: TokenSource | None) -> Transp
                 "each agent's token itself (the client authenticates to the hop with its tenant token)"
             )
         return transport
-    guarded = TrustGuard(transport)
-    if tokens is None:
-        return guarded
-    from reach_plugins.tokens.transport import TokenTransport
+    if tokens is not None:
+        from reach_plugins.tokens.transport import TokenTransport
 
-    return TokenTransport(guarded, tokens)
+        transport = TokenTransport(transport, tokens)
+    return TrustGuard(transport)
