@@ -7,7 +7,7 @@ import random
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import aclosing
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import ValidationError
 
@@ -43,8 +43,9 @@ class ReachClient:
     ``registry`` and the shared stores are objects or URLs (``memory://``,
     ``file://agents.yaml``, ``etcd://host:port``, ``redis://host:port/db``).
     Without a ``transport`` the client reaches agents directly over HTTP.
-    ``tokens`` (e.g. ``LocalTokens()`` or ``RemoteTokens(issuer_url, bearer=...)``)
-    gives each direct reach the target's per-hop token (DESIGN.md 11.4).
+    Each direct reach carries a per-hop token for its target (DESIGN.md 11.4)
+    from ``tokens`` (``RemoteTokens(issuer_url, bearer=...)``, ``LocalTokens(issuer)``),
+    by default from this process's in-process issuer; ``tokens=False`` sends none.
     """
 
     def __init__(
@@ -62,7 +63,7 @@ class ReachClient:
         tracer_provider: TracerProvider | None = None,
         default_timeout: float = 30.0,
         environ: Mapping[str, str] | None = None,
-        tokens: TokenSource | None = None,
+        tokens: TokenSource | Literal[False] | None = None,
     ) -> None:
         self.registry = open_registry(registry, clock=clock)
         self._opened: list[Any] = [self.registry] if isinstance(registry, str) else []

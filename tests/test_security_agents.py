@@ -18,7 +18,7 @@ from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
 from reach_plugins.client import ReachClient
 from reach_plugins.model import AgentDescriptor
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.tokens import HEADER_TOKEN, KeyRing, LocalTokens, SigningKey, TokenIssuer
+from reach_plugins.tokens import HEADER_TOKEN, KeyRing, LocalTokens, SigningKey, TokenIssuer, default_issuer
 
 
 @dataclass
@@ -132,15 +132,51 @@ def test_stream_requires_a_token_too(world: World) -> None:
 
 
 async def test_client_with_tokens_reaches_and_without_is_told_why(world: World) -> None:
-    """ReachClient(tokens=...) gets through; a client without tokens gets a fail naming the missing token."""
+    """ReachClient(tokens=...) gets through; without tokens, or with tokens of another (the in-process default)
+    issuer, the client gets a fail naming what is wrong."""
     async with ReachClient(world.registry, tenant="alpha", tokens=LocalTokens(world.issuer)) as client:
         ok = await client.reach("ask_orders", {})
     assert ok.status == "success" and ok.data["tenant"] == "alpha"
+    async with ReachClient(world.registry, tenant="alpha", tokens=False) as client:
+        missing = await client.reach("ask_orders", {})
     async with ReachClient(world.registry, tenant="alpha") as client:
-        refused = await client.reach("ask_orders", {})
-    assert refused.status == "fail" and refused.error is not None
-    assert "missing X-Reach-Token" in refused.error.message
+        foreign = await client.reach("ask_orders", {})
+    assert missing.error is not None and "missing X-Reach-Token" in missing.error.message
+    assert foreign.error is not None and "does not publish" in foreign.error.message
     assert len(world.agents["orders"].calls) == 1
+
+
+async def test_agent_without_tokens_never_exchanges_what_it_was_sent(world: World) -> None:
+    """An agent with tokens off that receives some token reaches further with a fresh token of its own issuer,
+    never by exchanging (or forwarding) the unverified one."""
+    relay = ReachAgent("relay")
+
+    @relay.capability("ask_relay")
+    async def ask_relay() -> Any:
+        async with ReachClient(world.registry, tenant="alpha", tokens=LocalTokens(world.issuer)) as client:
+            return (await client.reach("ask_orders", {})).data
+
+    with BackgroundServer(relay.app) as server:
+        reply = _post(server.url, "ask_relay", "not.a.token")
+    assert reply.status_code == 200 and reply.json()["data"] == {"agent": "orders", "tenant": "alpha"}
+    [(_, token)] = world.agents["orders"].calls
+    assert token != "not.a.token"
+
+
+async def test_embedded_default_needs_no_setup() -> None:
+    """Agents served in this process with the in-process issuer's verifier accept a plain ReachClient's reaches."""
+    agent = ReachAgent("orders", tokens=default_issuer().verifier())
+
+    @agent.capability("ask_orders")
+    def ask(ctx: ReachContext) -> str | None:
+        return ctx.tenant
+
+    with BackgroundServer(agent.app) as server:
+        registry = MemoryRegistry()
+        registry.put_agent(AgentDescriptor(name="orders", endpoints=[server.url], capabilities=["ask_orders"]))
+        async with ReachClient(registry, tenant="demo") as client:
+            reply = await client.reach("ask_orders", {})
+    assert reply.status == "success" and reply.data == "demo"
 
 
 async def test_cascade_exchanges_the_token_and_never_forwards_it(world: World) -> None:

@@ -116,7 +116,7 @@ def test_agent_refuses_tls_without_or_with_a_foreign_client_certificate(payments
 async def test_certificate_without_token_is_still_refused(payments: Payments, pki: Pki) -> None:
     """mTLS alone is not enough for L1: a client with the certificate but no token gets the 401."""
     registry = registry_for(payments, pki, pki.client)
-    async with ReachClient(registry, tenant="alpha") as client:
+    async with ReachClient(registry, tenant="alpha", tokens=False) as client:
         reply = await client.reach("refund", {"order_id": "A1"})
     assert reply.status == "fail" and reply.error is not None and "X-Reach-Token" in reply.error.message
     assert payments.executed == []

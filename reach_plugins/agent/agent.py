@@ -352,7 +352,7 @@ class ReachAgent:
             tenant=ctx.tenant,
             deadline=ctx.deadline,
         )
-        return serving_holding(served, ctx.headers)
+        return serving_holding(served, ctx.headers) if self._gate is not None else served
 
     def _span(self, ctx: ReachContext, headers: Mapping[str, str]) -> Any:
         """A server span continuing the caller's trace (``traceparent``)."""

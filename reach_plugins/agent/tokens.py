@@ -43,6 +43,7 @@ class TokenGate:
 
 @contextmanager
 def serving_holding(inner: AbstractContextManager[Served], headers: Mapping[str, str]) -> Iterator[Served]:
-    """``inner`` (the served request) plus the token it arrived with, for the handler's own reaches."""
+    """``inner`` (the served request) plus the token it arrived with — verified by the gate — for the handler's
+    own reaches to exchange."""
     with inner as served, holding(headers.get(_HEADER)):
         yield served

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from reach_plugins.tokens.claims import DEFAULT_TTL
 from reach_plugins.tokens.issuer import MayReach, TokenIssuer
-from reach_plugins.tokens.keys import KeyRing
-from reach_plugins.tokens.source import LocalTokens
+from reach_plugins.tokens.keys import ENV_KEYS, KeyRing
+from reach_plugins.tokens.source import LocalTokens, default_issuer
 from reach_plugins.tokens.transport import TokenTransport
 
 if TYPE_CHECKING:
@@ -44,8 +44,10 @@ def build_issuer(
     ttl: float = DEFAULT_TTL,
     environ: Mapping[str, str] = os.environ,
 ) -> TokenIssuer:
-    """An issuer signing with ``keys`` (PEM files, else ``$REACH_ISSUER_KEYS``, else a fresh key for this process)."""
-    return TokenIssuer(KeyRing.load(keys, environ=environ), issuer=name, ttl=ttl, may_reach=tenant_rule(tenants))
+    """An issuer signing with ``keys`` (PEM files, else ``$REACH_ISSUER_KEYS``, else this process's in-process key,
+    so agents served in the same process with ``default_issuer().verifier()`` accept its tokens)."""
+    ring = KeyRing.load(keys, environ=environ) if keys or environ.get(ENV_KEYS) else default_issuer().keys
+    return TokenIssuer(ring, issuer=name, ttl=ttl, may_reach=tenant_rule(tenants))
 
 
 def agent_transport(

@@ -146,5 +146,5 @@ def default_issuer() -> TokenIssuer:
     """This process's in-process issuer (a fresh key per process): the embedded default, no setup."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = TokenIssuer(issuer="reach-local")
+        _DEFAULT = TokenIssuer(issuer="reach")
     return _DEFAULT
