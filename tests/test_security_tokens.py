@@ -6,6 +6,8 @@ import asyncio
 
 import jwt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reach_plugins.config import TenantConfig
 from reach_plugins.errors import ConfigError
@@ -209,3 +211,27 @@ def test_keys_load_from_files_and_env(tmp_path: pytest.TempPathFactory) -> None:
     assert [k["kid"] for k in from_env.jwks()["keys"]] == [new.kid, old.kid]
     with pytest.raises(ConfigError, match="PEM"):
         KeyRing.load(environ={"REACH_ISSUER_KEYS": "-----BEGIN PRIVATE KEY-----\nxx\n-----END PRIVATE KEY-----"})
+
+
+@given(st.text(max_size=300) | st.binary(max_size=200).map(lambda b: b.hex()))
+@settings(max_examples=300, deadline=None)
+def test_any_garbage_token_is_an_invalid_token(garbage: str) -> None:
+    """Whatever arrives in X-Reach-Token, the verifier answers InvalidToken (a 401), never another exception."""
+    issuer = TokenIssuer()
+    with pytest.raises(InvalidToken):
+        asyncio.run(issuer.verifier().verify(garbage, audience="orders"))
+
+
+@given(st.dictionaries(st.sampled_from(["alg", "kid", "typ"]), st.text(max_size=20) | st.integers() | st.none()))
+@settings(max_examples=200, deadline=None)
+def test_any_forged_header_is_an_invalid_token(header: dict[str, object]) -> None:
+    """Tokens with arbitrary JOSE headers and a bogus signature are refused as InvalidToken."""
+    import base64
+    import json
+
+    def part(value: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    token = f"{part(header)}.{part({'aud': 'orders', 'tenant': 'alpha'})}.{part('sig')}"
+    with pytest.raises(InvalidToken):
+        asyncio.run(TokenIssuer().verifier().verify(token, audience="orders"))
