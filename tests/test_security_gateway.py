@@ -14,11 +14,13 @@ from hop_support import TOKENS, demo_tenants, free_port, write_config
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
 from reach_plugins.gateway import create_app
-from reach_plugins.tokens import HEADER_TOKEN, RemoteJwks, RemoteTokens, SigningKey, TokenVerifier
+from reach_plugins.node import build_node
+from reach_plugins.tokens import HEADER_TOKEN, RemoteJwks, RemoteTokens, SigningKey, TokenVerifier, default_issuer
 from reach_plugins.tokens.standalone import create_issuer_app
 from reach_plugins.trust import AuditEvent
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
+from transports.grpcnode import GrpcNodeTransport
 
 ACME_AGENT = {"orders": {"endpoints": ["http://127.0.0.1:9"], "capabilities": ["unused"]}}
 """demo_tenants() names agent orders in tenant acme's allow-list: a placeholder keeps the config consistent."""
@@ -180,3 +182,31 @@ async def test_gateway_without_audit_refuses_l3(tmp_path: Path) -> None:
                 response = await client.reach("query_order", {"order_id": "A1"})
     assert response.status == "fail" and response.error is not None
     assert "no content audit" in response.error.message
+
+
+async def test_node_reaches_token_checking_agents(tmp_path: Path) -> None:
+    """A node in this process signs with the process key (no key configured): an agent verifying it is reached,
+    and sees the tenant of the caller."""
+    recorder = Recorder()
+    agent = ReachAgent("orders", tokens=default_issuer().verifier())
+
+    @agent.capability("query_order")
+    def query_order(order_id: str, ctx: ReachContext) -> dict[str, Any]:
+        recorder.calls.append({"tenant": ctx.tenant})
+        return {"order_id": order_id}
+
+    with BackgroundServer(agent.app) as server:
+        config = write_config(
+            tmp_path / "agents.yaml",
+            {"orders": {"endpoints": [server.url], "capabilities": ["query_order"]}},
+            demo_tenants(),
+        )
+        async with (
+            build_node(config, environ=TOKENS) as node,
+            ReachClient(
+                str(config), GrpcNodeTransport(node.target, token=TOKENS["DEMO_TOKEN"]), tenant="demo", environ=TOKENS
+            ) as client,
+        ):
+            reply = await client.reach("query_order", {"order_id": "A1"})
+    assert reply.status == "success", reply.error
+    assert recorder.calls == [{"tenant": "demo"}]

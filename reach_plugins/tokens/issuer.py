@@ -55,7 +55,7 @@ class TokenIssuer:
         self.issuer = issuer
         self.ttl = ttl
         self._may_reach = may_reach
-        self._clock = clock
+        self.clock = clock
         self._verifier = TokenVerifier(issuer=issuer, keys=RingKeys(self.keys), clock=clock)
 
     def jwks(self) -> dict[str, Any]:
@@ -95,7 +95,7 @@ class TokenIssuer:
         if len(chain) >= MAX_CHAIN:
             raise TokenDenied(f"the token chain is {len(chain)} hops long; at most {MAX_CHAIN} are issued")
         lifetime = self.ttl if ttl is None else min(ttl, self.ttl)
-        now = self._clock()
+        now = self.clock()
         expires = now + lifetime
         payload: dict[str, Any] = {
             "iss": self.issuer,

@@ -83,7 +83,7 @@ class LocalTokens(_Cached):
     def __init__(self, issuer: TokenIssuer | None = None, *, via: str | None = None) -> None:
         self.issuer = issuer or default_issuer()
         self._via = via
-        super().__init__(self.issuer._clock)
+        super().__init__(self.issuer.clock)
 
     async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> Issued:
         if held is not None:

@@ -13,17 +13,19 @@ from dataclasses import replace
 
 from reach_plugins.tokens.claims import HEADER_TOKEN
 from reach_plugins.tokens.source import TokenSource
-from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent, Transport
+from reach_plugins.transport import Call, Reply, StreamEvent, Transport
+from reach_plugins.trust.wrapping import Wrapping
 
 
-class TokenTransport(BaseTransport):
-    """``inner`` with an ``X-Reach-Token`` for ``call.agent`` on every call to a ``reach`` agent."""
+class TokenTransport(Wrapping):
+    """``inner`` with an ``X-Reach-Token`` for ``call.agent`` on every call to a ``reach`` agent.
+
+    Closing closes ``inner``; the token source belongs to whoever made it.
+    """
 
     def __init__(self, inner: Transport, tokens: TokenSource) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.tokens = tokens
-        self.owns_retries = inner.owns_retries
-        self.enforces_timeout = bool(getattr(inner, "enforces_timeout", False))
 
     async def _signed(self, call: Call) -> Call:
         if call.agent.protocol != "reach":
@@ -38,7 +40,3 @@ class TokenTransport(BaseTransport):
         signed = await self._signed(call)
         async for event in self.inner.stream(signed):
             yield event
-
-    async def aclose(self) -> None:
-        """Close the inner transport; the token source belongs to whoever made it."""
-        await self.inner.aclose()

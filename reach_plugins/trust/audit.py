@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from reach_plugins.errors import PermissionDenied
-from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent, Transport
+from reach_plugins.transport import Call, Reply, StreamEvent, Transport
+from reach_plugins.trust.wrapping import Wrapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +71,12 @@ def url_hook(url: str, *, timeout: float = 5.0) -> AuditHook:
     return hook
 
 
-class AuditTransport(BaseTransport):
+class AuditTransport(Wrapping):
     """``inner``, with every call to an L3 agent and its reply shown to ``hook`` first."""
 
     def __init__(self, inner: Transport, hook: AuditHook | str | None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.hook: AuditHook | None = url_hook(hook) if isinstance(hook, str) else hook
-        self.owns_retries = inner.owns_retries
-        self.enforces_timeout = bool(getattr(inner, "enforces_timeout", False))
 
     async def _check(self, event: AuditEvent) -> None:
         if self.hook is None:
@@ -119,6 +118,3 @@ class AuditTransport(BaseTransport):
             if event.kind == "data":
                 await self._check(self._event(call, "reply", {"status": "data", "data": event.data}))
             yield event
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()

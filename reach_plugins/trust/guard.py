@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from reach_plugins.errors import PermissionDenied
-from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent, Transport
+from reach_plugins.transport import Call, Reply, StreamEvent
+from reach_plugins.trust.wrapping import Wrapping
 
 
 def trust_problem(call: Call) -> str | None:
@@ -31,13 +32,8 @@ def trust_problem(call: Call) -> str | None:
     return None
 
 
-class TrustGuard(BaseTransport):
+class TrustGuard(Wrapping):
     """``inner`` (a transport straight to agents) refusing what the agents' trust levels forbid."""
-
-    def __init__(self, inner: Transport) -> None:
-        self.inner = inner
-        self.owns_retries = inner.owns_retries
-        self.enforces_timeout = bool(getattr(inner, "enforces_timeout", False))
 
     def _check(self, call: Call) -> None:
         problem = trust_problem(call)
@@ -52,6 +48,3 @@ class TrustGuard(BaseTransport):
         self._check(call)
         async for event in self.inner.stream(call):
             yield event
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
