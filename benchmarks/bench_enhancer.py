@@ -156,7 +156,7 @@ def run(calls: int, warmup: int) -> list[Case]:
         "plain httpx tool": lambda: plain.invoke(REQUEST, THREAD),
         "reach": lambda: reach.invoke(REQUEST, THREAD),
         "below: httpx.Client.post": lambda: http.post(f"{url}/reach", json=body).json(),
-        "below: ReachClient.reach_sync": lambda: blocking.client.reach_sync(
+        "below: SyncReachClient.reach": lambda: blocking.blocking.reach(
             "check_inventory", {"sku": "S-1"}, session_id="bench-conversation"
         ),
         "below: ReachEnhancer.reach": lambda: blocking.reach(call),
@@ -203,7 +203,7 @@ def overheads(cases: list[Case]) -> dict[str, float]:
         "enhancer_and_core_over_bare_async_post_p50_us": minus(
             "below: ReachEnhancer.areach, httpx", "below: httpx.AsyncClient.post"
         ),
-        "enhancer_over_client_sync_p50_us": minus("below: ReachEnhancer.reach", "below: ReachClient.reach_sync"),
+        "enhancer_over_client_sync_p50_us": minus("below: ReachEnhancer.reach", "below: SyncReachClient.reach"),
     }
 
 

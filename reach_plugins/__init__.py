@@ -7,7 +7,8 @@ on demand.
 """
 
 from reach_plugins import errors
-from reach_plugins.client import ReachClient
+from reach_plugins.blocking import SyncReachClient
+from reach_plugins.client import ReachClient, ReachOptions
 from reach_plugins.enhancer import ReachEnhancer
 from reach_plugins.model import (
     AgentDescriptor,
@@ -26,8 +27,10 @@ __all__ = [
     "Instance",
     "ReachClient",
     "ReachEnhancer",
+    "ReachOptions",
     "ReachRequest",
     "ReachResponse",
     "ReachTrace",
+    "SyncReachClient",
     "errors",
 ]

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from contextlib import aclosing
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack
 
 from pydantic import ValidationError
 
-from reach_plugins.broadcast import Aggregate, BroadcastResult, TargetedRouter, broadcast
+from reach_plugins.broadcast import Aggregate, AgreeKey, BroadcastResult, broadcast
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.core.trace import TraceSink
-from reach_plugins.errors import InvalidPayload
+from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
+from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.stores import open_sessions, open_store
-from reach_plugins.syncbridge import SyncBridge
 from reach_plugins.transport import Credential, StreamEvent, Transport
 from reach_plugins.trust.caller import caller_transport
 
@@ -32,13 +33,49 @@ if TYPE_CHECKING:
     from reach_plugins.sessions import SessionStore
     from reach_plugins.tokens.source import TokenSource
 
+
+class ReachOptions(TypedDict, total=False):
+    """The keyword options of every call (:meth:`ReachClient.reach`, ``stream``, ``broadcast``, ``request``)."""
+
+    session_id: str | None
+    """The conversation: the affinity key, and what ``SessionClosed`` is about."""
+    idempotency_key: str | None
+    """Same key, same result: a retry or a twin with this key never runs the work twice (README)."""
+    timeout_ms: int | None
+    """The whole request's budget; every attempt fits inside it."""
+    intent: str | None
+    action: str | None
+    tenant: str | None
+    """Overrides the client's tenant for this call."""
+    hops: Iterable[Hop | str]
+    """The chain already visited (``agent/capability``), for loop detection."""
+    priority: Priority
+    scope_tags: Iterable[str]
+    retried_upstream: bool
+    """An upstream layer owns retries: this one sends each attempt once."""
+
+
+class BroadcastOptions(ReachOptions, total=False):
+    """:class:`ReachOptions` plus how a broadcast aggregates (:mod:`reach_plugins.broadcast`)."""
+
+    k: int
+    """How many top candidates get a copy (3)."""
+    aggregate: Aggregate
+    """``first``, ``first_n`` (of ``n``), ``quorum``, ``agree`` (``n`` equal answers) or ``all`` (the default)."""
+    n: int | None
+    share_summary: bool
+    """Later copies carry a summary of the answers already in (seed 004, section 6.2)."""
+    stagger: float
+    agree: AgreeKey | None
+
+
 _NO_AUTH = Auth()
 _NO_CREDENTIAL = Credential()
 """What an agent without ``auth`` gets from a tenant without its own credential for it: nothing to resolve."""
 
 
 class ReachClient:
-    """Reach any agent by capability.
+    """Reach any agent by capability, from one event loop.
 
     ``registry`` and the shared stores are objects or URLs (``memory://``,
     ``file://agents.yaml``, ``etcd://host:port``, ``redis://host:port/db``).
@@ -46,6 +83,9 @@ class ReachClient:
     Each direct reach carries a per-hop token for its target (DESIGN.md 11.4)
     from ``tokens`` (``RemoteTokens(issuer_url, bearer=...)``, ``LocalTokens(issuer)``),
     by default from this process's in-process issuer; ``tokens=False`` sends none.
+    The client serves the event loop of its first call (its waits, limits and
+    pools belong to it); blocking code uses :class:`~reach_plugins.blocking.SyncReachClient`,
+    which runs a client of its own on a private loop.
     """
 
     def __init__(
@@ -101,7 +141,7 @@ class ReachClient:
             default_timeout=default_timeout,
         )
         self.router.is_available = self.pipeline.is_available
-        self._bridge = SyncBridge()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         config = self.tenants.get(tenant) if self.tenants is not None and tenant is not None else None
@@ -168,6 +208,7 @@ class ReachClient:
 
     async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """Send a prepared request through the resilience core (session liveness checked first)."""
+        self._check_loop()
         if self.sessions is None or request.session_id is None:
             return await self.pipeline.run(request, trace=trace)
         await self.sessions.check(request.session_id)
@@ -180,18 +221,16 @@ class ReachClient:
         payload: Mapping[str, Any] | None = None,
         *,
         trace: bool = False,
-        **options: Any,
+        **options: Unpack[ReachOptions],
     ) -> ReachResponse:
-        """Reach ``capability`` with ``payload``; options as for :meth:`request`.
+        """Reach ``capability`` with ``payload`` (options: :class:`ReachOptions`).
 
         Raises a :class:`~reach_plugins.errors.RequestError` or ``NoHealthyAgent``
         when nothing could be sent; otherwise returns the response, whose
         ``status`` says how it went (``raise_for_status()`` turns failure into an error).
+        ``trace=True`` attaches the route decision and every attempt.
         """
-        request = self.request(capability, payload, **options)
-        if self.sessions is None:
-            return await self.pipeline.run(request, trace=trace)
-        return await self.send(request, trace=trace)
+        return await self.send(self.request(capability, payload, **options), trace=trace)
 
     async def broadcast(
         self,
@@ -201,26 +240,23 @@ class ReachClient:
         k: int = 3,
         aggregate: Aggregate = "all",
         n: int | None = None,
-        **options: Any,
+        share_summary: bool = False,
+        stagger: float = 0.2,
+        agree: AgreeKey | None = None,
+        **options: Unpack[ReachOptions],
     ) -> BroadcastResult:
-        """Reach the top ``k`` candidates of ``capability`` at once and aggregate (:mod:`reach_plugins.broadcast`)."""
-        return await broadcast(self, self.request(capability, payload, **options), k=k, aggregate=aggregate, n=n)
-
-    def reach_sync(
-        self,
-        capability: str,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        trace: bool = False,
-        **options: Any,
-    ) -> ReachResponse:
-        """Blocking :meth:`reach`; safe inside a running event loop (runs on the client's own loop)."""
-        return self._bridge.run(self.reach(capability, payload, trace=trace, **options))
+        """Reach the top ``k`` candidates of ``capability`` and aggregate (:mod:`reach_plugins.broadcast`)."""
+        self._check_loop()
+        request = self.request(capability, payload, **options)
+        return await broadcast(
+            self, request, k=k, aggregate=aggregate, n=n, share_summary=share_summary, stagger=stagger, agree=agree
+        )
 
     async def stream(
-        self, capability: str, payload: Mapping[str, Any] | None = None, **options: Any
-    ) -> AsyncIterator[StreamEvent]:
+        self, capability: str, payload: Mapping[str, Any] | None = None, **options: Unpack[ReachOptions]
+    ) -> AsyncGenerator[StreamEvent, None]:
         """Stream the answer of ``capability`` event by event."""
+        self._check_loop()
         request = self.request(capability, payload, **options)
         if self.sessions is not None and request.session_id is not None:
             await self.sessions.check(request.session_id)
@@ -228,19 +264,23 @@ class ReachClient:
             async for event in events:
                 yield event
 
+    def _check_loop(self) -> None:
+        """Bind the client to the loop of its first call; refuse any other (its waits belong to that loop)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None or self._loop.is_closed():
+            self._loop = loop
+        elif loop is not self._loop:
+            raise ConfigError(
+                "this ReachClient serves another event loop: its waits, limits and pools belong to that loop; "
+                "use one client per loop, or reach_plugins.SyncReachClient for blocking code"
+            )
+
     async def aclose(self) -> None:
         """Close the pipeline, the transport's pooled connections, and what this client opened from URLs."""
         await self.pipeline.aclose()
         await self.transport.aclose()
         for opened in self._opened:
             await opened.aclose()
-        self._bridge.close()
-
-    def close(self) -> None:
-        """Blocking :meth:`aclose` for clients used through :meth:`reach_sync`."""
-        bridge, self._bridge = self._bridge, SyncBridge()
-        bridge.run(self.aclose())
-        bridge.close()
 
     async def __aenter__(self) -> Self:
         return self

@@ -9,9 +9,11 @@ always reaches, ``local_only`` never does.
 
 A reach runs through :class:`~reach_plugins.ReachClient` (session liveness,
 affinity on the conversation key, the resilience core) inside an
-``execute_tool {tool}`` span. As with the client, ``areach`` runs on the
-caller's loop and ``reach`` on the client's own loop (safe from any thread);
-one enhancer serves both.
+``execute_tool {tool}`` span. Frameworks call tools both ways, so the enhancer
+holds a :class:`~reach_plugins.blocking.SyncReachClient`: its client lives on
+one private loop, ``reach`` blocks on it and ``areach`` awaits it from the
+caller's loop. One client on one loop means one conversation pin, one breaker
+table and single-flight idempotency across a framework's sync and async calls.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from pydantic_core import to_jsonable_python
 
 from reach_plugins import context
+from reach_plugins.blocking import SyncReachClient
 from reach_plugins.client import ReachClient
 from reach_plugins.errors import (
     ApprovalRequired,
@@ -38,7 +41,6 @@ from reach_plugins.errors import (
 )
 from reach_plugins.model import Capability, ReachRequest, ReachResponse
 from reach_plugins.stores import open_sessions
-from reach_plugins.syncbridge import SyncBridge
 from reach_plugins.telemetry import (
     ATTR_CAPABILITY,
     ATTR_ERROR_TYPE,
@@ -70,12 +72,17 @@ from reach_plugins.toolcalls import (
 )
 
 if TYPE_CHECKING:
-    from reach_plugins.langchain import ServedAgent
     from reach_plugins.registry import Registry
     from reach_plugins.sessions import SessionStore
     from reach_plugins.transport import Transport
 
-T = TypeVar("T")
+
+class Stoppable(Protocol):
+    """Something served on this enhancer's behalf (:class:`~reach_plugins.agent.langgraph.ServedAgent`)."""
+
+    def stop(self) -> None: ...
+
+
 SessionKey = Callable[[Any], "str | None"]
 """Derives the conversation key from the host framework's call (LangGraph: the ``ToolCallRequest``)."""
 
@@ -90,7 +97,7 @@ class ReachEnhancer:
     ``approver`` says yes (LangGraph's adapter asks a human with ``interrupt``).
     ``on_error="message"`` turns a failure into text for the model,
     ``"raise"`` raises it. ``serve_as`` names what this agent offers when it is
-    served itself (``auto_register=True`` or :meth:`serve`).
+    served itself (``auto_register=True``; the agent SDK serves it, see :meth:`adopt`).
     """
 
     def __init__(
@@ -129,21 +136,25 @@ class ReachEnhancer:
         self.tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
         self._owns_client = client is None
-        self.client = client or ReachClient(
-            registry if registry is not None else "memory://",
-            transport,
-            tenant,
-            sessions=sessions if sessions is not None else "memory://",
-            tracer_provider=tracer_provider,
-            **client_options,
+        self.blocking = SyncReachClient.wrap(
+            client
+            or ReachClient(
+                registry if registry is not None else "memory://",
+                transport,
+                tenant,
+                sessions=sessions if sessions is not None else "memory://",
+                tracer_provider=tracer_provider,
+                **client_options,
+            )
         )
+        """The enhancer's client on its own loop: ``reach`` blocks on it, ``areach`` awaits it."""
+        self.client = self.blocking.client
         self._opened = _adopt(client, sessions, (registry, transport, tenant, client_options)) if client else None
         self.mapper = ToolMapper(
             self.client.registry, capability_map=capability_map, matcher=matcher, scope_tags=scope_tags
         )
-        self._bridge = SyncBridge()
         self._probes: dict[str, ReachRequest] = {}
-        self.served: list[ServedAgent] = []
+        self.served: list[Stoppable] = []
 
     # ------------------------------------------------------------------ mapping
 
@@ -175,7 +186,7 @@ class ReachEnhancer:
         """Where ``call`` goes under the policy; ``remote_first`` checks that a healthy agent can take it."""
         if self.policy == "local_only":
             return Decision(False, None, Resolution(call.name, None, "off", "policy local_only"), "policy local_only")
-        resolution = self.explain(call.name, call.description)
+        resolution = self.mapper.explain(call.name, call.description, wait=False)
         target = resolution.capability
         capability = self.catalogue().get(target) if target is not None else None
         if self.policy == "remote_only" or not call.has_local:
@@ -212,7 +223,8 @@ class ReachEnhancer:
             try:
                 capability, answer = self._ask(call, decision, approver)
                 _approved(capability, await answer if inspect.isawaitable(answer) else answer)
-                response = await self.client.reach(capability.name, trace=True, **self._options(call))
+                reached = self.client.reach(capability.name, trace=True, **self._options(call))
+                response = await self.blocking.bridge.submit(reached)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
             return self._answered(span, call, capability.name, response)
@@ -225,8 +237,8 @@ class ReachEnhancer:
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
-                _approved(capability, self._bridge.run(_awaited(answer)) if inspect.isawaitable(answer) else answer)
-                response = self.client.reach_sync(capability.name, trace=True, **self._options(call))
+                _approved(capability, self.blocking.bridge.run(answer) if inspect.isawaitable(answer) else answer)
+                response = self.blocking.reach(capability.name, trace=True, **self._options(call))
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
             return self._answered(span, call, capability.name, response)
@@ -304,35 +316,21 @@ class ReachEnhancer:
 
     def close_session(self, key: str) -> None:
         """End conversation ``key``: later reaches get ``SessionClosed``, calls in flight are cancelled."""
-        self._bridge.run(self.aclose_session(key))
+        self.blocking.bridge.run(self.aclose_session(key))
 
     async def aclose_session(self, key: str) -> None:
-        """Async :meth:`close_session`."""
+        """Async :meth:`close_session` (the close runs on the client's loop, beside the calls it cancels)."""
         sessions = self.client.sessions
         if sessions is None:
             raise ConfigError("this enhancer's client has no session store: build the client with sessions=")
-        await sessions.close(key)
+        await self.blocking.bridge.submit(sessions.close(key))
         self.client.router.release(key)
 
     # ------------------------------------------------------------------ serving
 
-    def serve(
-        self,
-        graph: Any,
-        *,
-        name: str,
-        capabilities: Sequence[Capability | str],
-        host: str = "127.0.0.1",
-        port: int = 0,
-        description: str = "",
-    ) -> ServedAgent:
-        """Serve a LangGraph agent as a Reach agent, registered in this registry until :meth:`close`."""
-        from reach_plugins.langchain import serve_graph
-
-        spec = ServeSpec(name, capabilities, description, host, port)
-        served = serve_graph(graph, spec, registry=self.client.registry, tracer_provider=self.tracer_provider)
+    def adopt(self, served: Stoppable) -> None:
+        """Stop ``served`` (an agent this enhancer's framework agent is served as) when the enhancer closes."""
         self.served.append(served)
-        return served
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -340,21 +338,16 @@ class ReachEnhancer:
         """Stop served agents and close the client when the enhancer built it (after blocking use)."""
         while self.served:
             self.served.pop().stop()
-        if self._owns_client:
-            self.client.close()
         if self._opened is not None:
-            self._bridge.run(self._opened.aclose())
-        self._bridge.close()
+            self.blocking.bridge.run(self._opened.aclose())
+        if self._owns_client:
+            self.blocking.close()
+        else:
+            self.blocking.bridge.close()
 
     async def aclose(self) -> None:
-        """Like :meth:`close`, closing the client on the caller's loop (after ``areach`` / ``ainvoke`` use)."""
-        while self.served:
-            await asyncio.to_thread(self.served.pop().stop)
-        if self._owns_client:
-            await self.client.aclose()
-        if self._opened is not None:
-            await self._opened.aclose()
-        self._bridge.close()
+        """:meth:`close` from a running loop (the client closes on its own loop)."""
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Self:
         return self
@@ -367,10 +360,6 @@ class ReachEnhancer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-async def _awaited(value: Awaitable[T]) -> T:
-    return await value
 
 
 def _adopt(

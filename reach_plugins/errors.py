@@ -11,6 +11,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     │   ├── UnknownCapability        nobody offers it (names the closest known ones)
     │   ├── InvalidPayload           payload does not fit params_schema (names the field)
     │   ├── PermissionDenied         tenant not allowed, internal_only, bad token
+    │   │   └── Unauthenticated      no credential, or one nobody holds (HTTP 401)
     │   ├── LoopDetected             target already in the hop chain, or too many hops
     │   ├── SessionClosed            the conversation was closed or expired
     │   ├── ApprovalRequired         danger_level high without approval
@@ -29,38 +30,64 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     │   └── BusinessError            error.type == "business": never retried
     ├── DeadlineExceeded             the request's deadline passed (lists the attempts)
     └── BackendUnavailable           etcd or Redis (shared registry/state) did not answer
+
+Every class carries its own wire code (``code``, also ``error_type``): the
+``error.type`` a gateway, node or agent sends. :data:`WIRE_CODES` is the one
+table from code to class; :func:`from_wire` rebuilds the error a hop reported,
+so a refusal raises the same class on the client over every transport. The
+codes an agent itself sends (``business``, ``transient``, ``timeout``,
+``backpressure``, ``invalid_response``) keep their DESIGN.md section 4 meaning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 if TYPE_CHECKING:
-    from reach_plugins.model import Attempt, ReachResponse
+    from reach_plugins.model import Attempt, ErrorInfo, ReachResponse
 
 
 class ReachError(Exception):
     """Base of every error raised by reach-plugins."""
 
-    error_type: str = "rejected"
+    code: ClassVar[str] = "error"
+    """This class's wire code (``error.type``); unique per class, see :data:`WIRE_CODES`."""
+    refused: bool = False
+    """True when a hop (gateway, node) refused the request before any agent saw it: the core raises it as is."""
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
 
+    @property
+    def error_type(self) -> str:
+        """The wire code of this error (its class's :attr:`code`)."""
+        return self.code
+
+    @classmethod
+    def from_wire(cls, message: str, retry_after: float | None) -> ReachError:
+        """The error a hop reported as ``{"type": cls.code, "message": message}``."""
+        return cls(message)
+
 
 class ConfigError(ReachError):
     """The configuration cannot be used; the message names the file, the field and the fix."""
+
+    code = "config_error"
 
 
 class RequestError(ReachError):
     """The request was refused before anything was sent."""
 
+    code = "rejected"
+
 
 class UnknownCapability(RequestError):
     """No agent offers this capability."""
+
+    code = "unknown_capability"
 
     def __init__(self, capability: str, known: Sequence[str] = ()) -> None:
         hint = f"; closest known: {', '.join(known)}" if known else ""
@@ -68,35 +95,60 @@ class UnknownCapability(RequestError):
         self.capability = capability
         self.known = list(known)
 
+    @classmethod
+    def from_wire(cls, message: str, retry_after: float | None) -> ReachError:
+        error = cls.__new__(cls)
+        RequestError.__init__(error, message)
+        error.capability, error.known = "", []
+        return error
+
 
 class InvalidPayload(RequestError):
     """The payload does not fit the capability's ``params_schema``."""
+
+    code = "invalid_payload"
 
 
 class PermissionDenied(RequestError):
     """The tenant (or the source address) may not reach this agent."""
 
+    code = "permission_denied"
+
+
+class Unauthenticated(PermissionDenied):
+    """No credential, or a credential no tenant or agent holds."""
+
+    code = "unauthenticated"
+
 
 class LoopDetected(RequestError):
     """The target is already in the hop chain, or the chain is too long."""
+
+    code = "loop_detected"
 
 
 class SessionClosed(RequestError):
     """The conversation was closed or its liveness TTL expired."""
 
+    code = "session_closed"
+
 
 class ApprovalRequired(RequestError):
     """A dangerous capability needs approval, and none was given."""
+
+    code = "approval_required"
 
 
 class IdempotencyConflict(RequestError):
     """The idempotency key was already used with a different payload."""
 
+    code = "idempotency_conflict"
+
 
 class NoHealthyAgent(ReachError):
     """Agents offer the capability but none can take work now."""
 
-    error_type = "rejected"
+    code = "no_healthy_agent"
 
     def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:
         super().__init__(message, reasons=reasons or {})
@@ -106,19 +158,19 @@ class NoHealthyAgent(ReachError):
 class CircuitOpen(NoHealthyAgent):
     """Every candidate's circuit breaker is open."""
 
-    error_type = "circuit_open"
+    code = "circuit_open"
 
 
 class RateLimited(ReachError):
     """The local rate limit or concurrency limit did not free a slot in time."""
 
-    error_type = "rate_limited"
+    code = "rate_limited"
 
 
 class TransportError(ReachError):
     """A transport failed; always transient."""
 
-    error_type = "transient"
+    code = "transport_error"
     reached_agent: bool = True
     """Whether the request may have been executed (only a connect failure says no)."""
 
@@ -126,57 +178,64 @@ class TransportError(ReachError):
 class ConnectError(TransportError):
     """The connection could not be made: the agent never saw the request."""
 
+    code = "connect_error"
     reached_agent = False
 
 
 class ConnectionLost(TransportError):
     """The connection broke after the request was sent."""
 
+    code = "connection_lost"
+
 
 class ReadTimeout(TransportError):
     """No answer within the attempt's time."""
 
-    error_type = "timeout"
+    code = "read_timeout"
 
 
 class StreamIdle(TransportError):
     """A stream stayed silent longer than ``stream_idle``."""
 
-    error_type = "timeout"
+    code = "stream_idle"
 
 
 class Backpressure(ReachError):
     """The downstream asked the caller to slow down and try again after ``retry_after`` seconds."""
 
-    error_type = "backpressure"
+    code = "backpressure"
 
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message, retry_after=retry_after)
         self.retry_after = retry_after
 
+    @classmethod
+    def from_wire(cls, message: str, retry_after: float | None) -> ReachError:
+        return cls(message, retry_after=retry_after)
+
 
 class InvalidResponse(ReachError):
     """The downstream answered something that is not a valid reply."""
 
-    error_type = "invalid_response"
+    code = "invalid_response"
 
 
 class RemoteError(ReachError):
     """The agent answered with an error."""
 
-    error_type = "transient"
+    code = "transient"
 
 
 class BusinessError(RemoteError):
     """The agent refused on business grounds; retrying cannot help."""
 
-    error_type = "business"
+    code = "business"
 
 
 class DeadlineExceeded(ReachError):
     """The request's deadline passed; ``attempts`` lists what was tried."""
 
-    error_type = "timeout"
+    code = "timeout"
 
     def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
         super().__init__(message, attempts=list(attempts))
@@ -186,29 +245,42 @@ class DeadlineExceeded(ReachError):
 class BackendUnavailable(ReachError):
     """A shared backend (etcd registry, Redis store) could not be reached; names the backend and the fix."""
 
-    error_type = "transient"
+    code = "backend_unavailable"
 
 
-_BY_TYPE: dict[str, type[ReachError]] = {
-    "business": BusinessError,
-    "transient": RemoteError,
-    "timeout": DeadlineExceeded,
-    "invalid_response": InvalidResponse,
-    "backpressure": Backpressure,
-    "circuit_open": CircuitOpen,
-    "rate_limited": RateLimited,
-    "rejected": PermissionDenied,
-}
+def _wire_codes() -> dict[str, type[ReachError]]:
+    """Every error class by its code: the subclasses of :class:`ReachError` defined in this module."""
+    table: dict[str, type[ReachError]] = {}
+    pending: list[type[ReachError]] = [ReachError]
+    while pending:
+        kind = pending.pop()
+        pending.extend(kind.__subclasses__())
+        if kind.__module__ != __name__:
+            continue
+        if kind.code in table:
+            raise RuntimeError(f"{kind.__name__} and {table[kind.code].__name__} share the wire code {kind.code!r}")
+        table[kind.code] = kind
+    return table
+
+
+WIRE_CODES: Final[dict[str, type[ReachError]]] = _wire_codes()
+"""The one table of wire codes: ``error.type`` -> the class a client raises for it."""
+
+
+def from_wire(info: ErrorInfo) -> ReachError:
+    """The error a hop or agent reported (an unknown code is a :class:`RemoteError` that keeps the message)."""
+    return WIRE_CODES.get(info.type, RemoteError).from_wire(info.message, info.retry_after)
 
 
 def error_for_response(response: ReachResponse) -> ReachError:
     """Build the exception that matches a failed response (used by ``raise_for_status``)."""
     info = response.error
-    kind = info.type if info else ("timeout" if response.status == "timeout" else "transient")
-    message = info.message if info else f"request {response.request_id} ended with status {response.status}"
-    attempts = response.trace.attempts if response.trace else ()
-    if kind == "timeout":
-        return DeadlineExceeded(message, attempts)
-    if kind == "backpressure":
-        return Backpressure(message, retry_after=info.retry_after if info else None)
-    return _BY_TYPE.get(kind, RemoteError)(message)
+    if info is None:
+        kind = "timeout" if response.status == "timeout" else "transient"
+        message = f"request {response.request_id} ended with status {response.status}"
+    else:
+        kind, message = info.type, info.message
+    if kind == "timeout" or response.status == "timeout":
+        return DeadlineExceeded(message, response.trace.attempts if response.trace else ())
+    kind_class = WIRE_CODES.get(kind, RemoteError)
+    return kind_class.from_wire(message, info.retry_after if info else None)

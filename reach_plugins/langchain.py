@@ -13,14 +13,14 @@ the enhancer says ``on_error="raise"``. The conversation key is the LangGraph
 ``Command(resume={"approved": True})`` (resuming needs a checkpointer). The
 same two methods plug into ``ToolNode(tools, wrap_tool_call=...,
 awrap_tool_call=...)``; add ``middleware.tools`` to that ToolNode's tools.
-:func:`serve_graph` serves a built agent as a Reach agent in turn.
+With ``auto_register=True`` the built agent is served as a Reach agent in turn
+(:func:`reach_plugins.agent.langgraph.serve_graph`, the agent SDK's one way to serve a graph).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -36,28 +36,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'the LangChain adapter needs the langchain extra: pip install "reach-plugins[langchain]"'
     ) from exc
 
-from reach_plugins.errors import BusinessError
-from reach_plugins.model import Capability
+from reach_plugins.agent.langgraph import serve_graph
 from reach_plugins.toolcalls import ANY_OBJECT, Approver, Decision, PendingApproval, ProxySpec, ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from opentelemetry.trace import TracerProvider
-
-    from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
     from reach_plugins.enhancer import ReachEnhancer, SessionKey
-    from reach_plugins.registry import Registry
-    from reach_plugins.toolcalls import ServeSpec
 
 ToolOutput = ToolMessage | Command[Any]
-
-MESSAGE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"message": {"type": "string", "description": "What to ask this agent, in plain words"}},
-    "required": ["message"],
-}
-"""Arguments of a served agent's capability declared by name only: one message in plain words."""
 
 
 def thread_id_of(request: ToolCallRequest) -> str | None:
@@ -216,85 +203,15 @@ def create_agent(
     graph = _create_agent(model, tools, middleware=middleware, **options)
     spec = enhanced_by.serve_as
     if enhanced_by.auto_register and spec is not None:
-        enhanced_by.serve(
+        served = serve_graph(
             graph,
-            name=spec.name,
-            capabilities=spec.capabilities,
+            spec.name,
+            spec.capabilities,
+            registry=enhanced_by.client.registry,
+            description=spec.description,
             host=spec.host,
             port=spec.port,
-            description=spec.description,
+            tracer_provider=enhanced_by.tracer_provider,
         )
+        enhanced_by.adopt(served)
     return graph
-
-
-# --------------------------------------------------------------------------- serving a graph as a Reach agent
-
-
-@dataclass(frozen=True, slots=True)
-class ServedAgent:
-    """A LangGraph agent answering as a Reach agent at ``url`` (registered while it runs)."""
-
-    name: str
-    url: str
-    agent: ReachAgent
-    server: BackgroundServer
-
-    def stop(self) -> None:
-        """Deregister and stop serving."""
-        self.server.stop()
-
-
-def serve_graph(
-    graph: Any, spec: ServeSpec, *, registry: Registry, tracer_provider: TracerProvider | None = None
-) -> ServedAgent:
-    """Serve ``graph`` (anything with LangGraph's ``invoke({"messages": [...]}, config)``) under ``spec``.
-
-    A call's ``message`` (or its whole payload as JSON) becomes the user turn;
-    the caller's session is the graph's ``thread_id``; the last message's text
-    is the reply. Nested reaches made by the graph continue the caller's hop
-    chain and trace (the agent SDK sets :mod:`reach_plugins.context`).
-    """
-    from reach_plugins.agent import BackgroundServer, ReachAgent
-
-    agent = ReachAgent(spec.name, description=spec.description, tracer_provider=tracer_provider)
-    handler = _graph_handler(graph)
-    for item in spec.capabilities:
-        capability = Capability(name=item) if isinstance(item, str) else item
-        agent.capability(
-            capability.name,
-            description=capability.description or spec.description,
-            params_schema=capability.params_schema or MESSAGE_SCHEMA,
-            return_schema=capability.return_schema,
-            scope_tags=capability.scope_tags,
-            danger_level=capability.danger_level,
-            require_approval=capability.require_approval,
-            idempotency_key=capability.idempotency_key,
-            retryable=capability.retryable,
-            max_concurrency=capability.max_concurrency,
-        )(handler)
-    server = BackgroundServer(agent.app, host=spec.host, port=spec.port)
-    agent.register_on_startup(registry, server.url)
-    server.start()
-    return ServedAgent(spec.name, server.url, agent, server)
-
-
-def _graph_handler(graph: Any) -> Callable[..., Any]:
-    """A blocking handler (the SDK runs it in a worker thread): the graph's reaches then use its client's own loop."""
-
-    def handle(ctx: ReachContext, **payload: Any) -> str:
-        text = payload["message"] if set(payload) == {"message"} else json.dumps(payload, ensure_ascii=False)
-        config = {"configurable": {"thread_id": ctx.session_id or ctx.request_id}}
-        state = graph.invoke({"messages": [{"role": "user", "content": text}]}, config)
-        if state.get("__interrupt__"):
-            raise BusinessError(f"{ctx.capability!r} paused for human approval; it cannot finish unattended")
-        return _text(state["messages"][-1].content)
-
-    return handle
-
-
-def _text(content: Any) -> str:
-    """A message's text (content blocks joined)."""
-    if isinstance(content, str):
-        return content
-    parts = [part if isinstance(part, str) else part.get("text", "") for part in content]
-    return "".join(str(part) for part in parts)

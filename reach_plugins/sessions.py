@@ -80,7 +80,7 @@ class InFlight:
 
     def cancel(self, session_id: str) -> int:
         """Cancel every task in flight for ``session_id``; returns how many."""
-        tasks = self._tasks.get(session_id, set())
+        tasks = list(self._tasks.get(session_id, ()))
         for task in tasks:
             self._cancelled.add(task)
             task.get_loop().call_soon_threadsafe(task.cancel)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -34,8 +34,19 @@ class SyncBridge:
                 self._loop, self._thread = loop, thread
             return self._loop
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Run ``awaitable`` on the private loop and block until it ends.
+
+        The task starts in a copy of the caller's context (``call_soon_threadsafe`` captures it),
+        so the caller's current span stays the parent of what runs there.
+        """
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop).result()
+
+    async def submit(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` on the private loop from another loop (cancelling this await cancels it there)."""
+        if asyncio.get_running_loop() is self._loop:
+            return await awaitable
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop))
 
     def close(self) -> None:
         with self._lock:
@@ -45,3 +56,7 @@ class SyncBridge:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
             loop.close()
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable

@@ -33,12 +33,13 @@ from reach_plugins.errors import (
     UnknownCapability,
 )
 from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, default_embedder
+from reach_plugins.matching.matcher import DEFAULT_TIMEOUT
 from reach_plugins.model import NAME_PATTERN, Capability, Hop, ReachResponse
 from reach_plugins.registry.base import RegistryView
 
 Policy = Literal["remote_first", "remote_only", "local_only"]
 OnError = Literal["message", "raise"]
-Rule = Literal["map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off"]
+Rule = Literal["map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off", "degraded"]
 """How a tool was mapped: ``map`` (``capability_map``), ``exact`` name, ``semantic`` match; or why it was not."""
 
 
@@ -275,13 +276,18 @@ class ToolMapper:
             self._catalogue, self._resolved, self._revision = found, {}, revision
             return found
 
-    def explain(self, tool: str, description: str = "") -> Resolution:
-        """The capability ``tool`` maps to (or ``None``), the rule that decided, and the evidence."""
+    def explain(self, tool: str, description: str = "", *, wait: bool = True) -> Resolution:
+        """The capability ``tool`` maps to (or ``None``), the rule that decided, and the evidence.
+
+        ``wait=False`` is the routing path: the model gets its time budget, then the decision degrades.
+        """
         catalogue = self.catalogue()
         resolved = self._resolved
         found = resolved.get((tool, description))
         if found is None:
-            found = self._resolve(tool, description, catalogue)
+            found = self._resolve(tool, description, catalogue, wait)
+            if found.rule == "degraded":
+                return found  # the model was slow or failed: ask it again next time
             with self._lock:
                 if len(resolved) >= _MAX_CACHED:
                     resolved.clear()
@@ -299,7 +305,7 @@ class ToolMapper:
             if name not in covered and tags <= set(capability.scope_tags)
         ]
 
-    def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability]) -> Resolution:
+    def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability], wait: bool) -> Resolution:
         if tool in self.capability_map:
             target = self.capability_map[tool]
             return Resolution(tool, target, "map", f"capability_map sends it to {target or 'the local tool'}")
@@ -308,7 +314,7 @@ class ToolMapper:
             if exact is not None and set(self.scope_tags) <= set(exact.scope_tags):
                 return Resolution(tool, tool, "exact", "same name")
             return Resolution(tool, None, "unmapped", "no capability of that name (semantic matching is off)")
-        match = self.matcher.match(tool, description, scope_tags=self.scope_tags)
+        match = self.matcher.match(tool, description, scope_tags=self.scope_tags, wait=wait)
         return Resolution(tool, match.capability, match.reason, str(match))
 
 
@@ -317,7 +323,7 @@ def _matcher(option: MatcherOption) -> CapabilityMatcher | None:
         return None
     if isinstance(option, CapabilityMatcher):
         return option
-    return CapabilityMatcher((), embedder=_shared_default() if option is None else option)
+    return CapabilityMatcher((), embedder=_shared_default() if option is None else option, timeout=DEFAULT_TIMEOUT)
 
 
 @functools.cache

@@ -135,7 +135,7 @@ async def test_unknown_capability_lists_what_is_offered(client: Client) -> None:
     http, _, _ = client
     response = await http.post("/reach", json=body("cancel_order", {}))
     assert response.status_code == 404
-    assert response.json()["error"]["type"] == "rejected"
+    assert response.json()["error"]["type"] == "unknown_capability"
     assert "count, create_ticket, query_order" in response.json()["error"]["message"]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reach_plugins import AgentDescriptor, ReachClient, errors
+from reach_plugins import AgentDescriptor, ReachClient, SyncReachClient, errors
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.sessions import MemorySessions
 from reach_plugins.transport import Call, MockTransport
@@ -111,18 +111,46 @@ async def test_nobody_healthy_says_why(registry: MemoryRegistry) -> None:
     assert set(caught.value.reasons) == {"orders/orders-0", "orders/orders-1"}
 
 
-def test_reach_sync_outside_a_loop(registry: MemoryRegistry) -> None:
-    """reach_sync blocks and returns the response from plain synchronous code."""
-    client = ReachClient(registry, MockTransport(echo))
-    assert client.reach_sync("query_order", {"order_id": "A2"}).data["order_id"] == "A2"
-    client.close()
+def test_blocking_client_outside_a_loop(registry: MemoryRegistry) -> None:
+    """SyncReachClient blocks and returns the response from plain synchronous code."""
+    with SyncReachClient(registry, MockTransport(echo)) as client:
+        assert client.reach("query_order", {"order_id": "A2"}).data["order_id"] == "A2"
 
 
-async def test_reach_sync_inside_a_running_loop(registry: MemoryRegistry) -> None:
-    """reach_sync also works when called from a thread that already runs an event loop."""
+async def test_blocking_client_inside_a_running_loop(registry: MemoryRegistry) -> None:
+    """SyncReachClient also works when called from a thread that already runs an event loop (its own loop)."""
+    with SyncReachClient(registry, MockTransport(echo)) as client:
+        assert client.reach("query_order", {"order_id": "A3"}).ok
+        assert client.client._loop is not asyncio.get_running_loop()
+
+
+def test_blocking_client_streams_and_raises_like_the_async_one(registry: MemoryRegistry) -> None:
+    """The blocking stream yields the same events; a refusal raises the same class."""
+    with SyncReachClient(registry, MockTransport(echo)) as client:
+        events = list(client.stream("query_order", {"order_id": "A4"}))
+        with pytest.raises(errors.UnknownCapability):
+            client.reach("launch_rocket")
+    assert [event.kind for event in events] == ["data", "end"]
+
+
+async def test_a_client_serves_one_event_loop(registry: MemoryRegistry) -> None:
+    """A ReachClient used from a second running loop refuses with a named error instead of hanging."""
     client = ReachClient(registry, MockTransport(echo))
-    assert client.reach_sync("query_order", {"order_id": "A3"}).ok
-    client.close()
+    await client.reach("query_order", {"order_id": "A5"})
+
+    def elsewhere() -> str:
+        async def other_loop() -> str:
+            try:
+                await client.reach("query_order", {"order_id": "A6"})
+            except errors.ConfigError as exc:
+                return exc.message
+            return "no error"
+
+        return asyncio.run(other_loop())
+
+    message = await asyncio.to_thread(elsewhere)
+    assert "serves another event loop" in message and "SyncReachClient" in message
+    await client.aclose()
 
 
 async def test_closed_session_sends_nothing(registry: MemoryRegistry) -> None:

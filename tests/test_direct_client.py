@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -9,7 +10,7 @@ import pytest
 from faultproxy import FaultProxy
 from test_direct_adapters import a2a_agent, fake_app, openai_agent, raw_agent
 
-from reach_plugins import ReachClient
+from reach_plugins import ReachClient, SyncReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import BusinessError
 from reach_plugins.model import Auth
@@ -142,13 +143,15 @@ async def test_stream_through_the_client_is_normalised(client: ReachClient) -> N
     assert events[-1].kind == "end"
 
 
-async def test_one_client_serves_blocking_and_async_calls(agent_server: BackgroundServer) -> None:
-    """One ReachClient over DirectTransport answers reach_sync (its own loop) and reach (this loop), in any order."""
+async def test_one_transport_serves_a_blocking_and_an_async_client(agent_server: BackgroundServer) -> None:
+    """One DirectTransport keeps a pool per loop: a SyncReachClient and a ReachClient share it, in any order."""
     registry = MemoryRegistry()
     await registry.register_agent(orders.descriptor(agent_server.url))
-    client = ReachClient(registry=registry, transport=DirectTransport())
-    first = client.reach_sync("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
+    transport = DirectTransport()
+    client, blocking = ReachClient(registry, transport), SyncReachClient(registry, transport)
+    first = blocking.reach("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
     second = await client.reach("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
-    third = client.reach_sync("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
+    third = blocking.reach("create_ticket", {"wo_number": f"mix-{uuid.uuid4().hex[:6]}"})
     assert [r.status for r in (first, second, third)] == ["success"] * 3
+    await asyncio.to_thread(blocking.close)
     await client.aclose()

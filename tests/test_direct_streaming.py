@@ -103,7 +103,7 @@ async def test_idle_stream_ends_with_a_timeout_event(transport: DirectTransport,
     assert [event.kind for event in events] == ["data", "error"]
     error = events[-1].error
     assert error is not None
-    assert error.type == "timeout"
+    assert error.type == "stream_idle"
     assert "stream_idle" in error.message
 
 
@@ -133,7 +133,7 @@ async def test_refused_request_is_one_error_event(transport: DirectTransport, se
     events = await collect(transport, stream_call(server.url, "no_such_thing"))
     assert [event.kind for event in events] == ["error"]
     assert events[0].error is not None
-    assert events[0].error.type == "rejected"
+    assert events[0].error.type == "unknown_capability"
 
 
 async def test_cut_connection_mid_stream_is_an_error_event(

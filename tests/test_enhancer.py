@@ -271,7 +271,7 @@ def test_sessions_given_with_a_ready_client_are_installed_on_it(
     assert client.sessions is sessions and transport.calls == []
     with pytest.raises(ConfigError, match="already has a session store"):
         ReachEnhancer(client=client, sessions=MemorySessions())
-    client.close()
+    asyncio.run(client.aclose())
 
 
 def test_expired_session_is_refused(registry: MemoryRegistry, transport: MockTransport) -> None:
@@ -428,3 +428,31 @@ async def test_one_conversation_stays_on_one_instance(two_instances: MemoryRegis
                 placed.setdefault(f"t-{thread}", set()).add(result.data["instance"])
     assert all(len(instances) == 1 for instances in placed.values())
     assert set().union(*placed.values()) == {"orders-a", "orders-b"}
+
+
+async def test_a_blocking_twin_waits_for_the_async_call_with_its_key() -> None:
+    """areach and reach with one idempotency key run the work once and both answer when it ends (one loop)."""
+    registry = MemoryRegistry()
+    keyed = Capability(name="place_order", idempotency_key="${params.order_id}")
+    await registry.register_agent(
+        AgentDescriptor(name="orders", endpoints=["http://127.0.0.1:9"], capabilities=[keyed])
+    )
+    executed: list[str] = []
+
+    async def slow(call: Call) -> dict[str, Any]:
+        executed.append(call.request.payload["order_id"])
+        await asyncio.sleep(0.5)
+        return {"placed": call.request.payload["order_id"]}
+
+    twin = ToolCall("place_order", {"order_id": "k-1"}, has_local=False)
+    with ReachEnhancer(registry=registry, transport=MockTransport(slow), timeout_ms=5000) as enhancer:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = asyncio.create_task(enhancer.areach(twin))
+        await asyncio.sleep(0.05)
+        second = await asyncio.to_thread(enhancer.reach, twin)
+        second_took = loop.time() - started
+        first_result = await first
+    assert executed == ["k-1"]
+    assert first_result.ok and second.ok and first_result.content == second.content
+    assert second_took < 2.5, f"the twin waited {second_took:.2f}s: the owner's completion never woke it"

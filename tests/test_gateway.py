@@ -180,7 +180,7 @@ async def test_stream_refusal_is_json_not_sse(world: World) -> None:
     """A stream refused before its first event is a plain JSON error with its status code."""
     async with httpx.AsyncClient(base_url=world.url) as http:
         answer = await http.post("/v1/reach/stream", json={"capability": "nope_nothing"}, headers=DEMO)
-    assert answer.status_code == 404 and answer.json()["error"]["type"] == "rejected"
+    assert answer.status_code == 404 and answer.json()["error"]["type"] == "unknown_capability"
 
 
 async def test_client_stream_through_gateway(world: World) -> None:

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from reach_plugins import Capability, ReachEnhancer
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
+from reach_plugins.agent.langgraph import serve_graph
 from reach_plugins.langchain import create_agent
 from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.registry import MemoryRegistry
@@ -131,7 +132,7 @@ def test_three_agents_carry_hops_session_and_one_trace(world: World) -> None:
 def test_a_cycle_stops_on_the_first_repeat(world: World) -> None:
     """order -> coupon -> order again is refused with LoopDetected before the second order call is sent.
 
-    The order agent is served by ``auto_register``, the coupon agent by the explicit ``serve()`` helper.
+    The order agent is served by ``auto_register``, the coupon agent by the agent SDK's ``serve_graph``.
     """
     order_graph = create_agent(
         model(calls("apply_coupon", message="Apply SAVE10 to A1"), "Could not apply the coupon."),
@@ -146,7 +147,8 @@ def test_a_cycle_stops_on_the_first_repeat(world: World) -> None:
         checkpointer=InMemorySaver(),
         enhanced_by=coupons,
     )
-    served = coupons.serve(coupon_graph, name="coupon-agent", capabilities=[APPLY_COUPON])
+    served = serve_graph(coupon_graph, "coupon-agent", [APPLY_COUPON], registry=world.registry)
+    coupons.adopt(served)
     assert [i.endpoint for i in world.registry.instances("coupon-agent").values()] == [served.url]
     desk = create_agent(
         model(calls("handle_order", message="Use SAVE10 on A1"), "Sorry, the coupon failed."),

@@ -201,23 +201,23 @@ async def test_node_refuses_a_forwarding_loop(tmp_path: Path) -> None:
         await until(lambda: "orders" in node.forwarder.table.agents())
         client = ReachClient(registry, GrpcNodeTransport(node.target, token=DEMO), tenant="demo", tenants=tenants)
         async with client:
-            response = await client.reach("query_order", {"order_id": "L"}, timeout_ms=3000)
-    assert response.status == "fail" and response.error is not None
-    assert "node forwarding loop" in response.error.message
+            with pytest.raises(errors.LoopDetected, match="node forwarding loop"):
+                await client.reach("query_order", {"order_id": "L"}, timeout_ms=3000)
 
 
 async def test_refusals_carry_the_error_type_and_status(tmp_path: Path) -> None:
-    """A capability the node does not know comes back as a rejected reply with status 404, not an exception."""
+    """A node's refusal raises the error class it names (its trailers carry the wire code), not a reply."""
     with serve_agents(("orders", "o1")) as agents:
         config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
         async with build_node(config, environ=TOKENS) as node:
-            transport = GrpcNodeTransport(node.target, token=DEMO)
-            reply = await transport.send(make_call(agents[0].url, "no_such_capability", tenant="demo"))
-            anonymous = await GrpcNodeTransport(node.target).send(make_call(agents[0].url, "query_order"))
+            transport, anonymous = GrpcNodeTransport(node.target, token=DEMO), GrpcNodeTransport(node.target)
+            with pytest.raises(errors.UnknownCapability, match="no agent offers") as unknown:
+                await transport.send(make_call(agents[0].url, "no_such_capability", tenant="demo"))
+            with pytest.raises(errors.Unauthenticated, match="Bearer") as unauthenticated:
+                await anonymous.send(make_call(agents[0].url, "query_order"))
             await transport.aclose()
-    assert (reply.status, reply.status_code) == ("fail", 404)
-    assert reply.error is not None and reply.error.type == "rejected" and "no agent offers" in reply.error.message
-    assert anonymous.status_code == 401 and anonymous.error is not None and "Bearer" in anonymous.error.message
+            await anonymous.aclose()
+    assert unknown.value.refused and unauthenticated.value.refused
 
 
 async def test_values_that_cannot_be_metadata_are_refused_before_sending() -> None:

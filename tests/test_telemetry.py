@@ -147,7 +147,7 @@ async def test_failures_and_refusals_mark_the_span_as_error(
     assert failed.status.status_code == StatusCode.ERROR
     assert failed.attributes is not None and failed.attributes[telemetry.ATTR_ERROR_TYPE] == "business"
     assert refused.status.status_code == StatusCode.ERROR
-    assert refused.attributes is not None and refused.attributes[telemetry.ATTR_ERROR_TYPE] == "rejected"
+    assert refused.attributes is not None and refused.attributes[telemetry.ATTR_ERROR_TYPE] == "unknown_capability"
 
 
 def test_inject_and_extract_round_trip(provider: TracerProvider) -> None:

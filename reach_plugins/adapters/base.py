@@ -17,16 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from reach_plugins.adapters.sse import SseEvent
-from reach_plugins.errors import InvalidResponse
+from reach_plugins.errors import WIRE_CODES, InvalidResponse
 from reach_plugins.model import ErrorInfo
 from reach_plugins.transport import Call, Reply, StreamEvent
 from reach_plugins.validation import compiled
 
 log = logging.getLogger("reach_plugins.adapters")
 
-KNOWN_ERROR_TYPES = frozenset(
-    {"business", "transient", "timeout", "rejected", "backpressure", "invalid_response", "circuit_open", "rate_limited"}
-)
 TRANSIENT_STATUSES = frozenset({408, 429})
 TEXT_FIELDS = ("input", "query", "message", "prompt", "question", "text")
 """Payload fields read as the user's text by chat-style protocols, first found wins."""
@@ -205,7 +202,7 @@ def error_info(raw: Any, default_type: str, fallback: str) -> ErrorInfo:
         kind = raw.get("type")
         message = raw.get("message")
         return ErrorInfo(
-            type=kind if kind in KNOWN_ERROR_TYPES else default_type,
+            type=kind if isinstance(kind, str) and kind in WIRE_CODES else default_type,
             message=str(message) if message else fallback,
         )
     if isinstance(raw, str) and raw:

@@ -29,12 +29,13 @@ from opentelemetry import propagate, trace
 from pydantic import ValidationError
 
 from reach_plugins.adapters import encode_sse
+from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.context import Served, serving
-from reach_plugins.errors import BusinessError, ConfigError, PermissionDenied, ReachError
+from reach_plugins.errors import BusinessError, ConfigError, PermissionDenied, ReachError, UnknownCapability
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop
 from reach_plugins.tokens.errors import status_of
 
@@ -105,6 +106,7 @@ class ReachAgent:
         snapshots: SnapshotStore | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
+        approver: Approver | str | None = None,
         tokens: TokenVerifier | None = None,
         trust: TrustLevel = "L2",
     ) -> None:
@@ -123,6 +125,8 @@ class ReachAgent:
         )
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
         self._announce: list[tuple[Registry, str, dict[str, Any]]] = []
+        self._approval = ApprovalGate(name, approver) if approver is not None else None
+        """Asked before a ``danger_level: high`` / ``require_approval`` capability runs (:mod:`.approval`)."""
         self._registrations: list[Registration] = []
         self.trust: TrustLevel = trust
         self._gate = TokenGate(name, tokens, trust) if tokens is not None else None
@@ -147,8 +151,6 @@ class ReachAgent:
         """Register the decorated function (sync, async or a generator for streaming) as capability ``name``."""
 
         def register(fn: F) -> F:
-            if name in self._handlers:
-                raise ConfigError(f"agent {self.name!r} already has a capability {name!r}")
             try:
                 capability = Capability(
                     name=name,
@@ -164,10 +166,19 @@ class ReachAgent:
                 )
             except ValidationError as exc:
                 raise ConfigError(f"invalid capability {name!r}: {exc.errors()[0]['msg']}") from None
-            self._handlers[name] = CapabilityHandler(capability, fn)
-            return fn
+            return self._add(capability, fn)
 
         return register
+
+    def offer(self, capability: Capability) -> Callable[[F], F]:
+        """Register the decorated function as ``capability``, declared elsewhere (YAML, a served graph's spec)."""
+        return lambda fn: self._add(capability, fn)
+
+    def _add(self, capability: Capability, fn: F) -> F:
+        if capability.name in self._handlers:
+            raise ConfigError(f"agent {self.name!r} already has a capability {capability.name!r}")
+        self._handlers[capability.name] = CapabilityHandler(capability, fn)
+        return fn
 
     @property
     def capabilities(self) -> list[Capability]:
@@ -241,7 +252,10 @@ class ReachAgent:
         if handler is None:
             offered = ", ".join(sorted(self._handlers)) or "nothing"
             return _fail(
-                request_id, 404, "rejected", f"agent {self.name!r} has no capability {name!r}; it offers: {offered}"
+                request_id,
+                404,
+                UnknownCapability.code,
+                f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
         payload = body.get("payload") or {}
         try:
@@ -256,7 +270,7 @@ class ReachAgent:
                 raise BusinessError("the payload must be a JSON object")
             kwargs = handler.arguments(payload, ctx)
         except ReachError as exc:
-            return _fail(request_id, 400, exc.error_type if exc.error_type != "rejected" else "business", exc.message)
+            return _fail(request_id, 400, exc.error_type, exc.message)
         return _Prepared(handler, payload, kwargs, ctx)
 
     async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
@@ -281,9 +295,16 @@ class ReachAgent:
                 return Outcome(outcome.status, outcome.body, {**outcome.headers, "Idempotent-Replayed": "true"})
             return outcome
 
+    async def _approve(self, prepared: _Prepared) -> None:
+        """Wait for the approver when the capability needs one (raises when it does not approve in time)."""
+        capability = prepared.handler.capability
+        if self._approval is not None and capability.needs_approval:
+            await self._approval.check(capability, prepared.ctx, prepared.payload)
+
     async def _execute(self, prepared: _Prepared) -> Outcome:
         ctx = prepared.ctx
         try:
+            await self._approve(prepared)
             with self._serving(ctx):
                 async with asyncio.timeout(ctx.remaining()):
                     data = await prepared.handler.call(prepared.kwargs)
@@ -307,6 +328,10 @@ class ReachAgent:
         prepared = self._prepare(raw, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
+        try:
+            await self._approve(prepared)
+        except ReachError as exc:
+            return _fail(prepared.ctx.request_id, 200, exc.error_type, exc.message)
         return self._frames(prepared)
 
     async def _frames(self, prepared: _Prepared) -> AsyncIterator[bytes]:

@@ -1,20 +1,41 @@
-"""Serve a compiled LangGraph agent (or any runnable taking ``{"messages": [...]}``) as a ``chat`` capability.
+"""Serve a compiled LangGraph agent (or any runnable taking ``{"messages": [...]}``) as a Reach agent.
 
-The reply is normalised like every chat-style agent's: ``reply_content``,
-``tool_calls``, ``raw_meta``. The session id is the graph's ``thread_id``, so
-a checkpointer keeps each conversation's memory. Nothing here imports
-LangGraph: the graph is used through ``ainvoke`` only.
+The one way to serve a graph: :func:`add_langgraph` adds its capabilities to a
+:class:`ReachAgent`, :func:`serve_graph` serves and registers one in the
+background (what ``create_agent(..., enhanced_by=ReachEnhancer(auto_register=True))``
+calls), :func:`serve_langgraph` serves one in the foreground. A call's
+``messages`` (or ``input`` / ``message`` text, else its payload as JSON) is the
+user turn; the caller's session is the graph's ``thread_id``, so a checkpointer
+keeps each conversation; the reply is normalised like every chat-style
+agent's: ``reply_content``, ``tool_calls``, ``raw_meta``. The graph runs with
+``ainvoke`` on the agent's loop; reaches it makes continue the caller's hop chain
+and trace (:mod:`reach_plugins.context`). Nothing here imports LangGraph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.handlers import ReachContext
-from reach_plugins.agent.server import serve
-from reach_plugins.errors import InvalidPayload
+from reach_plugins.agent.server import BackgroundServer, serve
+from reach_plugins.errors import BusinessError, InvalidPayload
+from reach_plugins.model import Capability
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from reach_plugins.registry import Registry
+
+MESSAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"message": {"type": "string", "description": "What to ask this agent, in plain words"}},
+    "required": ["message"],
+}
+"""Arguments of a served capability declared by name only: one message in plain words."""
 
 
 class ChatGraph(Protocol):
@@ -24,10 +45,11 @@ class ChatGraph(Protocol):
 
 
 def _text(content: Any) -> str:
+    """A message's text (content blocks joined)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+        return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
     return "" if content is None else str(content)
 
 
@@ -45,18 +67,76 @@ def normalise(result: Any) -> dict[str, Any]:
     }
 
 
-def add_langgraph(
-    agent: ReachAgent, graph: ChatGraph, *, capability: str = "chat", description: str = "Chat with this agent"
-) -> None:
-    """Add ``capability`` to ``agent``: payload ``messages`` (or ``input`` text), one graph run per call."""
+def _turn(capability: str, payload: Mapping[str, Any]) -> list[Any]:
+    """The user turn a call carries: ``messages``, or ``input`` / ``message`` text, else the payload as JSON."""
+    messages = payload.get("messages")
+    if messages is not None:
+        if not isinstance(messages, list) or not messages:
+            raise InvalidPayload(f"{capability!r}: 'messages' must be a non-empty list of {{role, content}}")
+        return messages
+    for field in ("input", "message"):
+        if isinstance(payload.get(field), str) and set(payload) == {field}:
+            return [{"role": "user", "content": payload[field]}]
+    if not payload:
+        raise InvalidPayload(f"{capability!r} needs 'messages' (a list of {{role, content}}) or 'input' (text)")
+    return [{"role": "user", "content": json.dumps(dict(payload), ensure_ascii=False)}]
 
-    @agent.capability(capability, description=description)
-    async def chat(ctx: ReachContext, messages: list[Any] | None = None, input: str | None = None) -> dict[str, Any]:
-        if not messages and input is None:
-            raise InvalidPayload(f"{capability!r} needs 'messages' (a list of {{role, content}}) or 'input' (text)")
-        turn = messages or [{"role": "user", "content": input}]
+
+def add_langgraph(
+    agent: ReachAgent,
+    graph: ChatGraph,
+    *,
+    capabilities: Sequence[Capability | str] = ("chat",),
+    description: str = "Chat with this agent",
+) -> None:
+    """Add ``capabilities`` to ``agent``, each answered by one graph run per call."""
+
+    async def run(ctx: ReachContext, **payload: Any) -> dict[str, Any]:
         config = {"configurable": {"thread_id": ctx.session_id or ctx.request_id}}
-        return normalise(await graph.ainvoke({"messages": turn}, config=config))
+        state = await graph.ainvoke({"messages": _turn(ctx.capability, payload)}, config=config)
+        if isinstance(state, Mapping) and state.get("__interrupt__"):
+            raise BusinessError(f"{ctx.capability!r} paused for human approval; it cannot finish unattended")
+        return normalise(state)
+
+    for item in capabilities:
+        declared = Capability(name=item) if isinstance(item, str) else item
+        schema = declared.params_schema or (None if isinstance(item, str) and item == "chat" else MESSAGE_SCHEMA)
+        update = {"description": declared.description or description, "params_schema": schema}
+        agent.offer(declared.model_copy(update=update))(run)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedAgent:
+    """A graph answering as a Reach agent at ``url`` (registered while it runs)."""
+
+    name: str
+    url: str
+    agent: ReachAgent
+    server: BackgroundServer
+
+    def stop(self) -> None:
+        """Deregister and stop serving."""
+        self.server.stop()
+
+
+def serve_graph(
+    graph: ChatGraph,
+    name: str,
+    capabilities: Sequence[Capability | str],
+    *,
+    registry: Registry,
+    description: str = "",
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tracer_provider: TracerProvider | None = None,
+) -> ServedAgent:
+    """Serve ``graph`` as agent ``name`` in the background, registered in ``registry`` until stopped."""
+    agent = ReachAgent(name, description=description, tracer_provider=tracer_provider)
+    add_langgraph(agent, graph, capabilities=capabilities, description=description or f"Ask {name}")
+    server = BackgroundServer(agent.app, host=host, port=port)
+    agent.register_on_startup(registry, server.url)
+    server.start()
+    return ServedAgent(name, server.url, agent, server)
 
 
 def serve_langgraph(
@@ -64,5 +144,5 @@ def serve_langgraph(
 ) -> None:
     """Serve ``graph`` as agent ``name`` with one ``capability`` until interrupted (see :func:`serve`)."""
     agent = ReachAgent(name)
-    add_langgraph(agent, graph, capability=capability)
+    add_langgraph(agent, graph, capabilities=[capability])
     serve(agent, host, port, **options)

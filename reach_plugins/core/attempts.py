@@ -226,6 +226,8 @@ class Engine:
                 async with self.clock.timeout_at(now + timeout):
                     reply = await self.transport.send(call)
         except (ReachError, TimeoutError) as exc:
+            if isinstance(exc, ReachError) and exc.refused:
+                raise
             return classify_exception(exc), None
         verdict = classify_reply(reply)
         if verdict.ok:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from reach_plugins.errors import (
+    WIRE_CODES,
     Backpressure,
     BusinessError,
     ConnectError,
@@ -67,13 +68,21 @@ def _info(kind: str, message: str, retry_after: float | None = None) -> ErrorInf
     return ErrorInfo(type=kind, message=message, retry_after=retry_after)
 
 
+def _outcome_code(code: str) -> str:
+    """An agent reporting one of our transport errors (its own downstream call failed) reports a transient fault."""
+    kind = WIRE_CODES.get(code)
+    if kind is not None and issubclass(kind, TransportError):
+        return "timeout" if issubclass(kind, ReadTimeout | StreamIdle) else "transient"
+    return code
+
+
 def classify_reply(reply: Reply) -> Verdict:
     """Classify an answer: error type first (the agent knows best), then the HTTP-style status code."""
     code = reply.status_code
     if reply.status == "success" and 200 <= code < 300:
         return SUCCESS
     error = reply.error
-    kind = error.type if error else None
+    kind = _outcome_code(error.type) if error else None
     retry_after = reply.retry_after if reply.retry_after is not None else (error.retry_after if error else None)
     if kind == "business":
         return Verdict("business", error)

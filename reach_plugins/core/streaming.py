@@ -60,6 +60,9 @@ async def _open(
     except StopAsyncIteration:
         first = StreamEvent("end")
     except (ReachError, TimeoutError) as exc:
+        if isinstance(exc, ReachError) and exc.refused:
+            await _close(events)
+            raise
         verdict = classify_exception(exc)
         return events, _error_of(verdict), verdict
     except BaseException:

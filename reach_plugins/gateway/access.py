@@ -12,13 +12,13 @@ import hashlib
 import os
 from collections.abc import Collection, Mapping
 
-from reach_plugins.broadcast import CandidateRouter
 from reach_plugins.config import TenantConfig
-from reach_plugins.errors import ConfigError, PermissionDenied
-from reach_plugins.gateway.wire import SOURCE, Unauthenticated
+from reach_plugins.errors import ConfigError, PermissionDenied, Unauthenticated
 from reach_plugins.model import ReachRequest
 from reach_plugins.registry.base import RegistryView
 from reach_plugins.routing import Route
+from reach_plugins.routing.pinning import CandidateRouter
+from reach_plugins.wire import SOURCE
 
 
 def _digest(token: str) -> bytes:

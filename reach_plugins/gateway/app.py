@@ -30,15 +30,6 @@ from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachEr
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
-from reach_plugins.gateway.wire import (
-    HEADER_AUTHORIZATION,
-    MAX_BODY,
-    error_body,
-    http_status,
-    parse_body,
-    response_body,
-    to_request,
-)
 from reach_plugins.model import ErrorInfo, ReachRequest
 from reach_plugins.telemetry import (
     ATTR_AGENT,
@@ -54,6 +45,15 @@ from reach_plugins.telemetry import (
 from reach_plugins.tokens.app import issuer_routes
 from reach_plugins.tokens.issuer import TokenIssuer
 from reach_plugins.transport import StreamEvent
+from reach_plugins.wire import (
+    HEADER_AUTHORIZATION,
+    MAX_BODY,
+    error_body,
+    http_status,
+    parse_body,
+    response_body,
+    to_request,
+)
 
 log = logging.getLogger("reach_plugins.gateway")
 

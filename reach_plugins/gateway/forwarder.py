@@ -4,7 +4,7 @@ It composes exactly what :class:`~reach_plugins.client.ReachClient` composes —
 a :class:`~reach_plugins.routing.Router` and the core
 :class:`~reach_plugins.core.Pipeline` around a transport — with two
 request-scoped routing rules only a server has: pins sent by the caller
-(:class:`~reach_plugins.broadcast.TargetedRouter`) and ``internal_only`` by
+(:class:`~reach_plugins.routing.pinning.TargetedRouter`) and ``internal_only`` by
 source address (:class:`~reach_plugins.gateway.access.SourceRule`). Retries,
 breakers, dedup and limits are the core's; nothing here re-implements them.
 
@@ -22,19 +22,19 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from reach_plugins.broadcast import PREFER, TARGET, TargetedRouter
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.gateway.access import SourceRule
 from reach_plugins.gateway.routetable import RouteTable, watch_task
-from reach_plugins.gateway.wire import SOURCE, VIA
 from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
 from reach_plugins.routing import Router
 from reach_plugins.routing.index import Offer
+from reach_plugins.routing.pinning import PREFER, TARGET, TargetedRouter
 from reach_plugins.routing.policy import tenant_denial
 from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent, Transport
+from reach_plugins.wire import SOURCE, VIA
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider

@@ -21,7 +21,6 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
-from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_VIA, http_status, to_request
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets, check_callback
@@ -34,6 +33,7 @@ from reach_plugins.telemetry import (
     get_tracer,
 )
 from reach_plugins.transport import StreamEvent
+from reach_plugins.wire import HEADER_AUTHORIZATION, HEADER_VIA, http_status, to_request
 from transports.grpcnode import reach_pb2 as pb
 from transports.grpcnode.codec import (
     ERROR_TYPE,

@@ -21,8 +21,8 @@ import aiohttp
 import grpc
 
 from reach_plugins.errors import RequestError
-from reach_plugins.gateway.wire import response_body
 from reach_plugins.model import ReachResponse
+from reach_plugins.wire import response_body
 from transports.grpcnode import reach_pb2 as pb
 from transports.grpcnode import reach_pb2_grpc as pb_grpc
 from transports.grpcnode.codec import result_message

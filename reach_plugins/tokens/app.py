@@ -19,8 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reach_plugins.errors import PermissionDenied, ReachError
-from reach_plugins.tokens.errors import InvalidToken
+from reach_plugins.errors import PermissionDenied, ReachError, Unauthenticated
 from reach_plugins.tokens.issuer import TokenIssuer
 
 Authenticate = Callable[[str | None, str | None], "str | None"]
@@ -31,9 +30,7 @@ TOKENS_PATH = "/v1/tokens"
 
 
 def _refusal(exc: ReachError) -> Response:
-    from reach_plugins.gateway.wire import Unauthenticated
-
-    status = 401 if isinstance(exc, InvalidToken | Unauthenticated) else 403
+    status = 401 if isinstance(exc, Unauthenticated) else 403
     if not isinstance(exc, PermissionDenied):
         status = 400
     body = {"error": {"type": exc.error_type, "message": exc.message}}

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from reach_plugins.errors import PermissionDenied
+from reach_plugins.errors import PermissionDenied, Unauthenticated
 
 
-class InvalidToken(PermissionDenied):
+class InvalidToken(Unauthenticated):
     """No token, or one that is not a valid, unexpired token of the trusted issuer (HTTP 401)."""
-
-    status = 401
 
 
 class TokenDenied(PermissionDenied):
     """A valid token that does not entitle this call: another audience, a refused chain or trust level (HTTP 403)."""
 
-    status = 403
-
 
 def status_of(exc: PermissionDenied) -> int:
     """The HTTP status of a token refusal (403 for any other permission error)."""
-    return 401 if isinstance(exc, InvalidToken) else 403
+    return 401 if isinstance(exc, Unauthenticated) else 403

@@ -20,17 +20,13 @@ import aiohttp
 
 from reach_plugins.adapters import HttpRequest, SseDecoder
 from reach_plugins.adapters.reach import ReachStreamDecoder
-from reach_plugins.broadcast import TARGET
-from reach_plugins.errors import ConfigError, InvalidResponse
-from reach_plugins.gateway.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGET, check_headers
+from reach_plugins.errors import WIRE_CODES, ConfigError, InvalidResponse
 from reach_plugins.model import ErrorInfo
+from reach_plugins.routing.pinning import TARGET
 from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
+from reach_plugins.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGET, REFUSED, check_headers, refusal
 from transports.direct.engine_aiohttp import FOREIGN, mapped
-
-_KNOWN_TYPES = frozenset(
-    {"business", "transient", "timeout", "rejected", "backpressure", "invalid_response", "circuit_open", "rate_limited"}
-)
 
 
 def wire_body(call: Call) -> dict[str, Any]:
@@ -83,7 +79,7 @@ def _error(raw: Any, status: int) -> ErrorInfo:
         message = raw.get("message")
         retry_after = raw.get("retry_after")
         return ErrorInfo(
-            type=kind if kind in _KNOWN_TYPES else "transient",
+            type=kind if isinstance(kind, str) and kind in WIRE_CODES else "transient",
             message=str(message) if message else f"the gateway answered HTTP {status}",
             retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
         )
@@ -91,7 +87,7 @@ def _error(raw: Any, status: int) -> ErrorInfo:
 
 
 def parse_reply(call: Call, status: int, body: bytes) -> Reply:
-    """The gateway's answer as a Reply: who served it, how many attempts it took, or why it was refused."""
+    """The gateway's answer as a Reply: who served it, how many attempts it took; a refusal is raised."""
     try:
         decoded = json.loads(body) if body else None
     except (ValueError, UnicodeDecodeError):
@@ -110,6 +106,8 @@ def parse_reply(call: Call, status: int, body: bytes) -> Reply:
     if status == 200 and kind == "success":
         return Reply(status="success", data=decoded.get("data"), **common)
     error = _error(decoded.get("error"), status)
+    if decoded.get(REFUSED) is True:
+        raise refusal(error.type, error.message, error.retry_after)
     if kind == "timeout" and error.type == "transient":
         error = error.model_copy(update={"type": "timeout"})
     data = decoded.get("data")

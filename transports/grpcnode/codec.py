@@ -13,9 +13,12 @@ import json
 from collections.abc import Iterable
 from typing import Any, Final
 
-from reach_plugins.broadcast import TARGET
 from reach_plugins.errors import InvalidResponse
-from reach_plugins.gateway.wire import (
+from reach_plugins.model import ErrorInfo, ReachResponse
+from reach_plugins.routing.pinning import TARGET
+from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
+from reach_plugins.transport import Call, Reply
+from reach_plugins.wire import (
     HEADER_PREFER,
     HEADER_TARGET,
     HEADER_VIA,
@@ -24,9 +27,6 @@ from reach_plugins.gateway.wire import (
     check_headers,
     parse_body,
 )
-from reach_plugins.model import ErrorInfo, ReachResponse
-from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
-from reach_plugins.transport import Call, Reply
 from transports.grpcnode import reach_pb2 as pb
 
 ERROR_TYPE: Final = "x-reach-error-type"

@@ -29,11 +29,11 @@ from reach_plugins.errors import (
 )
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent
+from reach_plugins.wire import refusal
 from transports.grpcnode import reach_pb2 as pb
 from transports.grpcnode import reach_pb2_grpc as pb_grpc
 from transports.grpcnode.codec import (
     ERROR_TYPE,
-    HTTP_STATUS,
     backpressure_reply,
     call_message,
     call_metadata,
@@ -48,15 +48,10 @@ from transports.grpcnode.codec import (
 NODE_SCHEME = "grpc://"
 
 
-def _refusal(exc: grpc.aio.AioRpcError) -> Reply | None:
-    """A node's deliberate refusal (it names the error type in its trailers), as a failed reply."""
-    trailers = metadata_lookup(exc.trailing_metadata())
-    kind = trailers.get(ERROR_TYPE)
-    if kind is None:
-        return None
-    status = trailers.get(HTTP_STATUS, "")
-    error = ErrorInfo(type=kind, message=exc.details() or kind)
-    return Reply(status="fail", error=error, status_code=int(status) if status.isdigit() else 502)
+def _refusal(exc: grpc.aio.AioRpcError) -> ReachError | None:
+    """A node's deliberate refusal (it names the error's wire code in its trailers), as the error it names."""
+    kind = metadata_lookup(exc.trailing_metadata()).get(ERROR_TYPE)
+    return None if kind is None else refusal(kind, exc.details() or kind)
 
 
 def _mapped(exc: grpc.aio.AioRpcError, target: str) -> ReachError:
@@ -118,10 +113,7 @@ class GrpcNodeTransport(BaseTransport):
         try:
             reply = await self._node().Call(call_message(call), timeout=call.timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
-            refused = _refusal(exc)
-            if refused is None:
-                raise _mapped(exc, self.target) from exc
-            return refused
+            raise (_refusal(exc) or _mapped(exc, self.target)) from exc
         if reply.HasField("backpressure"):
             return backpressure_reply(reply.backpressure)
         return reply_from_result(call, reply.result)
@@ -143,10 +135,7 @@ class GrpcNodeTransport(BaseTransport):
                 return
             yield StreamEvent("error", error=ErrorInfo(type="transient", message="the node's stream ended early"))
         except grpc.aio.AioRpcError as exc:
-            refused = _refusal(exc)
-            if refused is None:
-                raise _mapped(exc, self.target) from exc
-            yield StreamEvent("error", error=refused.error)
+            raise (_refusal(exc) or _mapped(exc, self.target)) from exc
         finally:
             responses.cancel()
 
@@ -161,10 +150,7 @@ class GrpcNodeTransport(BaseTransport):
         try:
             reply = await self._node().Submit(message, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
-            refused = _refusal(exc)
-            if refused is not None and refused.error is not None:
-                raise RequestError(f"the node refused the submission: {refused.error.message}") from exc
-            raise _mapped(exc, self.target) from exc
+            raise (_refusal(exc) or _mapped(exc, self.target)) from exc
         if reply.HasField("backpressure"):
             hint = reply.backpressure
             raise Backpressure(hint.reason or "the node's queue is full", retry_after=hint.retry_after or None)

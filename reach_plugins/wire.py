@@ -16,7 +16,6 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach_plugins.broadcast import PREFER, TARGET
 from reach_plugins.core.loopguard import parse_hops_header
 from reach_plugins.errors import (
     ApprovalRequired,
@@ -31,11 +30,25 @@ from reach_plugins.errors import (
     ReachError,
     RequestError,
     SessionClosed,
+    Unauthenticated,
     UnknownCapability,
+    from_wire,
 )
-from reach_plugins.model import HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
-from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS, HEADER_IDEMPOTENCY_KEY, HEADER_RETRY, RETRY_UPSTREAM
+from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
+from reach_plugins.routing.pinning import PREFER, TARGET
+from reach_plugins.telemetry import (
+    HEADER_DEADLINE,
+    HEADER_HOPS,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_RETRY,
+    HEADER_SUMMARY,
+    META_SUMMARY,
+    RETRY_UPSTREAM,
+    SUMMARY_BYTES,
+)
 
+REFUSED: Final = "refused"
+"""Body field of a hop's refusal: true when no agent saw the request (the client raises the error)."""
 HEADER_AUTHORIZATION: Final = "Authorization"
 HEADER_PREFER: Final = "X-Reach-Prefer"
 HEADER_TARGET: Final = "X-Reach-Target"
@@ -49,10 +62,6 @@ MAX_BODY: Final = 1 << 20
 MAX_DEADLINE_MS: Final = 86_400_000
 HEADER_SAFE: Final = r"^[\x20-\x7e]+$"
 """Fields that travel on as header values (``X-Tenant``, ``Idempotency-Key``): printable ASCII only."""
-
-
-class Unauthenticated(PermissionDenied):
-    """No bearer token, or a token no tenant holds."""
 
 
 class WireBody(BaseModel):
@@ -136,6 +145,9 @@ def to_request(
     via = header(HEADER_VIA)
     if via:
         metadata[VIA] = via
+    summary = header(HEADER_SUMMARY)
+    if summary:
+        metadata[META_SUMMARY] = summary[:SUMMARY_BYTES]
     if source:
         metadata[SOURCE] = source
     return ReachRequest(
@@ -195,12 +207,28 @@ def http_status(exc: ReachError) -> int:
 
 
 def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]:
-    """A refusal on the wire, shaped like a failed agent reply."""
+    """A refusal on the wire, shaped like a failed agent reply and marked ``refused``: no agent saw it.
+
+    Backpressure is not marked: it asks the caller to come back (the core retries or fails over).
+
+    ``error.type`` is the error's own code (:data:`reach_plugins.errors.WIRE_CODES`), so the client
+    raises the same class as when it refuses a request itself (:func:`raise_refusal`).
+    """
     error: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         error["retry_after"] = retry_after
-    return {"request_id": request_id, "status": "fail", "data": None, "error": error}
+    body: dict[str, Any] = {"request_id": request_id, "status": "fail", "data": None, "error": error}
+    if not isinstance(exc, Backpressure):
+        body[REFUSED] = True
+    return body
+
+
+def refusal(kind: str, message: str, retry_after: float | None = None) -> ReachError:
+    """The error a hop's refusal names, marked ``refused`` so the client's core raises it as it is."""
+    error = from_wire(ErrorInfo(type=kind, message=message, retry_after=retry_after))
+    error.refused = True
+    return error
 
 
 def check_headers(headers: Mapping[str, str]) -> None:

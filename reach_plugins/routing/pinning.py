@@ -1,0 +1,65 @@
+"""Pinning a caller's chosen instance: request metadata a :class:`TargetedRouter` applies around a router.
+
+``reach.target`` (``agent/instance``) must serve the request or nobody does (a
+broadcast copy); ``reach.prefer`` names an instance to use when it can take the
+request (how a gateway or node honours the instance its caller already picked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import replace
+from typing import Final, Protocol
+
+from reach_plugins.errors import NoHealthyAgent
+from reach_plugins.model import ReachRequest
+from reach_plugins.routing.route import Route
+
+TARGET: Final = "reach.target"
+"""Metadata key: the ``agent/instance`` that must serve this request (a broadcast copy)."""
+PREFER: Final = "reach.prefer"
+"""Metadata key: the ``agent/instance`` to use if it can take the request, else route as usual."""
+
+
+class CandidateRouter(Protocol):
+    """A router that can both pick one instance and list every usable one (``reach_plugins.routing.Router``)."""
+
+    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route: ...
+
+    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]: ...
+
+
+class TargetedRouter:
+    """Honours ``reach.target`` and ``reach.prefer`` pins; any other request is routed by the inner router.
+
+    A pin is served only when the pinned instance is among the request's
+    candidates (tenant rules, health and breaker all still apply) and was not
+    tried already; a failed-over request therefore leaves a preferred
+    instance, and a targeted one ends with ``NoHealthyAgent``.
+    """
+
+    def __init__(self, router: CandidateRouter) -> None:
+        self.router = router
+
+    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route:
+        metadata = request.metadata
+        required = metadata.get(TARGET) if metadata else None
+        wanted = required or (metadata.get(PREFER) if metadata else None)
+        if wanted is None:
+            return self.router.route(request, exclude=exclude)
+        agent, _, instance = wanted.partition("/")
+        if (agent, instance) not in exclude:
+            for route in self.router.candidates(request):
+                if route.agent.name == agent and route.instance.instance_id == instance:
+                    decision = route.decision.model_copy(update={"reason": f"pinned by the caller to {wanted}"})
+                    return replace(route, decision=decision)
+        if required is not None:
+            raise NoHealthyAgent(
+                f"target {wanted} cannot take this {request.capability!r} request: it is not a usable candidate "
+                "(unknown here, not allowed for the tenant, unhealthy, or already tried)",
+                reasons={wanted: "not a usable candidate"},
+            )
+        return self.router.route(request, exclude=exclude)
+
+    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
+        return self.router.candidates(request, limit=limit)
