@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from hop_support import TOKENS, until
 from servers import _missing
+from typer.testing import CliRunner
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext, Registration
+from reach_plugins.cli import app
 from reach_plugins.errors import BackendUnavailable, ConfigError, PermissionDenied
 from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor, Instance
@@ -196,3 +198,19 @@ async def test_tenant_key_never_reaches_a_rogue_endpoint(
                 replies = [await client.reach("echo", {"text": f"t{i}"}) for i in range(6)]
     assert [reply.status for reply in replies] == ["success"] * 6
     assert received == {"echo": ["alpha-secret"] * 6, "rogue": []}
+
+
+def test_only_the_operator_loads_descriptors_with_the_cli(opened: Opener, secure_address: str, tmp_path: Path) -> None:
+    """`reach agents --load` works with the operator's certificate and exits 2 naming the refusal for an agent's."""
+    agents = tmp_path / "agents.yaml"
+    agents.write_text("agents:\n  - name: echo\n    endpoint: http://127.0.0.1:9\n    capabilities: [echo]\n")
+    runner = CliRunner()
+    as_rogue = runner.invoke(
+        app, ["agents", "--registry", url_for(secure_address, "reach-agent-rogue"), "--load", str(agents)]
+    )
+    assert as_rogue.exit_code == 2 and "permission denied" in " ".join(as_rogue.output.split())
+    as_operator = runner.invoke(
+        app, ["agents", "--registry", url_for(secure_address, "reach-operator"), "--load", str(agents)]
+    )
+    assert as_operator.exit_code == 0, as_operator.output
+    assert "echo" in opened("reach-operator").agents()
