@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from reach_plugins.errors import BackendUnavailable, ConfigError
-from reach_plugins.tokens.claims import DEFAULT_TTL
+from reach_plugins.tokens.claims import DEFAULT_TTL, MAX_TTL
 from reach_plugins.tokens.errors import InvalidToken, TokenDenied
 from reach_plugins.tokens.held import received
-from reach_plugins.tokens.issuer import Issued, TokenIssuer
+from reach_plugins.tokens.issuer import TokenIssuer
 
 _Key = tuple[str, str | None, str | None]
 
@@ -57,7 +57,7 @@ class _Cached:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._cache = TokenCache(clock=clock)
-        self._flights: dict[_Key, asyncio.Future[Issued]] = {}
+        self._flights: dict[_Key, asyncio.Future[tuple[str, float]]] = {}
 
     async def token(self, audience: str, tenant: str | None) -> str:
         held = received()
@@ -69,11 +69,12 @@ class _Cached:
         if flight is None:
             flight = self._flights[key] = asyncio.ensure_future(self._fetch(audience, tenant, held))
             flight.add_done_callback(lambda _: self._flights.pop(key, None))
-        issued = await asyncio.shield(flight)
-        self._cache.put(key, issued.token, issued.expires_at)
-        return issued.token
+        token, expires_at = await asyncio.shield(flight)
+        self._cache.put(key, token, expires_at)
+        return token
 
-    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> Issued:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
+        """A new token for ``audience`` and when it expires (wall clock)."""
         raise NotImplementedError
 
 
@@ -85,10 +86,12 @@ class LocalTokens(_Cached):
         self._via = via
         super().__init__(self.issuer.clock)
 
-    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> Issued:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
         if held is not None:
-            return await self.issuer.exchange(held, audience=audience)
-        return self.issuer.for_tenant(tenant, audience, via=self._via)
+            issued = await self.issuer.exchange(held, audience=audience)
+        else:
+            issued = self.issuer.for_tenant(tenant, audience, via=self._via)
+        return issued.token, issued.expires_at
 
 
 class RemoteTokens(_Cached):
@@ -103,10 +106,8 @@ class RemoteTokens(_Cached):
         self._session: Any = None
         super().__init__(time.time)
 
-    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> Issued:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
         import aiohttp
-
-        from reach_plugins.tokens.claims import Claims
 
         body: dict[str, Any] = {"audience": audience}
         headers = {"Authorization": f"Bearer {self._bearer}"} if self._bearer and held is None else {}
@@ -128,10 +129,11 @@ class RemoteTokens(_Cached):
             message = (answer.get("error") or {}).get("message") if isinstance(answer, dict) else None
             refusal = InvalidToken if status == 401 else TokenDenied
             raise refusal(f"the token issuer refused a token for {audience!r}: {message or f'HTTP {status}'}")
-        token = str(answer["token"])
-        expires = time.time() + float(answer.get("expires_in", DEFAULT_TTL))
-        unverified = {"iss": "", "sub": "", "aud": audience, "jti": "", "exp": expires}
-        return Issued(token, expires, Claims.from_payload(unverified))
+        try:
+            lifetime = min(float(answer.get("expires_in", DEFAULT_TTL)), MAX_TTL)
+        except (TypeError, ValueError):
+            lifetime = DEFAULT_TTL
+        return str(answer["token"]), time.time() + lifetime
 
     async def aclose(self) -> None:
         if self._session is not None:
