@@ -6,6 +6,7 @@ counts what the agents actually executed.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -191,3 +192,14 @@ async def test_cascade_exchanges_the_token_and_never_forwards_it(world: World) -
     claims = await world.issuer.verifier().verify(to_orders, audience="orders")
     assert (claims.subject, claims.chain) == ("front", ("tenant:alpha",))
     assert _post(world.agents["orders"].url, "ask_orders", to_front).status_code == 403
+
+
+def test_refused_before_the_body_is_read(world: World) -> None:
+    """A call without a token announcing a 1 MB body it never sends gets its 401 at once: the body is not awaited."""
+    host, port = world.agents["orders"].url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(
+            b"POST /reach HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+        )
+        reply = conn.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 401")

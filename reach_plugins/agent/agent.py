@@ -228,8 +228,11 @@ class ReachAgent:
             state=self.sessions.setdefault(session_id, {}) if session_id else {},
         )
 
-    async def _admit(self, headers: Mapping[str, str]) -> Outcome | Claims | None:
-        """The caller's token claims (``None`` with tokens off), or the 401/403 refusing the call."""
+    async def authenticate(self, headers: Mapping[str, str]) -> Outcome | Claims | None:
+        """The caller's token claims (``None`` with tokens off), or the 401/403 refusing the call.
+
+        The app asks before reading the body; ``handle`` asks again (a verified token is cached: no second check).
+        """
         if self._gate is None:
             return None
         try:
@@ -275,7 +278,7 @@ class ReachAgent:
 
     async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
         """Answer one ``POST /reach`` body (``headers`` with lowercase names)."""
-        claims = await self._admit(headers)
+        claims = await self.authenticate(headers)
         if isinstance(claims, Outcome):
             return claims
         prepared = self._prepare(raw, headers, claims)
@@ -322,7 +325,7 @@ class ReachAgent:
 
     async def open_stream(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | AsyncIterator[bytes]:
         """Answer one ``POST /reach/stream`` body: an early :class:`Outcome`, or the SSE frames to send."""
-        claims = await self._admit(headers)
+        claims = await self.authenticate(headers)
         if isinstance(claims, Outcome):
             return claims
         prepared = self._prepare(raw, headers, claims)

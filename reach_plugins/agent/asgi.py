@@ -25,9 +25,15 @@ def build_app(agent: ReachAgent) -> Starlette:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work)."""
 
     async def reach(request: Request) -> Response:
+        refused = await agent.authenticate(request.headers)
+        if isinstance(refused, Outcome):  # authenticated before the body is read (DESIGN.md 11.5)
+            return _json(refused)
         return _json(await agent.handle(await request.body(), request.headers))
 
     async def reach_stream(request: Request) -> Response:
+        refused = await agent.authenticate(request.headers)
+        if isinstance(refused, Outcome):
+            return _json(refused)
         answer = await agent.open_stream(await request.body(), request.headers)
         if isinstance(answer, Outcome):
             return _json(answer)
