@@ -21,6 +21,7 @@ from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachReque
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
 from reach_plugins.routing.pinning import TargetedRouter
+from reach_plugins.routing.sharedpins import agree_on_pin
 from reach_plugins.stores import open_sessions, open_store
 from reach_plugins.transport import Credential, StreamEvent, Transport
 from reach_plugins.trust.caller import caller_transport
@@ -212,6 +213,7 @@ class ReachClient:
         if self.sessions is None or request.session_id is None:
             return await self.pipeline.run(request, trace=trace)
         await self.sessions.check(request.session_id)
+        await agree_on_pin(self.router, self.sessions, request)
         async with self.sessions.guard(request.session_id):
             return await self.pipeline.run(request, trace=trace)
 

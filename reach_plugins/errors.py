@@ -28,6 +28,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── InvalidResponse              the downstream answered garbage or broke return_schema
     ├── RemoteError                  the agent answered with an error
     │   └── BusinessError            error.type == "business": never retried
+    │       └── Refused              error.type == "refusal": the model behind the agent refused
     ├── DeadlineExceeded             the request's deadline passed (lists the attempts)
     └── BackendUnavailable           etcd or Redis (shared registry/state) did not answer
 
@@ -230,6 +231,12 @@ class BusinessError(RemoteError):
     """The agent refused on business grounds; retrying cannot help."""
 
     code = "business"
+
+
+class Refused(BusinessError):
+    """The model behind an agent refused (an OpenAI ``refusal``): an answer, never retried nor held against it."""
+
+    code = "refusal"
 
 
 class DeadlineExceeded(ReachError):

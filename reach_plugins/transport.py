@@ -90,6 +90,10 @@ class BaseTransport:
     """Convenience base: context-manager support, no-op close, streaming as one event."""
 
     owns_retries: bool = False
+    hop: str | None = None
+    """Optional, read with ``getattr``: the address of the gateway or node every call goes through (None:
+    straight to the agents). The core keeps that hop's own breaker: when the hop does not answer, its
+    breaker counts the failure, never the breakers of the agent instances behind it (DESIGN 11.3)."""
     enforces_timeout: bool = False
     """Optional, read with ``getattr``: True when ``send`` itself gives up once ``call.timeout`` has passed
     (raising a ``TimeoutError`` or a ``ReadTimeout``), so the core sets no timer of its own around it."""

@@ -28,6 +28,7 @@ SCRIPTS = [
     "dify_before_invoke",
     "via_gateway",
     "via_node",
+    "mcp_and_a2a",
 ]
 TIMEOUT = 90
 
@@ -92,6 +93,15 @@ def test_langgraph_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
     assert "via check_stock -> check_inventory on inventory-" in out
     assert "via search_knowledge -> search_knowledge on knowledge-" in out
     assert "Order A1002 is paid" in out and "(local fallback)" not in out
+
+
+def test_mcp_and_a2a(runs: dict[str, subprocess.Popen[str]]) -> None:
+    """One enhancer reaches an MCP server's tool (found by tools/list) and an A2A agent, from one LangGraph agent."""
+    out = output_of(runs, "mcp_and_a2a")
+    assert "MCP tools as capabilities: ['check_inventory']" in out
+    assert "via check_stock -> check_inventory on agent stock-tools" in out and "12 x blue kettle" in out
+    assert "via search_knowledge -> search_knowledge on agent kb-a2a" in out and "within 7 days" in out
+    assert "(local fallback)" not in out
 
 
 def test_llamaindex_agent(runs: dict[str, subprocess.Popen[str]]) -> None:

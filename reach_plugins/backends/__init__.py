@@ -130,10 +130,17 @@ class Subscription:
         self._on_gap = on_gap
         self._pubsub: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._subscribing = asyncio.Lock()
+        """One subscription at a time: concurrent first calls would each open (and leak) a pub/sub connection."""
 
     async def ensure(self) -> None:
         if self._pubsub is not None:
             return
+        async with self._subscribing:
+            if self._pubsub is None:
+                await self._subscribe()
+
+    async def _subscribe(self) -> None:
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(self.channel)

@@ -61,6 +61,8 @@ class Flight:
     headers: dict[str, str]
     attempts: int = 0
     far_attempts: int = 0
+    spent_retry: bool = False
+    """A retry token of the budget was spent on this request: its success gives the token back with one more."""
     excluded: set[tuple[str, str]] = field(default_factory=set)
     status: str = "pending"
     error: ErrorInfo | None = None
@@ -87,6 +89,8 @@ class Admission:
     slot: Slot
     breaker: CircuitBreaker
     permit: Permit
+    hop: tuple[CircuitBreaker, Permit] | None = None
+    """The breaker and permit of the gateway or node the attempt goes through (None: straight to the agent)."""
 
 
 class Engine:
@@ -108,6 +112,8 @@ class Engine:
         self.credentials = credentials or _no_credential
         self.breakers = Breakers(self._on_transition)
         self.guards = GuardTable()
+        self.hop: str | None = getattr(transport, "hop", None)
+        """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
         self.observer: TraceRecorder | None = None
         """The request whose breaker call is running now: transitions it causes land in its trace."""
         enforces = bool(getattr(transport, "enforces_timeout", False))
@@ -137,41 +143,61 @@ class Engine:
     def admit_now(self, flight: Flight) -> Admission | None:
         """The usual admission, without waiting: a free slot and a closed breaker; else None (use :meth:`admit`)."""
         route = flight.route
-        now = self.clock.now()
-        guards = self.guards.get(route.agent, now)
+        tick = self.clock.monotonic()
+        guards = self.guards.get(route.agent, tick)
         slot = guards.try_admit(route.capability)
         if slot is None:
             return None
-        breaker = self.breakers.get(route.agent, route.instance.instance_id)
-        if breaker.is_closed and not flight.deadline.expired(now):
-            permit = breaker.acquire(now)
+        breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
+        closed = breaker.is_closed and (self.hop is None or self.breakers.hop(self.hop).is_closed)
+        if closed and not flight.deadline.expired(self.clock.now()):
+            permit = breaker.acquire(tick)
             if permit is not None:
-                return Admission(guards, slot, breaker, permit)
+                return Admission(guards, slot, breaker, permit, self._hop_permit(tick))
         guards.release(slot)
         return None
+
+    def _hop_permit(self, tick: float) -> tuple[CircuitBreaker, Permit] | None:
+        """A permit of the hop's breaker (None without a hop); raises CircuitOpen while the hop's breaker is open."""
+        if self.hop is None:
+            return None
+        breaker = self.breakers.hop(self.hop)
+        permit = breaker.acquire(tick)
+        if permit is None:
+            raise CircuitOpen(
+                f"the breaker of {self.hop} is {breaker.state(tick)}: it did not answer, so nothing is sent "
+                f"through it for {breaker.open_for:g}s (then it is probed)",
+                reasons={self.hop: f"breaker {breaker.state(tick)}"},
+            )
+        return breaker, permit
 
     async def admit(self, flight: Flight) -> Admission:
         """Rate limit and concurrency, then the breaker; an instance whose breaker refuses is failed over."""
         while True:
             route = flight.route
-            guards = self.guards.get(route.agent, self.clock.now())
+            guards = self.guards.get(route.agent, self.clock.monotonic())
             slot = await guards.admit(route.capability, self.clock, flight.deadline)
-            breaker = self.breakers.get(route.agent, route.instance.instance_id)
-            now = self.clock.now()
+            breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
+            tick = self.clock.monotonic()
             self.observer = flight.rec
             try:
-                permit = breaker.acquire(now)
+                permit = breaker.acquire(tick)
             finally:
                 self.observer = None
-            if permit is not None and not flight.deadline.expired(now):
-                return Admission(guards, slot, breaker, permit)
+            if permit is not None and not flight.deadline.expired(self.clock.now()):
+                try:
+                    return Admission(guards, slot, breaker, permit, self._hop_permit(tick))
+                except CircuitOpen:
+                    breaker.release(permit)
+                    guards.release(slot)
+                    raise
             guards.release(slot)
             if permit is not None:
                 breaker.release(permit)
                 raise DeadlineExceeded(
                     f"request {flight.request.request_id}: the deadline passed while waiting for a slot"
                 )
-            state = breaker.state(now)
+            state = breaker.state(tick)
             try:
                 self.fail_over(flight, f"breaker of {route.instance.instance_id} is {state}")
             except NoHealthyAgent as exc:
@@ -234,23 +260,47 @@ class Engine:
             verdict = check_return_schema(route.capability, reply.data) or verdict
         return verdict, reply
 
-    def settle(self, flight: Flight, admission: Admission, verdict: Verdict, duration: float, now: float) -> None:
-        """Feed the breaker, the retry budget and the adaptive limit; free the slots."""
+    def settle(
+        self,
+        flight: Flight,
+        admission: Admission,
+        verdict: Verdict,
+        duration: float,
+        *,
+        again: bool = False,
+        answered: bool = True,
+    ) -> None:
+        """Feed the breakers, the retry budget and the adaptive limit; free the slots.
+
+        ``again``: the request retries on the same instance. The breaker then
+        waits for the request's last attempt there, so it judges requests, not
+        attempts: a flaky instance whose retries succeed is not opened, a dead
+        one (every attempt fails) is. ``answered``: something answered (False:
+        the transport raised). Through a hop, no answer is the hop's own
+        failure: it goes to the hop's breaker and the instance is not blamed.
+        """
+        tick = self.clock.monotonic()
+        hop_fault = admission.hop is not None and not answered and verdict.instance_fault
         self.observer = flight.rec
         try:
-            admission.breaker.record(admission.permit, now, failure=verdict.instance_fault, duration=duration)
+            if admission.hop is not None:
+                admission.hop[0].record(admission.hop[1], tick, failure=hop_fault, duration=duration)
+            if hop_fault or (again and verdict.instance_fault):
+                admission.breaker.release(admission.permit)
+            else:
+                admission.breaker.record(admission.permit, tick, failure=verdict.instance_fault, duration=duration)
         finally:
             self.observer = None
         if verdict.ok:
-            admission.guards.budget.record_success()
-        elif verdict.retryable:
-            admission.guards.budget.record_failure()
+            admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None
-        admission.guards.done(admission.slot, now, latency=latency, overload=verdict.overload)
+        admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload)
 
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""
         admission.breaker.release(admission.permit)
+        if admission.hop is not None:
+            admission.hop[0].release(admission.hop[1])
         admission.guards.release(admission.slot)
 
     def plan_retry(self, flight: Flight, verdict: Verdict, admission: Admission, now: float) -> Plan:
@@ -270,6 +320,7 @@ class Engine:
         delay = retry_delay(flight.attempts - 1, policy, self.rng, verdict.retry_after)
         if not flight.deadline.fits(now, delay):
             return Plan(None, f"a retry after {delay:.3g}s would start past the deadline", out_of_time=True)
+        flight.spent_retry = admission.guards.budget.spend() or flight.spent_retry
         return Plan(delay, "retry")
 
     def record(
@@ -289,7 +340,7 @@ class Engine:
             outcome=verdict.outcome,
             error=verdict.error.message if verdict.error else None,
             retry_delay_ms=None if delay is None else delay * 1000.0,
-            breaker_state=admission.breaker.state(now),
+            breaker_state=admission.breaker.state(self.clock.monotonic()),
         )
 
     def respond(
@@ -348,19 +399,21 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
                 if last is None:
                     raise
                 return engine.give_up(flight, last[0], last[1], f"no instance could take the retry: {exc.message}")
-        started = clock.now()
+        started, tick = clock.now(), clock.monotonic()
         try:
             verdict, reply = await engine.send(flight)
         except BaseException:
             engine.abandon(admission)
             raise
-        now = clock.now()
-        engine.settle(flight, admission, verdict, now - started, now)
+        now, duration = clock.now(), clock.monotonic() - tick
         flight.far_attempts += reply.attempts if reply is not None else 1
         if verdict.ok and reply is not None:
+            engine.settle(flight, admission, verdict, duration)
             engine.record(flight, verdict, admission, started, now, None)
             return engine.respond(flight, "success", reply.data, None, reply)
         plan = engine.plan_retry(flight, verdict, admission, now)
+        again = plan.delay is not None and not verdict.unreachable
+        engine.settle(flight, admission, verdict, duration, again=again, answered=reply is not None)
         engine.record(flight, verdict, admission, started, now, plan.delay)
         if plan.delay is None:
             return engine.give_up(flight, verdict, reply, plan.why, out_of_time=plan.out_of_time)
@@ -368,9 +421,9 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
         last = (verdict, reply)
         flight.rec.event(EVENT_RETRY, now, attempt=flight.attempts, delay_ms=delay * 1000.0, outcome=verdict.outcome)
         await clock.sleep(delay)
-        if verdict.unreachable or not admission.breaker.available(clock.now()):
+        if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
             try:
                 engine.fail_over(flight, f"{flight.route.instance.instance_id} is unreachable or its breaker opened")
             except ReachError as exc:
-                if not admission.breaker.available(clock.now()):
+                if not admission.breaker.available(clock.monotonic()):
                     return engine.give_up(flight, verdict, reply, f"no other instance to fail over to: {exc.message}")

@@ -117,7 +117,7 @@ class Pipeline:
     def is_available(self, agent: str, instance_id: str) -> bool:
         """Whether the instance's breaker would admit a call now (the Router's ``is_available`` hook)."""
         breaker = self._engine.breakers.find(agent, instance_id)
-        return breaker is None or breaker.is_closed or breaker.available(self._clock.now())
+        return breaker is None or breaker.is_closed or breaker.available(self._clock.monotonic())
 
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""

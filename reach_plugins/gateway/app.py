@@ -29,6 +29,7 @@ from reach_plugins.adapters import encode_sse
 from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, RequestError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
 from reach_plugins.model import ErrorInfo, ReachRequest
 from reach_plugins.telemetry import (
@@ -275,6 +276,7 @@ class Gateway:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/mcp", McpEndpoint(self).handle, methods=["GET", "POST", "DELETE"]),
         ]
         if self.issuer is not None:
             routes += issuer_routes(self.issuer, self.access.authenticate)

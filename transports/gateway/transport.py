@@ -132,6 +132,7 @@ class GatewayTransport(BaseTransport):
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"the gateway URL must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
+        self.hop: str | None = self.url
         self._token = token
         self._max_conns = max_conns
         self._connect_timeout = connect_timeout
