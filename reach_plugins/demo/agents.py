@@ -13,7 +13,6 @@ from opentelemetry.trace import TracerProvider
 
 from reach_plugins.agent import ReachAgent, ReachContext
 from reach_plugins.errors import BusinessError
-from reach_plugins.tokens import default_issuer
 
 ORDERS: dict[str, dict[str, Any]] = {
     "A1001": {"status": "shipped", "items": ["blue kettle"], "carrier": "SF Express", "eta": "tomorrow"},
@@ -33,13 +32,7 @@ ORDER_ID = {"type": "object", "properties": {"order_id": {"type": "string"}}, "r
 
 def orders_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
     """Looks orders up; remembers per conversation which orders it was asked about (session state)."""
-    agent = ReachAgent(
-        "orders",
-        version="1.4.0",
-        description="Looks orders up by id",
-        tracer_provider=tracer_provider,
-        tokens=default_issuer().verifier(),
-    )
+    agent = ReachAgent("orders", version="1.4.0", description="Looks orders up by id", tracer_provider=tracer_provider)
 
     @agent.capability(
         "query_order",
@@ -61,10 +54,7 @@ def orders_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
 
 def inventory_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
     agent = ReachAgent(
-        "inventory",
-        description="Knows what is in stock in which warehouse",
-        tracer_provider=tracer_provider,
-        tokens=default_issuer().verifier(),
+        "inventory", description="Knows what is in stock in which warehouse", tracer_provider=tracer_provider
     )
 
     @agent.capability(
@@ -83,12 +73,7 @@ def inventory_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent
 
 def tickets_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
     """Opens after-sales tickets; the work-order number is the idempotency key, so a retry files one ticket."""
-    agent = ReachAgent(
-        "tickets",
-        description="Opens after-sales tickets",
-        tracer_provider=tracer_provider,
-        tokens=default_issuer().verifier(),
-    )
+    agent = ReachAgent("tickets", description="Opens after-sales tickets", tracer_provider=tracer_provider)
     numbers = itertools.count(5001)
 
     @agent.capability(
@@ -115,10 +100,7 @@ def tickets_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
 
 def knowledge_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
     agent = ReachAgent(
-        "knowledge",
-        description="Answers policy questions from the help centre",
-        tracer_provider=tracer_provider,
-        tokens=default_issuer().verifier(),
+        "knowledge", description="Answers policy questions from the help centre", tracer_provider=tracer_provider
     )
 
     @agent.capability(
