@@ -89,12 +89,14 @@ def gateway(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     registry: Annotated[str | None, typer.Option(help="Take agents from this registry URL instead.")] = None,
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
+    issuer_key: Annotated[list[Path], typer.Option(help="Token signing key (PEM), newest first; repeatable.")] = [],  # noqa: B006
+    audit: Annotated[str | None, typer.Option(help="Content audit URL for L3 agents (else they are refused).")] = None,
 ) -> None:
-    """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics."""
+    """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
 
     try:
-        serve_gateway(config, host, port, registry=registry, allow_open=allow_open)
+        serve_gateway(config, host, port, registry=registry, allow_open=allow_open, issuer_keys=issuer_key, audit=audit)
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
@@ -131,6 +133,36 @@ def node(
                 callback_hosts=callback_host or (),
             )
         )
+    except ReachError as exc:
+        console.print("[red]error:[/red]", escape(str(exc)))
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def issuer(
+    config: Annotated[Path | None, typer.Option(help="YAML with tenants (tokens, allow-lists).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
+    key: Annotated[list[Path], typer.Option(help="Signing key (PEM), newest first; repeatable.")] = [],  # noqa: B006
+    name: Annotated[str, typer.Option(help="The tokens' 'iss' claim.")] = "reach",
+    ttl: Annotated[float, typer.Option(help="Token lifetime in seconds (at most 900).")] = 300.0,
+    new_key: Annotated[Path | None, typer.Option(help="Write a fresh Ed25519 key (PEM) here and exit.")] = None,
+) -> None:
+    """Serve the token issuer: POST /v1/tokens (tenants and agents), GET /.well-known/jwks.json."""
+    from reach_plugins.tokens.keys import SigningKey
+
+    if new_key is not None:
+        new_key.write_bytes(SigningKey.generate().pem())
+        new_key.chmod(0o600)
+        console.print(f"wrote a new signing key to {new_key}")
+        return
+    if config is None:
+        console.print("[red]error:[/red] give --config (the tenants' tokens and allow-lists), or --new-key PATH")
+        raise typer.Exit(2)
+    from reach_plugins.tokens.standalone import serve_issuer
+
+    try:
+        serve_issuer(config, host, port, keys=key, name=name, ttl=ttl)
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None

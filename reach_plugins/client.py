@@ -8,7 +8,7 @@ import random
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from contextlib import aclosing
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack
 
 from pydantic import ValidationError
 
@@ -25,6 +25,7 @@ from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.sharedpins import agree_on_pin
 from reach_plugins.stores import open_sessions, open_store
 from reach_plugins.transport import Credential, StreamEvent, Transport
+from reach_plugins.trust.caller import caller_transport
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from reach_plugins.core.dedup import DedupStore
     from reach_plugins.registry.base import Clock
     from reach_plugins.sessions import SessionStore
+    from reach_plugins.tokens.source import TokenSource
 
 
 class ReachOptions(TypedDict, total=False):
@@ -80,6 +82,9 @@ class ReachClient:
     ``registry`` and the shared stores are objects or URLs (``memory://``,
     ``file://agents.yaml``, ``etcd://host:port``, ``redis://host:port/db``).
     Without a ``transport`` the client reaches agents directly over HTTP.
+    Each direct reach carries a per-hop token for its target (DESIGN.md 11.4)
+    from ``tokens`` (``RemoteTokens(issuer_url, bearer=...)``, ``LocalTokens(issuer)``),
+    by default from this process's in-process issuer; ``tokens=False`` sends none.
     The client serves the event loop of its first call (its waits, limits and
     pools belong to it); blocking code uses :class:`~reach_plugins.blocking.SyncReachClient`,
     which runs a client of its own on a private loop.
@@ -101,6 +106,7 @@ class ReachClient:
         default_timeout: float = 30.0,
         environ: Mapping[str, str] | None = None,
         probes: bool = False,
+        tokens: TokenSource | Literal[False] | None = None,
     ) -> None:
         self.registry = open_registry(registry, clock=clock)
         self._opened: list[Any] = [self.registry] if isinstance(registry, str) else []
@@ -129,7 +135,7 @@ class ReachClient:
         )
         self.pipeline = Pipeline(
             router=TargetedRouter(self.router),
-            transport=transport,
+            transport=caller_transport(transport, tokens),
             store=dedup,
             clock=clock,
             rng=rng,

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from reach_plugins.units import Duration, Ratio
 
@@ -236,6 +236,17 @@ class Capability(Strict):
         return self.require_approval or self.danger_level == "high"
 
 
+def _check_endpoint(url: str) -> str:
+    """The endpoint policy every record obeys, loaded or read (http/https/grpc, no userinfo, not link-local,
+    inside the allowed networks when configured)."""
+    from reach_plugins.trust.endpoints import policy_problem
+
+    problem = policy_problem(url)
+    if problem is not None:
+        raise ValueError(problem)
+    return url
+
+
 class Instance(Strict):
     """A running copy of an agent. ``last_heartbeat`` ``None`` means static (not heartbeat-tracked)."""
 
@@ -249,6 +260,11 @@ class Instance(Strict):
     heartbeat_seq: int = 0
     last_heartbeat: float | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        return _check_endpoint(value)
 
 
 class AgentDescriptor(Strict):
@@ -274,7 +290,8 @@ class AgentDescriptor(Strict):
     internal_only: bool = False
     tenants: list[str] | None = None
     """Tenants allowed to reach this agent; ``None`` means every tenant the tenant table allows."""
-    trust_level: Literal["L1", "L2", "L3"] = "L1"
+    trust_level: Literal["L1", "L2", "L3"] = Field(default="L2", validation_alias=AliasChoices("trust_level", "trust"))
+    """L1 mutual TLS + token, L2 token (default), L3 gateway only and audited (DESIGN.md 11.4); YAML ``trust:``."""
     health_check: HealthCheck = Field(default_factory=HealthCheck)
     protocol_options: dict[str, Any] = Field(default_factory=dict)
     """Adapter settings (request template, response mapping for ``raw-http``...)."""
@@ -283,6 +300,11 @@ class AgentDescriptor(Strict):
     @classmethod
     def _name(cls, value: str) -> str:
         return _check_name(value, "agent name")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, value: list[str]) -> list[str]:
+        return [_check_endpoint(url) for url in value]
 
     @field_validator("capabilities", mode="before")
     @classmethod

@@ -170,7 +170,8 @@ async def test_nobody_healthy_says_why_for_each(registry: MemoryRegistry, clock:
     """NoHealthyAgent carries a reason per agent/instance."""
     await live(registry, "orders", ["o-1"])
     registry.put_agent(agent("empty", "query_order"))
-    await registry.register_instance(Instance(agent="orders", instance_id="o-2", endpoint="x", status="draining"))
+    draining = Instance(agent="orders", instance_id="o-2", endpoint="http://127.0.0.1:1", status="draining")
+    await registry.register_instance(draining)
     clock.advance(100)
     with pytest.raises(NoHealthyAgent) as caught:
         router(registry).route(ask())

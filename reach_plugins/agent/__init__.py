@@ -16,7 +16,7 @@ from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, Webh
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.agent.langgraph import ServedAgent, add_langgraph, serve_graph, serve_langgraph
 from reach_plugins.agent.registration import Registration
-from reach_plugins.agent.server import BackgroundServer, serve, uvicorn_config
+from reach_plugins.agent.server import BackgroundServer, mtls, serve, uvicorn_config
 from reach_plugins.agent.snapshots import MemorySnapshotStore, SnapshotStore
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "SnapshotStore",
     "WebhookApprover",
     "add_langgraph",
+    "mtls",
     "serve",
     "serve_graph",
     "serve_langgraph",

@@ -35,6 +35,7 @@ from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
 from reach_plugins.agent.sessiontable import MAX_SESSIONS, SessionTable, check_session
 from reach_plugins.agent.snapshots import SnapshotStore
+from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.context import Served, serving
 from reach_plugins.core.clock import as_clock
 from reach_plugins.errors import (
@@ -42,11 +43,13 @@ from reach_plugins.errors import (
     BusinessError,
     ConfigError,
     IdempotencyConflict,
+    PermissionDenied,
     ReachError,
     UnknownCapability,
 )
 from reach_plugins.inbound import InputLimits, loads
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
+from reach_plugins.tokens.errors import status_of
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -54,6 +57,8 @@ if TYPE_CHECKING:
     from reach_plugins.agent.registration import Registration
     from reach_plugins.core.dedup import DedupStore
     from reach_plugins.registry.base import Registry
+    from reach_plugins.tokens.claims import Claims as TokenClaims
+    from reach_plugins.tokens.verifier import TokenVerifier
 
 log = logging.getLogger("reach_plugins.agent")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -130,6 +135,8 @@ class ReachAgent:
         approver: Approver | str | None = None,
         limits: InputLimits | None = None,
         max_sessions: int = MAX_SESSIONS,
+        tokens: TokenVerifier | None = None,
+        trust: TrustLevel = "L2",
     ) -> None:
         try:
             AgentDescriptor(name=name)
@@ -150,6 +157,9 @@ class ReachAgent:
         self._approval = ApprovalGate(name, approver) if approver is not None else None
         """Asked before a ``danger_level: high`` / ``require_approval`` capability runs (:mod:`.approval`)."""
         self._registrations: list[Registration] = []
+        self.trust: TrustLevel = trust
+        self._gate = TokenGate(name, tokens, trust) if tokens is not None else None
+        """With ``tokens`` (a verifier of the Reach issuer), every call must carry a token for this agent."""
 
     # ------------------------------------------------------------------ declaring
 
@@ -214,6 +224,7 @@ class ReachAgent:
             endpoints=list(endpoints),
             capabilities=self.capabilities,
             idempotency=Idempotency(window=self._window, shared=self.shared_idempotency),
+            trust_level=self.trust,
         )
 
     # ------------------------------------------------------------------ health
@@ -229,10 +240,12 @@ class ReachAgent:
 
     # ------------------------------------------------------------------ serving
 
-    def _context(self, body: Mapping[str, Any], headers: Mapping[str, str], capability: str) -> ReachContext:
+    def _context(
+        self, body: Mapping[str, Any], headers: Mapping[str, str], capability: str, claims: TokenClaims | None
+    ) -> ReachContext:
         session_id = body.get("session_id")
         hops = headers.get("x-reach-hops")
-        tenant = body.get("tenant") or headers.get("x-tenant")
+        tenant = claims.tenant if claims is not None else body.get("tenant") or headers.get("x-tenant")
         key = headers.get("idempotency-key") or body.get("idempotency_key")
         return ReachContext(
             request_id=str(body.get("request_id") or ""),
@@ -248,7 +261,21 @@ class ReachAgent:
             state=self.sessions.state(tenant, session_id) if session_id else {},
         )
 
-    def _prepare(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | _Prepared:
+    async def authenticate(self, headers: Mapping[str, str]) -> Outcome | TokenClaims | None:
+        """The caller's token claims (``None`` with tokens off), or the 401/403 refusing the call.
+
+        The app asks before reading the body; ``handle`` asks again (a verified token is cached: no second check).
+        """
+        if self._gate is None:
+            return None
+        try:
+            return await self._gate.admit(headers)
+        except PermissionDenied as exc:
+            return _fail(None, status_of(exc), exc.error_type, exc.message)
+
+    def _prepare(
+        self, raw: bytes, headers: Mapping[str, str], claims: TokenClaims | None = None
+    ) -> Outcome | _Prepared:
         """Parse and check one request body: an early :class:`Outcome`, or what is needed to run it."""
         try:
             body = loads(raw, max_depth=self.limits.max_depth)
@@ -269,11 +296,12 @@ class ReachAgent:
                 f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
         payload = body.get("payload") or {}
-        problem = check_session(body.get("session_id"), body.get("tenant") or headers.get("x-tenant"))
+        tenant = claims.tenant if claims is not None else body.get("tenant") or headers.get("x-tenant")
+        problem = check_session(body.get("session_id"), tenant)
         if problem is not None:
             return _fail(request_id, 400, "rejected", problem)
         try:
-            ctx = self._context(body, headers, name)
+            ctx = self._context(body, headers, name, claims)
         except ValueError as exc:
             return _fail(request_id, 400, "rejected", f"bad X-Reach-Hops header: {exc}")
         remaining = ctx.remaining()
@@ -289,7 +317,10 @@ class ReachAgent:
 
     async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
         """Answer one ``POST /reach`` body (``headers`` with lowercase names)."""
-        prepared = self._prepare(raw, headers)
+        claims = await self.authenticate(headers)
+        if isinstance(claims, Outcome):
+            return claims
+        prepared = self._prepare(raw, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
         ctx = prepared.ctx
@@ -338,7 +369,10 @@ class ReachAgent:
 
     async def open_stream(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | AsyncIterator[bytes]:
         """Answer one ``POST /reach/stream`` body: an early :class:`Outcome`, or the SSE frames to send."""
-        prepared = self._prepare(raw, headers)
+        claims = await self.authenticate(headers)
+        if isinstance(claims, Outcome):
+            return claims
+        prepared = self._prepare(raw, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
         try:
@@ -381,7 +415,7 @@ class ReachAgent:
 
         Streams enter it around each step of the handler only, never across a ``yield`` to the server.
         """
-        return serving(
+        served = serving(
             self.name,
             ctx.capability,
             hops=ctx.hops,
@@ -389,6 +423,7 @@ class ReachAgent:
             tenant=ctx.tenant,
             deadline=ctx.deadline,
         )
+        return serving_holding(served, ctx.headers) if self._gate is not None else served
 
     def _span(self, ctx: ReachContext, headers: Mapping[str, str]) -> Any:
         """A server span continuing the caller's trace (``traceparent``)."""

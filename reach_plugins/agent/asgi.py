@@ -51,6 +51,9 @@ def build_app(agent: ReachAgent) -> Starlette:
     large = agent.limits.places()
 
     async def reach(request: Request) -> Response:
+        refused = await agent.authenticate(request.headers)
+        if isinstance(refused, Outcome):  # authenticated before the body is read (DESIGN.md 11.5)
+            return _json(refused)
         raw = await _body(agent, request, large)
         if isinstance(raw, Outcome):
             return _json(raw)
@@ -58,6 +61,9 @@ def build_app(agent: ReachAgent) -> Starlette:
         return _json(outcome) if outcome is not None else Response(status_code=499)
 
     async def reach_stream(request: Request) -> Response:
+        refused = await agent.authenticate(request.headers)
+        if isinstance(refused, Outcome):
+            return _json(refused)
         raw = await _body(agent, request, large)
         answer = raw if isinstance(raw, Outcome) else await agent.open_stream(raw, request.headers)
         if isinstance(answer, Outcome):

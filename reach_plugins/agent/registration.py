@@ -1,6 +1,6 @@
 """Registration of a running agent in a Registry, kept alive by heartbeats with sequence numbers.
 
-On start: the descriptor and one Instance (``ready``). Then a heartbeat every
+On start: one Instance (``ready``), and the agent's descriptor if the registry has none yet. Then a heartbeat every
 ``health_check.interval`` (10 s by default), reporting ``draining`` while the
 agent's readiness says no; a registry that forgot the instance (restarted,
 lease lost) gets it registered again. On stop: a last ``draining`` heartbeat, then
@@ -57,7 +57,13 @@ class Registration:
         self._task = asyncio.create_task(self._beat_forever(), name=f"heartbeat {self.instance_id}")
 
     async def _register(self) -> None:
-        await self.registry.register_agent(self.agent.descriptor())
+        """The instance, under a descriptor: the operator's when there is one (never overwritten), else the agent's own.
+
+        An agent's registry user may write only its own instance keys (DESIGN.md 11.4): descriptors — auth
+        references, trust, routing — belong to operators (``reach agents --load``).
+        """
+        if await self.registry.get(self.agent.name) is None:
+            await self.registry.register_agent(self.agent.descriptor())
         instance = Instance(
             agent=self.agent.name,
             instance_id=self.instance_id,

@@ -8,7 +8,9 @@ them). The server keeps idle connections longer than clients do (the pool's
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
+import ssl
 import threading
 from typing import Any
 
@@ -16,6 +18,7 @@ import uvicorn
 
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.guard import HEADER_TIMEOUT, MAX_HEADER_BYTES, guarded
+from reach_plugins.errors import ConfigError
 from reach_plugins.registry.base import Registry
 
 KEEP_ALIVE = 100
@@ -64,6 +67,25 @@ def uvicorn_config(
     return uvicorn.Config(app, host=host, port=port, **settings)
 
 
+def mtls(
+    cert_file: str | os.PathLike[str], key_file: str | os.PathLike[str], ca_file: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """uvicorn options serving TLS that requires a client certificate signed by ``ca_file`` (an L1 agent's).
+
+    ``serve(agent, port=8443, **mtls("agent.pem", "agent-key.pem", "ca.pem"))``, or the same
+    options to :class:`BackgroundServer`.
+    """
+    for path in (cert_file, key_file, ca_file):
+        if not os.path.isfile(path):
+            raise ConfigError(f"TLS file not found: {os.fspath(path)!r} (the agent's certificate, key, or client CA)")
+    return {
+        "ssl_certfile": os.fspath(cert_file),
+        "ssl_keyfile": os.fspath(key_file),
+        "ssl_ca_certs": os.fspath(ca_file),
+        "ssl_cert_reqs": ssl.CERT_REQUIRED,
+    }
+
+
 def serve(
     agent: ReachAgent,
     host: str = "127.0.0.1",
@@ -74,8 +96,14 @@ def serve(
     **options: Any,
 ) -> None:
     """Serve ``agent`` until interrupted; with ``registry``, register at ``endpoint`` (default from host/port)."""
+    mutual = options.get("ssl_cert_reqs") == ssl.CERT_REQUIRED
+    if agent.trust == "L1" and not mutual:
+        raise ConfigError(
+            f"agent {agent.name!r} is L1: serve it with mutual TLS, serve(agent, ..., **mtls(cert, key, client_ca))"
+        )
     if registry is not None:
-        agent.register_on_startup(registry, endpoint or f"http://{host}:{port}")
+        scheme = "https" if options.get("ssl_certfile") else "http"
+        agent.register_on_startup(registry, endpoint or f"{scheme}://{host}:{port}")
     uvicorn.Server(uvicorn_config(agent.app, host=host, port=port, **options)).run()
 
 

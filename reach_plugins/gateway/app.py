@@ -52,6 +52,8 @@ from reach_plugins.telemetry import (
     extract_context,
     get_tracer,
 )
+from reach_plugins.tokens.app import issuer_routes
+from reach_plugins.tokens.issuer import TokenIssuer
 from reach_plugins.transport import StreamEvent
 from reach_plugins.wire import (
     error_body,
@@ -143,6 +145,7 @@ class Gateway:
         tracer_provider: TracerProvider | None = None,
         retry_after: float = 1.0,
         limits: InputLimits | None = None,
+        issuer: TokenIssuer | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -153,6 +156,8 @@ class Gateway:
         self.limits = limits or InputLimits()
         self.large = self.limits.places()
         """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
+        self.issuer = issuer
+        """The token issuer role (DESIGN.md 11.4): ``POST /v1/tokens`` and the JWKS, when given."""
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
@@ -351,4 +356,6 @@ class Gateway:
             Route("/metrics", self.metrics_text, methods=["GET"]),
             Route("/mcp", McpEndpoint(self).handle, methods=["GET", "POST", "DELETE"]),
         ]
+        if self.issuer is not None:
+            routes += issuer_routes(self.issuer, self.access.authenticate)
         return Starlette(routes=routes, lifespan=lifespan)

@@ -115,6 +115,7 @@ class Forwarder:
         node_id: str | None = None,
         owns_registry: bool = False,
         probes: bool = True,
+        direct: Transport | None = None,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -123,7 +124,7 @@ class Forwarder:
         self.table = RouteTable(registry, ttl=route_ttl)
         self.router = Router(self.table, tenants=tenants, is_available=self._available)
         self.rule = SourceRule(self.router, self.table, tenants)
-        self.transport = transport if transport is not None else HopTransport(node_id=node_id)
+        self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
         self.pipeline = Pipeline(
             router=TargetedRouter(self.rule),
             transport=self.transport,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,10 +13,15 @@ from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.inbound import InputLimits
 from reach_plugins.registry import FileRegistry, Registry, open_registry
+from reach_plugins.tokens.claims import VIA_GATEWAY
+from reach_plugins.tokens.issuer import TokenIssuer
+from reach_plugins.tokens.serve import agent_transport, build_issuer
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
+
+    from reach_plugins.trust.audit import AuditHook
 
 
 def build_forwarder(
@@ -28,6 +33,9 @@ def build_forwarder(
     node_id: str | None = None,
     route_ttl: float = 1.0,
     allow_open: bool = False,
+    issuer: TokenIssuer | None = None,
+    via: str | None = None,
+    audit: AuditHook | str | None = None,
 ) -> tuple[Forwarder, Access]:
     """The forwarder and access rules a server runs with.
 
@@ -35,7 +43,9 @@ def build_forwarder(
     and are read once at start. Agents come from ``registry`` when given,
     else from ``config`` itself, which is then reloaded when it changes. A
     config without tenants would serve anyone as any tenant: refused unless
-    ``allow_open``.
+    ``allow_open``. Agents are reached with a token of ``issuer`` each (by
+    default one signing with ``$REACH_ISSUER_KEYS``, else a key of this
+    process), marked ``via``; L3 agents only with ``audit`` set.
     """
     path = Path(config)
     tenants = load_config(path).tenants
@@ -54,6 +64,7 @@ def build_forwarder(
         node_id=node_id,
         route_ttl=route_ttl,
         owns_registry=registry is None or isinstance(registry, str),
+        direct=agent_transport(issuer or build_issuer(tenants, environ=environ), via=via, audit=audit),
     )
     return forwarder, access
 
@@ -67,14 +78,27 @@ def create_app(
     max_inflight: int = 1024,
     allow_open: bool = False,
     limits: InputLimits | None = None,
+    issuer_keys: Sequence[str | os.PathLike[str]] = (),
+    audit: AuditHook | str | None = None,
 ) -> Starlette:
-    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`); ``limits`` bound each request read."""
+    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
+    ``limits`` bound each request read."""
     from reach_plugins.gateway.app import Gateway
 
+    issuer = build_issuer(load_config(Path(config)).tenants, keys=issuer_keys, environ=environ)
     forwarder, access = build_forwarder(
-        config, registry=registry, environ=environ, tracer_provider=tracer_provider, allow_open=allow_open
+        config,
+        registry=registry,
+        environ=environ,
+        tracer_provider=tracer_provider,
+        allow_open=allow_open,
+        issuer=issuer,
+        via=VIA_GATEWAY,
+        audit=audit,
     )
-    gateway = Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, limits=limits)
+    gateway = Gateway(
+        forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, limits=limits, issuer=issuer
+    )
     return gateway.app()
 
 
@@ -85,6 +109,8 @@ def serve_gateway(
     *,
     registry: str | None = None,
     allow_open: bool = False,
+    issuer_keys: Sequence[str | os.PathLike[str]] = (),
+    audit: str | None = None,
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -96,6 +122,6 @@ def serve_gateway(
 
     from reach_plugins.agent.server import uvicorn_config
 
-    app = create_app(config, registry=registry, allow_open=allow_open)
+    app = create_app(config, registry=registry, allow_open=allow_open, issuer_keys=issuer_keys, audit=audit)
     options.setdefault("proxy_headers", False)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run()

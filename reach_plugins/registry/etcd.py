@@ -38,14 +38,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
-from reach_plugins.errors import BackendUnavailable, ConfigError, RequestError
+from reach_plugins.errors import BackendUnavailable, ConfigError, PermissionDenied, RequestError
 from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent, default_clock
+from reach_plugins.registry.etcd_access import URL_OPTIONS as ACCESS_OPTIONS
+from reach_plugins.registry.etcd_access import EtcdAccess
 from reach_plugins.registry.etcd_mirror import EtcdMirror, Keys
 from reach_plugins.registry.failstatic import Reachability
 
 try:
-    import aetcd
     from aetcd import transactions as etcd_txn
     from aetcd.exceptions import ClientError, RevisionCompactedError
     from aetcd.utils import prefix_range_end
@@ -82,6 +83,7 @@ class EtcdRegistry:
         lease_ttl: int = DEFAULT_LEASE_TTL,
         timeout: float = 5.0,
         clock: Clock | None = None,
+        access: EtcdAccess | None = None,
     ) -> None:
         if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int) or lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(
@@ -90,6 +92,7 @@ class EtcdRegistry:
         if timeout <= 0:
             raise ConfigError(f"etcd timeout must be positive seconds, got {timeout!r}")
         self.host, self.port, self.lease_ttl, self.timeout = host, port, lease_ttl, timeout
+        self.access = access or EtcdAccess()
         self.address = f"{host}:{port}"
         self.prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
         self._keys = Keys(self.prefix)
@@ -268,7 +271,7 @@ class EtcdRegistry:
 
     def _connect(self) -> Any:
         if self._client is None:
-            self._client = aetcd.Client(self.host, self.port, timeout=self.timeout, options=_CHANNEL_OPTIONS)
+            self._client = self.access.client(self.host, self.port, timeout=self.timeout, options=_CHANNEL_OPTIONS)
         return self._client
 
     async def _call(self, what: str, operation: Awaitable[T]) -> T:
@@ -276,6 +279,11 @@ class EtcdRegistry:
         try:
             return await operation
         except (ClientError, TimeoutError) as exc:
+            if "permission denied" in str(exc):
+                raise PermissionDenied(
+                    f"etcd at {self.address} refused to let this registry's user {what}: permission denied "
+                    "(agents may write only their own instance keys; descriptors are the operators')"
+                ) from exc
             raise BackendUnavailable(f"etcd at {self.address} could not {what}: {exc or type(exc).__name__}") from exc
 
     async def _ready(self) -> Any:
@@ -378,7 +386,7 @@ class EtcdRegistry:
             pool.submit(asyncio.run, self._load()).result()
 
     async def _load(self) -> None:
-        client = aetcd.Client(self.host, self.port, timeout=self.timeout)
+        client = self.access.client(self.host, self.port, timeout=self.timeout)
         try:
             listing = await self._call("read the registry", client.get_prefix(self._keys.prefix))
             await self._mirror.apply_listing(listing)
@@ -396,11 +404,16 @@ def from_url(url: str, *, clock: Clock | None = None) -> EtcdRegistry:
     """``etcd://host:port[/prefix][?lease_ttl=10&timeout=5]`` -> a registry holding the current snapshot."""
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = sorted(options.keys() - set(_URL_OPTIONS))
+    unknown = sorted(options.keys() - set(_URL_OPTIONS) - set(ACCESS_OPTIONS))
+    if "@" in parts.netloc:
+        raise ConfigError(
+            "etcd registry URL: no user:password@ in the URL (it ends up in logs); use ?user=NAME with the password "
+            "in REACH_ETCD_PASSWORD (or password_env=VAR), or a client certificate (?cert=...&key=...)"
+        )
     if parts.scheme != "etcd" or not parts.hostname or unknown:
         raise ConfigError(
             f"registry URL {url!r}: write etcd://HOST:PORT[/PREFIX] with optional "
-            f"?{'&'.join(f'{name}=...' for name in _URL_OPTIONS)}"
+            f"?{'&'.join(f'{name}=...' for name in (*_URL_OPTIONS, *ACCESS_OPTIONS))}"
             + (f" (unknown option {', '.join(unknown)})" if unknown else "")
         )
     try:
@@ -410,6 +423,9 @@ def from_url(url: str, *, clock: Clock | None = None) -> EtcdRegistry:
     except ValueError as exc:
         raise ConfigError(f"registry URL {url!r}: {exc}; port and lease_ttl are integers, timeout is seconds") from exc
     prefix = parts.path if parts.path.strip("/") else DEFAULT_PREFIX
-    registry = EtcdRegistry(parts.hostname, port, prefix=prefix, lease_ttl=lease_ttl, timeout=timeout, clock=clock)
+    access = EtcdAccess.from_options(options)
+    registry = EtcdRegistry(
+        parts.hostname, port, prefix=prefix, lease_ttl=lease_ttl, timeout=timeout, clock=clock, access=access
+    )
     registry._preload()
     return registry

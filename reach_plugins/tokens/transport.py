@@ -1,0 +1,42 @@
+"""A transport that adds the per-hop token for the chosen agent to every call: how a caller's reaches carry tokens.
+
+It wraps the transport that talks to agents (DirectTransport, or the gateway's
+and node's next hop) and leaves everything else to it. Only ``reach``
+agents get a token: other protocols (OpenAI-compatible, A2A, raw HTTP) are
+foreign servers that must not receive Reach tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from reach_plugins.tokens.claims import HEADER_TOKEN
+from reach_plugins.tokens.source import TokenSource
+from reach_plugins.transport import Call, Reply, StreamEvent, Transport
+from reach_plugins.trust.wrapping import Wrapping
+
+
+class TokenTransport(Wrapping):
+    """``inner`` with an ``X-Reach-Token`` for ``call.agent`` on every call to a ``reach`` agent.
+
+    Closing closes ``inner``; the token source belongs to whoever made it.
+    """
+
+    def __init__(self, inner: Transport, tokens: TokenSource) -> None:
+        super().__init__(inner)
+        self.tokens = tokens
+
+    async def _signed(self, call: Call) -> Call:
+        if call.agent.protocol != "reach":
+            return call
+        token = await self.tokens.token(call.agent.name, call.request.tenant)
+        return replace(call, headers={**call.headers, HEADER_TOKEN: token})
+
+    async def send(self, call: Call) -> Reply:
+        return await self.inner.send(await self._signed(call))
+
+    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+        signed = await self._signed(call)
+        async for event in self.inner.stream(signed):
+            yield event

@@ -1,0 +1,104 @@
+"""Endpoint policy: http, https or grpc only, no userinfo, not link-local, optional allowed networks — on load and
+on read (DESIGN.md 11.4)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aetcd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from reach_plugins.cli import app
+from reach_plugins.config import load_config
+from reach_plugins.errors import ConfigError
+from reach_plugins.model import AgentDescriptor, Instance
+from reach_plugins.registry import open_registry
+from reach_plugins.trust import SCHEMES, allow_networks, endpoint_problem
+
+BAD = {
+    "file:///etc/passwd": "scheme must be http, https or grpc",
+    "gopher://127.0.0.1:70/": "scheme must be http, https or grpc",
+    "http://admin:hunter2@127.0.0.1:8080": "userinfo",
+    "http://169.254.169.254/latest/meta-data": "link-local",
+    "http://[fe80::1]:8080": "link-local",
+}
+
+
+@pytest.fixture
+def networks() -> Iterator[None]:
+    """Restore 'any network' after a test that limits them."""
+    yield
+    allow_networks(None)
+
+
+@pytest.mark.parametrize(("url", "why"), BAD.items())
+def test_bad_endpoints_are_refused_when_loading(tmp_path: Path, url: str, why: str) -> None:
+    """A YAML agent with such an endpoint is a ConfigError naming the rule it breaks."""
+    path = tmp_path / "agents.yaml"
+    path.write_text(f"agents:\n  - name: echo\n    endpoint: '{url}'\n    capabilities: [echo]\n")
+    with pytest.raises(ConfigError, match=why):
+        load_config(path)
+
+
+def test_reach_agents_load_refuses_bad_endpoints(tmp_path: Path) -> None:
+    """`reach agents --load` with a gopher endpoint exits 2 and says why; nothing is loaded."""
+    path = tmp_path / "agents.yaml"
+    path.write_text("agents:\n  - name: echo\n    endpoint: gopher://127.0.0.1:70/\n    capabilities: [echo]\n")
+    result = CliRunner().invoke(app, ["agents", "--registry", "memory://", "--load", str(path)])
+    assert result.exit_code == 2
+    assert "must be http, https or grpc, not 'gopher'" in " ".join(result.output.split())
+
+
+def test_userinfo_never_shows_in_the_message() -> None:
+    """The refusal names the rule and the host, never the password it found."""
+    problem = endpoint_problem("http://admin:hunter2@127.0.0.1:8080")
+    assert problem is not None and "userinfo" in problem and "127.0.0.1:8080" in problem
+    assert "hunter2" not in problem and "admin" not in problem
+
+
+def test_allowed_networks_limit_endpoints(networks: None) -> None:
+    """With networks configured, only literal addresses inside them pass; hostnames and outsiders are refused."""
+    allow_networks("10.0.0.0/8")
+    AgentDescriptor(name="ok", endpoints=["http://10.1.2.3:80"])
+    for url in ("http://127.0.0.1:80", "http://orders.example:80"):
+        with pytest.raises(ValueError, match="outside the allowed networks"):
+            Instance(agent="x", instance_id="i", endpoint=url)
+    with pytest.raises(ConfigError, match="not a CIDR"):
+        allow_networks("10.0.0.0/33")
+
+
+async def test_bad_records_in_etcd_are_ignored_on_read(etcd_url: str) -> None:
+    """An instance written straight into etcd with a file:// endpoint never reaches the router; a good one does."""
+    prefix = f"/reach-test/{uuid.uuid4().hex}/"
+    host, _, port = etcd_url.removeprefix("etcd://").rpartition(":")
+    async with aetcd.Client(host, int(port), timeout=5) as raw:
+        descriptor = AgentDescriptor(name="echo", capabilities=["echo"]).model_dump_json()
+        await raw.put(f"{prefix}agents/echo".encode(), descriptor.encode())
+        for instance_id, endpoint in (("bad", "file:///etc/passwd"), ("good", "http://127.0.0.1:9")):
+            record = {"agent": "echo", "instance_id": instance_id, "endpoint": endpoint}
+            await raw.put(f"{prefix}instances/echo/{instance_id}".encode(), json.dumps(record).encode())
+        registry = open_registry(f"{etcd_url}{prefix}")
+        try:
+            assert list(registry.instances("echo")) == ["good"]
+        finally:
+            await registry.aclose()
+            await raw.delete_prefix(prefix.encode())
+
+
+@given(st.text(max_size=60), st.sampled_from(["http", "https", "grpc", "file", "gopher", "ftp", "", "HTTP"]))
+def test_accepted_endpoints_always_obey_the_policy(rest: str, scheme: str) -> None:
+    """Whatever the text, an accepted endpoint has an allowed scheme, no userinfo and is not link-local."""
+    url = f"{scheme}://{rest}"
+    if endpoint_problem(url) is None:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        assert parts.scheme in SCHEMES
+        assert "@" not in parts.netloc
+        assert parts.hostname and not parts.hostname.startswith("169.254.")
