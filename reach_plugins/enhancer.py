@@ -55,6 +55,8 @@ from reach_plugins.telemetry import (
 from reach_plugins.toolcalls import (
     Approver,
     Decision,
+    ExposeOption,
+    Exposure,
     MatcherOption,
     OnError,
     PendingApproval,
@@ -96,7 +98,10 @@ class ReachEnhancer:
     with ``danger_level: high`` or ``require_approval`` is sent only when
     ``approver`` says yes (LangGraph's adapter asks a human with ``interrupt``).
     ``on_error="message"`` turns a failure into text for the model,
-    ``"raise"`` raises it. ``serve_as`` names what this agent offers when it is
+    ``"raise"`` raises it. ``expose`` names the capabilities without a local
+    tool that the model may see as proxy tools (names or scope tags, or a
+    predicate; none by default; ``danger_level: high`` ones only by name).
+    ``serve_as`` names what this agent offers when it is
     served itself (``auto_register=True``; the agent SDK serves it, see :meth:`adopt`).
     """
 
@@ -117,6 +122,7 @@ class ReachEnhancer:
         session_key: SessionKey | None = None,
         serve_as: ServeSpec | None = None,
         scope_tags: Sequence[str] = (),
+        expose: ExposeOption = None,
         timeout_ms: int | None = None,
         tracer_provider: TracerProvider | None = None,
         **client_options: Any,
@@ -132,6 +138,7 @@ class ReachEnhancer:
         self.approver = approver
         self.session_key = session_key
         self.scope_tags = tuple(scope_tags)
+        self.exposure = Exposure.of(expose)
         self.timeout_ms = timeout_ms
         self.tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
@@ -171,14 +178,22 @@ class ReachEnhancer:
         return self.mapper.catalogue()
 
     def tools(self, local: Iterable[str | tuple[str, str]] = ()) -> list[ProxySpec]:
-        """Proxy tools for capabilities no local tool covers (``local``: names, or ``(name, description)``).
+        """Proxy tools for the exposed capabilities no local tool covers (``local``: names, or ``(name, description)``).
 
-        Capabilities this agent serves itself (``serve_as``) are left out: an agent does not reach itself.
+        Only what ``expose`` lets through (nothing by default). Capabilities this
+        agent serves itself (``serve_as``) are left out: an agent does not reach itself.
         """
         if self.policy == "local_only":
             return []
         own = self.serve_as.capabilities if self.serve_as is not None else ()
-        return self.mapper.uncovered(local, exclude=[c if isinstance(c, str) else c.name for c in own])
+        return self.mapper.uncovered(
+            local, exclude=[c if isinstance(c, str) else c.name for c in own], exposed=self.exposure
+        )
+
+    def exposes(self, capability: str) -> bool:
+        """Whether the model may call ``capability`` without a local tool for it (``expose``)."""
+        found = self.catalogue().get(capability)
+        return found is not None and self.exposure(found)
 
     # ------------------------------------------------------------------ deciding
 

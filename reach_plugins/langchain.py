@@ -70,7 +70,9 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
     """Sends every tool call a remote agent should serve through the enhancer.
 
     ``local_tools`` are the agent's own tools; ``tools`` (what LangChain adds to
-    the agent) are proxy tools for the capabilities none of them covers.
+    the agent) are proxy tools for the capabilities the enhancer exposes (``expose``)
+    that none of them covers. A call to any other tool the agent lacks is left
+    to LangChain (which answers that the tool does not exist).
     """
 
     def __init__(
@@ -120,9 +122,14 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
             has_local=tool is not None and tool.name not in self._proxies,
         )
         decision = self.enhancer.decide(call)
-        if not decision.remote or (tool is None and decision.capability is None):
+        if not decision.remote or (tool is None and not self._exposed(decision)):
             return call, None
         return call, decision
+
+    def _exposed(self, decision: Decision) -> bool:
+        """Whether a call to a tool the agent does not have may reach its capability (only an exposed one)."""
+        capability = decision.capability
+        return capability is not None and self.enhancer.exposes(capability.name)
 
     def _swapped(self, request: ToolCallRequest, call: ToolCall, decision: Decision) -> BaseTool:
         schema = self._schema(request.tool)

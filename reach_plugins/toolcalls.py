@@ -190,6 +190,50 @@ def proxy_spec(capability: Capability) -> ProxySpec:
     return ProxySpec(capability.name, description, dict(schema), capability.name)
 
 
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """Which capabilities without a local tool the model may see as proxy tools (opt-in: none by default).
+
+    ``names`` match a capability by name or by one of its scope tags;
+    ``predicate`` picks by any field. A capability with ``danger_level:
+    high`` is exposed only when its own name is listed: a tag or a predicate
+    never brings a dangerous tool to the model.
+    """
+
+    names: frozenset[str] = frozenset()
+    predicate: Callable[[Capability], bool] | None = None
+
+    @classmethod
+    def of(cls, option: ExposeOption) -> Exposure:
+        """The rule for ``expose=`` (a string alone is refused: it would be read letter by letter)."""
+        if option is None:
+            return cls()
+        if isinstance(option, Exposure):
+            return option
+        if isinstance(option, str):
+            raise ConfigError(f"expose= takes a list of capability names or scope tags, not a string: [{option!r}]")
+        if callable(option):
+            return cls(predicate=option)
+        names = frozenset(option)
+        if not all(isinstance(name, str) and name for name in names):
+            raise ConfigError("expose= items must be capability names or scope tags (non-empty strings)")
+        return cls(names=names)
+
+    def __call__(self, capability: Capability) -> bool:
+        """Whether the model may see ``capability`` as a tool."""
+        if capability.name in self.names:
+            return True
+        if capability.danger_level == "high":
+            return False
+        if not self.names.isdisjoint(capability.scope_tags):
+            return True
+        return self.predicate is not None and self.predicate(capability)
+
+
+ExposeOption = Iterable[str] | Callable[[Capability], bool] | Exposure | None
+"""``expose=``: capability names or scope tags, a predicate, or ``None`` (no proxy tools; the default)."""
+
+
 def content_of(data: Any) -> str:
     """What the model reads from a reply: text as is, a chat agent's ``reply_content``, anything else as JSON."""
     if isinstance(data, str):
@@ -288,15 +332,21 @@ class ToolMapper:
                 resolved[tool, description] = found
         return found
 
-    def uncovered(self, local: Iterable[str | tuple[str, str]], *, exclude: Iterable[str] = ()) -> list[ProxySpec]:
-        """Proxy specs for the capabilities that no ``local`` tool (name, or name and description) maps to."""
+    def uncovered(
+        self,
+        local: Iterable[str | tuple[str, str]],
+        *,
+        exclude: Iterable[str] = (),
+        exposed: Callable[[Capability], bool] = lambda capability: True,
+    ) -> list[ProxySpec]:
+        """Proxy specs for the ``exposed`` capabilities no ``local`` tool (name, or name and description) maps to."""
         pairs = [(item, "") if isinstance(item, str) else item for item in local]
         covered = {name for name, _ in pairs} | {self.explain(*pair).capability for pair in pairs} | set(exclude)
         tags = set(self.scope_tags)
         return [
             proxy_spec(capability)
             for name, capability in sorted(self.catalogue().items())
-            if name not in covered and tags <= set(capability.scope_tags)
+            if name not in covered and tags <= set(capability.scope_tags) and exposed(capability)
         ]
 
     def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability]) -> Resolution:

@@ -78,7 +78,9 @@ def transport() -> MockTransport:
 def enhancer(transport: MockTransport) -> Iterator[ReachEnhancer]:
     registry = registry_with("orders-a", "orders-b", "orders-c")
     capability_map = {"lookup": "query_order"}
-    with ReachEnhancer(registry=registry, transport=transport, matcher=False, capability_map=capability_map) as e:
+    with ReachEnhancer(
+        registry=registry, transport=transport, matcher=False, capability_map=capability_map, expose=["check_inventory"]
+    ) as e:
         yield e
 
 
@@ -210,6 +212,17 @@ async def test_failure_is_an_error_output_and_the_run_goes_on(enhancer: ReachEnh
     assert output.is_error and isinstance(output.exception, BusinessError)
 
 
+def test_an_agent_sees_only_its_tools_unless_capabilities_are_exposed(transport: MockTransport) -> None:
+    """FunctionAgent(tools=[]) keeps no tools and tools=[lookup] one; expose= adds exactly the named capability."""
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=transport, matcher=False) as e:
+        empty = enhance_agent(FunctionAgent(tools=[], llm=script("ok")[0]), e)
+        one = enhance_agent(FunctionAgent(tools=[lookup], llm=script("ok")[0]), e)
+        assert empty.tools == [] and [tool.metadata.name for tool in one.tools] == ["lookup"]
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=transport, expose=["check_inventory"]) as e:
+        agent = enhance_agent(FunctionAgent(tools=[], llm=script("ok")[0]), e)
+        assert [tool.metadata.name for tool in agent.tools] == ["check_inventory"]
+
+
 def test_metadata_is_the_inner_tools() -> None:
     """The proxy keeps the inner tool's ToolMetadata object (name, description, schema, return_direct)."""
     inner = FunctionTool.from_defaults(lookup, return_direct=True)
@@ -266,7 +279,9 @@ def test_reach_is_traced_with_the_conversation(transport: MockTransport) -> None
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     registry = registry_with("orders-a")
-    with ReachEnhancer(registry=registry, transport=transport, matcher=False, tracer_provider=provider) as enhancer:
+    with ReachEnhancer(
+        registry=registry, transport=transport, matcher=False, tracer_provider=provider, expose=["check_inventory"]
+    ) as enhancer:
         proxy = next(tool for tool in enhance_tools([], enhancer) if tool.metadata.name == "check_inventory")
         with instrument_tags({SESSION_KEY: "traced"}):
             proxy.call(sku="K-7")
