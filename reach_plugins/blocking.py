@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self, Unpack
 
-from reach_plugins.broadcast import Aggregate, BroadcastResult
-from reach_plugins.client import ReachClient, ReachOptions
+from reach_plugins.broadcast import BroadcastResult
+from reach_plugins.client import BroadcastOptions, ReachClient, ReachOptions
 from reach_plugins.model import ReachRequest, ReachResponse
 from reach_plugins.syncbridge import SyncBridge
 from reach_plugins.transport import StreamEvent
@@ -63,17 +63,10 @@ class SyncReachClient:
         return self._bridge.run(self.client.send(request, trace=trace))
 
     def broadcast(
-        self,
-        capability: str,
-        payload: Mapping[str, Any] | None = None,
-        *,
-        k: int = 3,
-        aggregate: Aggregate = "all",
-        n: int | None = None,
-        **options: Unpack[ReachOptions],
+        self, capability: str, payload: Mapping[str, Any] | None = None, **options: Unpack[BroadcastOptions]
     ) -> BroadcastResult:
         """Blocking :meth:`ReachClient.broadcast`."""
-        return self._bridge.run(self.client.broadcast(capability, payload, k=k, aggregate=aggregate, n=n, **options))
+        return self._bridge.run(self.client.broadcast(capability, payload, **options))
 
     def stream(
         self, capability: str, payload: Mapping[str, Any] | None = None, **options: Unpack[ReachOptions]

@@ -53,6 +53,16 @@ class ReachOptions(TypedDict, total=False):
     """An upstream layer owns retries: this one sends each attempt once."""
 
 
+class BroadcastOptions(ReachOptions, total=False):
+    """:class:`ReachOptions` plus how a broadcast aggregates (:mod:`reach_plugins.broadcast`)."""
+
+    k: int
+    """How many top candidates get a copy (3)."""
+    aggregate: Aggregate
+    """``first``, ``first_n`` (of ``n``), ``quorum`` or ``all`` (the default)."""
+    n: int | None
+
+
 _NO_AUTH = Auth()
 _NO_CREDENTIAL = Credential()
 """What an agent without ``auth`` gets from a tenant without its own credential for it: nothing to resolve."""

@@ -58,18 +58,7 @@ def from_config(name: str, handlers: Mapping[str, Callable[..., Any]], **options
         name, version=descriptor.version, description=descriptor.description, namespace=descriptor.namespace, **options
     )
     for cap in descriptor.capabilities:
-        agent.capability(
-            cap.name,
-            description=cap.description,
-            params_schema=cap.params_schema,
-            return_schema=cap.return_schema,
-            scope_tags=cap.scope_tags,
-            danger_level=cap.danger_level,
-            require_approval=cap.require_approval,
-            idempotency_key=cap.idempotency_key,
-            retryable=cap.retryable,
-            max_concurrency=cap.max_concurrency,
-        )(handlers[cap.name])
+        agent.offer(cap)(handlers[cap.name])
     return agent
 
 

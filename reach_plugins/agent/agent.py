@@ -138,8 +138,6 @@ class ReachAgent:
         """Register the decorated function (sync, async or a generator for streaming) as capability ``name``."""
 
         def register(fn: F) -> F:
-            if name in self._handlers:
-                raise ConfigError(f"agent {self.name!r} already has a capability {name!r}")
             try:
                 capability = Capability(
                     name=name,
@@ -155,10 +153,19 @@ class ReachAgent:
                 )
             except ValidationError as exc:
                 raise ConfigError(f"invalid capability {name!r}: {exc.errors()[0]['msg']}") from None
-            self._handlers[name] = CapabilityHandler(capability, fn)
-            return fn
+            return self._add(capability, fn)
 
         return register
+
+    def offer(self, capability: Capability) -> Callable[[F], F]:
+        """Register the decorated function as ``capability``, declared elsewhere (YAML, a served graph's spec)."""
+        return lambda fn: self._add(capability, fn)
+
+    def _add(self, capability: Capability, fn: F) -> F:
+        if capability.name in self._handlers:
+            raise ConfigError(f"agent {self.name!r} already has a capability {capability.name!r}")
+        self._handlers[capability.name] = CapabilityHandler(capability, fn)
+        return fn
 
     @property
     def capabilities(self) -> list[Capability]:

@@ -101,18 +101,8 @@ def add_langgraph(
     for item in capabilities:
         declared = Capability(name=item) if isinstance(item, str) else item
         schema = declared.params_schema or (None if isinstance(item, str) and item == "chat" else MESSAGE_SCHEMA)
-        agent.capability(
-            declared.name,
-            description=declared.description or description,
-            params_schema=schema,
-            return_schema=declared.return_schema,
-            scope_tags=declared.scope_tags,
-            danger_level=declared.danger_level,
-            require_approval=declared.require_approval,
-            idempotency_key=declared.idempotency_key,
-            retryable=declared.retryable,
-            max_concurrency=declared.max_concurrency,
-        )(run)
+        update = {"description": declared.description or description, "params_schema": schema}
+        agent.offer(declared.model_copy(update=update))(run)
 
 
 @dataclass(frozen=True, slots=True)
