@@ -22,6 +22,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
@@ -44,6 +45,7 @@ from reach_plugins.stores import open_sessions
 from reach_plugins.telemetry import (
     ATTR_CAPABILITY,
     ATTR_ERROR_TYPE,
+    ATTR_FALLBACK,
     ATTR_GEN_AI_CONVERSATION_ID,
     ATTR_GEN_AI_OPERATION_NAME,
     ATTR_GEN_AI_TOOL_CALL_ID,
@@ -303,10 +305,31 @@ class ReachEnhancer:
         if capability:
             span.set_attribute(ATTR_CAPABILITY, capability)
         span.set_attribute(ATTR_ERROR_TYPE, type(error).__name__)
+        fallback = self._fallback(call, capability, error, route)
+        if fallback is not None:
+            span.set_attribute(ATTR_FALLBACK, "local")
+            return ToolResult(call, capability, error_text(call.name, capability, error), None, error, fallback)
         span.set_status(Status(StatusCode.ERROR, error.message))
         if self.on_error == "raise":
             raise error
         return ToolResult(call, capability, error_text(call.name, capability, error), None, error, route)
+
+    def _fallback(
+        self, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
+    ) -> RouteInfo | None:
+        """The route record of a call the local tool should take over, or ``None``.
+
+        Under ``remote_first`` a call with a local tool that reached no agent
+        (no healthy agent, every breaker open, every attempt refused before the
+        agent saw it) runs locally in the same tool call; the record says why.
+        """
+        if self.policy != "remote_first" or not call.has_local or capability is None:
+            return None
+        if isinstance(error, NoHealthyAgent):
+            route = RouteInfo(capability, None, delivered=False)
+        elif route is None or route.delivered:
+            return None
+        return replace(route, fallback=f"local tool ran: {error.message}")
 
     @contextmanager
     def _span(self, call: ToolCall) -> Iterator[Span]:

@@ -8,7 +8,9 @@
 swaps the tool (``handler(request.override(tool=...))``) instead of answering
 itself, so LangChain's tool callbacks and error handling still run; a failure
 becomes ``ToolMessage(status="error")`` through ``handle_tool_error`` unless
-the enhancer says ``on_error="raise"``. The conversation key is the LangGraph
+the enhancer says ``on_error="raise"``. Under ``remote_first`` a reach that
+reached no agent runs the local tool in the same call (the ToolMessage's
+artifact says ``fallback``). The conversation key is the LangGraph
 ``thread_id``; a dangerous capability pauses the run with ``interrupt`` until
 ``Command(resume={"approved": True})`` (resuming needs a checkpointer). The
 same two methods plug into ``ToolNode(tools, wrap_tool_call=...,
@@ -37,7 +39,16 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from reach_plugins.agent.langgraph import serve_graph
-from reach_plugins.toolcalls import ANY_OBJECT, Approver, Decision, PendingApproval, ProxySpec, ToolCall, ToolResult
+from reach_plugins.toolcalls import (
+    ANY_OBJECT,
+    Approver,
+    Decision,
+    PendingApproval,
+    ProxySpec,
+    ToolCall,
+    ToolResult,
+    content_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -138,13 +149,21 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
         def bound(args: dict[str, Any]) -> ToolCall:
             return replace(call, args={k: v for k, v in args.items() if visible is None or k in visible})
 
-        def run(**args: Any) -> tuple[str, dict[str, Any] | None]:
-            return _output(self.enhancer.reach(bound(args), decision, approver=self._approver))
+        local = request.tool
 
-        async def arun(**args: Any) -> tuple[str, dict[str, Any] | None]:
-            return _output(await self.enhancer.areach(bound(args), decision, approver=self._approver))
+        def run(**args: Any) -> tuple[Any, dict[str, Any] | None]:
+            result = self.enhancer.reach(bound(args), decision, approver=self._approver)
+            if result.fallback is not None and local is not None:
+                return _local(local.invoke(args), result)
+            return _output(result)
 
-        description = request.tool.description if request.tool is not None else decision.reason
+        async def arun(**args: Any) -> tuple[Any, dict[str, Any] | None]:
+            result = await self.enhancer.areach(bound(args), decision, approver=self._approver)
+            if result.fallback is not None and local is not None:
+                return _local(await local.ainvoke(args), result)
+            return _output(result)
+
+        description = local.description if local is not None else decision.reason
         return _tool(call.name, description, schema, run, arun)
 
     def _schema(self, tool: BaseTool | None) -> dict[str, Any]:
@@ -186,6 +205,12 @@ def _output(result: ToolResult) -> tuple[str, dict[str, Any] | None]:
     if result.error is not None:
         raise ToolException(result.content)
     return result.content, result.route.as_dict() if result.route is not None else None
+
+
+def _local(output: Any, result: ToolResult) -> tuple[Any, dict[str, Any] | None]:
+    """The local tool's output, with the route record saying the reach was not delivered and why."""
+    content = output if isinstance(output, str | list) else content_of(output)
+    return content, result.route.as_dict() if result.route is not None else None
 
 
 def _identity(tool: BaseTool | Callable[..., Any] | dict[str, Any]) -> tuple[str, str]:

@@ -9,7 +9,8 @@ call by call, whether to run the inner tool or reach an agent. It works in
     agent = enhance_agent(FunctionAgent(tools=[lookup_order], llm=llm), enhancer)
 
 A failed reach becomes ``ToolOutput(is_error=True)`` whose text tells the
-model what to do next. The conversation key is the workflow ``Context``'s
+model what to do next; under ``remote_first`` a reach that reached no agent
+runs the inner tool in the same call instead. The conversation key is the workflow ``Context``'s
 ``ctx.store["reach_session_id"]`` (created on the first reach, so one Context
 is one conversation), else the ``reach_session_id`` of LlamaIndex's
 ``instrument_tags``. The sync ``call`` works inside a running event loop: the
@@ -78,7 +79,10 @@ class ReachTool(AsyncBaseTool):
         decision = self.enhancer.decide(call)
         if not decision.remote and self.inner is not None:
             return self.inner.call(*args, **kwargs)
-        return _output(call, self.enhancer.reach(call, decision))
+        result = self.enhancer.reach(call, decision)
+        if result.fallback is not None and self.inner is not None:
+            return self.inner.call(*args, **kwargs)
+        return _output(call, result)
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         """Async call, as agents and workflows make it (the session key comes from the step's Context)."""
@@ -88,9 +92,11 @@ class ReachTool(AsyncBaseTool):
         except InvalidPayload as exc:
             return self._refused(args, kwargs, exc)
         decision = self.enhancer.decide(call)
-        if not decision.remote and self.inner is not None:
-            return await self.inner.acall(*args, **_with_context(self.inner, kwargs, ctx))
-        return _output(call, await self.enhancer.areach(call, decision))
+        if decision.remote or self.inner is None:
+            result = await self.enhancer.areach(call, decision)
+            if result.fallback is None or self.inner is None:
+                return _output(call, result)
+        return await self.inner.acall(*args, **_with_context(self.inner, kwargs, ctx))
 
     def _call(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], session_key: str | None) -> ToolCall:
         return ToolCall(

@@ -387,6 +387,8 @@ class Attempt(BaseModel):
     error: str | None = None
     retry_delay_ms: float | None = None
     breaker_state: str | None = None
+    delivered: bool = True
+    """False when the agent certainly never saw this attempt (connect refused, explicit "not executed")."""
 
 
 class ReachTrace(BaseModel):

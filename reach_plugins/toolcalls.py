@@ -83,7 +83,8 @@ class RouteInfo:
     """Where a remote call went and how it went (the adapters attach it to the tool's result)."""
 
     capability: str
-    request_id: str
+    request_id: str | None
+    """``None`` when no request was made (no agent could take it)."""
     agent: str | None = None
     instance: str | None = None
     attempts: int = 0
@@ -91,10 +92,16 @@ class RouteInfo:
     context_restore: bool = False
     degraded: bool = False
     cost_ms: float = 0.0
+    delivered: bool = True
+    """False when no attempt reached an agent (refused connection, no healthy agent, open breaker)."""
+    fallback: str | None = None
+    """Why the local tool ran instead of the agent (``remote_first``, nothing delivered), else ``None``."""
 
     @classmethod
     def of(cls, response: ReachResponse, capability: str) -> RouteInfo:
-        route = response.trace.route if response.trace is not None else None
+        trace = response.trace
+        route = trace.route if trace is not None else None
+        attempts = trace.attempts if trace is not None else []
         return cls(
             capability=capability,
             request_id=response.request_id,
@@ -104,7 +111,8 @@ class RouteInfo:
             affinity=route.affinity if route is not None else "none",
             context_restore=response.context_restore,
             degraded=response.degraded,
-            cost_ms=response.cost_ms,
+            cost_ms=round(response.cost_ms, 3),
+            delivered=response.ok or not attempts or any(attempt.delivered for attempt in attempts),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -125,6 +133,11 @@ class ToolResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def fallback(self) -> str | None:
+        """Why the adapter should run the local tool now (the reach was not delivered), else ``None``."""
+        return self.route.fallback if self.route is not None else None
 
 
 @dataclass(frozen=True, slots=True)
