@@ -8,7 +8,10 @@
 swaps the tool (``handler(request.override(tool=...))``) instead of answering
 itself, so LangChain's tool callbacks and error handling still run; a failure
 becomes ``ToolMessage(status="error")`` through ``handle_tool_error`` unless
-the enhancer says ``on_error="raise"``. Under ``remote_first`` a reach that
+the enhancer says ``on_error="raise"``: then the
+:mod:`~reach_plugins.errors` class escapes, a ``BusinessError`` for a refusal,
+which ``ToolRetryMiddleware(retry_on=errors.is_retryable)`` does not retry
+(:func:`reach_error_message` turns it into a message). Under ``remote_first`` a reach that
 reached no agent runs the local tool in the same call (the ToolMessage's
 artifact says ``fallback``). The conversation key is the LangGraph
 ``thread_id``; a dangerous capability pauses the run with ``interrupt`` until
@@ -39,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from reach_plugins.agent.langgraph import serve_graph
+from reach_plugins.errors import ReachError
 from reach_plugins.toolcalls import (
     ANY_OBJECT,
     Approver,
@@ -48,6 +52,7 @@ from reach_plugins.toolcalls import (
     ToolCall,
     ToolResult,
     content_of,
+    error_text,
 )
 
 if TYPE_CHECKING:
@@ -186,6 +191,22 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
             return _output(await enhancer.areach(ToolCall(spec.name, args, has_local=False)))
 
         return _tool(spec.name, spec.description, spec.params_schema, run, arun)
+
+
+def reach_error_message(exc: Exception, request: ToolCallRequest) -> str | None:
+    """For ``ToolErrorMiddleware(on_error=...)``: a ReachError as text the model can act on; others propagate.
+
+    With ``on_error="raise"`` compose it outside LangChain's retry middleware::
+
+        middleware=[ToolErrorMiddleware(on_error=reach_error_message),
+                    ToolRetryMiddleware(retry_on=errors.is_retryable, on_failure="error")]
+
+    so a :class:`~reach_plugins.errors.BusinessError` is told to the model at
+    once and a transient failure is retried first.
+    """
+    if not isinstance(exc, ReachError):
+        return None
+    return error_text(request.tool_call["name"], None, exc)
 
 
 def _tool(name: str, description: str, schema: dict[str, Any], run: Callable[..., Any], arun: Any) -> BaseTool:

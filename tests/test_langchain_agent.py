@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from langchain.agents.middleware import ToolErrorMiddleware, ToolRetryMiddleware
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -21,8 +22,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
-from reach_plugins.errors import BusinessError
-from reach_plugins.langchain import ReachMiddleware, create_agent
+from reach_plugins.errors import (
+    BusinessError,
+    InvalidPayload,
+    NoHealthyAgent,
+    RemoteError,
+    SessionClosed,
+    is_retryable,
+)
+from reach_plugins.langchain import ReachMiddleware, create_agent, reach_error_message
 from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.model import ErrorInfo, Instance
 from reach_plugins.registry import MemoryRegistry
@@ -232,6 +240,39 @@ def test_on_error_raise_aborts_the_run() -> None:
         agent = create_agent(asks_order("A9", "x"), [query_order], enhanced_by=enhancer)
         with pytest.raises(BusinessError, match="A9 does not exist"):
             agent.invoke({"messages": [("user", "where is A9?")]})
+
+
+@pytest.mark.parametrize(("retry_on", "runs"), [(is_retryable, 1), ((Exception,), 3)])
+def test_retry_middleware_leaves_a_business_error_alone(retry_on: Any, runs: int) -> None:
+    """With retry_on=errors.is_retryable a refusal runs once and becomes a message; LangChain's default re-runs it."""
+    error = ErrorInfo(type="business", message="order A9 does not exist")
+    refuse = MockTransport(lambda call: Reply(status="fail", error=error))
+    middleware = [
+        ToolErrorMiddleware(on_error=reach_error_message),
+        ToolRetryMiddleware(max_retries=2, retry_on=retry_on, on_failure="error", initial_delay=0, jitter=False),
+    ]
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=refuse, on_error="raise") as enhancer:
+        agent = create_agent(asks_order("A9", "Sorry."), [query_order], middleware=middleware, enhanced_by=enhancer)
+        state = agent.invoke({"messages": [("user", "where is A9?")]})
+    message = tool_messages(state["messages"])["query_order-0"]
+    assert message.status == "error" and "order A9 does not exist" in str(message.content)
+    assert len(refuse.calls) == runs
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (BusinessError("no such order"), False),
+        (SessionClosed("closed"), False),
+        (InvalidPayload("order_id missing"), False),
+        (RemoteError("agent answered HTTP 500"), True),
+        (NoHealthyAgent("all down"), True),
+        (ValueError("not ours"), True),
+    ],
+)
+def test_is_retryable_separates_refusals_from_transient_failures(error: Exception, retryable: bool) -> None:
+    """errors.is_retryable: no for a refusal or a refused request, yes for transient failures and foreign errors."""
+    assert is_retryable(error) is retryable
 
 
 # ----------------------------------------------------------------------------- sessions

@@ -210,6 +210,8 @@ async def test_failure_is_an_error_output_and_the_run_goes_on(enhancer: ReachEnh
     [tool] = enhance_tools([lookup], enhancer, proxy_tools=False)
     output = await tool.acall(order_id="A9")
     assert output.is_error and isinstance(output.exception, BusinessError)
+    error = {"type": "business", "class": "BusinessError", "message": "order A9 does not exist", "retryable": False}
+    assert output.raw_output == {"error": error}
 
 
 def test_an_agent_sees_only_its_tools_unless_capabilities_are_exposed(transport: MockTransport) -> None:
@@ -252,6 +254,7 @@ def test_too_many_positional_arguments_is_an_error_output(enhancer: ReachEnhance
     [tool] = enhance_tools([lookup], enhancer, proxy_tools=False)
     output = tool.call("A1", "extra")
     assert output.is_error and "pass the arguments by name" in output.content
+    assert output.raw_output["error"]["type"] == "invalid_payload" and not output.raw_output["error"]["retryable"]
     assert transport.calls == []
 
 
