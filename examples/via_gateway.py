@@ -13,7 +13,7 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from reach_plugins import ReachClient
+from reach_plugins import ReachClient, errors
 from reach_plugins.agent import BackgroundServer
 from reach_plugins.demo.agents import orders_agent
 from reach_plugins.gateway import create_app
@@ -51,9 +51,10 @@ async def main() -> None:
                     print(f"query_order {order_id} -> {data['status']} via the gateway, from {response.instance}")
             intruder = GatewayTransport(gateway.url, token="wrong-token")
             async with ReachClient(str(config), intruder, tenant="demo", environ=ENVIRON) as client:
-                refused = await client.reach("query_order", {"order_id": "A1001"})
-                assert refused.error is not None
-                print(f"wrong token -> {refused.status} ({refused.error.type}): {refused.error.message}")
+                try:
+                    await client.reach("query_order", {"order_id": "A1001"})
+                except errors.Unauthenticated as refused:
+                    print(f"wrong token -> {type(refused).__name__} ({refused.code}): {refused.message}")
 
 
 if __name__ == "__main__":

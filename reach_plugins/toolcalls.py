@@ -33,12 +33,13 @@ from reach_plugins.errors import (
     UnknownCapability,
 )
 from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, default_embedder
+from reach_plugins.matching.matcher import DEFAULT_TIMEOUT
 from reach_plugins.model import NAME_PATTERN, Capability, Hop, ReachResponse
 from reach_plugins.registry.base import RegistryView
 
 Policy = Literal["remote_first", "remote_only", "local_only"]
 OnError = Literal["message", "raise"]
-Rule = Literal["map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off"]
+Rule = Literal["map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off", "degraded"]
 """How a tool was mapped: ``map`` (``capability_map``), ``exact`` name, ``semantic`` match; or why it was not."""
 
 
@@ -339,6 +340,8 @@ class ToolMapper:
         found = resolved.get((tool, description))
         if found is None:
             found = self._resolve(tool, description, catalogue)
+            if found.rule == "degraded":
+                return found  # the model was slow or failed: ask it again next time
             with self._lock:
                 if len(resolved) >= _MAX_CACHED:
                     resolved.clear()
@@ -380,7 +383,7 @@ def _matcher(option: MatcherOption) -> CapabilityMatcher | None:
         return None
     if isinstance(option, CapabilityMatcher):
         return option
-    return CapabilityMatcher((), embedder=_shared_default() if option is None else option)
+    return CapabilityMatcher((), embedder=_shared_default() if option is None else option, timeout=DEFAULT_TIMEOUT)
 
 
 @functools.cache

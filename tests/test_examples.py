@@ -125,7 +125,7 @@ def test_via_gateway(runs: dict[str, subprocess.Popen[str]]) -> None:
     """Calls go through the gateway; a wrong token is rejected."""
     out = output_of(runs, "via_gateway")
     assert out.count("via the gateway") == 2
-    assert "wrong token -> fail (rejected)" in out
+    assert "wrong token -> Unauthenticated (unauthenticated)" in out
 
 
 def test_via_node(runs: dict[str, subprocess.Popen[str]]) -> None:

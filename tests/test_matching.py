@@ -8,6 +8,8 @@ import math
 import struct
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +29,7 @@ from reach_plugins.matching import (
 from reach_plugins.matching import embedders as embedders_module
 from reach_plugins.matching.evalset import CASES, CATALOGUE, HOLDOUT, EvalReport, evaluate
 from reach_plugins.matching.lexical import terms
-from reach_plugins.model import Capability
+from reach_plugins.model import AgentDescriptor, Capability
 
 if TYPE_CHECKING:
     from reach_plugins.matching.minilm import MiniLMEmbedder
@@ -360,3 +362,85 @@ def test_minilm_alone_never_maps_an_unrelated_tool(minilm: MiniLMEmbedder) -> No
     matcher = CapabilityMatcher(CATALOGUE, embedder=minilm)
     check(evaluate(matcher, CASES), 0.8)
     check(evaluate(matcher, HOLDOUT), 0.9)
+
+
+# ----------------------------------------------------------------------------- a slow or failing model
+
+
+class StallingEmbedder:
+    """``axis_embed`` that hangs while ``stall`` is set, or raises while ``broken`` is set."""
+
+    name = "stalling"
+    recommended_threshold = 0.5
+
+    def __init__(self) -> None:
+        self.stall = threading.Event()
+        self.released = threading.Event()
+        self.broken = False
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if self.stall.is_set():
+            self.released.wait(10)
+        if self.broken:
+            raise RuntimeError("model server unreachable")
+        return axis_embed(texts)
+
+
+def test_a_hanging_model_degrades_to_names_and_tags_without_stalling() -> None:
+    """An embedder that hangs costs one budget, routes by exact name only, says why, and is asked again later."""
+    model = StallingEmbedder()
+    matcher = CapabilityMatcher(GREEK, embedder=model, threshold=0.5, timeout=0.05)
+    assert matcher.match("warm_up", "gamma").reason == "semantic"  # the catalogue is embedded: a warm model
+    model.stall.set()
+    try:
+        started = time.monotonic()
+        degraded = matcher.match("run_it", "alpha")
+        took = time.monotonic() - started
+        exact = matcher.match("do_beta", "anything")
+    finally:
+        model.stall.clear()
+        model.released.set()
+    assert degraded.capability is None and degraded.reason == "degraded"
+    assert "took longer than" in str(degraded) and "exact name and scope-tag" in str(degraded)
+    assert took < 2.0, f"matching stalled {took:.2f}s behind a hung model"
+    assert (exact.capability, exact.reason) == ("do_beta", "exact")
+    deadline = time.monotonic() + 5
+    recovered = matcher.match("run_it", "alpha")
+    while recovered.reason == "degraded" and time.monotonic() < deadline:
+        recovered = matcher.match("run_it", "alpha")
+    assert (recovered.capability, recovered.reason) == ("do_alpha", "semantic")
+
+
+def test_a_failing_model_degrades_and_the_enhancer_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A model that raises is a degraded decision (logged), not an error in the tool call."""
+    model = StallingEmbedder()
+    model.broken = True
+    matcher = CapabilityMatcher(GREEK, embedder=model, threshold=0.5, timeout=1.0)
+    with caplog.at_level(logging.WARNING, logger="reach_plugins.matching"):
+        result = matcher.match("run_it", "alpha")
+    assert result.reason == "degraded" and "failed (RuntimeError)" in str(result)
+    assert "semantic matching degraded" in caplog.text
+    model.broken = False
+    assert matcher.match("run_it", "alpha").capability == "do_alpha"
+
+
+def test_the_enhancer_routes_by_name_while_its_model_hangs() -> None:
+    """Through ReachEnhancer: a hung model leaves exact names routing and explains the rest as degraded."""
+    from reach_plugins import ReachEnhancer
+    from reach_plugins.registry import MemoryRegistry
+
+    registry = MemoryRegistry()
+    registry.put_agent(AgentDescriptor(name="greek", endpoints=["http://127.0.0.1:9"], capabilities=list(GREEK)))
+    model = StallingEmbedder()
+    try:
+        with ReachEnhancer(registry=registry, matcher=model) as enhancer:
+            assert enhancer.explain("warm_up", "beta").rule == "semantic"
+            model.stall.set()
+            started = time.monotonic()
+            explained = enhancer.explain("run_it", "alpha")
+            took = time.monotonic() - started
+            exact = enhancer.resolve("do_gamma")
+    finally:
+        model.released.set()
+    assert explained.capability is None and explained.rule == "degraded" and "fell back" in explained.detail
+    assert exact == "do_gamma" and took < 2.0

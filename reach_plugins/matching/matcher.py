@@ -20,6 +20,12 @@ models are not comparable) and were measured on :mod:`.evalset`.
 
 Decisions are cached per (tool name, description, scope tags), and every one
 carries its score, the runner-up and the reason, so users can ask why.
+
+Matching never stalls routing (seed 001, section 2.3): on the routing path
+the model gets ``timeout`` seconds (:data:`DEFAULT_TIMEOUT`, 50 ms) per text it must embed; when it is
+slower or fails, the decision falls back to rules 1-3 (exact name and scope
+tags) with reason ``degraded``, is not cached, and the model is asked again
+next time.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,9 +47,13 @@ from reach_plugins.model import Capability
 
 logger = logging.getLogger("reach_plugins.matching")
 
-Reason = Literal["exact", "semantic", "ambiguous", "below_threshold", "filtered"]
+Reason = Literal["exact", "semantic", "ambiguous", "below_threshold", "filtered", "degraded"]
 
 DEFAULT_MARGIN = 0.05
+DEFAULT_TIMEOUT = 0.05
+"""Seconds the model may take per tool text on the routing path before matching falls back to names and tags."""
+WARMUP_TIMEOUT = 10.0
+"""Seconds the model may take to load and embed catalogue entries it has not seen (a one-time cost per change)."""
 CACHE_SIZE = 4096
 
 _Key = tuple[str, str, tuple[str, ...]]
@@ -64,6 +76,8 @@ class MatchResult:
     best: str | None = None
 
     def __str__(self) -> str:
+        if self.reason == "degraded":
+            return f"nothing: degraded ({self.best}; fell back to exact name and scope-tag match)"
         head = self.capability or "nothing"
         best = f" (best {self.best} {self.score:.3f})" if self.best else ""
         other = f", runner-up {self.runner_up} {self.runner_up_score:.3f}" if self.runner_up else ""
@@ -95,12 +109,20 @@ class CapabilityMatcher:
         embedder: Embedder | EmbedFunction | None = None,
         threshold: float | None = None,
         margin: float = DEFAULT_MARGIN,
+        timeout: float | None = None,
     ) -> None:
         self.embedder = default_embedder() if embedder is None else as_embedder(embedder)
         self.threshold = _threshold(self.embedder, threshold)
         if not 0.0 <= margin < 1.0:
             raise ConfigError(f"margin must be in [0, 1) (a cosine difference), got {margin}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds (or None: wait), got {timeout}")
         self.margin = margin
+        self.timeout = timeout
+        """Seconds the model may take per text to embed; ``None`` (the default here, for evaluation and
+        offline use) waits as long as it takes. The routing path (the enhancer's tool mapping) uses
+        :data:`DEFAULT_TIMEOUT`."""
+        self._worker: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._vectors: dict[str, list[float]] = {}
         self._decisions: OrderedDict[_Key, MatchResult] = OrderedDict()
@@ -158,19 +180,54 @@ class CapabilityMatcher:
         candidates = self._eligible(tags)
         fresh = {key: self._decide_without_model(key[0], key[1], candidates) for key in keys if key not in found}
         semantic = sorted({key for key, result in fresh.items() if result is None})
-        vectors = self._embed([_text(name, description) for name, description, _ in semantic]) if semantic else []
-        for key, vector in zip(semantic, vectors, strict=True):
-            fresh[key] = self._judge(key[0], self._scores(vector, candidates))
-        decided = {key: result for key, result in fresh.items() if result is not None}
+        judged = self._judge_all(semantic, candidates) if semantic else {}
+        decided = {key: result for key, result in fresh.items() if result is not None} | judged
         with self._lock:
             if generation == self._generation:
-                self._decisions.update(decided)
+                self._decisions.update((key, result) for key, result in decided.items() if result.reason != "degraded")
                 for key in found:
                     self._decisions.move_to_end(key)
                 while len(self._decisions) > CACHE_SIZE:
                     self._decisions.popitem(last=False)
         found.update(decided)
         return [found[key] for key in keys]
+
+    def _judge_all(self, semantic: list[_Key], candidates: Sequence[Capability]) -> dict[_Key, MatchResult]:
+        """Score ``semantic`` tools with the model within the time budget, or decide them ``degraded``.
+
+        The budget is :attr:`timeout` per tool text, plus :data:`WARMUP_TIMEOUT` when catalogue
+        entries are not embedded yet (loading a model and indexing a new catalogue is a one-time
+        cost, not a per-call one). A model that overruns it keeps working in the background, so the
+        catalogue's vectors are ready next time; a ``ConfigError`` (a broken embedder) is raised.
+        """
+
+        def judge() -> dict[_Key, MatchResult]:
+            vectors = self._embed([_text(name, description) for name, description, _ in semantic])
+            return {
+                key: self._judge(key[0], self._scores(vector, candidates))
+                for key, vector in zip(semantic, vectors, strict=True)
+            }
+
+        if self.timeout is None:
+            return judge()
+        with self._lock:
+            unembedded = len({capability_text(c) for c in candidates} - set(self._vectors))
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-matcher")
+            worker = self._worker
+        budget = self.timeout * len(semantic) + (WARMUP_TIMEOUT if unembedded else 0.0)
+        future = worker.submit(judge)
+        try:
+            return future.result(timeout=budget)
+        except FutureTimeout:
+            future.cancel()
+            why = f"the embedder {self.embedder.name} took longer than {budget * 1000:g} ms"
+        except ConfigError:
+            raise
+        except Exception as exc:
+            why = f"the embedder {self.embedder.name} failed ({type(exc).__name__})"
+        logger.warning("semantic matching degraded: %s; routing by exact name and scope tags only", why)
+        return {key: MatchResult(None, 0.0, None, None, "degraded", best=why) for key in semantic}
 
     def rank(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> list[tuple[str, float]]:
         """Every eligible capability with its cosine score, best first (uncached; for explanations and tuning)."""
