@@ -41,11 +41,11 @@ def dify_python() -> str:
     return python
 
 
-def run_real(script: str, *args: str, env: dict[str, str] | None = None) -> Any:
-    """Run ``script`` under the real SDK's interpreter; its last stdout line is JSON."""
-    environ = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | (env or {})
+def run_real(script: str, *args: str) -> Any:
+    """Run ``script`` under the real SDK's interpreter, away from this tree; its last stdout line is JSON."""
+    environ = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     command = [dify_python(), "-c", script, *args]
-    out = subprocess.run(command, capture_output=True, text=True, env=environ, cwd=ROOT.parent, timeout=120, check=False)
+    out = subprocess.run(command, capture_output=True, text=True, env=environ, cwd=ROOT.parent, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -88,7 +88,7 @@ def shape(obj: Any) -> dict[str, list[str]]:
 
 def mirrored() -> dict[str, Any]:
     """Every class the fake stands in for, by ``module:dotted.path`` of the real SDK."""
-    classes = {f"{module}:{name}": value for module, names in dify_fake.MODULES.items() for name, value in names.items()}
+    classes = {f"{module}:{name}": cls for module, names in dify_fake.MODULES.items() for name, cls in names.items()}
     for path in NESTED:
         outer, inner = path.split(".")
         module = next(key.split(":")[0] for key in classes if key.endswith(f":{outer}"))
