@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -37,9 +38,11 @@ from reach_plugins.errors import (
     NoHealthyAgent,
     ReachError,
     RequestError,
+    SessionClosed,
     UnknownCapability,
     error_for_response,
 )
+from reach_plugins.metrics import ReachMetrics, fan_out
 from reach_plugins.model import Capability, ReachRequest, ReachResponse
 from reach_plugins.stores import open_sessions
 from reach_plugins.telemetry import (
@@ -50,7 +53,10 @@ from reach_plugins.telemetry import (
     ATTR_GEN_AI_OPERATION_NAME,
     ATTR_GEN_AI_TOOL_CALL_ID,
     ATTR_GEN_AI_TOOL_NAME,
+    ATTR_GEN_AI_TOOL_TYPE,
     OPERATION_EXECUTE_TOOL,
+    TOOL_TYPE_EXTENSION,
+    TOOL_TYPE_FUNCTION,
     get_tracer,
     tool_span_name,
 )
@@ -81,6 +87,24 @@ if TYPE_CHECKING:
     from reach_plugins.transport import Transport
 
 
+class _ToolSpan:
+    """A tool call's span that remembers the error type it was given (the duration metric's ``error.type``)."""
+
+    __slots__ = ("error", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.error: str | None = None
+
+    def set_attribute(self, key: str, value: str) -> None:
+        if key == ATTR_ERROR_TYPE:
+            self.error = value
+        self.span.set_attribute(key, value)
+
+    def set_status(self, status: Status) -> None:
+        self.span.set_status(status)
+
+
 class Stoppable(Protocol):
     """Something served on this enhancer's behalf (:class:`~reach_plugins.agent.langgraph.ServedAgent`)."""
 
@@ -103,6 +127,9 @@ class ReachEnhancer:
     ``"raise"`` raises it. ``expose`` names the capabilities without a local
     tool that the model may see as proxy tools (names or scope tags, or a
     predicate; none by default; ``danger_level: high`` ones only by name).
+    ``metrics`` (:class:`~reach_plugins.metrics.ReachMetrics`) records tool
+    calls and, as the client's trace sink, every reach (for a ready
+    ``client``, give it ``sink=metrics`` yourself).
     ``serve_as`` names what this agent offers when it is
     served itself (``auto_register=True``; the agent SDK serves it, see :meth:`adopt`).
     """
@@ -127,6 +154,7 @@ class ReachEnhancer:
         expose: ExposeOption = None,
         timeout_ms: int | None = None,
         tracer_provider: TracerProvider | None = None,
+        metrics: ReachMetrics | None = None,
         **client_options: Any,
     ) -> None:
         check_choice("policy", policy, Policy)
@@ -144,6 +172,9 @@ class ReachEnhancer:
         self.timeout_ms = timeout_ms
         self.tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
+        self.metrics = metrics
+        if metrics is not None and client is None:
+            client_options["sink"] = fan_out(client_options.get("sink"), metrics)
         self._owns_client = client is None
         self.blocking = SyncReachClient.wrap(
             client
@@ -201,6 +232,12 @@ class ReachEnhancer:
 
     def decide(self, call: ToolCall) -> Decision:
         """Where ``call`` goes under the policy; ``remote_first`` checks that a healthy agent can take it."""
+        decision = self._decide(call)
+        if self.metrics is not None:
+            self.metrics.tool_route(call.name, decision.resolution.rule, decision.remote)
+        return decision
+
+    def _decide(self, call: ToolCall) -> Decision:
         if self.policy == "local_only":
             return Decision(False, None, Resolution(call.name, None, "off", "policy local_only"), "policy local_only")
         resolution = self.explain(call.name, call.description)
@@ -292,7 +329,7 @@ class ReachEnhancer:
             "scope_tags": self.scope_tags,
         }
 
-    def _answered(self, span: Span, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
+    def _answered(self, span: _ToolSpan, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
         route = RouteInfo.of(response, capability)
         if not response.ok:
             return self._failed(span, call, capability, error_for_response(response), route)
@@ -300,11 +337,13 @@ class ReachEnhancer:
         return ToolResult(call, capability, content_of(response.data), response.data, None, route)
 
     def _failed(
-        self, span: Span, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
+        self, span: _ToolSpan, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
     ) -> ToolResult:
         if capability:
             span.set_attribute(ATTR_CAPABILITY, capability)
         span.set_attribute(ATTR_ERROR_TYPE, type(error).__name__)
+        if self.metrics is not None and isinstance(error, SessionClosed) and error.details.get("in_flight"):
+            self.metrics.cancellation(capability or call.name)
         fallback = self._fallback(call, capability, error, route)
         if fallback is not None:
             span.set_attribute(ATTR_FALLBACK, "local")
@@ -332,10 +371,11 @@ class ReachEnhancer:
         return replace(route, fallback=f"local tool ran: {error.message}")
 
     @contextmanager
-    def _span(self, call: ToolCall) -> Iterator[Span]:
+    def _span(self, call: ToolCall) -> Iterator[_ToolSpan]:
         attributes: dict[str, str] = {
             ATTR_GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL,
             ATTR_GEN_AI_TOOL_NAME: call.name,
+            ATTR_GEN_AI_TOOL_TYPE: TOOL_TYPE_FUNCTION if call.has_local else TOOL_TYPE_EXTENSION,
         }
         if call.call_id:
             attributes[ATTR_GEN_AI_TOOL_CALL_ID] = call.call_id
@@ -348,7 +388,12 @@ class ReachEnhancer:
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            yield span
+            timed, started = _ToolSpan(span), time.perf_counter()
+            try:
+                yield timed
+            finally:
+                if self.metrics is not None:
+                    self.metrics.tool_call(call.name, time.perf_counter() - started, timed.error)
 
     # ------------------------------------------------------------------ sessions
 
@@ -363,6 +408,8 @@ class ReachEnhancer:
             raise ConfigError("this enhancer's client has no session store: build the client with sessions=")
         await self.blocking.bridge.submit(sessions.close(key))
         self.client.router.release(key)
+        if self.metrics is not None:
+            self.metrics.session_closed()
 
     # ------------------------------------------------------------------ serving
 
