@@ -16,6 +16,8 @@ from reach_plugins.registry import Registry, open_registry
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
 console = Console()
+TRACES = Path("reach-traces.jsonl")
+"""Where ``reach demo`` writes its traces and ``reach trace`` reads them unless told otherwise."""
 
 
 @app.command()
@@ -84,6 +86,33 @@ def node(
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
+
+
+@app.command()
+def trace(
+    request_id: Annotated[str | None, typer.Argument(help="The request to show (a unique prefix will do).")] = None,
+    file: Annotated[Path, typer.Option(help="JSON-lines trace file (a JsonLinesSink's).")] = TRACES,
+    tail: Annotated[bool, typer.Option(help="Follow the file and show each new request as it is written.")] = False,
+    count: Annotated[int | None, typer.Option(help="With --tail: stop after this many requests.")] = None,
+) -> None:
+    """Replay one request's route decision (candidates, scores, pick, reason) and attempts as a timed tree."""
+    from reach_plugins.traceview import find_trace, follow, trace_tree
+
+    if tail == (request_id is not None):
+        console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests")
+        raise typer.Exit(2)
+    if request_id is not None:
+        try:
+            console.print(trace_tree(find_trace(file, request_id)))
+        except ReachError as exc:
+            console.print("[red]error:[/red]", escape(str(exc)))
+            raise typer.Exit(2) from None
+        return
+    records = follow(file, ready=lambda: console.print(f"[dim]following {escape(str(file))}[/dim]"))
+    for shown, record in enumerate(records, start=1):
+        console.print(trace_tree(record))
+        if count is not None and shown >= count:
+            return
 
 
 async def _agents(url: str, load: Path | None) -> None:
