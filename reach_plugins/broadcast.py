@@ -3,9 +3,16 @@
 The seeds' second mode of reaching: candidates come from the capability index
 (never a broadcast to everyone), each copy is pinned to one candidate and goes
 through the same resilience core as any reach, and aggregation completes as
-early as it can — at the first success, the first N, a quorum (or as soon as
-those became impossible), or once all answered — cancelling the stragglers.
-The result lists who answered, in order of arrival, and who was cancelled.
+early as it can — at the first success, the first N, a quorum, as soon as N
+answers agree (or as soon as those became impossible), or once all answered —
+cancelling the stragglers. The result lists who answered, in order of arrival,
+and who was cancelled.
+
+``share_summary=True`` is the seeds' other half (004, section 6.2): the first
+copy starts at once, each later copy starts when an answer comes in (or
+``stagger`` seconds after the previous start) carrying a summary of the
+answers already in (``X-Reach-Summary``; ``ReachContext.summary`` at the agent),
+so a later target can confirm instead of computing from scratch.
 
 Each copy is pinned with ``reach.target`` (:mod:`reach_plugins.routing.pinning`).
 """
@@ -13,9 +20,10 @@ Each copy is pinned with ``reach.target`` (:mod:`reach_plugins.routing.pinning`)
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Literal
+from collections.abc import Callable, Hashable
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,15 +31,27 @@ from reach_plugins.core.dedup import resolve_key
 from reach_plugins.errors import NoHealthyAgent, ReachError, RequestError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.routing import Route
-from reach_plugins.routing.pinning import TARGET
+from reach_plugins.routing.pinning import TARGET, CandidateRouter
+from reach_plugins.telemetry import META_SUMMARY, SUMMARY_BYTES
 
-if TYPE_CHECKING:
-    from reach_plugins.client import ReachClient
+
+class Sender(Protocol):
+    """What a broadcast needs of a client (:class:`~reach_plugins.ReachClient`): candidates, and a way to send."""
+
+    @property
+    def router(self) -> CandidateRouter: ...
+
+    async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse: ...
 
 DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a broadcast waits when the request sets neither ``deadline`` nor ``timeout_ms``."""
 
-Aggregate = Literal["first", "first_n", "quorum", "all"]
+ANSWER_CHARS: Final = 300
+"""How much of each answer (as JSON) a summary carries."""
+
+Aggregate = Literal["first", "first_n", "quorum", "agree", "all"]
+AgreeKey = Callable[[Any], Hashable]
+"""What makes two answers agree (``agree`` aggregate): equal keys. Default: the answer's canonical JSON."""
 Status = Literal["success", "fail", "timeout"]
 
 
@@ -68,17 +88,41 @@ class BroadcastResult(BaseModel):
 def _needed(aggregate: Aggregate, n: int | None, targets: int) -> int:
     if aggregate == "first":
         return 1
-    if aggregate == "first_n":
+    if aggregate in ("first_n", "agree"):
+        n = 2 if n is None and aggregate == "agree" else n
         if n is None or n < 1:
-            raise RequestError(f"aggregate 'first_n' needs n >= 1 (how many successes to wait for), got {n!r}")
+            raise RequestError(f"aggregate {aggregate!r} needs n >= 1 (how many answers to wait for), got {n!r}")
         if n > targets:
-            raise NoHealthyAgent(f"aggregate 'first_n' wants {n} successes but only {targets} candidate(s) are usable")
+            raise NoHealthyAgent(
+                f"aggregate {aggregate!r} wants {n} answers but only {targets} candidate(s) are usable"
+            )
         return n
     if aggregate == "quorum":
         return targets // 2 + 1
     if aggregate == "all":
         return targets
-    raise RequestError(f"unknown aggregate {aggregate!r}: use 'first', 'first_n', 'quorum' or 'all'")
+    raise RequestError(f"unknown aggregate {aggregate!r}: use 'first', 'first_n', 'quorum', 'agree' or 'all'")
+
+
+def _canonical(data: Any) -> Hashable:
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def summary_of(responses: list[ReachResponse]) -> str:
+    """The answers so far as a compact ASCII JSON list (newest dropped last), within :data:`SUMMARY_BYTES`."""
+    items = [
+        {
+            "agent": response.agent,
+            "status": response.status,
+            "answer": json.dumps(response.data, default=str)[:ANSWER_CHARS] if response.ok else None,
+        }
+        for response in responses
+    ]
+    while True:
+        text = json.dumps(items, separators=(",", ":"), ensure_ascii=True)
+        if len(text) <= SUMMARY_BYTES or not items:
+            return text
+        items.pop(0)
 
 
 def _copies(request: ReachRequest, routes: list[Route], deadline: float) -> list[tuple[str, ReachRequest]]:
@@ -98,7 +142,7 @@ def _copies(request: ReachRequest, routes: list[Route], deadline: float) -> list
     return copies
 
 
-async def _one(client: ReachClient, target: str, request: ReachRequest) -> ReachResponse:
+async def _one(client: Sender, target: str, request: ReachRequest) -> ReachResponse:
     """One copy's answer; a copy refused before sending becomes a failed answer of its target."""
     try:
         return await client.send(request)
@@ -108,19 +152,48 @@ async def _one(client: ReachClient, target: str, request: ReachRequest) -> Reach
         return ReachResponse(request_id=request.request_id, status="fail", error=error, agent=agent, instance=instance)
 
 
+class _Launcher:
+    """Starts the copies: all at once, or (sharing summaries) the first at once and the rest one by one."""
+
+    def __init__(self, client: Sender, copies: list[tuple[str, ReachRequest]], lead: int, stagger: float) -> None:
+        self.client, self.waiting, self.stagger = client, list(copies), stagger
+        self.tasks: dict[asyncio.Task[ReachResponse], str] = {}
+        self.next_at = 0.0
+        self.start(lead, [], now=asyncio.get_running_loop().time())
+
+    def start(self, count: int, answers: list[ReachResponse], *, now: float) -> set[asyncio.Task[ReachResponse]]:
+        """Start up to ``count`` waiting copies, each carrying the summary of ``answers`` (if any)."""
+        started = set()
+        summary = summary_of(answers) if answers else None
+        for target, copy in self.waiting[:count]:
+            if summary is not None:
+                copy = copy.model_copy(update={"metadata": {**copy.metadata, META_SUMMARY: summary}})
+            task = asyncio.create_task(_one(self.client, target, copy))
+            self.tasks[task] = target
+            started.add(task)
+        del self.waiting[:count]
+        self.next_at = now + self.stagger
+        return started
+
+
 async def broadcast(
-    client: ReachClient,
+    client: Sender,
     request: ReachRequest,
     *,
     k: int = 3,
     aggregate: Aggregate = "all",
     n: int | None = None,
+    share_summary: bool = False,
+    stagger: float = 0.2,
+    agree: AgreeKey | None = None,
     clock: Callable[[], float] = time.time,
 ) -> BroadcastResult:
     """Send ``request`` to the top ``k`` candidates and aggregate within its deadline.
 
     Raises before sending anything when the request cannot be routed (unknown
     capability, permission) or the aggregate cannot be met by the candidates.
+    ``aggregate="agree"`` ends as soon as ``n`` (default 2) answers agree
+    (``agree(data)`` keys equal; the answers' JSON by default).
     """
     if k < 1:
         raise RequestError(f"broadcast needs k >= 1 candidates, got {k}")
@@ -132,14 +205,16 @@ async def broadcast(
     else:
         deadline = started + (request.timeout_ms / 1000.0 if request.timeout_ms else DEFAULT_TIMEOUT)
     copies = _copies(request, routes, deadline)
-    tasks = {asyncio.create_task(_one(client, target, copy)): target for target, copy in copies}
+    launcher = _Launcher(client, copies, 1 if share_summary else len(copies), stagger)
+    key = agree or _canonical
     try:
-        status, responses = await _aggregate(set(tasks), needed, aggregate, deadline, clock)
+        status, responses = await _aggregate(launcher, needed, aggregate, key, deadline, clock)
     finally:
-        stragglers = [task for task in tasks if not task.done()]
+        stragglers = [task for task in launcher.tasks if not task.done()]
         for task in stragglers:
             task.cancel()
         await asyncio.gather(*stragglers, return_exceptions=True)
+    tasks = launcher.tasks
     return BroadcastResult(
         request_id=request.request_id,
         capability=request.capability,
@@ -148,28 +223,50 @@ async def broadcast(
         needed=needed,
         targets=[target for target, _ in copies],
         responses=responses,
-        cancelled=[tasks[task] for task in stragglers],
+        cancelled=[tasks[task] for task in stragglers] + [target for target, _ in launcher.waiting],
     )
 
 
+def _settled(responses: list[ReachResponse], needed: int, aggregate: Aggregate, key: AgreeKey) -> bool:
+    """Whether the answers so far complete the aggregate."""
+    wins = [response for response in responses if response.ok]
+    if aggregate != "agree":
+        return len(wins) >= needed
+    counts: dict[Hashable, int] = {}
+    for response in wins:
+        agreed = counts[key(response.data)] = counts.get(key(response.data), 0) + 1
+        if agreed >= needed:
+            return True
+    return False
+
+
 async def _aggregate(
-    pending: set[asyncio.Task[ReachResponse]],
+    launcher: _Launcher,
     needed: int,
     aggregate: Aggregate,
+    key: AgreeKey,
     deadline: float,
     clock: Callable[[], float],
 ) -> tuple[Status, list[ReachResponse]]:
-    """Collect answers until ``needed`` succeeded, success became impossible, or the deadline passed."""
+    """Collect answers until the aggregate is met, became impossible, or the deadline passed."""
     responses: list[ReachResponse] = []
+    pending = set(launcher.tasks)
+    loop = asyncio.get_running_loop()
     while True:
         remaining = deadline - clock()
         if remaining <= 0:
             return "timeout", responses
-        done, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        wait = min(remaining, max(0.0, launcher.next_at - loop.time())) if launcher.waiting else remaining
+        done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
         responses.extend(task.result() for task in done)
-        won = sum(1 for response in responses if response.ok)
-        if won >= needed:
+        if _settled(responses, needed, aggregate, key):
             return "success", responses
-        if won + len(pending) < needed and (aggregate != "all" or not pending):
+        if launcher.waiting and (done or loop.time() >= launcher.next_at):
+            pending |= launcher.start(max(1, len(done)), responses, now=loop.time())
+        possible = sum(1 for response in responses if response.ok) + len(pending) + len(launcher.waiting)
+        if possible < needed and (aggregate != "all" or not (pending or launcher.waiting)):
+            late = any(response.status == "timeout" for response in responses)
+            return ("timeout" if late else "fail"), responses
+        if not pending and not launcher.waiting:
             late = any(response.status == "timeout" for response in responses)
             return ("timeout" if late else "fail"), responses

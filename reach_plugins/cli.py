@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +46,42 @@ def agents(
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
+
+
+@app.command()
+def usage(
+    traces: Annotated[Path, typer.Argument(help="A JSON-lines trace file (JsonLinesSink).")],
+    since: Annotated[str | None, typer.Option(help="From this time (ISO 8601, e.g. 2026-12-01T09:00).")] = None,
+    until: Annotated[str | None, typer.Option(help="Up to this time, excluded (ISO 8601).")] = None,
+) -> None:
+    """Calls and tokens per tenant, agent and capability, summed from a trace file over a time range."""
+    from reach_plugins.usage import read_traces, summarise
+
+    try:
+        rows = summarise(read_traces(traces), since=_epoch(since), until=_epoch(until))
+    except (OSError, ValueError) as exc:
+        console.print("[red]error:[/red]", escape(str(exc)))
+        raise typer.Exit(2) from None
+    table = Table("tenant", "agent", "capability", "calls", "ok", "tokens", "of which estimated", title="usage")
+    for row in rows:
+        table.add_row(
+            row.tenant,
+            row.agent,
+            row.capability,
+            str(row.calls),
+            str(row.succeeded),
+            str(row.tokens),
+            str(row.estimated_tokens),
+        )
+    console.print(table)
+
+
+def _epoch(when: str | None) -> float | None:
+    """Epoch seconds of an ISO 8601 time (UTC when it names no zone)."""
+    if when is None:
+        return None
+    moment = datetime.fromisoformat(when)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 @app.command()

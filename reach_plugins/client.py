@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Self, TypedDict, Unpack
 
 from pydantic import ValidationError
 
-from reach_plugins.broadcast import Aggregate, BroadcastResult, broadcast
+from reach_plugins.broadcast import Aggregate, AgreeKey, BroadcastResult, broadcast
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.core.trace import TraceSink
@@ -59,8 +59,12 @@ class BroadcastOptions(ReachOptions, total=False):
     k: int
     """How many top candidates get a copy (3)."""
     aggregate: Aggregate
-    """``first``, ``first_n`` (of ``n``), ``quorum`` or ``all`` (the default)."""
+    """``first``, ``first_n`` (of ``n``), ``quorum``, ``agree`` (``n`` equal answers) or ``all`` (the default)."""
     n: int | None
+    share_summary: bool
+    """Later copies carry a summary of the answers already in (seed 004, section 6.2)."""
+    stagger: float
+    agree: AgreeKey | None
 
 
 _NO_AUTH = Auth()
@@ -230,11 +234,17 @@ class ReachClient:
         k: int = 3,
         aggregate: Aggregate = "all",
         n: int | None = None,
+        share_summary: bool = False,
+        stagger: float = 0.2,
+        agree: AgreeKey | None = None,
         **options: Unpack[ReachOptions],
     ) -> BroadcastResult:
-        """Reach the top ``k`` candidates of ``capability`` at once and aggregate (:mod:`reach_plugins.broadcast`)."""
+        """Reach the top ``k`` candidates of ``capability`` and aggregate (:mod:`reach_plugins.broadcast`)."""
         self._check_loop()
-        return await broadcast(self, self.request(capability, payload, **options), k=k, aggregate=aggregate, n=n)
+        request = self.request(capability, payload, **options)
+        return await broadcast(
+            self, request, k=k, aggregate=aggregate, n=n, share_summary=share_summary, stagger=stagger, agree=agree
+        )
 
     async def stream(
         self, capability: str, payload: Mapping[str, Any] | None = None, **options: Unpack[ReachOptions]

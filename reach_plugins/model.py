@@ -113,6 +113,23 @@ class CircuitBreakerConfig(Strict):
     half_open_probes: int = Field(default=3, ge=1)
 
 
+class ConsistencyPolicy(Strict):
+    """Eject an instance whose replies stop matching their requests (seed 001, section 2.2).
+
+    Each reply is scored against its request (embedding cosine of the request's intent and payload text
+    with the reply's text); an instance with ``max_low_rate`` or more of its last ``window`` replies
+    below ``min_similarity`` (at least ``min_replies`` scored) is ejected for ``eject_for`` seconds,
+    doubling on each consecutive ejection up to ``max_eject``, then probed with one call.
+    """
+
+    min_similarity: float = Field(default=0.1, ge=-1.0, le=1.0)
+    window: int = Field(default=20, ge=1)
+    min_replies: int = Field(default=5, ge=1)
+    max_low_rate: Ratio = 0.5
+    eject_for: Duration = 30.0
+    max_eject: Duration = 300.0
+
+
 class PoolConfig(Strict):
     """Connection pool per agent; 64 / 90 s is what the seeds settled on under load."""
 
@@ -129,11 +146,21 @@ class Routing(Strict):
 
 
 class HealthCheck(Strict):
-    """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``."""
+    """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``; active probes.
+
+    Active probes (:mod:`reach_plugins.probes`, seed 003 section 5.2): a cheap connect every
+    ``probe_interval``, the agent's own readiness (``ready_path``) every ``ready_interval``;
+    ``refusals_to_down`` consecutive refused connections mark an instance down at once.
+    """
 
     path: str = "/healthz"
     interval: Duration = 10.0
     missed_heartbeats: int = Field(default=3, ge=1)
+    probe: bool = True
+    probe_interval: Duration = 5.0
+    ready_path: str = "/readyz"
+    ready_interval: Duration = 30.0
+    refusals_to_down: int = Field(default=2, ge=1)
 
 
 class Idempotency(Strict):
@@ -190,6 +217,8 @@ class Capability(Strict):
     input_tokens_required: int | None = Field(default=None, ge=0)
     retry: RetryPolicy | None = None
     timeouts: Timeouts | None = None
+    consistency: ConsistencyPolicy | None = None
+    """Opt in to reply consistency checks (:mod:`reach_plugins.core.consistency`)."""
 
     @field_validator("name")
     @classmethod
@@ -406,6 +435,8 @@ class ReachTrace(BaseModel):
     error: ErrorInfo | None = None
     started_at: float = 0.0
     duration_ms: float = 0.0
+    usage: dict[str, int] | None = None
+    """Tokens the agent reported for this request (OpenAI-compatible ``usage``), for :mod:`reach_plugins.usage`."""
 
 
 class ReachResponse(BaseModel):

@@ -90,6 +90,12 @@ HEADER_HOPS: Final = "X-Reach-Hops"
 HEADER_IDEMPOTENCY_KEY: Final = "Idempotency-Key"
 HEADER_TENANT: Final = "X-Tenant"
 HEADER_RETRY: Final = "X-Reach-Retry"
+HEADER_SUMMARY: Final = "X-Reach-Summary"
+"""A broadcast copy's summary of the answers already in (JSON, ASCII): the agent may skip or shorten its work."""
+SUMMARY_BYTES: Final = 4096
+"""Largest :data:`HEADER_SUMMARY` value sent or passed on (it travels as one header)."""
+META_SUMMARY: Final = "reach.summary"
+"""Request metadata carrying :data:`HEADER_SUMMARY`'s value."""
 RETRY_UPSTREAM: Final = "upstream"
 """``X-Reach-Retry: upstream``: a layer above retries this request, so this one must not."""
 

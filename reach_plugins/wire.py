@@ -36,7 +36,16 @@ from reach_plugins.errors import (
 )
 from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
 from reach_plugins.routing.pinning import PREFER, TARGET
-from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS, HEADER_IDEMPOTENCY_KEY, HEADER_RETRY, RETRY_UPSTREAM
+from reach_plugins.telemetry import (
+    HEADER_DEADLINE,
+    HEADER_HOPS,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_RETRY,
+    HEADER_SUMMARY,
+    META_SUMMARY,
+    RETRY_UPSTREAM,
+    SUMMARY_BYTES,
+)
 
 REFUSED: Final = "refused"
 """Body field of a hop's refusal: true when no agent saw the request (the client raises the error)."""
@@ -136,6 +145,9 @@ def to_request(
     via = header(HEADER_VIA)
     if via:
         metadata[VIA] = via
+    summary = header(HEADER_SUMMARY)
+    if summary:
+        metadata[META_SUMMARY] = summary[:SUMMARY_BYTES]
     if source:
         metadata[SOURCE] = source
     return ReachRequest(

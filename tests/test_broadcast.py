@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,14 @@ from typing import Any
 import pytest
 from hop_support import TOKENS, Agent, demo_tenants, serve_agents, write_config
 
-from reach_plugins import AgentDescriptor, ReachClient, errors
+from reach_plugins import AgentDescriptor, ReachClient, ReachResponse, errors
 from reach_plugins.agent import BackgroundServer
+from reach_plugins.broadcast import summary_of
+from reach_plugins.demo.panel import Expert, panel_agent
 from reach_plugins.gateway import create_app
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing.pinning import PREFER, TARGET
+from reach_plugins.telemetry import SUMMARY_BYTES
 from reach_plugins.transport import Call, MockTransport
 from transports.gateway import GatewayTransport
 
@@ -153,3 +157,55 @@ async def test_copies_keep_their_own_idempotency_keys(mock_client: tuple[ReachCl
     assert result.status == "success" and len(transport.calls) == 3
     assert keys == ["k-1@orders/orders-0", "k-1@orders/orders-1", "k-1@orders/orders-2"]
     await client.aclose()
+
+
+# ----------------------------------------------------------------------------- shared summaries (seed 004, 6.2)
+
+
+@pytest.fixture
+def panel() -> Iterator[tuple[list[Expert], MemoryRegistry]]:
+    """Four experts who deliberate 0.3 s, or confirm an answer already in within 10 ms."""
+    experts = [Expert(f"e{number}", think=lambda: 0.3) for number in range(4)]
+    servers = [BackgroundServer(panel_agent(f"expert-{e.label}", e).app).start() for e in experts]
+    registry = MemoryRegistry()
+    for expert, server in zip(experts, servers, strict=True):
+        registry.put_agent(panel_agent(f"expert-{expert.label}", expert).descriptor(server.url))
+    yield experts, registry
+    for server in servers:
+        server.stop()
+
+
+async def test_a_later_copy_sees_the_answers_already_in_and_confirms(panel: Any) -> None:
+    """share_summary: the second copy starts after the first answer and confirms it; agree ends at two equal answers."""
+    experts, registry = panel
+    async with ReachClient(registry) as client:
+        result = await client.broadcast(
+            "answer_question", {"question": "Why?"}, k=4, aggregate="agree", n=2, share_summary=True, stagger=5.0
+        )
+    assert result.status == "success" and len(result.responses) == 2
+    assert result.data[0] == result.data[1] == {"answer": "answer to why?"}
+    assert sorted(action for expert in experts for action in expert.did) == ["confirmed", "worked"]
+    assert len(result.cancelled) == 2 and set(result.cancelled).isdisjoint(result.answered)
+
+
+async def test_agree_ends_without_waiting_for_every_answer(panel: Any) -> None:
+    """Without summaries every copy deliberates; agree still ends at the first two equal answers, not all four."""
+    experts, registry = panel
+    async with ReachClient(registry) as client:
+        agreed = await client.broadcast("answer_question", {"question": "How?"}, k=4, aggregate="agree")
+        disagreeing = await client.broadcast(
+            "answer_question", {"question": "How?"}, k=4, aggregate="agree", n=2, agree=lambda data: id(data)
+        )
+    assert agreed.status == "success" and 2 <= len(agreed.responses) <= 4
+    assert disagreeing.status == "fail" and len(disagreeing.responses) == 4
+    assert all(expert.did[0] == "worked" for expert in experts)
+
+
+def test_summary_headers_stay_small_and_ascii() -> None:
+    """A summary keeps the newest answers within its byte budget and is printable ASCII (it travels as a header)."""
+    responses = [
+        ReachResponse(request_id=str(i), status="success", data={"text": "ü" * 400}, agent=f"a{i}") for i in range(40)
+    ]
+    text = summary_of(responses)
+    assert len(text) <= SUMMARY_BYTES and text.isascii() and text.isprintable()
+    assert json.loads(text)[-1]["agent"] == "a39"

@@ -12,22 +12,28 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('the agent SDK needs the server extra: pip install "reach-plugins[server]"') from exc
 
 from reach_plugins.agent.agent import Outcome, ReachAgent
+from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, WebhookApprover
 from reach_plugins.agent.handlers import ReachContext
-from reach_plugins.agent.langgraph import add_langgraph, serve_langgraph
+from reach_plugins.agent.langgraph import ServedAgent, add_langgraph, serve_graph, serve_langgraph
 from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.server import BackgroundServer, serve, uvicorn_config
 from reach_plugins.agent.snapshots import MemorySnapshotStore, SnapshotStore
 
 __all__ = [
+    "ApprovalDecision",
+    "ApprovalRequest",
     "BackgroundServer",
     "MemorySnapshotStore",
     "Outcome",
     "ReachAgent",
     "ReachContext",
     "Registration",
+    "ServedAgent",
     "SnapshotStore",
+    "WebhookApprover",
     "add_langgraph",
     "serve",
+    "serve_graph",
     "serve_langgraph",
     "uvicorn_config",
 ]

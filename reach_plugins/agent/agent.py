@@ -29,6 +29,7 @@ from opentelemetry import propagate, trace
 from pydantic import ValidationError
 
 from reach_plugins.adapters import encode_sse
+from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IdempotencyCache
 from reach_plugins.agent.snapshots import SnapshotStore
@@ -101,6 +102,7 @@ class ReachAgent:
         snapshots: SnapshotStore | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
+        approver: Approver | str | None = None,
     ) -> None:
         try:
             AgentDescriptor(name=name)
@@ -117,6 +119,8 @@ class ReachAgent:
         )
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
         self._announce: list[tuple[Registry, str, dict[str, Any]]] = []
+        self._approval = ApprovalGate(name, approver) if approver is not None else None
+        """Asked before a ``danger_level: high`` / ``require_approval`` capability runs (:mod:`.approval`)."""
         self._registrations: list[Registration] = []
 
     # ------------------------------------------------------------------ declaring
@@ -267,9 +271,16 @@ class ReachAgent:
                 return Outcome(outcome.status, outcome.body, {**outcome.headers, "Idempotent-Replayed": "true"})
             return outcome
 
+    async def _approve(self, prepared: _Prepared) -> None:
+        """Wait for the approver when the capability needs one (raises when it does not approve in time)."""
+        capability = prepared.handler.capability
+        if self._approval is not None and capability.needs_approval:
+            await self._approval.check(capability, prepared.ctx, prepared.payload)
+
     async def _execute(self, prepared: _Prepared) -> Outcome:
         ctx = prepared.ctx
         try:
+            await self._approve(prepared)
             with self._serving(ctx):
                 async with asyncio.timeout(ctx.remaining()):
                     data = await prepared.handler.call(prepared.kwargs)
@@ -290,6 +301,10 @@ class ReachAgent:
         prepared = self._prepare(raw, headers)
         if isinstance(prepared, Outcome):
             return prepared
+        try:
+            await self._approve(prepared)
+        except ReachError as exc:
+            return _fail(prepared.ctx.request_id, 200, exc.error_type, exc.message)
         return self._frames(prepared)
 
     async def _frames(self, prepared: _Prepared) -> AsyncIterator[bytes]:

@@ -47,6 +47,20 @@ class ReachContext:
         """Seconds left before the deadline, or ``None`` when the caller gave none."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
+    @property
+    def summary(self) -> list[dict[str, Any]]:
+        """A broadcast copy's view of the answers already in (``agent``, ``status``, ``answer``), first first.
+
+        Empty unless the caller broadcast with ``share_summary=True``. A handler may skip or shorten its
+        work when the answers so far settle the question (seed 004, section 6.2).
+        """
+        raw = self.headers.get("x-reach-summary")
+        try:
+            items = json.loads(raw) if raw else []
+        except ValueError:
+            return []
+        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
 
 def to_jsonable(value: Any) -> Any:
     """``json.dumps`` fallback for pydantic models and dataclasses a handler may return."""

@@ -56,7 +56,9 @@ from reach_plugins.telemetry import (
     HEADER_HOPS,
     HEADER_IDEMPOTENCY_KEY,
     HEADER_RETRY,
+    HEADER_SUMMARY,
     HEADER_TENANT,
+    META_SUMMARY,
     RETRY_UPSTREAM,
     get_tracer,
     inject_context,
@@ -65,6 +67,7 @@ from reach_plugins.telemetry import (
     spans_are_noop,
 )
 from reach_plugins.transport import StreamEvent, Transport
+from reach_plugins.usage import usage_of
 from reach_plugins.validation import check_payload
 
 logger = logging.getLogger("reach_plugins.core")
@@ -167,6 +170,9 @@ class Pipeline:
             headers[HEADER_TENANT] = request.tenant
         if key:
             headers[HEADER_IDEMPOTENCY_KEY] = key
+        summary = request.metadata.get(META_SUMMARY) if request.metadata else None
+        if summary:
+            headers[HEADER_SUMMARY] = summary
         if request.retried_upstream or not owns_retries:
             headers[HEADER_RETRY] = RETRY_UPSTREAM
         if rec.span.get_span_context().is_valid:
@@ -263,6 +269,7 @@ class Pipeline:
     def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:
         failed = response.status != "success"
         if trace or failed or self._sink is not None:
+            rec.usage = usage_of(response.data)
             built = rec.build(response.status, response.error, self._clock.now())
             if self._sink is not None:
                 emit_safely(self._sink, built)

@@ -98,7 +98,7 @@ class TraceRecorder:
     pipeline skips recording it — the common case, and a hot path.
     """
 
-    __slots__ = ("attempts", "dedup_hit", "events", "keep", "request", "route", "span", "started_at")
+    __slots__ = ("attempts", "dedup_hit", "events", "keep", "request", "route", "span", "started_at", "usage")
 
     def __init__(self, request: ReachRequest, started_at: float, span: Span, *, keep: bool = True) -> None:
         self.request = request
@@ -109,6 +109,8 @@ class TraceRecorder:
         self.attempts: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.dedup_hit = False
+        self.usage: dict[str, int] | None = None
+        """Tokens the answer reported (set when the request ends)."""
 
     def event(self, name: str, at: float, **attrs: Any) -> None:
         """A named moment of the request (retry, failover, breaker transition...), also as a span event."""
@@ -137,4 +139,5 @@ class TraceRecorder:
             error=error,
             started_at=self.started_at,
             duration_ms=(now - self.started_at) * 1000.0,
+            usage=self.usage,
         )

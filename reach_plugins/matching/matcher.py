@@ -35,7 +35,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Literal
@@ -180,7 +180,7 @@ class CapabilityMatcher:
         candidates = self._eligible(tags)
         fresh = {key: self._decide_without_model(key[0], key[1], candidates) for key in keys if key not in found}
         semantic = sorted({key for key, result in fresh.items() if result is None})
-        judged = self._judge_all(semantic, candidates) if semantic else {}
+        judged = self._judge_all(semantic, candidates, generation) if semantic else {}
         decided = {key: result for key, result in fresh.items() if result is not None} | judged
         with self._lock:
             if generation == self._generation:
@@ -192,13 +192,16 @@ class CapabilityMatcher:
         found.update(decided)
         return [found[key] for key in keys]
 
-    def _judge_all(self, semantic: list[_Key], candidates: Sequence[Capability]) -> dict[_Key, MatchResult]:
+    def _judge_all(
+        self, semantic: list[_Key], candidates: Sequence[Capability], generation: int
+    ) -> dict[_Key, MatchResult]:
         """Score ``semantic`` tools with the model within the time budget, or decide them ``degraded``.
 
         The budget is :attr:`timeout` per tool text, plus :data:`WARMUP_TIMEOUT` when catalogue
         entries are not embedded yet (loading a model and indexing a new catalogue is a one-time
-        cost, not a per-call one). A model that overruns it keeps working in the background, so the
-        catalogue's vectors are ready next time; a ``ConfigError`` (a broken embedder) is raised.
+        cost, not a per-call one). A model that overruns it keeps working in the background and its
+        decisions are cached when they arrive, so the next call finds them; a ``ConfigError`` (a
+        broken embedder) is raised.
         """
 
         def judge() -> dict[_Key, MatchResult]:
@@ -220,7 +223,8 @@ class CapabilityMatcher:
         try:
             return future.result(timeout=budget)
         except FutureTimeout:
-            future.cancel()
+            if not future.cancel():
+                future.add_done_callback(lambda done: self._adopt(done, generation))
             why = f"the embedder {self.embedder.name} took longer than {budget * 1000:g} ms"
         except ConfigError:
             raise
@@ -228,6 +232,14 @@ class CapabilityMatcher:
             why = f"the embedder {self.embedder.name} failed ({type(exc).__name__})"
         logger.warning("semantic matching degraded: %s; routing by exact name and scope tags only", why)
         return {key: MatchResult(None, 0.0, None, None, "degraded", best=why) for key in semantic}
+
+    def _adopt(self, done: Future[dict[_Key, MatchResult]], generation: int) -> None:
+        """Cache the decisions of a model run that finished after its caller stopped waiting."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        with self._lock:
+            if generation == self._generation:
+                self._decisions.update(done.result())
 
     def rank(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> list[tuple[str, float]]:
         """Every eligible capability with its cosine score, best first (uncached; for explanations and tuning)."""

@@ -1,0 +1,166 @@
+"""Approval at the target (seed 004, section 5.2): a dangerous reach runs only once someone said yes.
+
+The caller's framework may ask a human too (LangGraph ``interrupt``), but
+callers that never passed through a framework (a plain ``ReachClient``, a Dify
+plugin, another agent) reach the agent directly: the gate belongs where the
+side effect happens. When an agent built with the SDK receives a reach for a
+capability with ``danger_level: high`` or ``require_approval``, it does not run
+the handler; it asks its approver (a callable, or a webhook URL it POSTs the
+:class:`ApprovalRequest` to) and runs only on approval:
+
+* approved -> the handler runs;
+* denied -> a business error naming who denied it and why;
+* no answer within the caller's deadline -> ``approval_required`` ("not executed").
+  An approval that takes longer than a call can wait goes through the node's
+  callback mode (``Submit`` with a long ``timeout_ms``, then ``Result``): the
+  gate waits within that deadline.
+
+Every decision is audited: a log line on ``reach_plugins.agent.approval`` and a
+``reach.approval`` event on the agent's server span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+
+import aiohttp
+from opentelemetry import trace
+
+from reach_plugins.agent.handlers import ReachContext
+from reach_plugins.errors import ApprovalRequired, BusinessError, ConfigError
+from reach_plugins.model import Capability
+
+audit = logging.getLogger("reach_plugins.agent.approval")
+
+SUMMARY_CHARS = 500
+"""How much of the payload (as JSON) the approver sees."""
+EVENT_APPROVAL = "reach.approval"
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """What an approver is asked: which capability, for whom, through which chain, with what."""
+
+    request_id: str
+    agent: str
+    capability: str
+    danger_level: str
+    tenant: str | None
+    caller: str | None
+    """The agent that reached this one (the last hop before it), or ``None`` for a direct caller."""
+    hops: tuple[str, ...]
+    summary: str
+    """The payload as JSON, cut to :data:`SUMMARY_CHARS` characters."""
+    remaining_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalDecision:
+    """An approver's answer: ``approved``, by whom, and why."""
+
+    approved: bool
+    by: str
+    reason: str = ""
+
+
+Approver = Callable[[ApprovalRequest], "ApprovalDecision | bool | Awaitable[ApprovalDecision | bool]"]
+
+
+def _reply_margin(remaining: float) -> float:
+    """Time kept back from the caller's deadline so the "no approval" answer reaches it before it gives up."""
+    return max(0.05, 0.1 * remaining)
+
+
+class WebhookApprover:
+    """POST the :class:`ApprovalRequest` as JSON to ``url``; the answer is ``{"approved", "by", "reason"}``.
+
+    Redirects are not followed, and anything but a 200 with that shape is a denial by ``url``.
+    """
+
+    def __init__(self, url: str) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"the approval webhook must be an http(s) URL, got {url!r}")
+        self.url = url
+
+    async def __call__(self, request: ApprovalRequest) -> ApprovalDecision:
+        async with (
+            aiohttp.ClientSession(trust_env=False) as session,
+            session.post(self.url, json=asdict(request), allow_redirects=False) as answer,
+        ):
+            body = await answer.json(content_type=None) if answer.status == 200 else None
+        if not isinstance(body, dict) or not isinstance(body.get("approved"), bool):
+            return ApprovalDecision(
+                False, "the approval service", f"it answered HTTP {answer.status} without a decision"
+            )
+        return ApprovalDecision(
+            body["approved"], str(body.get("by") or "the approval service"), str(body.get("reason") or "")
+        )
+
+
+class ApprovalGate:
+    """Asks ``approver`` before a dangerous capability runs; raises unless it approves in time."""
+
+    def __init__(self, agent: str, approver: Approver | str) -> None:
+        self.agent = agent
+        self.approver: Approver = WebhookApprover(approver) if isinstance(approver, str) else approver
+
+    async def check(self, capability: Capability, ctx: ReachContext, payload: object) -> None:
+        """Return when approved; ``BusinessError`` when denied, ``ApprovalRequired`` when nobody answered in time."""
+        request = self._request(capability, ctx, payload)
+        remaining = ctx.remaining()
+        try:
+            async with asyncio.timeout(None if remaining is None else remaining - _reply_margin(remaining)):
+                answer = self.approver(request)
+                decision = await answer if inspect.isawaitable(answer) else answer
+        except TimeoutError:
+            self._audit(request, "unanswered", "nobody", "no decision within the caller's deadline")
+            raise ApprovalRequired(
+                f"{capability.name!r} needs approval and none arrived within the caller's deadline; nothing was "
+                "executed (for approvals that take longer, submit through a Reach node with a long timeout_ms)"
+            ) from None
+        if isinstance(decision, bool):
+            decision = ApprovalDecision(decision, "the approver")
+        self._audit(request, "approved" if decision.approved else "denied", decision.by, decision.reason)
+        if not decision.approved:
+            why = f": {decision.reason}" if decision.reason else ""
+            raise BusinessError(f"{capability.name!r} was denied by {decision.by}{why}; nothing was executed")
+
+    def _request(self, capability: Capability, ctx: ReachContext, payload: object) -> ApprovalRequest:
+        remaining = ctx.remaining()
+        caller = ctx.hops[-2].partition("/")[0] if len(ctx.hops) >= 2 else None
+        return ApprovalRequest(
+            request_id=ctx.request_id,
+            agent=self.agent,
+            capability=capability.name,
+            danger_level=capability.danger_level,
+            tenant=ctx.tenant,
+            caller=caller,
+            hops=ctx.hops,
+            summary=json.dumps(payload, ensure_ascii=False, default=str)[:SUMMARY_CHARS],
+            remaining_ms=None if remaining is None else max(0, int(remaining * 1000)),
+        )
+
+    def _audit(self, request: ApprovalRequest, verdict: str, by: str, reason: str) -> None:
+        audit.info(
+            "approval %s: %s/%s request %s tenant=%s caller=%s hops=%s by=%s reason=%s",
+            verdict,
+            request.agent,
+            request.capability,
+            request.request_id,
+            request.tenant,
+            request.caller,
+            ",".join(request.hops),
+            by,
+            reason,
+        )
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event(
+                EVENT_APPROVAL,
+                {"reach.approval.verdict": verdict, "reach.approval.by": by, "reach.approval.reason": reason},
+            )

@@ -1,0 +1,85 @@
+"""Active health probes: refused connects mark an instance down at once, readiness is the agent's own answer."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from hop_support import free_port
+
+from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.model import AgentDescriptor, HealthCheck
+from reach_plugins.probes import JITTER, ProbeBook, Prober
+from reach_plugins.registry import MemoryRegistry
+
+CHECK = HealthCheck(probe_interval=5, ready_interval=30, refusals_to_down=2)
+
+
+def test_two_refusals_in_a_row_mark_down_and_one_success_restores() -> None:
+    """One refusal is noise, two in a row are down; a timeout neither counts nor clears; a connect restores."""
+    book = ProbeBook()
+    book.connected("orders", "o1", refused=True, ok=False, check=CHECK)
+    assert book.available("orders", "o1")
+    book.connected("orders", "o1", refused=False, ok=False, check=CHECK)  # a timeout
+    book.connected("orders", "o1", refused=True, ok=False, check=CHECK)
+    assert not book.available("orders", "o1") and book.available("orders", "o2")
+    book.connected("orders", "o1", refused=False, ok=True, check=CHECK)
+    assert book.available("orders", "o1")
+
+
+def test_probes_are_jittered_and_readiness_is_rarer() -> None:
+    """Connect probes come about every 5 s, readiness about every 30 s, each within the jitter band."""
+    book = ProbeBook(random.Random(3))
+    now, connects, readies = 0.0, [], []
+    while now < 300:
+        connect, ready = book.due("orders", "o1", CHECK, now)
+        if connect:
+            connects.append(now)
+        if ready:
+            readies.append(now)
+        now += 0.1
+    gaps = [b - a for a, b in itertools.pairwise(connects)]
+    assert min(gaps) >= 5 * (1 - JITTER) - 0.11 and max(gaps) <= 5 * (1 + JITTER) + 0.11
+    assert len(set(round(gap, 1) for gap in gaps)) > 3, "probes must not march in step"
+    assert 7 <= len(readies) <= 13
+
+
+async def test_a_prober_finds_a_closed_port_and_an_unready_agent() -> None:
+    """Against real sockets: a refused endpoint goes down after two rounds; readiness follows the agent's callback."""
+    ready = [True]
+    agent = ReachAgent("orders", readiness=lambda: ready[0])
+
+    @agent.capability("query_order")
+    def query_order(order_id: str) -> dict[str, str]:
+        return {"order_id": order_id}
+
+    clock = [0.0]
+    with BackgroundServer(agent.app) as server:
+        registry = MemoryRegistry()
+        closed = f"http://127.0.0.1:{free_port()}"
+        registry.put_agent(AgentDescriptor(name="orders", endpoints=[server.url, closed], capabilities=["query_order"]))
+        live, dead = (
+            i.instance_id for i in sorted(registry.instances("orders").values(), key=lambda i: i.endpoint != server.url)
+        )
+        prober = Prober(registry, clock=lambda: clock[0])
+        await prober.probe_once()
+        assert prober.available("orders", live) and prober.available("orders", dead), "one refusal is not down"
+        clock[0] += 10
+        await prober.probe_once()
+        assert prober.available("orders", live) and not prober.available("orders", dead)
+        ready[0] = False
+        clock[0] += 40
+        await prober.probe_once()
+        assert not prober.available("orders", live)
+        ready[0] = True
+        clock[0] += 40
+        await prober.probe_once()
+        assert prober.available("orders", live)
+        await prober.aclose()
+
+
+def test_one_prober_per_registry() -> None:
+    """Every caller of Prober.shared gets the same prober for one registry (bounded cost)."""
+    registry = MemoryRegistry()
+    assert Prober.shared(registry) is Prober.shared(registry)
+    assert Prober.shared(MemoryRegistry()) is not Prober.shared(registry)
