@@ -24,6 +24,7 @@ TRACES = Path("reach-traces.jsonl")
 @app.command()
 def demo(
     seed: Annotated[int, typer.Option(help="Random seed of the scripted run.")] = 7,
+    trace_file: Annotated[Path, typer.Option(help="Write each request's trace here (JSON lines).")] = TRACES,
 ) -> None:
     """Run the customer-service scenario on the embedded default: no servers, no API key."""
     try:
@@ -32,7 +33,7 @@ def demo(
         console.print(f'[red]the demo needs the demo extra:[/red] pip install "reach-plugins[demo]" ({exc})')
         raise typer.Exit(2) from None
 
-    asyncio.run(run_demo(console, seed=seed))
+    asyncio.run(run_demo(console, seed=seed, trace_file=trace_file))
 
 
 @app.command()

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.model import ReachTrace
+from reach_plugins.model import Attempt, ReachTrace
 
 _STATUS_STYLE = {"success": "green", "fail": "red", "timeout": "red", "error": "red", "cancelled": "yellow"}
 
@@ -101,29 +101,35 @@ def trace_tree(trace: ReachTrace) -> Tree:
     if context:
         tree.add("[dim]" + escape(", ".join(context)) + "[/dim]")
     _route(tree, trace)
-    for attempt in trace.attempts:
-        at = rounded((attempt.started_at - trace.started_at) * 1000.0)
-        style = "green" if attempt.outcome == "success" else "red"
-        delivered = "" if attempt.delivered else " [yellow]not delivered[/yellow]"
-        line = (
-            f"+{at} ms attempt {attempt.number} -> {escape(attempt.agent)}/{escape(attempt.instance)} "
-            f"[{style}]{escape(attempt.outcome)}[/{style}]{delivered} {rounded(attempt.duration_ms)} ms"
-        )
-        node = tree.add(line)
-        if attempt.error:
-            node.add(f"[red]{escape(attempt.error)}[/red]")
-        if attempt.retry_delay_ms is not None:
-            node.add(f"retry after {rounded(attempt.retry_delay_ms)} ms")
-        if attempt.breaker_state:
-            node.add(f"breaker {escape(attempt.breaker_state)}")
-    for event in trace.events:
-        at = rounded((float(event.get("at", trace.started_at)) - trace.started_at) * 1000.0)
-        details = {key: rounded(value) for key, value in event.items() if key not in ("event", "at")}
-        text = json.dumps(details, ensure_ascii=False, default=str) if details else ""
-        tree.add(f"+{at} ms [yellow]{escape(str(event.get('event', '?')))}[/yellow] {escape(text)}")
+    items: list[Attempt | dict[str, Any]] = [*trace.attempts, *trace.events]
+    timeline = [(item.started_at if isinstance(item, Attempt) else float(item.get("at", 0.0)), n, item)
+                for n, item in enumerate(items)]  # fmt: skip
+    for at, _, item in sorted(timeline, key=lambda entry: entry[:2]):
+        offset = rounded((at - trace.started_at) * 1000.0)
+        if isinstance(item, Attempt):
+            _attempt(tree, offset, item)
+        else:
+            details = {key: rounded(value) for key, value in item.items() if key not in ("event", "at")}
+            text = json.dumps(details, ensure_ascii=False, default=str) if details else ""
+            tree.add(f"+{offset} ms [yellow]{escape(str(item.get('event', '?')))}[/yellow] {escape(text)}")
     if trace.error is not None:
         tree.add(f"[red]{escape(trace.error.type)}: {escape(trace.error.message)}[/red]")
     return tree
+
+
+def _attempt(tree: Tree, offset: float, attempt: Attempt) -> None:
+    style = "green" if attempt.outcome == "success" else "red"
+    delivered = "" if attempt.delivered else " [yellow]not delivered[/yellow]"
+    node = tree.add(
+        f"+{offset} ms attempt {attempt.number} -> {escape(attempt.agent)}/{escape(attempt.instance)} "
+        f"[{style}]{escape(attempt.outcome)}[/{style}]{delivered} {rounded(attempt.duration_ms)} ms"
+    )
+    if attempt.error:
+        node.add(f"[red]{escape(attempt.error)}[/red]")
+    if attempt.retry_delay_ms is not None:
+        node.add(f"retry after {rounded(attempt.retry_delay_ms)} ms")
+    if attempt.breaker_state:
+        node.add(f"breaker {escape(attempt.breaker_state)}")
 
 
 def _route(tree: Tree, trace: ReachTrace) -> None:
