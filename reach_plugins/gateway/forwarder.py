@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from reach_plugins.core.dedup import DedupStore
+    from reach_plugins.core.trace import TraceSink
 
 NODE_SCHEME = "grpc://"
 
@@ -111,6 +112,7 @@ class Forwarder:
         default_timeout: float = 30.0,
         node_id: str | None = None,
         owns_registry: bool = False,
+        sink: TraceSink | None = None,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -127,6 +129,7 @@ class Forwarder:
             credentials=self._credential,
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
+            sink=sink,
         )
         self._watch: asyncio.Task[None] | None = None
 

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
 
+    from reach_plugins.core.trace import TraceSink
+
 
 def build_forwarder(
     config: str | os.PathLike[str],
@@ -25,6 +27,7 @@ def build_forwarder(
     tracer_provider: TracerProvider | None = None,
     node_id: str | None = None,
     route_ttl: float = 1.0,
+    sink: TraceSink | None = None,
 ) -> tuple[Forwarder, Access]:
     """The forwarder and access rules a server runs with.
 
@@ -44,6 +47,7 @@ def build_forwarder(
         node_id=node_id,
         route_ttl=route_ttl,
         owns_registry=registry is None or isinstance(registry, str),
+        sink=sink,
     )
     return forwarder, access
 
@@ -58,9 +62,14 @@ def create_app(
 ) -> Starlette:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`)."""
     from reach_plugins.gateway.app import Gateway
+    from reach_plugins.gateway.metrics import Metrics
 
-    forwarder, access = build_forwarder(config, registry=registry, environ=environ, tracer_provider=tracer_provider)
-    return Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider).app()
+    metrics = Metrics()
+    forwarder, access = build_forwarder(
+        config, registry=registry, environ=environ, tracer_provider=tracer_provider, sink=metrics.reach
+    )
+    gateway = Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, metrics=metrics)
+    return gateway.app()
 
 
 def serve_gateway(
