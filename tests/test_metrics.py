@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +25,7 @@ from reach_plugins import metrics as m
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import BusinessError, SessionClosed
 from reach_plugins.metrics import ReachMetrics, attempt_outcome, fan_out
-from reach_plugins.model import Attempt, CircuitBreakerConfig
+from reach_plugins.model import Attempt, CircuitBreakerConfig, ReachTrace, RouteDecision
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.telemetry import server_attributes
 from reach_plugins.toolcalls import ToolCall
@@ -263,3 +266,42 @@ async def test_spans_carry_tool_type_and_server_attributes(spans: tuple[TracerPr
     client = by_name["reach post_entry"][0]
     assert client["server.address"] == "127.0.0.1" and client["server.port"] == int(port)
     assert client["url.full"] == f"http://127.0.0.1:{port}"
+
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "notebooks" / "grafana" / "reach_dashboard.json"
+
+
+def test_the_grafana_dashboard_queries_what_the_exporter_serves() -> None:
+    """Every metric and label the dashboard's queries name is in a server's /metrics (Prometheus exporter names)."""
+    from reach_plugins.gateway.metrics import Metrics
+
+    served = Metrics()
+    reach = served.reach
+    route = RouteDecision(capability="c", agent="a", instance="a-1", endpoint="http://127.0.0.1:1", reason="r")
+    attempt = Attempt(number=1, agent="a", instance="a-1", endpoint="http://127.0.0.1:1", started_at=0, duration_ms=1,
+                      outcome="success")  # fmt: skip
+    events = [{"event": name, "at": 0.0} for name in ("reach.retry", "reach.failover", "reach.dedup_hit")]
+    events.append({"event": "reach.breaker", "at": 0.0, "instance": "a-1", "reach.breaker.from": "closed",
+                   "reach.breaker.to": "open"})  # fmt: skip
+    reach.emit(ReachTrace(request_id="r", capability="c", route=route, attempts=[attempt], events=events,
+                          status="success", dedup_hit=True))  # fmt: skip
+    reach.tool_route("t", "semantic", remote=True)
+    reach.tool_call("t", 0.1)
+    reach.session_closed()
+    reach.cancellation("c")
+    reach.registration("a", ok=True)
+    reach.heartbeat_expirations.add(1, {"reach.agent": "a"})
+    text = served.render()
+    exposed = set(re.findall(r"^([a-z_]+?)(?:_bucket|_sum|_count|_created)?[{ ]", text, re.MULTILINE))
+    labels = set(re.findall(r'([a-z_]+)="', text))
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    assert len(queries) >= 12
+    for query in queries:
+        for name in re.findall(r"\b((?:reach|gen_ai)_[a-z_]+)\b", query):
+            if name in labels:
+                continue
+            assert name.removesuffix("_bucket") in exposed, f"{name} (in {query!r}) is not served"
+        for label in re.findall(r"([a-z_]+)=~?\"", query) + re.findall(r"by \(([a-z_, ]+)\)", query):
+            for one in label.split(", "):
+                assert one in labels | {"le"}, f"label {one} (in {query!r}) is not served"
