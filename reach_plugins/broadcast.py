@@ -43,6 +43,7 @@ class Sender(Protocol):
 
     async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse: ...
 
+
 DEFAULT_TIMEOUT: Final = 30.0
 """Seconds a broadcast waits when the request sets neither ``deadline`` nor ``timeout_ms``."""
 

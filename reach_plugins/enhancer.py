@@ -240,7 +240,7 @@ class ReachEnhancer:
     def _decide(self, call: ToolCall) -> Decision:
         if self.policy == "local_only":
             return Decision(False, None, Resolution(call.name, None, "off", "policy local_only"), "policy local_only")
-        resolution = self.explain(call.name, call.description)
+        resolution = self.mapper.explain(call.name, call.description, wait=False)
         target = resolution.capability
         capability = self.catalogue().get(target) if target is not None else None
         if self.policy == "remote_only" or not call.has_local:

@@ -333,13 +333,16 @@ class ToolMapper:
             self._catalogue, self._resolved, self._revision = found, {}, revision
             return found
 
-    def explain(self, tool: str, description: str = "") -> Resolution:
-        """The capability ``tool`` maps to (or ``None``), the rule that decided, and the evidence."""
+    def explain(self, tool: str, description: str = "", *, wait: bool = True) -> Resolution:
+        """The capability ``tool`` maps to (or ``None``), the rule that decided, and the evidence.
+
+        ``wait=False`` is the routing path: the model gets its time budget, then the decision degrades.
+        """
         catalogue = self.catalogue()
         resolved = self._resolved
         found = resolved.get((tool, description))
         if found is None:
-            found = self._resolve(tool, description, catalogue)
+            found = self._resolve(tool, description, catalogue, wait)
             if found.rule == "degraded":
                 return found  # the model was slow or failed: ask it again next time
             with self._lock:
@@ -365,7 +368,7 @@ class ToolMapper:
             if name not in covered and tags <= set(capability.scope_tags) and exposed(capability)
         ]
 
-    def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability]) -> Resolution:
+    def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability], wait: bool) -> Resolution:
         if tool in self.capability_map:
             target = self.capability_map[tool]
             return Resolution(tool, target, "map", f"capability_map sends it to {target or 'the local tool'}")
@@ -374,7 +377,7 @@ class ToolMapper:
             if exact is not None and set(self.scope_tags) <= set(exact.scope_tags):
                 return Resolution(tool, tool, "exact", "same name")
             return Resolution(tool, None, "unmapped", "no capability of that name (semantic matching is off)")
-        match = self.matcher.match(tool, description, scope_tags=self.scope_tags)
+        match = self.matcher.match(tool, description, scope_tags=self.scope_tags, wait=wait)
         return Resolution(tool, match.capability, match.reason, str(match))
 
 

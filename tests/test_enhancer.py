@@ -22,7 +22,7 @@ from reach_plugins.errors import (
     SessionClosed,
     UnknownCapability,
 )
-from reach_plugins.matching import CapabilityMatcher, LexicalEmbedder, default_embedder
+from reach_plugins.matching import CapabilityMatcher, LexicalEmbedder
 from reach_plugins.model import ErrorInfo, Hop, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.sessions import MemorySessions
@@ -103,12 +103,8 @@ def test_exact_name_then_semantic_match(enhancer: ReachEnhancer) -> None:
 
 
 def test_default_matcher_makes_the_same_decisions(registry: MemoryRegistry, transport: MockTransport) -> None:
-    """The default embedder (a sentence model when installed) agrees on the mapping cases below.
-
-    Decisions, not latency, are under test: the matcher waits for the model (a loaded machine is slow).
-    """
-    patient = CapabilityMatcher((), embedder=default_embedder(), timeout=None)
-    with ReachEnhancer(registry=registry, transport=transport, matcher=patient) as e:
+    """The default embedder (a sentence model when installed) agrees on the mapping cases below."""
+    with ReachEnhancer(registry=registry, transport=transport) as e:
         assert e.resolve("lookup_order_status", "Look up where an order is") == "query_order"
         assert e.resolve("stock_level", "How many items of a product remain in stock") == "check_inventory"
         assert e.resolve("get_weather", "Current weather for a city") is None

@@ -425,9 +425,10 @@ def test_a_failing_model_degrades_and_the_enhancer_says_so(caplog: pytest.LogCap
 
 
 def test_the_enhancer_routes_by_name_while_its_model_hangs() -> None:
-    """Through ReachEnhancer: a hung model leaves exact names routing and explains the rest as degraded."""
+    """Through ReachEnhancer's routing path: a hung model leaves exact names routing and the rest degraded, said so."""
     from reach_plugins import ReachEnhancer
     from reach_plugins.registry import MemoryRegistry
+    from reach_plugins.toolcalls import ToolCall
 
     registry = MemoryRegistry()
     registry.put_agent(AgentDescriptor(name="greek", endpoints=["http://127.0.0.1:9"], capabilities=list(GREEK)))
@@ -437,10 +438,10 @@ def test_the_enhancer_routes_by_name_while_its_model_hangs() -> None:
             assert enhancer.explain("warm_up", "beta").rule == "semantic"
             model.stall.set()
             started = time.monotonic()
-            explained = enhancer.explain("run_it", "alpha")
+            decided = enhancer.decide(ToolCall("run_it", description="alpha"))
             took = time.monotonic() - started
-            exact = enhancer.resolve("do_gamma")
+            exact = enhancer.decide(ToolCall("do_gamma", description="anything"))
     finally:
         model.released.set()
-    assert explained.capability is None and explained.rule == "degraded" and "fell back" in explained.detail
-    assert exact == "do_gamma" and took < 2.0
+    assert not decided.remote and decided.resolution.rule == "degraded" and "fell back" in decided.resolution.detail
+    assert exact.resolution.capability == "do_gamma" and exact.resolution.rule == "exact" and took < 2.0

@@ -158,11 +158,18 @@ class CapabilityMatcher:
             wanted = {capability_text(c) for c in catalogue.values()}
             self._vectors = {text: vector for text, vector in self._vectors.items() if text in wanted}
 
-    def match(self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = ()) -> MatchResult:
-        """The capability ``tool_name`` maps to; cached, so asking again is a dict lookup."""
-        return self.match_many([(tool_name, description)], scope_tags=scope_tags)[0]
+    def match(
+        self, tool_name: str, description: str = "", *, scope_tags: Sequence[str] = (), wait: bool = False
+    ) -> MatchResult:
+        """The capability ``tool_name`` maps to; cached, so asking again is a dict lookup.
 
-    def match_many(self, tools: Iterable[tuple[str, str]], *, scope_tags: Sequence[str] = ()) -> list[MatchResult]:
+        ``wait=True`` ignores :attr:`timeout` (explanations and build-time matching are not the routing path).
+        """
+        return self.match_many([(tool_name, description)], scope_tags=scope_tags, wait=wait)[0]
+
+    def match_many(
+        self, tools: Iterable[tuple[str, str]], *, scope_tags: Sequence[str] = (), wait: bool = False
+    ) -> list[MatchResult]:
         """Decide for several ``(tool name, description)`` pairs at once: one embedding batch for all new ones.
 
         An agent's tools are known when it is built; matching them together
@@ -180,7 +187,8 @@ class CapabilityMatcher:
         candidates = self._eligible(tags)
         fresh = {key: self._decide_without_model(key[0], key[1], candidates) for key in keys if key not in found}
         semantic = sorted({key for key, result in fresh.items() if result is None})
-        judged = self._judge_all(semantic, candidates, generation) if semantic else {}
+        timeout = None if wait else self.timeout
+        judged = self._judge_all(semantic, candidates, generation, timeout) if semantic else {}
         decided = {key: result for key, result in fresh.items() if result is not None} | judged
         with self._lock:
             if generation == self._generation:
@@ -193,11 +201,11 @@ class CapabilityMatcher:
         return [found[key] for key in keys]
 
     def _judge_all(
-        self, semantic: list[_Key], candidates: Sequence[Capability], generation: int
+        self, semantic: list[_Key], candidates: Sequence[Capability], generation: int, timeout: float | None
     ) -> dict[_Key, MatchResult]:
         """Score ``semantic`` tools with the model within the time budget, or decide them ``degraded``.
 
-        The budget is :attr:`timeout` per tool text, plus :data:`WARMUP_TIMEOUT` when catalogue
+        The budget is ``timeout`` per tool text, plus :data:`WARMUP_TIMEOUT` when catalogue
         entries are not embedded yet (loading a model and indexing a new catalogue is a one-time
         cost, not a per-call one). A model that overruns it keeps working in the background and its
         decisions are cached when they arrive, so the next call finds them; a ``ConfigError`` (a
@@ -211,14 +219,14 @@ class CapabilityMatcher:
                 for key, vector in zip(semantic, vectors, strict=True)
             }
 
-        if self.timeout is None:
+        if timeout is None:
             return judge()
         with self._lock:
             unembedded = len({capability_text(c) for c in candidates} - set(self._vectors))
             if self._worker is None:
                 self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reach-matcher")
             worker = self._worker
-        budget = self.timeout * len(semantic) + (WARMUP_TIMEOUT if unembedded else 0.0)
+        budget = timeout * len(semantic) + (WARMUP_TIMEOUT if unembedded else 0.0)
         future = worker.submit(judge)
         try:
             return future.result(timeout=budget)
