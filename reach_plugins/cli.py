@@ -111,6 +111,7 @@ def node(
     queue_capacity: Annotated[int, typer.Option(help="Requests that may wait for a worker.")] = 1000,
     workers: Annotated[int, typer.Option(help="Requests served at once.")] = 64,
     node_id: Annotated[str | None, typer.Option(help="Name in x-reach-via chains (default: random).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (Prometheus) over HTTP here.")] = None,
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import serve_node
@@ -118,7 +119,14 @@ def node(
     try:
         asyncio.run(
             serve_node(
-                config, host, port, registry=registry, queue_capacity=queue_capacity, workers=workers, node_id=node_id
+                config,
+                host,
+                port,
+                registry=registry,
+                queue_capacity=queue_capacity,
+                workers=workers,
+                node_id=node_id,
+                metrics_port=metrics_port,
             )
         )
     except ReachError as exc:

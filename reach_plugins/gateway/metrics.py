@@ -14,17 +14,20 @@ and the rest, under Prometheus names (``reach.client.requests`` ->
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 try:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
     from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('a server\'s /metrics needs the server extra: pip install "reach-plugins[server]"') from exc
 
 from reach_plugins.metrics import ReachMetrics
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 Kind = Literal["counter", "gauge", "histogram"]
 
@@ -69,6 +72,14 @@ class Metrics:
     def render(self) -> str:
         """Every instrument in the Prometheus text format (0.0.4), as the exporter writes it."""
         return generate_latest(self.registry).decode("utf-8")
+
+    def serve_http(self, host: str, port: int) -> WSGIServer:
+        """Serve ``/metrics`` at ``host:port`` (0: a free port) from a thread, for a server without HTTP (the node).
+
+        Stop it with ``server.shutdown()``; ``server.server_port`` is the port.
+        """
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server
 
     def shutdown(self) -> None:
         """Stop the meter provider (a server that stops)."""
