@@ -115,9 +115,17 @@ async def test_every_instrument_after_a_fault_drill(metrics: ReachMetrics, reade
     clock = Clock()
     registry = MemoryRegistry(clock=clock)
     watching = asyncio.create_task(metrics.watch(registry))
-    orders, ledger = orders_agent(), ledger_agent()
-    with BackgroundServer(orders.app) as orders_server, BackgroundServer(ledger.app) as ledger_server:
-        registration = await orders.register(registry, orders_server.url, instance_id="orders-1", metrics=metrics)
+    orders, ledger = [orders_agent(), orders_agent()], ledger_agent()
+    with (
+        BackgroundServer(orders[0].app) as first,
+        BackgroundServer(orders[1].app) as second,
+        BackgroundServer(ledger.app) as ledger_server,
+    ):
+        servers = {"orders-1": first, "orders-2": second}
+        registrations = {
+            name: await agent.register(registry, servers[name].url, instance_id=name, metrics=metrics)
+            for name, agent in zip(servers, orders, strict=True)
+        }
         dead = f"http://127.0.0.1:{free_port()}"
         breaker = CircuitBreakerConfig(min_calls=2, error_threshold=0.3, open_wait=60)
         capability = Capability(name="post_entry", description="Post a ledger entry")
@@ -129,7 +137,11 @@ async def test_every_instrument_after_a_fault_drill(metrics: ReachMetrics, reade
             for n in range(6):  # round robin sends some to the dead instance first: not delivered, failover, breaker
                 assert (await e.areach(ToolCall("post_entry", {"amount": n}))).ok
             assert (await e.areach(ToolCall("query_order", {"order_id": "A1"}, session_key="s-1"))).ok
-            assert (await e.areach(ToolCall("query_order", {"order_id": "A2"}, session_key="s-1"))).ok
+            pinned = (await e.areach(ToolCall("query_order", {"order_id": "A2"}, session_key="s-1"))).route
+            assert pinned is not None and pinned.instance in servers
+            servers[pinned.instance].stop()  # the conversation's instance dies: the next call restores elsewhere
+            moved = (await e.areach(ToolCall("query_order", {"order_id": "A4"}, session_key="s-1"))).route
+            assert moved is not None and moved.context_restore and moved.instance != pinned.instance
             assert isinstance((await e.areach(ToolCall("query_order", {"order_id": "A9"}))).error, BusinessError)
             late = await e.blocking.bridge.submit(e.client.reach("slow_report", {"ticket": "t-1"}, timeout_ms=300))
             assert late.status == "timeout"
@@ -142,10 +154,11 @@ async def test_every_instrument_after_a_fault_drill(metrics: ReachMetrics, reade
             await e.aclose_session("s-2")
             cancelled = await running
             assert isinstance(cancelled.error, SessionClosed)
-        await registration.halt()
+        for registration in registrations.values():
+            await registration.halt()
         clock.now += 3600  # no heartbeat for an hour
         registry.sweep()
-        await until(lambda: total(points(reader), m.HEARTBEAT_EXPIRATIONS) >= 1, "heartbeat expiry")
+        await until(lambda: total(points(reader), m.HEARTBEAT_EXPIRATIONS) >= 2, "heartbeat expiry")
         await registry.aclose()
         await watching
 
@@ -162,14 +175,15 @@ async def test_every_instrument_after_a_fault_drill(metrics: ReachMetrics, reade
     assert total(found, m.DEDUP_HITS, **{"reach.capability": "query_order"}) == 1
     assert total(found, m.ROUTE_DECISIONS, **{"reach.route.affinity": "new"}) >= 1
     assert total(found, m.ROUTE_DECISIONS, **{"reach.route.affinity": "pinned"}) >= 1
+    assert total(found, m.ROUTE_DECISIONS, **{"reach.route.affinity": "restored"}) == 1
     assert total(found, m.ROUTE_DECISIONS, **{"reach.degraded": "false"}) >= 10
     assert total(found, m.SESSIONS_CLOSED) == 1
     assert total(found, m.CANCELLATIONS, **{"reach.capability": "slow_report"}) == 1
     assert total(found, m.TOOL_ROUTES, **{"reach.tool.rule": "exact", "reach.tool.side": "remote"}) >= 9
     assert total(found, m.GEN_AI_OPERATION_DURATION, **{"gen_ai.operation.name": "execute_tool"}) >= 9
     assert total(found, m.GEN_AI_OPERATION_DURATION, **{"error.type": "BusinessError"}) == 1
-    assert total(found, m.REGISTRATIONS, **{"reach.agent": "orders", "reach.result": "success"}) == 1
-    assert total(found, m.HEARTBEAT_EXPIRATIONS, **{"reach.agent": "orders"}) == 1
+    assert total(found, m.REGISTRATIONS, **{"reach.agent": "orders", "reach.result": "success"}) == 2
+    assert total(found, m.HEARTBEAT_EXPIRATIONS, **{"reach.agent": "orders"}) == 2
 
 
 async def test_a_failed_registration_is_counted(metrics: ReachMetrics, reader: InMemoryMetricReader) -> None:
