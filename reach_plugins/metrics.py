@@ -27,15 +27,20 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation, g
 from reach_plugins.core.trace import TraceSink, emit_safely
 from reach_plugins.telemetry import (
     _VERSION,
+    ATTR_AFFINITY,
     ATTR_AGENT,
     ATTR_BREAKER_FROM,
     ATTR_BREAKER_TO,
     ATTR_CAPABILITY,
+    ATTR_DEGRADED,
     ATTR_ERROR_TYPE,
     ATTR_GEN_AI_OPERATION_NAME,
     ATTR_GEN_AI_TOOL_NAME,
     ATTR_INSTANCE,
     ATTR_OUTCOME,
+    ATTR_RESULT,
+    ATTR_RULE,
+    ATTR_SIDE,
     ATTR_STATUS,
     EVENT_BREAKER,
     EVENT_FAILOVER,
@@ -66,11 +71,6 @@ TOOL_ROUTES: Final = "reach.tool.routes"
 REGISTRATIONS: Final = "reach.registry.registrations"
 HEARTBEAT_EXPIRATIONS: Final = "reach.registry.heartbeat.expirations"
 
-ATTR_AFFINITY: Final = "reach.route.affinity"
-ATTR_DEGRADED: Final = "reach.degraded"
-ATTR_RULE: Final = "reach.tool.rule"
-ATTR_SIDE: Final = "reach.tool.side"
-ATTR_RESULT: Final = "reach.result"
 BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
 """``reach.breaker.state`` values: 0 closed, 1 half-open, 2 open."""
 DURATION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
