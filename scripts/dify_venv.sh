@@ -29,7 +29,7 @@ if [[ ! -x .venv-dify/bin/python ]]; then
 fi
 pip_install() { .venv-dify/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
 pip_install "$DIFY_PLUGIN" build
-rm -rf .venv-dify/dist
+rm -rf .venv-dify/dist build  # a stale build/lib would put deleted modules into the wheel
 if ! .venv-dify/bin/python -m build --wheel --outdir .venv-dify/dist . >.venv-dify/build.log 2>&1; then
   cat .venv-dify/build.log >&2
   exit 1
