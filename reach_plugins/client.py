@@ -18,9 +18,11 @@ from reach_plugins.core.pipeline import Pipeline
 from reach_plugins.core.trace import TraceSink
 from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
+from reach_plugins.probes import Prober
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
 from reach_plugins.routing.pinning import TargetedRouter
+from reach_plugins.routing.sharedpins import agree_on_pin
 from reach_plugins.stores import open_sessions, open_store
 from reach_plugins.transport import Credential, StreamEvent, Transport
 
@@ -98,6 +100,7 @@ class ReachClient:
         tracer_provider: TracerProvider | None = None,
         default_timeout: float = 30.0,
         environ: Mapping[str, str] | None = None,
+        probes: bool = False,
     ) -> None:
         self.registry = open_registry(registry, clock=clock)
         self._opened: list[Any] = [self.registry] if isinstance(registry, str) else []
@@ -120,6 +123,7 @@ class ReachClient:
         self.router = Router(
             self.registry,
             tenants=self.tenants,
+            is_available=self._available,
             clock=clock,
             rng=rng,
         )
@@ -134,8 +138,16 @@ class ReachClient:
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
         )
-        self.router.is_available = self.pipeline.is_available
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._prober = Prober.shared(self.registry) if probes else None
+        """Active health probes (:mod:`reach_plugins.probes`), one prober per registry in the process."""
+
+    def _available(self, agent: str, instance_id: str) -> bool:
+        """The router's health port: the breaker admits calls, no ejection, and the probes (if on) found it up."""
+        probes = self._prober
+        return self.pipeline.is_available(agent, instance_id) and (
+            probes is None or probes.available(agent, instance_id)
+        )
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         config = self.tenants.get(tenant) if self.tenants is not None and tenant is not None else None
@@ -206,6 +218,7 @@ class ReachClient:
         if self.sessions is None or request.session_id is None:
             return await self.pipeline.run(request, trace=trace)
         await self.sessions.check(request.session_id)
+        await agree_on_pin(self.router, self.sessions, request)
         async with self.sessions.guard(request.session_id):
             return await self.pipeline.run(request, trace=trace)
 
@@ -263,6 +276,8 @@ class ReachClient:
         loop = asyncio.get_running_loop()
         if self._loop is None or self._loop.is_closed():
             self._loop = loop
+            if self._prober is not None:
+                self._prober.acquire()
         elif loop is not self._loop:
             raise ConfigError(
                 "this ReachClient serves another event loop: its waits, limits and pools belong to that loop; "
@@ -271,6 +286,8 @@ class ReachClient:
 
     async def aclose(self) -> None:
         """Close the pipeline, the transport's pooled connections, and what this client opened from URLs."""
+        if self._prober is not None and self._loop is not None:
+            await self._prober.release()
         await self.pipeline.aclose()
         await self.transport.aclose()
         for opened in self._opened:

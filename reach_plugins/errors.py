@@ -28,8 +28,10 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── InvalidResponse              the downstream answered garbage or broke return_schema
     ├── RemoteError                  the agent answered with an error
     │   └── BusinessError            error.type == "business": never retried
+    │       └── Refused              error.type == "refusal": the model behind the agent refused
     ├── DeadlineExceeded             the request's deadline passed (lists the attempts)
-    └── BackendUnavailable           etcd or Redis (shared registry/state) did not answer
+    ├── BackendUnavailable           etcd or Redis (shared registry/state) did not answer
+    └── OutcomeUnknown               a keyed call's answer was lost where its key cannot be checked now
 
 Every class carries its own wire code (``code``, also ``error_type``): the
 ``error.type`` a gateway, node or agent sends. :data:`WIRE_CODES` is the one
@@ -235,6 +237,12 @@ class BusinessError(RemoteError):
     code = "business"
 
 
+class Refused(BusinessError):
+    """The model behind an agent refused (an OpenAI ``refusal``): an answer, never retried nor held against it."""
+
+    code = "refusal"
+
+
 class DeadlineExceeded(ReachError):
     """The request's deadline passed; ``attempts`` lists what was tried."""
 
@@ -249,6 +257,20 @@ class BackendUnavailable(ReachError):
     """A shared backend (etcd registry, Redis store) could not be reached; names the backend and the fix."""
 
     code = "backend_unavailable"
+
+
+class OutcomeUnknown(ReachError):
+    """A keyed call was sent and its answer lost, and no place that can check its key is left to ask.
+
+    The agent may or may not have executed it. ``key`` is the idempotency key: retrying later with the same
+    key is safe (the key is checked before anything runs again), running it under a new key is not.
+    """
+
+    code = "outcome_unknown"
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message, key=key)
+        self.key = key
 
 
 def _wire_codes() -> dict[str, type[ReachError]]:
@@ -283,6 +305,8 @@ def error_for_response(response: ReachResponse) -> ReachError:
         message = f"request {response.request_id} ended with status {response.status}"
     else:
         kind, message = info.type, info.message
+    if kind == OutcomeUnknown.code:  # may come with status "timeout": the answer is lost, not merely late
+        return OutcomeUnknown(message)
     if kind == "timeout" or response.status == "timeout":
         return DeadlineExceeded(message, response.trace.attempts if response.trace else ())
     kind_class = WIRE_CODES.get(kind, RemoteError)

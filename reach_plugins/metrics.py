@@ -78,8 +78,8 @@ DURATION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 def attempt_outcome(attempt: Attempt) -> str:
     """DESIGN 11.1's name for how an attempt ended: ``not_delivered``, ``unknown``, ``failed``, ``business``, ..."""
-    if not attempt.delivered:
-        return "not_delivered"
+    if attempt.delivery != "answered":
+        return attempt.delivery
     return {"timeout": "unknown", "transient": "failed", "backpressure": "not_delivered"}.get(
         attempt.outcome, attempt.outcome
     )

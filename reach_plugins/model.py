@@ -26,7 +26,7 @@ _NAME = re.compile(NAME_PATTERN)
 HeaderText = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=1024)]
 """Text that travels in a header (session, tenant, intent, idempotency key): no control characters."""
 
-Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a"]
+Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a", "mcp"]
 DangerLevel = Literal["low", "medium", "high"]
 InstanceStatus = Literal["ready", "draining", "down"]
 Priority = Literal["online", "batch"]
@@ -84,12 +84,12 @@ class RetryPolicy(Strict):
     budget_max_tokens: float = Field(default=20.0, gt=0)
     """Retry budget size per target agent (gRPC retry throttling ``maxTokens``).
 
-    20 keeps a 10 % transient failure rate fully retried (no retry withheld
-    in 100,000 simulated requests; 10 withheld about 0.2 %) while a full
-    outage stops retries after ten failed attempts.
+    A retry takes a token, a retry that succeeds gives back two: flaky agents
+    (up to about 40 % independent failures) keep every retry, while a dead
+    one stops getting retries after ten failed ones (see ``core.budget``).
     """
     budget_token_ratio: float = Field(default=0.2, gt=0)
-    """Tokens a success gives back; a failure takes one. No retries below half full."""
+    """Tokens a successful first attempt adds. No retries at half full or below."""
 
 
 class RateLimit(Strict):
@@ -101,7 +101,7 @@ class RateLimit(Strict):
 
 
 class CircuitBreakerConfig(Strict):
-    """Time-sliding window breaker per instance (defaults from the seeds: 60 s, 30 %, 30 s)."""
+    """Time-sliding window breaker per instance (60 s, 30 %); open 5 s, doubling on each re-open up to 60 s."""
 
     window: Duration = 60.0
     buckets: int = Field(default=10, ge=1)
@@ -109,8 +109,11 @@ class CircuitBreakerConfig(Strict):
     min_calls: int = Field(default=10, ge=1)
     slow_call_duration: Duration | None = None
     slow_call_threshold: Ratio = 1.0
-    open_wait: Duration = 30.0
+    open_wait: Duration = 5.0
+    """How long the first opening lasts: short, so a short fault stays short (DESIGN 11.3)."""
     half_open_probes: int = Field(default=3, ge=1)
+    max_open_wait: Duration = 60.0
+    """Cap of the open time, which doubles on each consecutive re-open (a failed half-open probe)."""
 
 
 class ConsistencyPolicy(Strict):
@@ -168,6 +171,9 @@ class Idempotency(Strict):
 
     key_from: str | None = None
     window: Duration = 300.0
+    shared: bool = False
+    """Every instance checks keys in one shared store (the agent SDK with ``idempotency="redis://..."``):
+    after a lost answer a keyed call may go to any instance of this agent, not only the one that had it."""
 
 
 class Auth(Strict):
@@ -416,8 +422,13 @@ class Attempt(BaseModel):
     error: str | None = None
     retry_delay_ms: float | None = None
     breaker_state: str | None = None
-    delivered: bool = True
-    """False when the agent certainly never saw this attempt (connect refused, explicit "not executed")."""
+    delivery: Literal["answered", "not_delivered", "unknown"] = "answered"
+    """``not_delivered``: the agent certainly never saw it; ``unknown``: sent, then no answer (DESIGN 11.1)."""
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the agent may have executed this attempt."""
+        return self.delivery != "not_delivered"
 
 
 class ReachTrace(BaseModel):

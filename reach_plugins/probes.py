@@ -110,6 +110,7 @@ class Prober:
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._users = 0
 
     @classmethod
     def shared(cls, registry: RegistryView) -> Prober:
@@ -126,6 +127,17 @@ class Prober:
         """Start probing on the running loop (idempotent)."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="reach-prober")
+
+    def acquire(self) -> None:
+        """One more user (a client, a gateway): probing starts with the first."""
+        self._users += 1
+        self.start()
+
+    async def release(self) -> None:
+        """One user fewer: probing stops with the last."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0:
+            await self.aclose()
 
     async def aclose(self) -> None:
         if self._task is not None:

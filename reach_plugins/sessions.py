@@ -7,6 +7,10 @@ flight for a conversation that closes are cancelled.
 
 A session seen for the first time is opened implicitly; ``touch`` is the
 heartbeat that keeps it alive for ``ttl`` seconds; ``close`` ends it for good.
+
+A store shared by several processes also holds each conversation's pin
+(:class:`PinStore`: session -> instance, per agent, first writer wins), so
+every process routes a conversation to the same instance (DESIGN 11.3).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from reach_plugins.errors import SessionClosed
 
@@ -48,6 +52,15 @@ class SessionStore(Protocol):
     def on_close(self, listener: Listener) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PinStore(Protocol):
+    """Where each conversation is pinned, per agent; the first process to pin it decides for all."""
+
+    async def claim_pin(self, session_id: str, agent: str, instance_id: str, *, replace: str | None = None) -> str:
+        """Pin the session to ``instance_id`` unless a pin is stored (or the stored one is ``replace``); the pin."""
+        ...
 
 
 class InFlight:
@@ -100,6 +113,15 @@ class MemorySessions:
         self._closed: OrderedDict[str, float] = OrderedDict()
         self._listeners: list[Listener] = []
         self._inflight = InFlight()
+        self._pins: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    async def claim_pin(self, session_id: str, agent: str, instance_id: str, *, replace: str | None = None) -> str:
+        key = (session_id, agent)
+        stored = self._pins.get(key)
+        if stored is None or stored == replace:
+            stored = instance_id
+        self._remember(self._pins, key, stored)
+        return stored
 
     async def open(self, session_id: str) -> None:
         self._closed.pop(session_id, None)
@@ -110,6 +132,8 @@ class MemorySessions:
 
     async def close(self, session_id: str) -> None:
         self._expires.pop(session_id, None)
+        for key in [key for key in self._pins if key[0] == session_id]:
+            del self._pins[key]
         self._remember(self._closed, session_id, self._clock())
         self._inflight.cancel(session_id)
         for listener in self._listeners:
@@ -139,7 +163,7 @@ class MemorySessions:
     async def aclose(self) -> None:
         return None
 
-    def _remember(self, table: OrderedDict[str, float], session_id: str, value: float) -> None:
+    def _remember(self, table: OrderedDict[Any, Any], session_id: Any, value: Any) -> None:
         table[session_id] = value
         table.move_to_end(session_id)
         while len(table) > self._capacity:

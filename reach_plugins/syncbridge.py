@@ -13,6 +13,8 @@ import threading
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from reach_plugins.errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -40,6 +42,11 @@ class SyncBridge:
         The task starts in a copy of the caller's context (``call_soon_threadsafe`` captures it),
         so the caller's current span stays the parent of what runs there.
         """
+        if threading.current_thread() is self._thread:
+            raise ConfigError(
+                "a blocking reach was made from the client's own event loop, which would wait on itself forever; "
+                "await the async call (areach / ReachClient.reach) there instead"
+            )
         return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop).result()
 
     async def submit(self, awaitable: Awaitable[T]) -> T:

@@ -4,6 +4,25 @@ Modelled on httpx's ``AsyncBaseTransport``. A transport only moves bytes: it
 maps its library's exceptions to :mod:`reach_plugins.errors` at its boundary
 and never retries, breaks circuits or deduplicates — the core does that, once,
 for every transport.
+
+What a transport promises (the core relies on each, and reads nothing else):
+
+* **it decides the attempt's outcome at its boundary** (DESIGN 11.1): a call
+  that certainly never ran raises :class:`~reach_plugins.errors.ConnectError`
+  or :class:`~reach_plugins.errors.Backpressure`, or returns a reply of error
+  type ``backpressure`` (``not_delivered``); a call sent whose answer was lost
+  raises :class:`~reach_plugins.errors.ConnectionLost`,
+  :class:`~reach_plugins.errors.ReadTimeout` or
+  :class:`~reach_plugins.errors.StreamIdle`, or returns a reply of error type
+  ``outcome_unknown`` or ``timeout`` from a hop (``unknown``); every other
+  answer is a :class:`Reply` (``failed``, ``business`` or ``success``);
+* ``bounds_timeout``: True when ``send`` itself gives up once ``call.timeout``
+  has passed, so the core sets no timer of its own around it;
+* ``owns_retries``: True when the far side is a hop (gateway, node) that
+  retries and fails over itself: the local core then sends a call once;
+* it **reports who served**: ``Reply.agent``/``Reply.instance`` name the
+  instance that answered (a hop may have failed over) and ``Reply.attempts``
+  how many attempts the far side made.
 """
 
 from __future__ import annotations
@@ -79,6 +98,14 @@ class Transport(Protocol):
     owns_retries: bool
     """True when the far side (a gateway, a node) retries: the local core then does not."""
 
+    bounds_timeout: bool
+    """True when ``send`` gives up by itself once ``call.timeout`` has passed (no second timer needed)."""
+
+    hop: str | None
+    """The gateway or node every call goes through (None: straight to the agents). The core keeps that hop's
+    own breaker: when the hop does not answer, its breaker counts the failure, never the breakers of the
+    agent instances behind it (DESIGN 11.3)."""
+
     async def send(self, call: Call) -> Reply: ...
 
     def stream(self, call: Call) -> AsyncIterator[StreamEvent]: ...
@@ -90,9 +117,8 @@ class BaseTransport:
     """Convenience base: context-manager support, no-op close, streaming as one event."""
 
     owns_retries: bool = False
-    enforces_timeout: bool = False
-    """Optional, read with ``getattr``: True when ``send`` itself gives up once ``call.timeout`` has passed
-    (raising a ``TimeoutError`` or a ``ReadTimeout``), so the core sets no timer of its own around it."""
+    bounds_timeout: bool = False
+    hop: str | None = None
 
     async def send(self, call: Call) -> Reply:
         raise NotImplementedError("send() must be implemented by Transport subclasses")

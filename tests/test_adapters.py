@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from reach_plugins.adapters import (
     A2AAdapter,
     HttpResponse,
+    McpAdapter,
     OpenAIAdapter,
     RawHttpAdapter,
     ReachAdapter,
@@ -25,8 +26,9 @@ from reach_plugins.adapters import (
     parse_retry_after,
     reach_headers,
 )
+from reach_plugins.adapters.a2a_wire import Binding
 from reach_plugins.adapters.paths import lookup, render, without
-from reach_plugins.errors import ConfigError, InvalidPayload, InvalidResponse
+from reach_plugins.errors import ConfigError, ConnectError, InvalidPayload, InvalidResponse
 from reach_plugins.model import AgentDescriptor, Capability, Hop, ReachRequest
 from reach_plugins.transport import Call
 
@@ -105,7 +107,7 @@ def test_reach_headers_complete_what_the_core_left_out() -> None:
 
 def test_unknown_protocol_is_a_config_error() -> None:
     """Only the four protocols exist; the error lists them."""
-    with pytest.raises(ConfigError, match="a2a, openai-compatible, raw-http, reach"):
+    with pytest.raises(ConfigError, match="a2a, mcp, openai-compatible, raw-http, reach"):
         adapter_for("grpc")
 
 
@@ -262,10 +264,9 @@ def test_raw_http_mapping_must_name_reply_content() -> None:
 
 
 def test_a2a_request_is_a_jsonrpc_message() -> None:
-    """The user's text is a text part, the rest of the payload a data part; the session is the contextId."""
-    request = A2AAdapter().build(
-        call("a2a", {"query": "refunds", "lang": "en"}, session_id="s-1"), discovered="http://x/a2a"
-    )
+    """0.3: the user's text is a text part, the rest of the payload a data part; the session is the contextId."""
+    binding = Binding("http://x/a2a", "0.3", "0.3.0")
+    request = A2AAdapter().build(call("a2a", {"query": "refunds", "lang": "en"}, session_id="s-1"), discovered=binding)
     body = sent(request.body)
     assert (request.url, body["method"], body["params"]["message"]["contextId"]) == (
         "http://x/a2a",
@@ -278,25 +279,162 @@ def test_a2a_request_is_a_jsonrpc_message() -> None:
     ]
 
 
-def test_a2a_card_url_is_resolved_against_the_endpoint() -> None:
-    """A relative card URL is resolved against the instance's endpoint; a card without url is invalid."""
+def test_a2a_1x_request_speaks_the_current_spec() -> None:
+    """1.x: SendMessage, ROLE_USER, kind-less parts and the A2A-Version header the 1.x server requires."""
+    binding = Binding("http://x/a2a", "1.0", "1.0")
+    request = A2AAdapter().build(call("a2a", {"query": "refunds", "lang": "en"}), discovered=binding, stream=True)
+    body = sent(request.body)
+    assert (body["method"], body["params"]["message"]["role"], request.headers["A2A-Version"]) == (
+        "SendStreamingMessage",
+        "ROLE_USER",
+        "1.0",
+    )
+    assert body["params"]["message"]["parts"] == [{"text": "refunds"}, {"data": {"lang": "en"}}]
+
+
+def test_a2a_card_picks_the_1x_interface_then_0_3() -> None:
+    """A 1.x card's JSON-RPC 1.x interface wins; a 0.3 card's relative url is resolved; no interface is invalid."""
     adapter, a2a_call = A2AAdapter(), call("a2a")
-    assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == "http://agent:9000/rpc"
-    with pytest.raises(InvalidResponse, match="url"):
+    both = {
+        "supportedInterfaces": [
+            {"url": "http://a/grpc", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
+            {"url": "/old", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+            {"url": "/new", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+        ]
+    }
+    assert adapter.discovered(a2a_call, response(both)) == Binding("http://agent:9000/new", "1.0", "1.0")
+    assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == Binding("http://agent:9000/rpc", "0.3", "0.3")
+    old = call("a2a", protocol_options={"version": "0.3"})
+    assert adapter.discovered(old, response(both)).url == "http://agent:9000/old"
+    with pytest.raises(InvalidResponse, match="no JSON-RPC interface"):
         adapter.discovered(a2a_call, response({"name": "kb"}))
 
 
 def test_a2a_message_result_is_normalised() -> None:
-    """A Message result's text parts become reply_content."""
+    """A Message result's text parts become reply_content, in both dialects."""
     result = {"kind": "message", "messageId": "m1", "parts": [{"kind": "text", "text": "hello"}]}
     reply = A2AAdapter().parse(call("a2a"), response({"jsonrpc": "2.0", "id": "1", "result": result}))
     assert (reply.data["reply_content"], reply.data["raw_meta"]["message_id"]) == ("hello", "m1")
+    wrapped = {"message": {"messageId": "m2", "role": "ROLE_AGENT", "parts": [{"text": "hi"}, {"data": {"n": 1}}]}}
+    reply = A2AAdapter().parse(call("a2a"), response({"jsonrpc": "2.0", "id": "1", "result": wrapped}))
+    assert (reply.data["reply_content"], reply.data["raw_meta"]["data"]) == ("hi", [{"n": 1}])
 
 
-@pytest.mark.parametrize(("code", "kind"), [(-32603, "transient"), (-32602, "business"), (-32001, "business")])
-def test_a2a_rpc_errors_are_classified(code: int, kind: str) -> None:
-    """An internal JSON-RPC error is transient; the others (bad params, task not found...) are business."""
+@pytest.mark.parametrize(
+    ("code", "key", "kind"),
+    [(-32603, None, "business"), (-32603, "k-1", "transient"), (-32602, "k-1", "business"), (-32001, None, "business")],
+)
+def test_a2a_rpc_errors_are_classified(code: int, key: str | None, kind: str) -> None:
+    """An executor error is retried only with an idempotency key (A2A has none of its own); others are business."""
     body = {"jsonrpc": "2.0", "id": "1", "error": {"code": code, "message": "m"}}
-    reply = A2AAdapter().parse(call("a2a"), response(body))
+    reply = A2AAdapter().parse(call("a2a", idempotency_key=key), response(body))
     assert reply.error is not None
     assert reply.error.type == kind
+
+
+def test_a2a_executor_error_on_a_non_retryable_capability_is_not_retried_even_with_a_key() -> None:
+    """A key alone does not make an executor error retryable when the capability says it is not."""
+    body = {"jsonrpc": "2.0", "id": "1", "error": {"code": -32603, "message": "boom"}}
+    one = call("a2a", idempotency_key="k-1", capability=Capability(name="ask", retryable=False))
+    reply = A2AAdapter().parse(one, response(body))
+    assert reply.error is not None
+    assert reply.error.type == "business"
+
+
+def test_a2a_input_required_task_is_continued_by_the_same_session_only() -> None:
+    """An input-required task's id goes on the session's next message, not on another session's, until it ends."""
+    adapter, binding = A2AAdapter(), Binding("http://x/a2a", "1.0", "1.0")
+    waiting = {"task": {"id": "t-1", "contextId": "s-1", "status": {"state": "TASK_STATE_INPUT_REQUIRED"}}}
+    adapter.parse(call("a2a", session_id="s-1"), response({"jsonrpc": "2.0", "id": "1", "result": waiting}))
+
+    def task_id(session: str) -> Any:
+        body = sent(adapter.build(call("a2a", {"query": "A1"}, session_id=session), discovered=binding).body)
+        return body["params"]["message"].get("taskId")
+
+    assert (task_id("s-1"), task_id("s-2")) == ("t-1", None)
+    done = {"task": {"id": "t-1", "contextId": "s-1", "status": {"state": "TASK_STATE_COMPLETED"}}}
+    adapter.parse(call("a2a", session_id="s-1"), response({"jsonrpc": "2.0", "id": "1", "result": done}))
+    assert task_id("s-1") is None
+
+
+# ----------------------------------------------------------------------------- openai stream assembly
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arguments=st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.text(max_size=6)), max_size=3),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=6),
+)
+def test_openai_tool_call_fragments_assemble_whatever_the_split(arguments: dict[str, Any], cuts: list[int]) -> None:
+    """However the arguments string is cut into fragments, the stream yields one call with the whole JSON value."""
+    text = json.dumps(arguments)
+    points = sorted({min(cut, len(text)) for cut in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(points)] or [""]
+    decoder = OpenAIAdapter().decoder(call("openai-compatible"))
+    chunks = [{"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": ""}}]}]
+    chunks += [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces]
+    events = [
+        event
+        for delta in chunks
+        for event in decoder.feed(SseEvent("message", json.dumps({"choices": [{"index": 0, "delta": delta}]})))
+    ]
+    events += decoder.feed(
+        SseEvent("message", json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))
+    )
+    events += decoder.feed(SseEvent("message", "[DONE]"))
+    calls = [tool for event in events if event.kind == "data" for tool in event.data["tool_calls"]]
+    assert calls == [{"id": "c1", "name": "f", "arguments": arguments, "index": 0}]
+    assert events[-1].kind == "end"
+
+
+# ----------------------------------------------------------------------------- mcp
+
+
+def mcp_ready(adapter: McpAdapter, mcp_call: Any, session_id: str | None = "sid-1") -> None:
+    """Walk the adapter through its handshake: initialize answered (with a session id), then initialized (202)."""
+    headers = {"Content-Type": "application/json", **({"Mcp-Session-Id": session_id} if session_id else {})}
+    assert adapter.handshake(mcp_call) is not None
+    init = {"jsonrpc": "2.0", "id": "i", "result": {"protocolVersion": "2025-06-18", "capabilities": {}}}
+    adapter.handshaken(mcp_call, HttpResponse(200, headers, json.dumps(init).encode()))
+    notification = adapter.handshake(mcp_call)
+    assert notification is not None and sent(notification.body)["method"] == "notifications/initialized"
+    adapter.handshaken(mcp_call, HttpResponse(202, {}, b""))
+    assert adapter.handshake(mcp_call) is None
+
+
+def test_mcp_call_carries_the_session_and_the_tool_arguments() -> None:
+    """After the handshake, a call is tools/call with the payload as arguments, under the session's id and version."""
+    adapter, mcp_call = McpAdapter(), call("mcp", {"a": 1}, session_id="conv-1")
+    mcp_ready(adapter, mcp_call)
+    request = adapter.build(mcp_call)
+    assert sent(request.body)["params"] == {"name": "ask", "arguments": {"a": 1}}
+    assert (request.headers["Mcp-Session-Id"], request.headers["MCP-Protocol-Version"]) == ("sid-1", "2025-06-18")
+    other = call("mcp", {}, session_id="conv-2")
+    assert adapter.handshake(other) is not None and "Mcp-Session-Id" not in adapter.handshake(other).headers
+
+
+def test_mcp_sse_reply_tool_error_and_rpc_error() -> None:
+    """A reply in one SSE event is read; isError is a business failure; a JSON-RPC error too."""
+    adapter, mcp_call = McpAdapter(), call("mcp", {}, session_id="conv-1")
+    mcp_ready(adapter, mcp_call)
+    result = {"content": [{"type": "text", "text": "4"}], "structuredContent": {"n": 4}, "isError": False}
+    body = f"event: message\ndata: {json.dumps({'jsonrpc': '2.0', 'id': 'x', 'result': result})}\n\n".encode()
+    reply = adapter.parse(mcp_call, HttpResponse(200, {"Content-Type": "text/event-stream"}, body))
+    assert (reply.data["reply_content"], reply.data["structured_content"]) == ("4", {"n": 4})
+    failed = {"jsonrpc": "2.0", "id": "x", "result": {"content": [{"type": "text", "text": "no"}], "isError": True}}
+    reply = adapter.parse(mcp_call, response(failed))
+    assert reply.error is not None and (reply.error.type, reply.error.message) == ("business", "no")
+    reply = adapter.parse(
+        mcp_call, response({"jsonrpc": "2.0", "id": "x", "error": {"code": -32602, "message": "bad"}})
+    )
+    assert reply.error is not None and reply.error.type == "business"
+
+
+def test_mcp_forgotten_session_is_not_executed_and_reopened() -> None:
+    """404 on a known session: a ConnectError (the tool did not run) and the next attempt opens a new session."""
+    adapter, mcp_call = McpAdapter(), call("mcp", {}, session_id="conv-1")
+    mcp_ready(adapter, mcp_call)
+    with pytest.raises(ConnectError, match="no longer knows session sid-1"):
+        adapter.parse(mcp_call, response({"error": "gone"}, 404))
+    again = adapter.handshake(mcp_call)
+    assert again is not None and sent(again.body)["method"] == "initialize"

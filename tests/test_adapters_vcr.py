@@ -47,22 +47,31 @@ async def test_openai_reply_is_normalised(transport: DirectTransport) -> None:
     """A chat completion becomes reply_content, no tool_calls, and raw_meta with usage and finish_reason."""
     with replay("openai_reply") as scenario:
         reply = await transport.send(scenario.call())
-    assert reply.data["reply_content"] == "fake-gpt-4 heard: hi"
+    assert reply.data["reply_content"] == "you said: hi"
     assert reply.data["tool_calls"] == []
-    assert reply.data["raw_meta"] == {
-        "id": "chatcmpl-1",
-        "model": "fake-gpt",
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-        "finish_reason": "stop",
-    }
+    meta = reply.data["raw_meta"]
+    assert (meta["id"], meta["model"], meta["usage"]["total_tokens"], meta["finish_reason"]) == (
+        "chatcmpl-1",
+        "fake-gpt-4",
+        12,
+        "stop",
+    )
 
 
 async def test_openai_tool_calls_are_parsed(transport: DirectTransport) -> None:
     """Tool calls come back as id, name and decoded JSON arguments, with empty reply_content."""
     with replay("openai_tool_call") as scenario:
         reply = await transport.send(scenario.call())
-    assert reply.data["tool_calls"] == [{"id": "t1", "name": "query_order", "arguments": {"order_id": "A1"}}]
+    assert reply.data["tool_calls"] == [{"id": "call_1", "name": "lookup_order", "arguments": {"order_id": "12"}}]
     assert reply.data["reply_content"] == ""
+
+
+async def test_openai_refusal_is_a_refusal(transport: DirectTransport) -> None:
+    """content null + refusal is a 'refusal' failure keeping the text, not an invalid response."""
+    with replay("openai_refusal") as scenario:
+        reply = await transport.send(scenario.call())
+    assert reply.error is not None
+    assert (reply.status, reply.error.type, reply.data["refusal"]) == ("fail", "refusal", "I can't help with that.")
 
 
 async def test_openai_renamed_field_is_invalid(transport: DirectTransport, caplog: pytest.LogCaptureFixture) -> None:
@@ -90,12 +99,31 @@ async def test_openai_auth_failure_is_business(transport: DirectTransport) -> No
 
 
 async def test_openai_stream_is_normalised(transport: DirectTransport) -> None:
-    """Recorded chunks become reply_content deltas; [DONE] ends the stream."""
+    """Recorded chunks become reply_content deltas, the usage chunk a usage event; [DONE] ends the stream."""
     with replay("openai_stream") as scenario:
         events = await collect(transport, scenario.call())
-    assert [event.data["reply_content"] for event in events if event.kind == "data"] == ["one", "two", "three", ""]
-    assert events[-2].data["raw_meta"]["finish_reason"] == "stop"
+    data = [event.data for event in events if event.kind == "data"]
+    assert "".join(chunk["reply_content"] for chunk in data) == "you said: one two three "
+    assert data[-2]["raw_meta"]["finish_reason"] == "stop"
+    assert data[-1]["usage"]["total_tokens"] == 12
     assert events[-1].kind == "end"
+
+
+async def test_openai_streamed_tool_call_is_assembled(transport: DirectTransport) -> None:
+    """Recorded argument fragments ('{"order_id": "', '12', '"}') become one call; "12" stays a string."""
+    with replay("openai_stream_tool_call") as scenario:
+        events = await collect(transport, scenario.call())
+    calls = [call for event in events if event.kind == "data" for call in event.data["tool_calls"]]
+    assert calls == [{"id": "call_1", "name": "lookup_order", "arguments": {"order_id": "12"}, "index": 0}]
+
+
+async def test_openai_streamed_refusal_ends_with_a_refusal(transport: DirectTransport) -> None:
+    """Recorded refusal deltas end the stream with one 'refusal' error carrying the joined text."""
+    with replay("openai_stream_refusal") as scenario:
+        events = await collect(transport, scenario.call())
+    assert events[-1].error is not None
+    assert (events[-1].kind, events[-1].error.type) == ("error", "refusal")
+    assert events[-1].error.message.endswith("I can't help with that.")
 
 
 # ----------------------------------------------------------------------------- raw-http
@@ -139,33 +167,48 @@ async def test_raw_http_error_code_is_business(transport: DirectTransport) -> No
 
 
 async def test_a2a_task_is_normalised(transport: DirectTransport) -> None:
-    """The agent card is read, then the completed task's text parts become reply_content, the rest raw_meta."""
+    """The 1.x agent card is read, then the completed task's artifact text becomes reply_content."""
     with replay("a2a_task") as scenario:
         reply = await transport.send(scenario.call())
-    assert reply.data["reply_content"] == "answer to refunds"
-    assert reply.data["raw_meta"] == {
-        "kind": "task",
-        "task_id": "task-1",
-        "context_id": "ctx-1",
-        "state": "completed",
-        "data": [{"hits": 2}],
-    }
+    assert reply.data["reply_content"] == "echo: refunds"
+    meta = reply.data["raw_meta"]
+    assert (meta["kind"], meta["context_id"], meta["state"]) == ("task", "s-42", "completed")
 
 
 async def test_a2a_failed_task_is_business(transport: DirectTransport) -> None:
-    """A failed task is a business failure carrying the task's text."""
+    """A failed task is a business failure carrying its status message's text."""
     with replay("a2a_failed_task") as scenario:
         reply = await transport.send(scenario.call())
     assert reply.error is not None
-    assert (reply.status, reply.error.type, reply.error.message) == ("fail", "business", "answer to fail")
+    assert (reply.status, reply.error.type, reply.error.message) == ("fail", "business", "cannot do that")
 
 
-async def test_a2a_stream_yields_artifacts_then_end(transport: DirectTransport) -> None:
-    """Recorded artifact updates become data events; the final status update ends the stream."""
+async def test_a2a_input_required_returns_the_question(transport: DirectTransport) -> None:
+    """An input-required task is a success whose reply is the agent's question, its state in raw_meta."""
+    with replay("a2a_input_required") as scenario:
+        reply = await transport.send(scenario.call())
+    assert (reply.data["reply_content"], reply.data["raw_meta"]["state"]) == ("Which order?", "input-required")
+
+
+async def test_a2a_stream_yields_progress_and_artifacts_then_end(transport: DirectTransport) -> None:
+    """Recorded status text and artifact updates become data events; the final status update ends the stream."""
     with replay("a2a_stream") as scenario:
         events = await collect(transport, scenario.call())
-    assert [event.data["reply_content"] for event in events if event.kind == "data"] == ["alpha", "beta"]
+    assert [event.data["reply_content"] for event in events if event.kind == "data"] == [
+        "working on it",
+        "echo: alpha beta",
+    ]
     assert events[-1].kind == "end"
+
+
+async def test_a2a_status_only_stream_carries_the_status_text(transport: DirectTransport) -> None:
+    """A task answering only in its final status message streams that text, then end."""
+    with replay("a2a_status_stream") as scenario:
+        events = await collect(transport, scenario.call())
+    assert [(event.kind, event.data["reply_content"] if event.data else None) for event in events] == [
+        ("data", "done: status only"),
+        ("end", None),
+    ]
 
 
 # ----------------------------------------------------------------------------- reach

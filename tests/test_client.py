@@ -205,3 +205,18 @@ async def test_header_breaking_values_are_refused_before_sending(registry: Memor
     with pytest.raises(errors.InvalidPayload, match="session_id"):
         await client.reach("query_order", {"order_id": "A1"}, session_id="s\x00")
     assert transport.calls == []
+
+
+def test_a_blocking_call_from_the_blocking_clients_own_loop_is_refused(registry: MemoryRegistry) -> None:
+    """Blocking on the private loop from that loop would deadlock: a named error says to await instead."""
+    with SyncReachClient(registry, MockTransport(echo)) as client:
+
+        async def inside() -> str:
+            try:
+                client.reach("query_order", {"order_id": "A7"})
+            except errors.ConfigError as exc:
+                return exc.message
+            return "no error"
+
+        message = client.bridge.run(inside())
+    assert "wait on itself forever" in message

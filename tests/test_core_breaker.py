@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from reach_plugins.core import BreakerTransition, CircuitBreaker, FakeClock, Permit, Pipeline
 from reach_plugins.errors import CircuitOpen
 from reach_plugins.model import CircuitBreakerConfig, ReachRequest
+from reach_plugins.transport import Call, MockTransport, Reply
 
 T0 = 1_000.0
 
@@ -84,11 +85,11 @@ def test_slow_calls_open_the_breaker() -> None:
 
 
 def test_half_open_admits_probes_and_success_closes() -> None:
-    """After open_wait, half_open_probes calls get through; the first success closes it."""
+    """After open_wait (5 s by default), half_open_probes calls get through; the first success closes it."""
     b, seen = breaker(half_open_probes=2)
     feed(b, T0, failures=10)
-    assert b.acquire(T0 + 29.9) is None
-    later = T0 + 30
+    assert b.acquire(T0 + 4.9) is None
+    later = T0 + 5
     assert b.available(later)
     probes = [b.acquire(later), b.acquire(later)]
     assert all(p is not None and p.probe for p in probes) and b.acquire(later) is None
@@ -100,15 +101,46 @@ def test_half_open_admits_probes_and_success_closes() -> None:
     assert [t.after for t in seen] == ["open", "half_open", "closed"]
 
 
-def test_probe_failure_reopens_for_another_wait() -> None:
-    """A failed probe reopens the breaker for a full open_wait."""
+def test_probe_failure_reopens_for_twice_as_long() -> None:
+    """A failed probe reopens the breaker for twice the last open time."""
     b, seen = breaker()
     feed(b, T0, failures=10)
-    probe = b.acquire(T0 + 30)
+    probe = b.acquire(T0 + 5)
     assert probe is not None
-    b.record(probe, T0 + 31, failure=True, duration=0.1)
-    assert b.state(T0 + 60) == "open" and b.state(T0 + 61) == "half_open"
+    b.record(probe, T0 + 6, failure=True, duration=0.1)
+    assert b.state(T0 + 15.9) == "open" and b.state(T0 + 16) == "half_open"
     assert [t.after for t in seen] == ["open", "half_open", "open"]
+
+
+def test_open_time_doubles_on_each_reopen_up_to_the_cap_and_resets_on_close() -> None:
+    """Consecutive re-opens last 5, 10, 20, 40, 60, 60 s; a success closes it and the next open is 5 s again."""
+    b, _ = breaker()
+    feed(b, T0, failures=10)
+    now, lengths = T0, []
+    for _ in range(6):
+        lengths.append(b.open_for)
+        now += b.open_for
+        probe = b.acquire(now)
+        assert probe is not None
+        b.record(probe, now, failure=True, duration=0.1)
+    assert lengths == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0]
+    now += b.open_for
+    probe = b.acquire(now)
+    assert probe is not None
+    b.record(probe, now, failure=False, duration=0.1)
+    feed(b, now, failures=10)
+    assert b.state(now) == "open" and b.open_for == 5.0
+
+
+def test_open_time_is_configurable() -> None:
+    """open_wait and max_open_wait set the first open time and the cap."""
+    b, _ = breaker(open_wait=2.0, max_open_wait=3.0)
+    feed(b, T0, failures=10)
+    assert b.state(T0 + 1.9) == "open" and b.state(T0 + 2.0) == "half_open"
+    probe = b.acquire(T0 + 2.0)
+    assert probe is not None
+    b.record(probe, T0 + 2.0, failure=True, duration=0.1)
+    assert b.open_for == 3.0
 
 
 def test_late_results_from_before_a_transition_do_not_decide() -> None:
@@ -179,8 +211,8 @@ def setup(instances: int = 3) -> tuple[FakeClock, FakeAgent, Pipeline]:
     return clock, fake, pipeline
 
 
-def order() -> ReachRequest:
-    return ReachRequest(capability="query_order", payload={"order_id": "A1"})
+def order(tenant: str | None = None) -> ReachRequest:
+    return ReachRequest(capability="query_order", payload={"order_id": "A1"}, tenant=tenant)
 
 
 async def test_open_instance_is_skipped_by_the_router() -> None:
@@ -199,7 +231,7 @@ async def test_all_open_raises_circuit_open_without_sending() -> None:
     """When every breaker is open the request is refused with CircuitOpen; nothing is sent."""
     _, fake, pipeline = setup(instances=1)
     fake.default("503")
-    for _ in range(4):
+    for _ in range(10):
         await pipeline.run(order())
     assert not pipeline.is_available("orders", "orders-0")
     sent = len(fake.calls)
@@ -212,13 +244,13 @@ async def test_traffic_returns_after_open_wait_and_one_probe() -> None:
     """After recovery, the first probe past open_wait closes the breaker and traffic flows again."""
     clock, fake, pipeline = setup(instances=1)
     fake.default("503")
-    for _ in range(4):
+    for _ in range(10):
         await pipeline.run(order())
     fake.default("ok")
-    clock.advance(29)
+    clock.advance(4.9)
     with pytest.raises(CircuitOpen):
         await pipeline.run(order())
-    clock.advance(1)
+    clock.advance(0.1)
     response = await pipeline.run(order(), trace=True)
     assert response.ok and pipeline.is_available("orders", "orders-0")
     assert response.trace is not None
@@ -227,11 +259,86 @@ async def test_traffic_returns_after_open_wait_and_one_probe() -> None:
 
 
 async def test_retry_fails_over_when_the_breaker_opens_mid_request() -> None:
-    """A retry goes to another instance once the failing instance's breaker has opened."""
+    """Ten requests failed for good on an instance open its breaker; the next one goes to the other instance."""
     _, fake, pipeline = setup(instances=2)
     fake.default("503", "orders-0")
-    for _ in range(18):
+    for _ in range(20):
         await pipeline.run(order())
     response = await pipeline.run(order(), trace=True)
     assert response.ok and response.instance == "orders-1"
     assert response.trace is not None
+
+
+# --------------------------------------------------------------------------- attribution: per hop, per tenant
+
+
+async def test_a_hop_that_does_not_answer_opens_its_own_breaker_not_the_instances() -> None:
+    """Through a hop, connection failures open the hop's breaker; every agent instance stays available."""
+    clock = FakeClock()
+    fake = FakeAgent(clock)
+    fake.default("connect")
+    fake.transport.owns_retries = True
+    fake.transport.hop = "http://127.0.0.1:9"
+    router = FakeRouter([make_agent(instances=3)])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for _ in range(10):
+        await pipeline.run(order())
+    sent = len(fake.calls)
+    with pytest.raises(CircuitOpen, match=r"http://127\.0\.0\.1:9"):
+        await pipeline.run(order())
+    assert len(fake.calls) == sent
+    assert all(pipeline.is_available("orders", f"orders-{i}") for i in range(3))
+    fake.default("ok")
+    clock.advance(5)
+    assert (await pipeline.run(order())).ok
+
+
+async def test_a_hop_that_answers_with_an_agent_failure_blames_the_instance() -> None:
+    """A failure the hop reports (it answered) counts for the instance, as without a hop."""
+    clock = FakeClock()
+    fake = FakeAgent(clock)
+    fake.default("503", "orders-0")
+    fake.transport.owns_retries = True
+    fake.transport.hop = "http://127.0.0.1:9"
+    router = FakeRouter([make_agent(instances=1)])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for _ in range(10):
+        await pipeline.run(order())
+    assert not pipeline.is_available("orders", "orders-0")
+
+
+async def test_one_tenant_cannot_open_a_breaker_for_another() -> None:
+    """Tenant 'evil' makes the only instance fail until its breaker opens; tenant 'good' is still served."""
+
+    def by_tenant(call: Call) -> Reply:
+        if call.request.tenant == "evil":
+            return Reply(status="fail", status_code=500)
+        return Reply(status="success", data={"ok": True})
+
+    router = FakeRouter([make_agent(instances=1)])
+    pipeline = Pipeline(router=router, transport=MockTransport(by_tenant), clock=FakeClock())
+    for _ in range(10):
+        await pipeline.run(order(tenant="evil"))
+    with pytest.raises(CircuitOpen):
+        await pipeline.run(order(tenant="evil"))
+    assert all([(await pipeline.run(order(tenant="good"))).ok for _ in range(20)])
+
+
+async def test_a_stream_through_a_hop_that_does_not_answer_blames_the_hop() -> None:
+    """Streams too: a hop refusing connections opens its own breaker; the agent instances stay available."""
+    clock = FakeClock()
+    fake = FakeAgent(clock)
+    fake.default("connect")
+    fake.transport.owns_retries = True
+    fake.transport.hop = "grpc://127.0.0.1:9"
+    router = FakeRouter([make_agent(instances=2)])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for _ in range(10):
+        events = [event async for event in pipeline.stream(order())]
+        assert events[-1].kind == "error"
+    with pytest.raises(CircuitOpen, match="grpc://127"):
+        [event async for event in pipeline.stream(order())]
+    assert all(pipeline.is_available("orders", f"orders-{i}") for i in range(2))

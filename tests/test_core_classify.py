@@ -26,51 +26,51 @@ def fail(code: int = 200, kind: str | None = None, retry_after: float | None = N
 
 
 @pytest.mark.parametrize(
-    "reply, outcome, retryable, delivered",
+    "reply, outcome, retryable, stage",
     [
-        (Reply(status="success", data=1), "success", False, True),
-        (fail(kind="business"), "business", False, True),
-        (fail(code=503, kind="business"), "business", False, True),
-        (fail(code=429), "transient", True, False),
-        (fail(code=503), "transient", True, False),
-        (fail(code=502), "transient", True, True),
-        (fail(code=504), "transient", True, True),
-        (fail(code=500), "transient", True, True),
-        (fail(code=404), "business", False, True),
-        (fail(code=409, kind="rejected"), "business", False, True),
-        (fail(kind="transient"), "transient", True, True),
-        (fail(kind="timeout"), "timeout", True, True),
-        (fail(kind="backpressure", retry_after=2), "backpressure", True, False),
-        (fail(kind="invalid_response"), "invalid_response", False, True),
-        (Reply(status="success", status_code=302), "invalid_response", False, True),
+        (Reply(status="success", data=1), "success", False, "success"),
+        (fail(kind="business"), "business", False, "business"),
+        (fail(code=503, kind="business"), "business", False, "business"),
+        (fail(code=429), "transient", True, "failed"),
+        (fail(code=503), "transient", True, "failed"),
+        (fail(code=502), "transient", True, "failed"),
+        (fail(code=504), "transient", True, "failed"),
+        (fail(code=500), "transient", True, "failed"),
+        (fail(code=404), "business", False, "business"),
+        (fail(code=409, kind="rejected"), "business", False, "business"),
+        (fail(kind="transient"), "transient", True, "failed"),
+        (fail(kind="timeout"), "timeout", True, "unknown"),
+        (fail(code=502, kind="outcome_unknown"), "transient", True, "unknown"),
+        (fail(kind="backpressure", retry_after=2), "backpressure", True, "not_delivered"),
+        (fail(kind="invalid_response"), "invalid_response", False, "failed"),
+        (Reply(status="success", status_code=302), "invalid_response", False, "failed"),
     ],
 )
-def test_reply_classification(reply: Reply, outcome: str, retryable: bool, delivered: bool) -> None:
-    """Error type first, then status code: 429/502/503/504 transient, other 4xx business, business never retried."""
+def test_reply_classification(reply: Reply, outcome: str, retryable: bool, stage: str) -> None:
+    """Error type first, then status: 5xx/429 failed, a hop's timeout or outcome_unknown unknown, backpressure not
+    delivered."""
     verdict = classify_reply(reply)
-    assert (verdict.outcome, verdict.retryable, verdict.delivered) == (outcome, retryable, delivered)
+    assert (verdict.outcome, verdict.retryable, verdict.stage) == (outcome, retryable, stage)
 
 
 @pytest.mark.parametrize(
-    "exc, outcome, delivered, unreachable",
+    "exc, outcome, stage, unreachable",
     [
-        (ConnectError("refused"), "transient", False, True),
-        (ConnectionLost("reset"), "transient", True, False),
-        (ReadTimeout("slow"), "timeout", True, False),
-        (TimeoutError(), "timeout", True, False),
-        (Backpressure("busy", retry_after=1.5), "backpressure", False, False),
-        (InvalidResponse("not json"), "invalid_response", True, False),
-        (BusinessError("no such order"), "business", True, False),
-        (RemoteError("oops"), "transient", True, False),
-        (PermissionDenied("bad token"), "business", True, False),
+        (ConnectError("refused"), "transient", "not_delivered", True),
+        (ConnectionLost("reset"), "transient", "unknown", False),
+        (ReadTimeout("slow"), "timeout", "unknown", False),
+        (TimeoutError(), "timeout", "unknown", False),
+        (Backpressure("busy", retry_after=1.5), "backpressure", "not_delivered", False),
+        (InvalidResponse("not json"), "invalid_response", "failed", False),
+        (BusinessError("no such order"), "business", "business", False),
+        (RemoteError("oops"), "transient", "failed", False),
+        (PermissionDenied("bad token"), "business", "business", False),
     ],
 )
-def test_exception_classification(
-    exc: ReachError | TimeoutError, outcome: str, delivered: bool, unreachable: bool
-) -> None:
-    """Only a connect failure proves the agent never saw the request; it also marks the instance unreachable."""
+def test_exception_classification(exc: ReachError | TimeoutError, outcome: str, stage: str, unreachable: bool) -> None:
+    """A connect failure or backpressure never ran (11.1 not_delivered); a lost connection or timeout is unknown."""
     verdict = classify_exception(exc)
-    assert (verdict.outcome, verdict.delivered, verdict.unreachable) == (outcome, delivered, unreachable)
+    assert (verdict.outcome, verdict.stage, verdict.unreachable) == (outcome, stage, unreachable)
 
 
 def test_retry_after_comes_from_the_reply_or_its_error() -> None:

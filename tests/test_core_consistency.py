@@ -57,3 +57,41 @@ def test_ejection_time_is_capped_and_instances_are_independent() -> None:
         monitor.record("orders", "o1", POLICY, 0.0, now=now)
     assert not monitor.available("orders", "o1", now + 19.9) and monitor.available("orders", "o1", now + 20.0)
     assert monitor.state("orders", "o2") == "healthy" and monitor.available("orders", "o2", now)
+
+
+async def test_an_instance_that_starts_answering_off_topic_is_ejected() -> None:
+    """Through ReachClient: once o2's answers stop matching the questions, routing leaves it; scores are traced."""
+    from reach_plugins import AgentDescriptor, Capability, ReachClient
+    from reach_plugins.registry import MemoryRegistry
+    from reach_plugins.transport import Call, MockTransport
+
+    policy = ConsistencyPolicy(min_similarity=0.2, window=6, min_replies=3, max_low_rate=0.5, eject_for=60)
+    capability = Capability(name="query_order", description="Where an order is", consistency=policy)
+    registry = MemoryRegistry()
+    registry.put_agent(
+        AgentDescriptor(
+            name="orders", endpoints=["http://127.0.0.1:9001", "http://127.0.0.1:9002"], capabilities=[capability]
+        )
+    )
+    off_topic = next(i.instance_id for i in registry.instances("orders").values() if i.endpoint.endswith("9002"))
+    served: list[str] = []
+
+    def agent(call: Call) -> dict[str, str]:
+        served.append(call.instance.instance_id)
+        order = call.request.payload["order_id"]
+        if call.instance.instance_id == off_topic and len(served) > 4:
+            return {"reply_content": "Sunny in Paris, 24 degrees, light wind"}
+        return {"order_id": order, "status": f"order {order} shipped, delivery tomorrow"}
+
+    async with ReachClient(registry, MockTransport(agent)) as client:
+        answers = [
+            await client.reach("query_order", {"order_id": f"A{n}"}, intent="order status", trace=True)
+            for n in range(30)
+        ]
+    scores = [e for a in answers if a.trace for e in a.trace.events if e["event"] == "reach.consistency"]
+    assert len(scores) == 30 and all(answer.ok for answer in answers)
+    low = [e for e in scores if e["low"]]
+    assert low and all(e["instance"] == off_topic for e in low)
+    ejected_at = max(n for n, instance in enumerate(served) if instance == off_topic)
+    assert ejected_at < 15 and served[ejected_at + 1 :] and off_topic not in served[ejected_at + 1 :]
+    assert any(e["event"] == "reach.consistency_state" for a in answers if a.trace for e in a.trace.events)

@@ -34,7 +34,7 @@ from reach_plugins.validation import check_payload, compiled
 class Hanging(BaseTransport):
     """Claims to bound its own sends by ``call.timeout`` — in real time, which a fake clock never reaches."""
 
-    enforces_timeout = True
+    bounds_timeout = True
 
     async def send(self, call: Call) -> Reply:
         await asyncio.Event().wait()

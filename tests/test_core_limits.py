@@ -199,3 +199,66 @@ async def test_a_wait_that_ends_at_the_deadline_sends_nothing() -> None:
     with pytest.raises(DeadlineExceeded, match="waiting for a slot"):
         await pipeline.run(order().model_copy(update={"timeout_ms": 1000}))
     assert len(fake.calls) == 1
+
+
+async def test_a_slot_freed_exactly_as_a_queue_wait_expires_is_rate_limited_not_a_crash() -> None:
+    """max_conns 1: a 3 s call ends at the instant a second call's 3 s wait expires -> RateLimited, slot free."""
+    _, fake, pipeline = setup(pool=PoolConfig(max_conns=1), rate_limit=RateLimit(qps=100, max_wait=3))
+    fake.latency = 3.0
+    outcomes = await asyncio.gather(pipeline.run(order()), pipeline.run(order()), return_exceptions=True)
+    assert isinstance(outcomes[1], RateLimited), outcomes[1]
+    assert (await pipeline.run(order())).ok, "the slot was given back"
+
+
+async def test_cancelled_waiter_dropped_by_a_release_leaves_no_trace() -> None:
+    """A waiter cancelled and then skipped by a release ends with CancelledError; counts stay exact."""
+    limiter = ConcurrencyLimiter(1, max_queue=1)
+    await limiter.acquire()
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0)
+    waiter.cancel()
+    limiter.release()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (limiter.in_flight, limiter.queued) == (0, 0)
+    assert limiter.try_acquire()
+
+
+class SteppingClock(FakeClock):
+    """Virtual time whose wall clock (``now``) can step back; its monotonic clock never does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return super().now() + self.offset
+
+    def monotonic(self) -> float:
+        return super().now()
+
+    def timeout_at(self, deadline: float) -> Any:
+        return super().timeout_at(deadline - self.offset)
+
+
+async def test_a_wall_clock_step_back_changes_neither_rate_limit_nor_breaker_timing() -> None:
+    """A 1-hour backward step of the wall clock: 50 calls at 10/s all go in ~5 s; an open breaker probes after 5 s."""
+    clock = SteppingClock()
+    fake = FakeAgent(clock, latency=0.0)
+    router = FakeRouter([make_agent(instances=1, rate_limit=RateLimit(qps=10, burst=1, max_wait=3))])
+    pipeline = Pipeline(router=router, transport=fake.transport, clock=clock, rng=random.Random(2))
+    start = clock.monotonic()
+    results = []
+    for n in range(50):
+        if n == 5:
+            clock.offset = -3600.0
+        results.append(await pipeline.run(order()))
+    assert all(r.ok for r in results)
+    assert clock.monotonic() - start == pytest.approx(4.9, abs=0.01)
+    fake.default("503")
+    for _ in range(22):
+        await pipeline.run(order())
+    assert not pipeline.is_available("orders", "orders-0"), "22 failures in 72 requests (>= 30 %) open it"
+    clock.offset -= 3600.0
+    clock.advance(5.0)
+    assert pipeline.is_available("orders", "orders-0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -157,8 +158,8 @@ async def test_retry_after_is_honoured() -> None:
 
 
 async def test_backpressure_hint_is_honoured() -> None:
-    """An explicit backpressure reply is retried after its hinted delay."""
-    _, fake, pipeline = setup()
+    """An explicit backpressure reply with no other instance to take it is retried after its hinted delay."""
+    _, fake, pipeline = setup(make_agent(instances=1))
     fake.script("*", "backpressure:2")
     response = await pipeline.run(order(), trace=True)
     assert response.ok and response.trace is not None
@@ -264,8 +265,34 @@ async def test_seed_retry_storm_is_capped_by_the_budget() -> None:
     fake.default("503")
     for _ in range(200):
         await pipeline.run(order())
-    naive_sends = 200 * 3
-    assert len(fake.calls) < 200 * 1.05 < naive_sends
+    assert len(fake.calls) == 200 + 10, "ten failed retries drain the 20-token budget to half; then none"
+
+
+async def test_thirty_percent_failures_on_every_instance_are_retried_to_97_percent() -> None:
+    """30 % independent transient failures everywhere: retries keep paying off, so ~97.3 % succeed (1 - 0.3**3)."""
+    _, fake, pipeline = setup()
+    fake.default("flaky:0.3")
+    results = [await pipeline.run(order()) for _ in range(2000)]
+    failed = sum(not r.ok for r in results)
+    expected, sigma = 2000 * 0.3**3, math.sqrt(2000 * 0.3**3 * (1 - 0.3**3))
+    assert failed <= expected + 3 * sigma, f"{failed} of 2000 failed (breaker or budget withheld retries)"
+    assert all(pipeline.is_available("orders", f"orders-{i}") for i in range(3)), "a flaky instance is not dead"
+
+
+async def test_a_fifth_of_replies_lost_on_a_single_instance_keyed_calls_still_succeed() -> None:
+    """One instance executes every call but loses 20 % of the replies: keyed retries recover all but ~0.8 %."""
+    capability = Capability(name="query_order", idempotency_key="${params.order_id}")
+    _, fake, pipeline = setup(make_agent(instances=1, capability=capability))
+    fake.default("lossy:0.2")
+    requests = [
+        ReachRequest(capability="query_order", payload={"order_id": f"o{n}", "op": f"o{n}"}) for n in range(1000)
+    ]
+    results = [await pipeline.run(request) for request in requests]
+    failed = sum(not r.ok for r in results)
+    expected, sigma = 1000 * 0.2**3, math.sqrt(1000 * 0.2**3 * (1 - 0.2**3))
+    assert failed <= expected + 3 * sigma
+    assert max(fake.executions.values()) == 1, "the key made every retry a replay, never a second execution"
+    assert pipeline.is_available("orders", "orders-0")
 
 
 async def test_ten_percent_failures_are_fully_retried() -> None:

@@ -113,25 +113,49 @@ def test_retry_after_is_a_floor(retry_after: float) -> None:
 
 
 @settings(max_examples=100)
-@given(st.lists(st.booleans(), max_size=300), st.floats(1, 200), st.floats(0.01, 2))
-def test_budget_tokens_stay_bounded_and_gate_retries(outcomes: list[bool], size: float, ratio: float) -> None:
-    """Tokens stay in [0, max]; retries are allowed exactly while more than half are left."""
-    budget = RetryBudget(size, ratio)
-    for success in outcomes:
-        budget.record_success() if success else budget.record_failure()
+@given(st.lists(st.sampled_from(["first_ok", "retry_ok", "retry_failed"]), max_size=300), st.floats(1, 200))
+def test_budget_tokens_stay_bounded_and_gate_retries(events: list[str], size: float) -> None:
+    """Tokens stay in [0, max]; a retry is granted exactly while more than half are left, and costs one."""
+    budget = RetryBudget(size, 0.2)
+    for event in events:
+        if event == "first_ok":
+            budget.record_success(retry=False)
+        else:
+            before, allowed = budget.tokens, budget.allows_retry()
+            assert budget.spend() == allowed == (before > size / 2)
+            if allowed and event == "retry_ok":
+                budget.record_success(retry=True)
         assert 0 <= budget.tokens <= size
-        assert budget.allows_retry() == (budget.tokens > size / 2)
 
 
 @given(st.integers(2, 100))
 def test_budget_in_a_full_outage_allows_only_half_its_tokens(size: int) -> None:
-    """With nothing succeeding, retries stop after about max_tokens / 2 failures and stay stopped."""
+    """With every retry failing, retries stop after about max_tokens / 2 of them and stay stopped."""
     budget = RetryBudget(size, 0.2)
-    allowed = 0
-    for _ in range(1000):
-        budget.record_failure()
-        allowed += budget.allows_retry()
-    assert allowed == math.ceil(size / 2) - 1
+    allowed = sum(budget.spend() for _ in range(1000))
+    assert allowed == math.ceil(size / 2)
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_budget_keeps_retrying_a_flaky_agent_and_stops_for_a_dead_one(seed: int) -> None:
+    """At 30 % independent failures (about 1,000 retries) at most 3 are withheld; at 100 % the budget closes."""
+    for rate, withheld_at_most in ((0.3, 3), (1.0, None)):
+        rng, budget, withheld = random.Random(seed), RetryBudget(), 0
+        for _ in range(3000):
+            if rng.random() >= rate:
+                budget.record_success(retry=False)
+                continue
+            for _retry in range(2):
+                if not budget.spend():
+                    withheld += 1
+                    break
+                if rng.random() >= rate:
+                    budget.record_success(retry=True)
+                    break
+        if withheld_at_most is not None:
+            assert withheld <= withheld_at_most
+        else:
+            assert budget.tokens <= budget.max_tokens / 2 and withheld > 2900
 
 
 def test_budget_refuses_nonsense_sizes() -> None:

@@ -216,6 +216,19 @@ async def test_cloud_chat_is_reached_as_openai_compatible(client: ReachClient) -
     assert words == "The blue kettle costs 199 yuan; 12 in stock." and events[-1].kind == "end"
 
 
+async def test_cloud_chat_streams_usage_tool_calls_and_refusals(client: ReachClient) -> None:
+    """The fake cloud model honours include_usage, streams tool-call fragments and refuses as OpenAI models do."""
+    events = [event async for event in client.stream("chat", {"input": "Tell me about the kettle"})]
+    usage = [event.data["usage"] for event in events if event.kind == "data" and "usage" in event.data]
+    assert len(usage) == 1 and usage[0]["total_tokens"] > 0
+    events = [event async for event in client.stream("chat", {"input": "Where is A1002?"})]
+    calls = [call for event in events if event.kind == "data" for call in event.data["tool_calls"]]
+    assert [(c["name"], c["arguments"]) for c in calls] == [("query_order", {"order_id": "A1002"})]
+    refusal = await client.reach("chat", {"input": "What is my password?"})
+    assert refusal.error is not None
+    assert (refusal.status, refusal.error.type) == ("fail", "refusal")
+
+
 async def test_cloud_chat_refuses_a_request_without_a_key(urls: dict[str, str]) -> None:
     """Without an Authorization header the fake cloud model answers 401 with an OpenAI error body."""
     async with httpx.AsyncClient() as http:

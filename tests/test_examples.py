@@ -29,6 +29,8 @@ SCRIPTS = [
     "dify_before_invoke",
     "via_gateway",
     "via_node",
+    "mcp_and_a2a",
+    "transactional_agent",
 ]
 TIMEOUT = 90
 
@@ -103,6 +105,15 @@ def test_langgraph_retry(runs: dict[str, subprocess.Popen[str]]) -> None:
     assert out[5] == "  the agent ran it 1 time(s)"
 
 
+def test_mcp_and_a2a(runs: dict[str, subprocess.Popen[str]]) -> None:
+    """One enhancer reaches an MCP server's tool (found by tools/list) and an A2A agent, from one LangGraph agent."""
+    out = output_of(runs, "mcp_and_a2a")
+    assert "MCP tools as capabilities: ['check_inventory']" in out
+    assert "via check_stock -> check_inventory on agent stock-tools" in out and "12 x blue kettle" in out
+    assert "via search_knowledge -> search_knowledge on agent kb-a2a" in out and "within 7 days" in out
+    assert "(local fallback)" not in out
+
+
 def test_llamaindex_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
     """The FunctionAgent sees its tool plus a proxy; one Context keeps the conversation on one instance."""
     out = output_of(runs, "llamaindex_agent")
@@ -167,3 +178,11 @@ def test_dify_plugin_folder_is_complete(plugin: str) -> None:
     assert sources
     for source in sources:
         ast.parse((root / source).read_text(), filename=source)
+
+
+def test_transactional_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
+    """A key committed with the handler's effect is answered by a fresh instance, never charged twice."""
+    out = output_of(runs, "transactional_agent")
+    assert "charges in the database: 1" in out
+    first, again = re.findall(r"\{'charge': (\d+), 'order_id': 'A-7'", out)
+    assert first == again

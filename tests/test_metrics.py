@@ -201,7 +201,8 @@ async def test_a_failed_registration_is_counted(metrics: ReachMetrics, reader: I
 @pytest.mark.parametrize(
     ("fields", "outcome"),
     [
-        ({"outcome": "transient", "delivered": False}, "not_delivered"),
+        ({"outcome": "transient", "delivery": "not_delivered"}, "not_delivered"),
+        ({"outcome": "transient", "delivery": "unknown"}, "unknown"),
         ({"outcome": "timeout"}, "unknown"),
         ({"outcome": "transient"}, "failed"),
         ({"outcome": "business"}, "business"),

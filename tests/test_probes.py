@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 
 from hop_support import free_port
 
+from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.model import AgentDescriptor, HealthCheck
 from reach_plugins.probes import JITTER, ProbeBook, Prober
 from reach_plugins.registry import MemoryRegistry
+from transports.direct import DirectTransport
 
 CHECK = HealthCheck(probe_interval=5, ready_interval=30, refusals_to_down=2)
 
@@ -83,3 +86,33 @@ def test_one_prober_per_registry() -> None:
     registry = MemoryRegistry()
     assert Prober.shared(registry) is Prober.shared(registry)
     assert Prober.shared(MemoryRegistry()) is not Prober.shared(registry)
+
+
+async def test_a_client_with_probes_stops_sending_to_a_dead_instance() -> None:
+    """ReachClient(probes=True): once the probes saw two refusals, no call tries the dead instance first."""
+    agent = ReachAgent("orders")
+
+    @agent.capability("query_order")
+    def query_order(order_id: str) -> dict[str, str]:
+        return {"order_id": order_id}
+
+    with BackgroundServer(agent.app) as server:
+        registry = MemoryRegistry()
+        closed = f"http://127.0.0.1:{free_port()}"
+        quick = HealthCheck(probe_interval=0.1, ready_interval=60)
+        descriptor = AgentDescriptor(
+            name="orders", endpoints=[server.url, closed], capabilities=["query_order"], health_check=quick
+        )
+        registry.put_agent(descriptor)
+        dead = next(i.instance_id for i in registry.instances("orders").values() if i.endpoint == closed)
+        async with ReachClient(registry, DirectTransport(), probes=True) as client:
+            await client.reach("query_order", {"order_id": "warm"})
+            prober = Prober.shared(registry)
+            for _ in range(100):
+                if not prober.available("orders", dead):
+                    break
+                await asyncio.sleep(0.05)
+            assert not prober.available("orders", dead), "two refusals never marked the closed port down"
+            answers = [await client.reach("query_order", {"order_id": f"o{n}"}, trace=True) for n in range(20)]
+    assert all(answer.ok and answer.trace is not None and len(answer.trace.attempts) == 1 for answer in answers)
+    assert dead not in {answer.instance for answer in answers}

@@ -124,7 +124,7 @@ async def test_breaker_transitions_are_span_events(provider: TracerProvider, exp
     """The request that opens a breaker carries the transition as a span event with its reason."""
     fake, pipeline = setup(provider, instances=1)
     fake.default("503")
-    for _ in range(4):
+    for _ in range(10):
         await pipeline.run(order())
     events = [event for span in exporter.get_finished_spans() for event in span.events]
     breaker_events = [event for event in events if event.name == telemetry.EVENT_BREAKER]

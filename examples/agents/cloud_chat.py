@@ -3,9 +3,12 @@
     python examples/agents/cloud_chat.py                  # 127.0.0.1:18106, POST /v1/chat/completions
 
 It answers product questions from the sample shop, asks for the
-``query_order`` tool when the customer names an order, streams word by word
-when asked (``"stream": true``), and refuses a request without an
-``Authorization`` header as the real API would (HTTP 401).
+``query_order`` tool when the customer names an order, refuses to talk about
+passwords (``content: null`` and a ``refusal``, as OpenAI models do), streams
+when asked (``"stream": true``: words, refusal pieces or tool-call argument
+fragments, then the usage chunk when ``stream_options.include_usage`` asks for
+it), and refuses a request without an ``Authorization`` header as the real API
+would (HTTP 401).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ NAME = "cloud-chat-sales"
 
 def answer(text: str) -> dict[str, Any]:
     """The assistant message for the customer's ``text``: a tool call for an order, else words about products."""
+    if "password" in text.lower():
+        return {"role": "assistant", "content": None, "refusal": "I can't help with account passwords."}
     order = re.search(r"\b([A-Z]\d{4})\b", text)
     if order:
         arguments = json.dumps({"order_id": order.group(1)})
@@ -42,16 +47,30 @@ def _envelope(model: str, **fields: Any) -> dict[str, Any]:
     return {"id": "chatcmpl-demo", "created": int(time.time()), "model": model, **fields}
 
 
-async def _chunks(model: str, message: dict[str, Any]) -> AsyncIterator[str]:
+def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The message as stream deltas: words, refusal pieces, or a tool call whose arguments come in fragments."""
+    if message.get("refusal"):
+        return [{"refusal": f"{word} "} for word in message["refusal"].split(" ")]
+    if message.get("tool_calls"):
+        call = message["tool_calls"][0]
+        head = {"index": 0, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"]}}
+        arguments = call["function"]["arguments"]
+        cut = len(arguments) // 2
+        pieces = [arguments[:cut], arguments[cut:]]
+        return [{"tool_calls": [head]}, *({"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces)]
     words = (message["content"] or "").split(" ")
-    for n, word in enumerate(words):
-        delta = {"content": word if n == 0 else f" {word}"}
-        chunk = _envelope(model, object="chat.completion.chunk", choices=[{"index": 0, "delta": delta}])
-        yield f"data: {json.dumps(chunk)}\n\n"
-    last = _envelope(
-        model, object="chat.completion.chunk", choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]
-    )
-    yield f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n"
+    return [{"content": word if n == 0 else f" {word}"} for n, word in enumerate(words)]
+
+
+async def _chunks(model: str, message: dict[str, Any], usage: dict[str, int] | None) -> AsyncIterator[str]:
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    choices = [[{"index": 0, "delta": delta}] for delta in _deltas(message)]
+    choices.append([{"index": 0, "delta": {}, "finish_reason": finish}])
+    for choice in choices:
+        yield f"data: {json.dumps(_envelope(model, object='chat.completion.chunk', choices=choice))}\n\n"
+    if usage is not None:
+        yield f"data: {json.dumps(_envelope(model, object='chat.completion.chunk', choices=[], usage=usage))}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 async def chat_completions(request: Request) -> Response:
@@ -61,11 +80,14 @@ async def chat_completions(request: Request) -> Response:
     body = await request.json()
     said = next((m.get("content") or "" for m in reversed(body.get("messages", [])) if m.get("role") == "user"), "")
     message, model = answer(said), body.get("model", NAME)
-    if body.get("stream") and message["content"] is not None:
-        return StreamingResponse(_chunks(model, message), media_type="text/event-stream")
-    finish = "tool_calls" if message.get("tool_calls") else "stop"
     usage = {"prompt_tokens": len(said.split()), "completion_tokens": len((message["content"] or "").split())}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    if body.get("stream"):
+        wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return StreamingResponse(
+            _chunks(model, message, usage if wants_usage else None), media_type="text/event-stream"
+        )
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
     choice = {"index": 0, "message": message, "finish_reason": finish}
     return JSONResponse(_envelope(model, object="chat.completion", choices=[choice], usage=usage))
 

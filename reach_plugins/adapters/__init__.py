@@ -16,6 +16,7 @@ from reach_plugins.adapters.base import (
     parse_retry_after,
     reach_headers,
 )
+from reach_plugins.adapters.mcp import McpAdapter
 from reach_plugins.adapters.openai import OpenAIAdapter
 from reach_plugins.adapters.rawhttp import RawHttpAdapter
 from reach_plugins.adapters.reach import ReachAdapter
@@ -23,12 +24,13 @@ from reach_plugins.adapters.sse import SseDecoder, SseEvent, encode_sse
 from reach_plugins.errors import ConfigError
 
 ADAPTERS: dict[str, Adapter] = {
-    adapter.protocol: adapter for adapter in (ReachAdapter(), OpenAIAdapter(), RawHttpAdapter(), A2AAdapter())
+    adapter.protocol: adapter
+    for adapter in (ReachAdapter(), OpenAIAdapter(), RawHttpAdapter(), A2AAdapter(), McpAdapter())
 }
 
 
 def adapter_for(protocol: str) -> Adapter:
-    """The adapter of ``protocol`` (``reach``, ``openai-compatible``, ``raw-http``, ``a2a``)."""
+    """The adapter of ``protocol`` (``reach``, ``openai-compatible``, ``raw-http``, ``a2a``, ``mcp``)."""
     try:
         return ADAPTERS[protocol]
     except KeyError:
@@ -41,6 +43,7 @@ __all__ = [
     "Adapter",
     "HttpRequest",
     "HttpResponse",
+    "McpAdapter",
     "OpenAIAdapter",
     "RawHttpAdapter",
     "ReachAdapter",

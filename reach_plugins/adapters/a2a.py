@@ -1,32 +1,57 @@
-"""``a2a`` agents (A2A 0.3, JSON-RPC binding): ``message/send`` and ``message/stream``.
+"""``a2a`` agents: A2A 1.x and 0.3 over JSON-RPC, the binding chosen from the agent card.
 
-The JSON-RPC URL comes from the agent card at ``/.well-known/agent-card.json``
-(read once per endpoint), or from ``protocol_options.url``. Replies — a
-``Message`` or a ``Task`` — are normalised to ``reply_content`` (the text
-parts), ``tool_calls`` (always empty) and ``raw_meta`` (ids, state, data parts).
+The card at ``/.well-known/agent-card.json`` is read once per endpoint
+(:mod:`reach_plugins.adapters.a2a_wire` picks its 1.x interface, else 0.3);
+``protocol_options.url`` (with ``version``, default ``"1.0"``) skips it, and
+``protocol_options.version`` prefers a version the card offers.
+
+A conversation is an A2A context: ``contextId`` is the request's
+``session_id``. A task that stops at ``input-required`` (or ``auth-required``)
+is remembered per endpoint, tenant and session, and the next reach of that
+session continues it with its ``taskId``. Replies — a ``Message`` or a ``Task``
+— are normalised to ``reply_content`` (text parts, else the status message's
+text), ``tool_calls`` (always empty) and ``raw_meta`` (ids, state, data parts).
+
+A2A has no idempotency of its own: an executor error (JSON-RPC -32603) is a
+``business`` failure, never retried, unless the request carries an idempotency
+key and the capability is ``retryable``.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urljoin
 
+from reach_plugins.adapters.a2a_wire import (
+    METHODS,
+    VERSION_HEADER,
+    Binding,
+    Dialect,
+    binding_from_card,
+    data_parts,
+    dialect_of,
+    parts_of,
+    state_of,
+    status_parts,
+    task_parts,
+    texts,
+    unwrap,
+    user_message,
+)
 from reach_plugins.adapters.base import (
-    TEXT_FIELDS,
     EndsOnce,
     HttpRequest,
     HttpResponse,
+    NoHandshake,
     decode_json,
     encode_json,
     endpoint_url,
     failure,
     http_failure,
     invalid,
-    list_at,
-    mapping_at,
-    payload_text,
     reach_headers,
     success,
 )
@@ -36,54 +61,83 @@ from reach_plugins.transport import Call, Reply, StreamEvent
 
 CARD_PATH = "/.well-known/agent-card.json"
 FAILED_STATES = frozenset({"failed", "rejected", "canceled"})
-FINAL_STATES = FAILED_STATES | {"completed", "input-required", "auth-required"}
+WAITING_STATES = frozenset({"input-required", "auth-required"})
+"""The task paused for the caller: the session's next message continues it."""
+FINAL_STATES = FAILED_STATES | WAITING_STATES | {"completed"}
 INTERNAL_ERROR = -32603
+TASK_NOT_FOUND = -32001
+OPEN_TASKS_KEPT = 4096
+
+TaskKey = tuple[str, str | None, str]
 
 
-def message_parts(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A text part for the user's text, a data part for everything else in the payload."""
-    text = payload_text(payload)
-    source = next((name for name in TEXT_FIELDS if isinstance(payload.get(name), str)), "messages")
-    parts: list[dict[str, Any]] = [{"kind": "text", "text": text}] if text is not None else []
-    rest = {key: value for key, value in payload.items() if key != source}
-    if rest or not parts:
-        parts.append({"kind": "data", "data": rest})
-    return parts
+class OpenTasks:
+    """Tasks waiting for the caller's next message, per (endpoint, tenant, session); bounded, oldest dropped."""
+
+    def __init__(self, size: int = OPEN_TASKS_KEPT) -> None:
+        self._size = size
+        self._tasks: OrderedDict[TaskKey, str] = OrderedDict()
+        self._lock = threading.Lock()
+        """Blocking clients run their own loop in another thread: the map is shared across them."""
+
+    @staticmethod
+    def key(call: Call) -> TaskKey | None:
+        session = call.request.session_id
+        return (call.instance.endpoint, call.request.tenant, session) if session else None
+
+    def get(self, call: Call) -> str | None:
+        key = self.key(call)
+        with self._lock:
+            return self._tasks.get(key) if key else None
+
+    def settle(self, call: Call, task_id: Any, state: str) -> None:
+        """Remember a task that waits for the caller; forget it once it reached any other final state."""
+        key = self.key(call)
+        if key is None or not isinstance(task_id, str):
+            return
+        with self._lock:
+            if state in WAITING_STATES:
+                self._tasks[key] = task_id
+                self._tasks.move_to_end(key)
+                while len(self._tasks) > self._size:
+                    self._tasks.popitem(last=False)
+            elif state in FINAL_STATES and self._tasks.get(key) == task_id:
+                del self._tasks[key]
+
+    def forget(self, call: Call) -> None:
+        key = self.key(call)
+        with self._lock:
+            if key:
+                self._tasks.pop(key, None)
 
 
-def _parts(container: Any) -> list[Mapping[str, Any]]:
-    parts = container.get("parts") if isinstance(container, Mapping) else None
-    return [part for part in parts if isinstance(part, Mapping)] if isinstance(parts, list) else []
-
-
-def _texts(parts: list[Mapping[str, Any]]) -> str:
-    return "".join(str(part.get("text", "")) for part in parts if part.get("kind") == "text")
-
-
-def _data(parts: list[Mapping[str, Any]]) -> list[Any]:
-    return [part.get("data") for part in parts if part.get("kind") == "data"]
-
-
-def _task_parts(task: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    parts = [part for artifact in list_at(task, "artifacts") for part in _parts(artifact)]
-    return parts or _parts(mapping_at(task, "status").get("message"))
-
-
-def _state(item: Mapping[str, Any]) -> str:
-    return str(mapping_at(item, "status").get("state", ""))
-
-
-def _rpc_error(raw: Any) -> ErrorInfo:
+def rpc_error(call: Call, raw: Any) -> ErrorInfo:
+    """A JSON-RPC error; an executor error (-32603) is retried only with a key on a retryable capability."""
     code = raw.get("code") if isinstance(raw, Mapping) else None
-    message = raw.get("message") if isinstance(raw, Mapping) else None
-    kind = "transient" if code == INTERNAL_ERROR else "business"
-    return ErrorInfo(type=kind, message=f"A2A error {code}: {message or 'no message'}")
+    message = f"A2A error {code}: {(raw.get('message') if isinstance(raw, Mapping) else None) or 'no message'}"
+    if code != INTERNAL_ERROR:
+        return ErrorInfo(type="business", message=message)
+    capability = call.capability or call.agent.capability(call.request.capability)
+    if call.request.idempotency_key and (capability is None or capability.retryable):
+        return ErrorInfo(type="transient", message=message)
+    hint = " (the agent may have acted: A2A has no idempotency, so it is retried only with an idempotency key)"
+    return ErrorInfo(type="business", message=message + hint)
 
 
-class A2AAdapter:
-    """Client side of an A2A agent."""
+def normalised(parts: list[Mapping[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    data = data_parts(parts)
+    if data:
+        meta["data"] = data
+    return {"reply_content": texts(parts), "tool_calls": [], "raw_meta": meta}
+
+
+class A2AAdapter(NoHandshake):
+    """Client side of an A2A agent (1.x or 0.3, JSON-RPC binding)."""
 
     protocol = "a2a"
+
+    def __init__(self) -> None:
+        self.open_tasks = OpenTasks()
 
     def discovery(self, call: Call) -> HttpRequest | None:
         if "url" in call.agent.protocol_options:
@@ -91,37 +145,52 @@ class A2AAdapter:
         path = str(call.agent.protocol_options.get("card_path", CARD_PATH))
         return HttpRequest("GET", endpoint_url(call, path), {"Accept": "application/json"})
 
-    def discovered(self, call: Call, response: HttpResponse) -> Any:
+    def discovered(self, call: Call, response: HttpResponse) -> Binding:
         if response.status != 200:
             raise invalid(call, f"no agent card: HTTP {response.status} at {CARD_PATH}")
         card = decode_json(call, response.body)
-        if not isinstance(card, Mapping) or not isinstance(card.get("url"), str):
-            raise invalid(call, "the agent card has no 'url'")
-        return urljoin(call.instance.endpoint.rstrip("/") + "/", card["url"])
+        prefer = call.agent.protocol_options.get("version")
+        base = call.instance.endpoint.rstrip("/") + "/"
+        binding = binding_from_card(card, base, str(prefer) if prefer else None) if isinstance(card, Mapping) else None
+        if binding is None:
+            raise invalid(call, "the agent card offers no JSON-RPC interface of A2A 1.x or 0.3")
+        return binding
+
+    def _binding(self, call: Call, discovered: Any) -> Binding:
+        if isinstance(discovered, Binding):
+            return discovered
+        version = str(call.agent.protocol_options.get("version", "1.0"))
+        dialect = dialect_of(version) or "1.0"
+        return Binding(endpoint_url(call, str(call.agent.protocol_options.get("url", "/"))), dialect, version)
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         request = call.request
-        message: dict[str, Any] = {
-            "kind": "message",
-            "role": "user",
-            "messageId": request.request_id,
-            "parts": message_parts(request.payload),
+        binding = self._binding(call, discovered)
+        message = user_message(
+            request.payload,
+            binding.dialect,
+            message_id=request.request_id,
+            context_id=request.session_id,
+            task_id=self.open_tasks.get(call),
+        )
+        params: dict[str, Any] = {
+            "message": message,
+            "metadata": {"reach.capability": request.capability, "reach.action": request.action},
         }
-        if request.session_id:
-            message["contextId"] = request.session_id
-        body = {
-            "jsonrpc": "2.0",
-            "id": request.request_id,
-            "method": "message/stream" if stream else "message/send",
-            "params": {
-                "message": message,
-                "configuration": {"blocking": True},
-                "metadata": {"reach.capability": request.capability, "reach.action": request.action},
-            },
-        }
-        url = discovered or endpoint_url(call, str(call.agent.protocol_options.get("url", "/")))
-        accept = "text/event-stream" if stream else "application/json"
-        return HttpRequest("POST", url, reach_headers(call, accept=accept), encode_json(body))
+        if binding.dialect == "0.3":
+            params["configuration"] = {"blocking": True}
+        method = METHODS[binding.dialect]["stream" if stream else "send"]
+        body = {"jsonrpc": "2.0", "id": request.request_id, "method": method, "params": params}
+        headers = reach_headers(call, accept="text/event-stream" if stream else "application/json")
+        if binding.dialect == "1.0":
+            headers[VERSION_HEADER] = binding.version
+        return HttpRequest("POST", binding.url, headers, encode_json(body))
+
+    def failed_rpc(self, call: Call, raw: Any) -> ErrorInfo:
+        """The error of a JSON-RPC error answer; a continued task the agent no longer knows is forgotten."""
+        if isinstance(raw, Mapping) and raw.get("code") == TASK_NOT_FOUND:
+            self.open_tasks.forget(call)
+        return rpc_error(call, raw)
 
     def parse(self, call: Call, response: HttpResponse) -> Reply:
         if not 200 <= response.status < 300:
@@ -130,34 +199,47 @@ class A2AAdapter:
         if not isinstance(body, Mapping) or not ("result" in body or "error" in body):
             raise invalid(call, "expected a JSON-RPC response with 'result' or 'error'")
         if "error" in body:
-            return failure(call, _rpc_error(body["error"]), response.status)
-        result = body["result"]
-        kind = result.get("kind") if isinstance(result, Mapping) else None
+            return failure(call, self.failed_rpc(call, body["error"]), response.status)
+        kind, item = unwrap(body["result"]) if isinstance(body["result"], Mapping) else (None, {})
         if kind == "message":
-            parts = _parts(result)
-            meta = {"kind": "message", "message_id": result.get("messageId"), "context_id": result.get("contextId")}
-            return success(call, self._normalised(parts, meta), response.status)
+            meta = {"kind": "message", "message_id": item.get("messageId"), "context_id": item.get("contextId")}
+            return success(call, normalised(parts_of(item), meta), response.status)
         if kind == "task":
-            state, parts = _state(result), _task_parts(result)
+            state, parts = state_of(item), task_parts(item)
+            self.open_tasks.settle(call, item.get("id"), state)
             if state in FAILED_STATES:
-                return failure(call, ErrorInfo(type="business", message=_texts(parts) or f"A2A task {state}"))
-            meta = {"kind": "task", "task_id": result.get("id"), "context_id": result.get("contextId"), "state": state}
-            return success(call, self._normalised(parts, meta), response.status)
+                return failure(call, ErrorInfo(type="business", message=texts(parts) or f"A2A task {state}"))
+            meta = {"kind": "task", "task_id": item.get("id"), "context_id": item.get("contextId"), "state": state}
+            return success(call, normalised(parts, meta), response.status)
         raise invalid(call, f"expected a Message or a Task result, got kind {kind!r}")
 
-    @staticmethod
-    def _normalised(parts: list[Mapping[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
-        data = _data(parts)
-        if data:
-            meta["data"] = data
-        return {"reply_content": _texts(parts), "tool_calls": [], "raw_meta": meta}
-
     def decoder(self, call: Call) -> A2AStreamDecoder:
-        return A2AStreamDecoder(call)
+        return A2AStreamDecoder(call, self)
 
 
 class A2AStreamDecoder(EndsOnce):
-    """``message/stream`` events (message, task, status-update, artifact-update) into stream events."""
+    """Stream events (message, task, status update, artifact update) into stream events.
+
+    A status message's text is a ``data`` event (``raw_meta.kind`` ``status-update``
+    and its ``state``), so a task that answers only in its status reaches a
+    streaming caller as it reaches a blocking one.
+    """
+
+    def __init__(self, call: Call, adapter: A2AAdapter) -> None:
+        super().__init__(call)
+        self._adapter = adapter
+        self._task_id: str | None = None
+        """The task this stream follows, once an event named it: what ``abandoned`` cancels."""
+
+    def abandoned(self, opened: HttpRequest) -> HttpRequest | None:
+        """``CancelTask`` (``tasks/cancel`` in 0.3) for the task the caller left, at the stream's URL."""
+        if self._task_id is None:
+            return None
+        dialect: Dialect = "1.0" if VERSION_HEADER in opened.headers else "0.3"
+        rpc_id = f"cancel-{self._call.request.request_id}"
+        body = {"jsonrpc": "2.0", "id": rpc_id, "method": METHODS[dialect]["cancel"], "params": {"id": self._task_id}}
+        headers = {**opened.headers, "Accept": "application/json"}
+        return HttpRequest("POST", opened.url, headers, encode_json(body))
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
         if self._done:
@@ -167,25 +249,36 @@ class A2AStreamDecoder(EndsOnce):
         except ValueError:
             raise invalid(self._call, f"a stream event is not JSON ({event.data[:80]!r})") from None
         if isinstance(body, Mapping) and "error" in body:
-            return self._finish(StreamEvent("error", error=_rpc_error(body["error"])))
+            return self._finish(StreamEvent("error", error=self._adapter.failed_rpc(self._call, body["error"])))
         result = body.get("result") if isinstance(body, Mapping) else None
         if not isinstance(result, Mapping):
             raise invalid(self._call, "a stream event has no 'result'")
-        kind = result.get("kind")
+        kind, item = unwrap(result)
+        named = item.get("id") if kind == "task" else item.get("taskId")
+        if isinstance(named, str) and named:
+            self._task_id = named
         if kind == "artifact-update":
-            parts = _parts(result.get("artifact"))
-            meta = {"kind": kind, "task_id": result.get("taskId"), "last_chunk": result.get("lastChunk")}
-            return [StreamEvent("data", A2AAdapter._normalised(parts, meta))] if parts else []
+            parts = parts_of(item.get("artifact"))
+            meta = {"kind": kind, "task_id": item.get("taskId"), "last_chunk": item.get("lastChunk")}
+            return [StreamEvent("data", normalised(parts, meta))] if parts else []
         if kind == "message":
-            data = A2AAdapter._normalised(_parts(result), {"kind": kind, "message_id": result.get("messageId")})
+            data = normalised(parts_of(item), {"kind": kind, "message_id": item.get("messageId")})
             return [StreamEvent("data", data), *self._finish(StreamEvent("end"))]
-        state = _state(result)
+        return self._status(kind, item)
+
+    def _status(self, kind: str | None, item: Mapping[str, Any]) -> list[StreamEvent]:
+        """A task snapshot or status update: its message's text, then the end or the error it implies."""
+        state, parts = state_of(item), status_parts(item)
+        task_id = item.get("taskId") if kind == "status-update" else item.get("id")
+        self._adapter.open_tasks.settle(self._call, task_id, state)
         if state in FAILED_STATES:
-            text = _texts(_parts(mapping_at(result, "status").get("message"))) or f"A2A task {state}"
-            return self._finish(StreamEvent("error", error=ErrorInfo(type="business", message=text)))
-        if state in FINAL_STATES or result.get("final") is True:
-            return self._finish(StreamEvent("end"))
-        return []
+            message = texts(parts) or f"A2A task {state}"
+            return self._finish(StreamEvent("error", error=ErrorInfo(type="business", message=message)))
+        events = [StreamEvent("data", normalised(parts, {"kind": kind, "task_id": task_id, "state": state}))]
+        events = events if parts else []
+        if state in FINAL_STATES or item.get("final") is True:
+            events.extend(self._finish(StreamEvent("end")))
+        return events
 
     def _cut(self) -> str:
         return f"the A2A stream from {self._call.instance.endpoint} was cut"

@@ -58,6 +58,11 @@ class StreamDecoder(Protocol):
         """The connection ended: the final events (``end`` if the stream was complete, else ``error``)."""
         ...
 
+    def abandoned(self, opened: HttpRequest) -> HttpRequest | None:
+        """The caller left before the end: a request that stops the far side's work (given the one that opened
+        the stream), or ``None``."""
+        ...
+
 
 class Adapter(Protocol):
     """Builds requests for, and normalises replies of, agents speaking one protocol."""
@@ -70,6 +75,17 @@ class Adapter(Protocol):
 
     def discovered(self, call: Call, response: HttpResponse) -> Any:
         """What the discovery response teaches (cached per endpoint, passed back to ``build``)."""
+        ...
+
+    def handshake(self, call: Call) -> HttpRequest | None:
+        """The next request this call's conversation needs answered first (an MCP session's opening), or ``None``.
+
+        The transport sends it, hands the answer to :meth:`handshaken` and asks again until ``None``.
+        """
+        ...
+
+    def handshaken(self, call: Call, response: HttpResponse) -> None:
+        """Learn from the answer to a :meth:`handshake` request (raise a ReachError when it failed)."""
         ...
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest: ...
@@ -241,7 +257,17 @@ def check_return(call: Call, data: Any) -> None:
         raise invalid(call, f"the reply does not fit return_schema at {where}: {first.message}")
 
 
-class NoDiscovery:
+class NoHandshake:
+    """For protocols whose conversations need no opening exchange (everything but MCP's sessions)."""
+
+    def handshake(self, call: Call) -> HttpRequest | None:
+        return None
+
+    def handshaken(self, call: Call, response: HttpResponse) -> None:
+        return None
+
+
+class NoDiscovery(NoHandshake):
     """For protocols that learn nothing before their first call (everything but A2A's agent card)."""
 
     def discovery(self, call: Call) -> HttpRequest | None:
@@ -273,3 +299,6 @@ class EndsOnce:
         if self._done:
             return []
         return self._finish(self._on_close())
+
+    def abandoned(self, opened: HttpRequest) -> HttpRequest | None:
+        return None

@@ -31,16 +31,25 @@ from pydantic import ValidationError
 from reach_plugins.adapters import encode_sse
 from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
-from reach_plugins.agent.idempotency import IdempotencyCache
+from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
 from reach_plugins.agent.snapshots import SnapshotStore
 from reach_plugins.context import Served, serving
-from reach_plugins.errors import BusinessError, ConfigError, ReachError, UnknownCapability
-from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop
+from reach_plugins.core.clock import as_clock
+from reach_plugins.errors import (
+    BackendUnavailable,
+    BusinessError,
+    ConfigError,
+    IdempotencyConflict,
+    ReachError,
+    UnknownCapability,
+)
+from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from reach_plugins.agent.registration import Registration
+    from reach_plugins.core.dedup import DedupStore
     from reach_plugins.registry.base import Registry
 
 log = logging.getLogger("reach_plugins.agent")
@@ -77,6 +86,17 @@ def _fail(request_id: Any, status: int, kind: str, message: str, headers: dict[s
     return Outcome(status, body, headers or {})
 
 
+def _not_executed(request_id: Any, why: str) -> Outcome:
+    """A retryable "not executed" answer: callers fail over or retry after ``Retry-After`` (DESIGN 11.1)."""
+    body = {
+        "request_id": request_id,
+        "status": "fail",
+        "data": None,
+        "error": {"type": "backpressure", "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
+    }
+    return Outcome(503, body, {"Retry-After": str(IN_PROGRESS_RETRY)})
+
+
 def _deadline(headers: Mapping[str, str], body: Mapping[str, Any]) -> float | None:
     """Monotonic deadline from ``X-Reach-Deadline`` (remaining ms), else the body's ``deadline_ms``."""
     raw = headers.get("x-reach-deadline", body.get("deadline_ms"))
@@ -97,8 +117,10 @@ class ReachAgent:
         description: str = "",
         namespace: str = "default",
         readiness: Readiness | None = None,
+        idempotency: DedupStore | str = "memory://",
         idempotency_window: float = 300.0,
         idempotency_max_entries: int = 10_000,
+        committed: Committed | None = None,
         snapshots: SnapshotStore | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -114,9 +136,9 @@ class ReachAgent:
         self.sessions: dict[str, dict[str, Any]] = {}
         self.snapshots = snapshots
         self._handlers: dict[str, CapabilityHandler] = {}
-        self._idempotency: IdempotencyCache[Outcome] = IdempotencyCache(
-            window=idempotency_window, max_entries=idempotency_max_entries, keep=lambda o: o.status < 500, clock=clock
-        )
+        store, self.shared_idempotency = open_key_store(idempotency, clock, idempotency_max_entries)
+        self._window = idempotency_window
+        self._claims = Claims(store, window=idempotency_window, clock=as_clock(clock), committed=committed)
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
         self._announce: list[tuple[Registry, str, dict[str, Any]]] = []
         self._approval = ApprovalGate(name, approver) if approver is not None else None
@@ -185,6 +207,7 @@ class ReachAgent:
             protocol="reach",
             endpoints=list(endpoints),
             capabilities=self.capabilities,
+            idempotency=Idempotency(window=self._window, shared=self.shared_idempotency),
         )
 
     # ------------------------------------------------------------------ health
@@ -203,13 +226,16 @@ class ReachAgent:
     def _context(self, body: Mapping[str, Any], headers: Mapping[str, str], capability: str) -> ReachContext:
         session_id = body.get("session_id")
         hops = headers.get("x-reach-hops")
+        tenant = body.get("tenant") or headers.get("x-tenant")
+        key = headers.get("idempotency-key") or body.get("idempotency_key")
         return ReachContext(
             request_id=str(body.get("request_id") or ""),
             capability=capability,
             action=body.get("action"),
             session_id=session_id,
-            tenant=body.get("tenant") or headers.get("x-tenant"),
-            idempotency_key=headers.get("idempotency-key") or body.get("idempotency_key"),
+            tenant=tenant,
+            idempotency_key=key,
+            idempotency_scope=scope(tenant, self.name, capability, key) if key else None,
             deadline=_deadline(headers, body),
             hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
             headers=headers,
@@ -261,12 +287,18 @@ class ReachAgent:
         with self._span(ctx, headers):
             if not ctx.idempotency_key:
                 return await self._execute(prepared)
-            key = (ctx.tenant, ctx.capability, ctx.idempotency_key)
+            key = scope(ctx.tenant, self.name, ctx.capability, ctx.idempotency_key)
             fingerprint = json.dumps(prepared.payload, sort_keys=True, default=str)
             try:
-                outcome, replayed = await self._idempotency.run(key, fingerprint, lambda: self._execute(prepared))
-            except ReachError as exc:
+                claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
+            except IdempotencyConflict as exc:
                 return _fail(ctx.request_id, 409, exc.error_type, exc.message)
+            except BackendUnavailable:
+                log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
+                return _not_executed(ctx.request_id, "its idempotency key cannot be checked now")
+            outcome, replayed = claimed
+            if outcome is None:
+                return _not_executed(ctx.request_id, "a request with this idempotency key is in progress elsewhere")
             if replayed:
                 return Outcome(outcome.status, outcome.body, {**outcome.headers, "Idempotent-Replayed": "true"})
             return outcome

@@ -11,7 +11,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
 from reach_plugins.agent.agent import Outcome
+from reach_plugins.agent.cancellation import while_connected
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -22,10 +24,15 @@ def _json(outcome: Outcome) -> Response:
 
 
 def build_app(agent: ReachAgent) -> Starlette:
-    """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work)."""
+    """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work).
+
+    A2A too (:mod:`reach_plugins.agent.a2a`): the agent card and ``POST /a2a``.
+    """
 
     async def reach(request: Request) -> Response:
-        return _json(await agent.handle(await request.body(), request.headers))
+        raw = await request.body()
+        outcome = await while_connected(request.receive, agent.handle(raw, request.headers))
+        return _json(outcome) if outcome is not None else Response(status_code=499)
 
     async def reach_stream(request: Request) -> Response:
         answer = await agent.open_stream(await request.body(), request.headers)
@@ -47,8 +54,11 @@ def build_app(agent: ReachAgent) -> Starlette:
         async with agent.lifespan():
             yield
 
+    a2a = A2AServer(agent)
     routes = [
         Route("/reach", reach, methods=["POST"]),
+        Route(CARD_PATH, a2a.card_route, methods=["GET"]),
+        Route(RPC_PATH, a2a.rpc_route, methods=["POST"]),
         Route("/reach/stream", reach_stream, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

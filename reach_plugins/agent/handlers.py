@@ -36,6 +36,9 @@ class ReachContext:
     session_id: str | None = None
     tenant: str | None = None
     idempotency_key: str | None = None
+    idempotency_scope: str | None = None
+    """The key namespaced by tenant, agent and capability: commit it with the effect in your own transaction
+    (see ``ReachAgent(committed=...)``)."""
     deadline: float | None = None
     """``time.monotonic()`` value by which the caller stops waiting (from ``X-Reach-Deadline``)."""
     hops: tuple[str, ...] = ()

@@ -1,82 +1,131 @@
-"""Agent-side idempotency: the same ``Idempotency-Key`` gets the stored result, not a second execution.
+"""Agent-side idempotency: a key is claimed before the handler runs, so it runs once however often it arrives.
 
-A duplicate that arrives while the first is still running waits for it
-(single flight). Results are kept for ``window`` seconds, at most
-``max_entries`` of them; failures that a retry may cure (5xx) are not kept,
-so the retry executes again.
+``ReachAgent(..., idempotency="memory://" | "redis://host:port/db")`` picks the
+store: memory guards one instance; Redis guards every instance sharing it,
+and the agent then declares ``idempotency.shared`` in its descriptor, which
+lets callers retry a lost answer on any of its instances (DESIGN 11.1/11.2).
+
+* The claim is a lease of the request's deadline (plus a grace): an instance
+  that dies mid-handler blocks its key no longer than that.
+* A duplicate arriving while this instance runs the key waits for it (single
+  flight); one arriving at *another* instance is answered "in progress, not
+  executed" (HTTP 503, ``backpressure``, ``Retry-After``), which callers treat
+  as never delivered.
+* Results with status < 500 are kept for the window (a business refusal is
+  an answer too); failures a retry may cure release the key.
+* Keys are namespaced by tenant, agent and capability (:func:`scope`).
+* A handler that commits its effect and its key in one transaction of its
+  own passes ``committed`` (the lookup of that key in its store): when a
+  claim lapsed because an instance died after committing but before the
+  result was stored here, the committed result is answered instead of a
+  second run. ``ReachContext.idempotency_scope`` is the key to commit with.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from reach_plugins.errors import IdempotencyConflict
+from reach_plugins.core.clock import Clock, as_clock
+from reach_plugins.core.dedup import DedupStore, MemoryDedupStore
+from reach_plugins.errors import ConfigError
+from reach_plugins.model import ReachResponse
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from reach_plugins.agent.agent import Outcome
+
+LEASE_GRACE = 2.0
+"""Seconds a claim outlives the request's deadline."""
+DEFAULT_LEASE = 30.0
+"""The lease of a request that carries no deadline."""
+IN_PROGRESS_RETRY = 0.2
+"""The Retry-After (seconds) of an "in progress, not executed" answer."""
+
+Committed = Callable[[str], Awaitable[Any | None]]
+"""``scope -> result | None``: the result a handler committed with this key in its own transaction, if any."""
 
 
-@dataclass(slots=True)
-class _Entry(Generic[T]):
-    fingerprint: str
-    result: asyncio.Future[T | None]
-    """Resolves to the result, or to ``None`` when the first execution raised (a waiter then runs itself)."""
-    expires_at: float
+def scope(tenant: str | None, agent: str, capability: str, key: str) -> str:
+    """The namespaced key: one tenant's, agent's or capability's key never answers another's."""
+    return "\x1f".join((tenant or "-", agent, capability, key))
 
 
-class IdempotencyCache(Generic[T]):
-    """Results by key, with single flight for duplicates in progress and a time window."""
+def open_key_store(
+    store: DedupStore | str, clock: Callable[[], float], max_entries: int = 10_000
+) -> tuple[DedupStore, bool]:
+    """The store named by ``store`` and whether it is shared by several processes (anything but memory)."""
+    if not isinstance(store, str):
+        return store, not isinstance(store, MemoryDedupStore)
+    if store.startswith("memory://"):
+        return MemoryDedupStore(max_entries=max_entries, clock=as_clock(clock)), False
+    if store.startswith(("redis://", "rediss://")):
+        from reach_plugins.stores import open_store
 
-    def __init__(
-        self,
-        *,
-        window: float = 300.0,
-        max_entries: int = 10_000,
-        keep: Callable[[T], bool] = lambda result: True,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+        return open_store(store), True
+    raise ConfigError(f"unsupported idempotency store {store!r}; use 'memory://' or 'redis://HOST:PORT/DB'")
+
+
+class Claims:
+    """The agent's claims on keys: claim, single flight within the instance, settle."""
+
+    def __init__(self, store: DedupStore, *, window: float, clock: Clock, committed: Committed | None) -> None:
+        self.store = store
         self._window = window
-        self._max = max_entries
-        self._keep = keep
         self._clock = clock
-        self._entries: OrderedDict[Hashable, _Entry[T]] = OrderedDict()
+        self._committed = committed
+        self._running: dict[str, asyncio.Future[Outcome | None]] = {}
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    async def run(
+        self, key: str, fingerprint: str, lease: float | None, execute: Callable[[], Awaitable[Outcome]]
+    ) -> tuple[Outcome | None, bool]:
+        """``(outcome, replayed)``, or ``(None, False)`` when another instance holds the key (in progress).
 
-    async def run(self, key: Hashable, fingerprint: str, execute: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
-        """``(result, replayed)``: run ``execute`` once per key; :class:`IdempotencyConflict` on another payload."""
-        while (entry := self._live(key)) is not None:
-            if entry.fingerprint != fingerprint:
-                raise IdempotencyConflict(
-                    f"idempotency key {key!r} was already used with a different payload; use a new key for a new call"
-                )
-            result = await asyncio.shield(entry.result)
+        Raises IdempotencyConflict (another payload) and BackendUnavailable (the store cannot be asked).
+        """
+        from reach_plugins.agent.agent import Outcome
+
+        while (twin := self._running.get(key)) is not None:
+            result = await asyncio.shield(twin)
             if result is not None:
                 return result, True
-        future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
-        self._entries[key] = _Entry(fingerprint, future, self._clock() + self._window)
+        ttl = (DEFAULT_LEASE if lease is None else max(lease, 0.0)) + LEASE_GRACE
+        begin = await self.store.begin(key, fingerprint, ttl, window=max(self._window, ttl))
+        if begin.state == "done" and begin.result is not None:
+            return Outcome(200, _body(begin.result)), True
+        if begin.state == "inflight":
+            return None, False
+        if self._committed is not None:
+            saved = await self._committed(key)
+            if saved is not None:
+                kept = Outcome(200, {"request_id": None, "status": "success", "data": saved, "error": None})
+                await self.store.complete(key, _stored(kept))
+                return kept, True
+        future: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        outcome: Outcome | None = None
         try:
-            result = await execute()
-        except BaseException:
-            self._entries.pop(key, None)
-            future.set_result(None)
-            raise
-        if not self._keep(result):
-            self._entries.pop(key, None)
-        future.set_result(result)
-        return result, False
+            outcome = await execute()
+        finally:
+            del self._running[key]
+            future.set_result(outcome if outcome is not None and outcome.status < 500 else None)
+            if outcome is not None and outcome.status < 500:
+                await self.store.complete(key, _stored(outcome))
+            else:
+                await self.store.fail(key)
+        return outcome, False
 
-    def _live(self, key: Hashable) -> _Entry[T] | None:
-        """The entry of ``key`` if still in its window, after dropping expired and surplus finished entries."""
-        now = self._clock()
-        while self._entries:
-            oldest_key, oldest = next(iter(self._entries.items()))
-            if (oldest.expires_at > now and len(self._entries) < self._max) or not oldest.result.done():
-                break
-            del self._entries[oldest_key]
-        return self._entries.get(key)
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+
+def _stored(outcome: Outcome) -> ReachResponse:
+    body = outcome.body
+    return ReachResponse(
+        request_id=str(body.get("request_id") or "-"), status=body["status"], data=body.get("data"), error=body["error"]
+    )
+
+
+def _body(stored: ReachResponse) -> dict[str, Any]:
+    error = stored.error.model_dump(exclude_none=True) if stored.error is not None else None
+    return {"request_id": stored.request_id, "status": stored.status, "data": stored.data, "error": error}

@@ -15,7 +15,9 @@ store       default            why
 ==========  =================  ========================================================
 dedup       fails closed       a keyed call promised "at most once"; without the
                                store that promise cannot be kept, so nothing is sent
-                               (``BackendUnavailable``). ``on_outage=open`` runs it
+                               (``BackendUnavailable``) -- unless the target agent
+                               declares shared idempotency: its own store guards the
+                               key, and the call proceeds. ``on_outage=open`` runs it
                                unguarded instead, with a warning.
 sessions    fails open         liveness stops ghost calls; refusing every conversation
                                because a cache is down would turn a Redis blip into an
@@ -130,10 +132,17 @@ class Subscription:
         self._on_gap = on_gap
         self._pubsub: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._subscribing = asyncio.Lock()
+        """One subscription at a time: concurrent first calls would each open (and leak) a pub/sub connection."""
 
     async def ensure(self) -> None:
         if self._pubsub is not None:
             return
+        async with self._subscribing:
+            if self._pubsub is None:
+                await self._subscribe()
+
+    async def _subscribe(self) -> None:
         pubsub = self._redis.pubsub()
         try:
             await pubsub.subscribe(self.channel)

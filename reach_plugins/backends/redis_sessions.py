@@ -6,6 +6,11 @@ store's clock while open, ``closed`` once closed. Checking is one Lua script
 session by ``tombstone_ttl`` (a day unless told) so a closed or expired
 conversation is refused for that long, then forgotten.
 
+Each conversation's pins live in ``{prefix}pin:{id}`` (a hash: agent ->
+instance), written by the first process that routes it and adopted by the
+others (one Lua script: keep the stored pin unless it is the one being
+replaced), with the session's lifetime.
+
 ``close`` cancels the calls in flight here at once (``InFlight`` from
 :mod:`reach_plugins.sessions`) and publishes on ``{prefix}session:closed``;
 every other store listening there cancels its own calls and tells its
@@ -53,6 +58,17 @@ return 'open'
 """
 """KEYS: session. ARGV: now, new expiry, key lifetime in ms."""
 
+_CLAIM_PIN: Final = """
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if (not stored) or (ARGV[3] ~= '' and stored == ARGV[3]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  stored = ARGV[2]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return stored
+"""
+"""KEYS: the session's pins. ARGV: agent, instance, instance to replace ('' for none), key lifetime in ms."""
+
 
 class RedisSessions:
     """:class:`~reach_plugins.sessions.SessionStore` in Redis, shared by every process using the same prefix."""
@@ -78,6 +94,7 @@ class RedisSessions:
         self._clock = clock or time.time
         self._owns_client = owns_client
         self._check = redis.register_script(_CHECK)
+        self._claim_pin = redis.register_script(_CLAIM_PIN)
         self._origin = uuid.uuid4().hex
         self._inflight = InFlight()
         self._listeners: list[Listener] = []
@@ -137,6 +154,22 @@ class RedisSessions:
                 f"closing conversation {session_id!r} reached only this process (its calls here were cancelled)",
                 exc,
             ) from exc
+
+    async def claim_pin(self, session_id: str, agent: str, instance_id: str, *, replace: str | None = None) -> str:
+        """The session's pin on ``agent``: the stored one, else (or if it is ``replace``) ``instance_id``.
+
+        Redis unreachable: the local choice stands (with the outage warning); the
+        processes may then disagree until it is back, as they would without a store.
+        """
+        key = f"{self._prefix}pin:{session_id}"
+        args = [agent, instance_id, replace or "", self._lifetime_ms(self.ttl)]
+        try:
+            stored = await self._claim_pin(keys=[key], args=args)
+        except OUTAGE_ERRORS as exc:
+            self._degraded(f"the pin of conversation {session_id!r} cannot be shared", exc)
+            return instance_id
+        self._recovered()
+        return stored.decode() if isinstance(stored, bytes) else str(stored)
 
     async def is_alive(self, session_id: str) -> bool:
         try:

@@ -1,13 +1,27 @@
-"""Circuit breaker per target instance: a time-sliding window, open, half-open probes.
+"""Circuit breaker per target: a time-sliding window, a short open that grows on repeat, half-open probes.
 
 Closed: calls flow and land in a window of ``buckets`` time buckets spanning
 ``window`` seconds. With at least ``min_calls`` in the window, a failure rate
 ``>= error_threshold`` (or a slow-call rate ``>= slow_call_threshold``) opens
-the breaker. Open: nothing is admitted for ``open_wait`` seconds. Half-open:
-up to ``half_open_probes`` calls go through; the first probe to finish
-decides — success closes (with a fresh window), failure reopens. The seeds
-learned that 10 % on consecutive failures flaps; a minute-long window at
-30 % does not. Every transition goes to the listener.
+the breaker. Open: nothing is admitted for the open time — ``open_wait``
+(5 s) the first time, doubled on each consecutive re-open, at most
+``max_open_wait`` (60 s) — so a 3 s blip costs seconds, not the half minute
+of a fixed 30 s open, while a dead target is asked ever more rarely.
+Half-open: up to ``half_open_probes`` calls go through; the first probe to
+finish decides — success closes (fresh window, open time back to
+``open_wait``), failure re-opens for twice as long. Every transition goes to
+the listener. Time is the caller's monotonic clock (DESIGN 11.3, STYLE 15).
+
+The transitions, in one place (anything else is impossible):
+
+============  ===========================  ==========  ===============================
+state         event                        next        open time after
+============  ===========================  ==========  ===============================
+closed        window over a threshold      open        ``open_wait * 2**reopens``
+open          open time passed (acquire)   half_open   unchanged
+half_open     a probe succeeds             closed      reset (``reopens = 0``)
+half_open     a probe fails or is slow     open        doubled (``reopens += 1``), capped
+============  ===========================  ==========  ===============================
 """
 
 from __future__ import annotations
@@ -120,6 +134,9 @@ class CircuitBreaker:
         self._window = _Window(self.config.window, self.config.buckets)
         self._state: BreakerState = "closed"
         self._opened_at = 0.0
+        self._open_for = self.config.open_wait
+        self._reopens = 0
+        """Consecutive re-opens (failed probes) since the breaker last closed: the open time doubles with each."""
         self._probes = 0
         self._generation = 0
         self._permit = Permit(False, 0)
@@ -127,9 +144,14 @@ class CircuitBreaker:
 
     def state(self, now: float) -> BreakerState:
         """The state as of ``now`` (an open breaker whose wait is over reads as half-open)."""
-        if self._state == "open" and now >= self._opened_at + self.config.open_wait:
+        if self._state == "open" and now >= self._opened_at + self._open_for:
             return "half_open"
         return self._state
+
+    @property
+    def open_for(self) -> float:
+        """Seconds the current (or next) opening lasts."""
+        return self._open_for
 
     @property
     def is_closed(self) -> bool:
@@ -145,13 +167,13 @@ class CircuitBreaker:
         return False
 
     def acquire(self, now: float) -> Permit | None:
-        """Admit one call (``None``: rejected). Past ``open_wait`` this moves open to half-open."""
+        """Admit one call (``None``: rejected). Past the open time this moves open to half-open."""
         if self._state == "closed":
             return self._permit
         if self._state == "open":
-            if now < self._opened_at + self.config.open_wait:
+            if now < self._opened_at + self._open_for:
                 return None
-            self._move("half_open", now, f"open_wait {self.config.open_wait:g}s passed; probing")
+            self._move("half_open", now, f"open for {self._open_for:g}s; probing")
         if self._probes >= self.config.half_open_probes:
             return None
         self._probes += 1
@@ -191,8 +213,13 @@ class CircuitBreaker:
             self._open(now, f"slow-call rate {slow / calls:.0%} over {calls} calls in {config.window:g}s")
 
     def _open(self, now: float, reason: str) -> None:
+        config = self.config
+        if self._state == "half_open":
+            self._reopens += 1
+        cap = max(config.max_open_wait, config.open_wait)
+        self._open_for = min(cap, config.open_wait * 2.0 ** min(self._reopens, 62))
         self._opened_at = now
-        self._move("open", now, reason)
+        self._move("open", now, f"{reason}; open for {self._open_for:g}s")
 
     def _move(self, after: BreakerState, now: float, reason: str) -> None:
         before = self._state
@@ -202,34 +229,45 @@ class CircuitBreaker:
         self._probes = 0
         if after == "closed":
             self._window.clear()
+            self._reopens = 0
+            self._open_for = self.config.open_wait
         if self._listener is not None:
             self._listener(BreakerTransition(self.agent, self.instance, before, after, now, reason))
 
 
 class Breakers:
-    """One breaker per (agent, instance), created on first use from the agent's config.
+    """One breaker per (agent, instance, tenant) and one per hop, created on first use.
 
-    Bounded: past ``max_breakers`` the closed, idle breakers are dropped first.
+    Per tenant, so that failures one tenant's input causes cannot open the
+    breaker other tenants go through (DESIGN 11.3); per hop (a gateway or node
+    the transport goes through), so that a hop that does not answer opens its
+    own breaker, never those of the agent instances behind it. Bounded: past
+    ``max_breakers`` the closed, idle breakers are dropped first.
     """
 
     def __init__(self, listener: Listener | None = None, *, max_breakers: int = 10_000) -> None:
         self._listener = listener
         self._max = max_breakers
-        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+        self._breakers: dict[tuple[str, str, str], CircuitBreaker] = {}
 
-    def get(self, agent: AgentDescriptor, instance_id: str) -> CircuitBreaker:
-        key = (agent.name, instance_id)
+    def get(self, agent: AgentDescriptor, instance_id: str, tenant: str | None = None) -> CircuitBreaker:
+        return self._get((agent.name, instance_id, tenant or ""), agent.circuit_breaker)
+
+    def hop(self, address: str) -> CircuitBreaker:
+        """The breaker of the gateway or node at ``address`` (default settings)."""
+        return self._get((HOP, address, ""), None)
+
+    def _get(self, key: tuple[str, str, str], config: CircuitBreakerConfig | None) -> CircuitBreaker:
         breaker = self._breakers.get(key)
-        config = agent.circuit_breaker
-        if breaker is None or (breaker.config is not config and breaker.config != config):
+        if breaker is None or (config is not None and breaker.config is not config and breaker.config != config):
             if breaker is None and len(self._breakers) >= self._max:
                 self._prune()
-            breaker = CircuitBreaker(config, agent=agent.name, instance=instance_id, listener=self._emit)
+            breaker = CircuitBreaker(config, agent=key[0], instance=key[1], listener=self._emit)
             self._breakers[key] = breaker
         return breaker
 
-    def find(self, agent: str, instance_id: str) -> CircuitBreaker | None:
-        return self._breakers.get((agent, instance_id))
+    def find(self, agent: str, instance_id: str, tenant: str | None = None) -> CircuitBreaker | None:
+        return self._breakers.get((agent, instance_id, tenant or ""))
 
     def _emit(self, transition: BreakerTransition) -> None:
         if self._listener is not None:
@@ -239,3 +277,7 @@ class Breakers:
         closed = [key for key, breaker in self._breakers.items() if breaker.is_closed]
         for key in closed[: max(1, len(closed) // 2)]:
             del self._breakers[key]
+
+
+HOP = "(hop)"
+"""The agent name a hop's breaker is filed and reported under (its instance is the hop's address)."""

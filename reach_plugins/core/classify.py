@@ -2,7 +2,10 @@
 
 The verdict answers the questions retry, breaker and limiter ask: may this be
 retried, could the agent have executed it already, is the instance unreachable
-or overloaded, and how long did it ask us to wait.
+or overloaded, and how long did it ask us to wait. Its :attr:`Verdict.stage`
+is the attempt's outcome in DESIGN 11.1's words: ``not_delivered`` (never ran:
+connect failure, explicit backpressure or "not executed"), ``unknown`` (sent,
+answer lost), ``failed`` (a transient answer), ``business``, ``success``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from reach_plugins.errors import (
     BusinessError,
     ConnectError,
     InvalidResponse,
+    OutcomeUnknown,
     ReachError,
     ReadTimeout,
     RemoteError,
@@ -27,9 +31,16 @@ from reach_plugins.transport import Reply
 from reach_plugins.validation import check_reply
 
 Outcome = Literal["success", "business", "transient", "timeout", "invalid_response", "backpressure"]
+Delivery = Literal["not_delivered", "unknown", "answered"]
+Stage = Literal["not_delivered", "unknown", "failed", "business", "success"]
+
+OUTCOME_UNKNOWN = OutcomeUnknown.code
+"""The error type a hop answers with when it sent the call on and lost the answer."""
 
 _RETRYABLE: frozenset[str] = frozenset({"transient", "timeout", "backpressure"})
-_INSTANCE_FAULTS: frozenset[str] = frozenset({"transient", "timeout", "backpressure", "invalid_response"})
+_INSTANCE_FAULTS: frozenset[str] = frozenset({"transient", "timeout", "invalid_response"})
+"""Backpressure is not among them: an instance that answers "slow down" or "in progress elsewhere, not
+executed" is alive; the adaptive limit (``overload``) and failover handle it, a breaker would shut it out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +50,8 @@ class Verdict:
     outcome: Outcome
     error: ErrorInfo | None = None
     retry_after: float | None = None
-    delivered: bool = True
-    """False only when the agent certainly did not execute the request (connect failure, explicit rejection)."""
+    delivery: Delivery = "answered"
+    """``not_delivered`` only when the agent certainly did not execute it; ``unknown`` when sent and unanswered."""
     unreachable: bool = False
     """The instance could not be reached at all: the next try should go elsewhere."""
     overload: bool = False
@@ -51,13 +62,27 @@ class Verdict:
         return self.outcome == "success"
 
     @property
+    def delivered(self) -> bool:
+        """Whether the agent may have executed the request."""
+        return self.delivery != "not_delivered"
+
+    @property
+    def stage(self) -> Stage:
+        """The attempt's outcome as DESIGN 11.1 names it."""
+        if self.outcome in ("success", "business"):
+            return self.outcome
+        if self.delivery == "answered":
+            return "failed"
+        return self.delivery
+
+    @property
     def retryable(self) -> bool:
         """Transient by nature; whether a retry is actually made depends on policy, budget and deadline."""
         return self.outcome in _RETRYABLE
 
     @property
     def instance_fault(self) -> bool:
-        """Counts against the instance's circuit breaker (a business refusal does not)."""
+        """Counts against the instance's circuit breaker (a business refusal or backpressure does not)."""
         return self.outcome in _INSTANCE_FAULTS
 
 
@@ -88,14 +113,17 @@ def classify_reply(reply: Reply) -> Verdict:
         return Verdict("business", error)
     if kind == "backpressure":
         message = error.message if error else "agent asked to slow down"
-        return Verdict("backpressure", _info("backpressure", message, retry_after), retry_after, False, overload=True)
+        info = _info("backpressure", message, retry_after)
+        return Verdict("backpressure", info, retry_after, delivery="not_delivered", overload=True)
     if kind == "invalid_response":
         return Verdict("invalid_response", error)
+    if kind == OUTCOME_UNKNOWN:
+        return Verdict("transient", error, retry_after, delivery="unknown")
     if code in (429, 503):
         error = error or _info("transient", f"agent answered HTTP {code}", retry_after)
-        return Verdict("transient", error, retry_after, delivered=False, overload=True)
+        return Verdict("transient", error, retry_after, overload=True)
     if kind == "timeout":
-        return Verdict("timeout", error, retry_after, overload=True)
+        return Verdict("timeout", error, retry_after, delivery="unknown", overload=True)
     if code >= 500 or kind == "transient":
         return Verdict("transient", error or _info("transient", f"agent answered HTTP {code}"), retry_after)
     if reply.status == "success":
@@ -104,19 +132,20 @@ def classify_reply(reply: Reply) -> Verdict:
 
 
 def classify_exception(exc: ReachError | TimeoutError) -> Verdict:
-    """Classify a transport failure; only a connect failure proves the agent never saw the request."""
+    """Classify a transport failure; only a connect failure or backpressure proves the agent never saw it."""
     message = str(exc) or type(exc).__name__
     if isinstance(exc, TimeoutError):
-        return Verdict("timeout", _info("timeout", "no answer within the attempt's time"), overload=True)
+        info = _info("timeout", "no answer within the attempt's time")
+        return Verdict("timeout", info, delivery="unknown", overload=True)
     if isinstance(exc, ConnectError):
-        return Verdict("transient", _info("transient", message), delivered=False, unreachable=True)
+        return Verdict("transient", _info("transient", message), delivery="not_delivered", unreachable=True)
     if isinstance(exc, ReadTimeout | StreamIdle):
-        return Verdict("timeout", _info("timeout", message), overload=True)
+        return Verdict("timeout", _info("timeout", message), delivery="unknown", overload=True)
     if isinstance(exc, TransportError):
-        return Verdict("transient", _info("transient", message))
+        return Verdict("transient", _info("transient", message), delivery="unknown")
     if isinstance(exc, Backpressure):
         info = _info("backpressure", message, exc.retry_after)
-        return Verdict("backpressure", info, exc.retry_after, delivered=False, overload=True)
+        return Verdict("backpressure", info, exc.retry_after, delivery="not_delivered", overload=True)
     if isinstance(exc, InvalidResponse):
         return Verdict("invalid_response", _info("invalid_response", message))
     if isinstance(exc, BusinessError):

@@ -1,7 +1,11 @@
 """Time, injected: the real clock for production, a virtual one for tests and simulations.
 
 Every state machine in the core takes ``now`` as an argument; only the pipeline
-reads a :class:`Clock`, sleeps on it and bounds awaits with ``timeout_at``. A
+reads a :class:`Clock`, sleeps on it and bounds awaits with ``timeout_at``.
+Two readings: ``now()`` is epoch time, for what crosses processes (a
+request's absolute deadline, trace stamps); ``monotonic()`` is for local
+intervals (rate limiter, breaker windows and open time), so a step of the
+wall clock neither blocks calls nor reopens breakers (STYLE 15). A
 :class:`FakeClock` makes that time virtual: ``sleep`` returns as soon as every
 other task is idle, with the clock moved to the moment the sleep ends, so a
 40-second outage is simulated in milliseconds and tests never really wait.
@@ -30,6 +34,10 @@ class Clock(Protocol):
 
     def now(self) -> float: ...
 
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps back: only differences between two readings mean anything."""
+        ...
+
     async def sleep(self, seconds: float) -> None: ...
 
     def timeout_at(self, deadline: float) -> AbstractAsyncContextManager[object]:
@@ -38,16 +46,26 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """Wall-clock time and the event loop's own sleeping and timeouts."""
+    """Wall-clock time, a monotonic clock, and the event loop's own sleeping and timeouts.
 
-    def __init__(self, time_fn: Callable[[], float] = time.time) -> None:
+    ``monotonic_fn`` defaults to :func:`time.monotonic` for the real wall
+    clock, and to ``time_fn`` itself when a test hands in its own notion of now.
+    """
+
+    def __init__(
+        self, time_fn: Callable[[], float] = time.time, *, monotonic_fn: Callable[[], float] | None = None
+    ) -> None:
         self._time = time_fn
+        self._monotonic = monotonic_fn or (time.monotonic if time_fn is time.time else time_fn)
 
     def __call__(self) -> float:
         return self._time()
 
     def now(self) -> float:
         return self._time()
+
+    def monotonic(self) -> float:
+        return self._monotonic()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
@@ -97,6 +115,10 @@ class FakeClock:
     def now(self) -> float:
         self._activity += 1
         return self._now
+
+    def monotonic(self) -> float:
+        """Virtual time never steps back, so it is its own monotonic clock."""
+        return self.now()
 
     def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds``, firing every timer that falls due on the way."""

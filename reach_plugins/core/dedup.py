@@ -6,7 +6,10 @@ none. A store holds each key as in flight (someone is running it) or done
 (its first successful response). Duplicates of a done key get the stored
 response; duplicates of an in-flight key wait for it (single-flight); the
 same key with another payload is an :class:`IdempotencyConflict`. Failed
-results are not kept, so a later retry with the same key may run.
+results are not kept, so a later retry with the same key may run. A claim is
+a lease (the request's deadline plus a grace): a key whose owner lost the
+answer, or crashed, is ``unknown`` — never free — until the window ends
+(:data:`CLAIM_TRANSITIONS`).
 
 Every store judges expiry by the clock it is given (tests move a fake one),
 and passes ``tests/dedup_store_conformance.py``.
@@ -89,24 +92,61 @@ def payload_hash(request: ReachRequest) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+ClaimState = Literal["in_flight", "done", "unknown"]
+
+CLAIM_TRANSITIONS: dict[tuple[ClaimState | None, str], ClaimState | None] = {
+    (None, "begin"): "in_flight",  # a free key: the caller owns it for its lease
+    ("in_flight", "complete"): "done",  # the owner's success: replayed to every twin for the window
+    ("in_flight", "unknown"): "unknown",  # sent, answer lost: kept for the window, never free
+    ("in_flight", "fail"): None,  # nothing ran, or it failed for sure: the next request runs
+    ("in_flight", "expire"): "unknown",  # the owner crashed: its lease ran out, it may have sent
+    ("unknown", "begin"): "in_flight",  # taken over by a caller that retries only where the key is checked
+    ("done", "expire"): None,  # the window ended
+    ("unknown", "expire"): None,  # the window ended
+}
+"""The claim lifecycle (STYLE 14). Invariants: only the lease owner moves ``in_flight``; ``unknown`` is never
+free within the window (a taker gets :class:`Begin` state ``unknown`` and must not run it unguarded); a crashed
+owner blocks its key for at most its lease (the request's deadline plus a grace)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Begin:
-    """Answer of ``begin``: ``new`` (you run it), ``inflight`` (someone else is), ``done`` (here is the result)."""
+    """Answer of ``begin``.
 
-    state: Literal["new", "inflight", "done"]
+    ``new``: you own the key, run it. ``inflight``: someone else is running it (wait). ``done``: here is the
+    result. ``unknown``: you own the key now, but an earlier attempt may have run it at ``where``
+    (``agent/instance``, None if not known): send only where the key is checked, else end ``OutcomeUnknown``.
+    """
+
+    state: Literal["new", "inflight", "done", "unknown"]
     result: ReachResponse | None = None
+    where: str | None = None
 
 
 @runtime_checkable
 class DedupStore(Protocol):
     """Where idempotency keys live; memory by default, Redis when processes share work."""
 
-    async def begin(self, key: str, payload_hash: str, ttl: float) -> Begin:
-        """Claim ``key`` for ``ttl`` seconds; raise IdempotencyConflict if it is held for another payload."""
+    async def begin(
+        self, key: str, payload_hash: str, ttl: float, *, window: float | None = None, where: str | None = None
+    ) -> Begin:
+        """Claim ``key`` with a lease of ``ttl`` seconds (results then kept ``window``, default ``ttl``).
+
+        ``where`` (``agent/instance``) is where the owner sends first. Raise IdempotencyConflict if the key
+        is held for another payload.
+        """
         ...
 
     async def complete(self, key: str, response: ReachResponse) -> None:
         """Store the successful response of the claim; duplicates get it until the window ends."""
+        ...
+
+    async def unknown(self, key: str, where: str | None) -> None:
+        """The owner sent it and lost the answer at ``where``: keep the key ``unknown`` for the window."""
+        ...
+
+    async def sent(self, key: str, where: str) -> None:
+        """The owner is sending it to ``where`` (not where it first said): an heir must ask there."""
         ...
 
     async def fail(self, key: str) -> None:
@@ -123,8 +163,12 @@ class DedupStore(Protocol):
 @dataclass(slots=True)
 class _Entry:
     payload_hash: str
-    ttl: float
+    window: float
     expires_at: float
+    """End of the lease while ``in_flight``; end of the window once ``done`` or ``unknown``."""
+    window_end: float
+    state: ClaimState = "in_flight"
+    where: str | None = None
     result: ReachResponse | None = None
     settled: asyncio.Event | None = None
     """Created by the first waiter only: most keys are never waited on."""
@@ -132,6 +176,7 @@ class _Entry:
     def settle(self) -> None:
         if self.settled is not None:
             self.settled.set()
+            self.settled = None
 
 
 class MemoryDedupStore:
@@ -147,7 +192,9 @@ class MemoryDedupStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def begin(self, key: str, payload_hash: str, ttl: float) -> Begin:
+    async def begin(
+        self, key: str, payload_hash: str, ttl: float, *, window: float | None = None, where: str | None = None
+    ) -> Begin:
         now = self._clock.now()
         entry = self._live(key, now)
         if entry is not None:
@@ -156,20 +203,37 @@ class MemoryDedupStore:
                     f"idempotency key {key.rpartition(chr(0x1F))[2]!r} was already used with a different payload; "
                     "use a new key for a different request",
                 )
-            return Begin("done", entry.result) if entry.result is not None else Begin("inflight")
+            if entry.state == "done":
+                return Begin("done", entry.result)
+            if entry.state == "in_flight":
+                return Begin("inflight")
+            entry.state, entry.expires_at = "in_flight", now + ttl
+            return Begin("unknown", where=entry.where)
         self._make_room(now)
-        self._entries[key] = _Entry(payload_hash, ttl, now + ttl)
+        span = ttl if window is None else max(window, ttl)
+        self._entries[key] = _Entry(payload_hash, span, now + ttl, now + span, where=where)
         return Begin("new")
 
     async def complete(self, key: str, response: ReachResponse) -> None:
-        now = self._clock.now()
         entry = self._entries.get(key)
         if entry is None:
             return
-        entry.result = response
-        entry.expires_at = now + entry.ttl
+        entry.state, entry.result = "done", response
+        entry.expires_at = self._clock.now() + entry.window
         self._entries.move_to_end(key)
         entry.settle()
+
+    async def unknown(self, key: str, where: str | None) -> None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.state, entry.where, entry.expires_at = "unknown", where or entry.where, entry.window_end
+        entry.settle()
+
+    async def sent(self, key: str, where: str) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.state == "in_flight":
+            entry.where = where
 
     async def fail(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -179,13 +243,14 @@ class MemoryDedupStore:
     async def wait(self, key: str, timeout: float) -> ReachResponse | None:
         clock = self._clock
         entry = self._live(key, clock.now())
-        if entry is None or entry.result is not None:
+        if entry is None or entry.state != "in_flight":
             return entry.result if entry else None
         if entry.settled is None:
             entry.settled = asyncio.Event()
+        settled = entry.settled
         try:
-            async with clock.timeout_at(clock.now() + timeout):
-                await entry.settled.wait()
+            async with clock.timeout_at(min(clock.now() + timeout, entry.expires_at)):
+                await settled.wait()
         except TimeoutError:
             return None
         return entry.result
@@ -196,18 +261,23 @@ class MemoryDedupStore:
         self._entries.clear()
 
     def _live(self, key: str, now: float) -> _Entry | None:
+        """The key's entry after applying expiry: a lapsed lease turns ``unknown``, a lapsed window frees it."""
         entry = self._entries.get(key)
-        if entry is not None and entry.expires_at <= now:
-            del self._entries[key]
+        if entry is None or entry.expires_at > now:
+            return entry
+        if entry.state == "in_flight" and entry.window_end > now:
+            entry.state, entry.expires_at = "unknown", entry.window_end
             entry.settle()
-            return None
-        return entry
+            return entry
+        del self._entries[key]
+        entry.settle()
+        return None
 
     def _make_room(self, now: float) -> None:
         entries = self._entries
         while entries:
             oldest_key, oldest = next(iter(entries.items()))
-            if oldest.expires_at > now and len(entries) < self._max:
+            if oldest.window_end > now and len(entries) < self._max:
                 return
             del entries[oldest_key]
             oldest.settle()

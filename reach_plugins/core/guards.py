@@ -74,7 +74,7 @@ class AgentGuards:
         start = clock.now()
         wait_until = start + min(self.max_wait, deadline.remaining(start))
         if self.bucket is not None:
-            delay = self.bucket.reserve(start, wait_until - start)
+            delay = self.bucket.reserve(clock.monotonic(), wait_until - start)
             if delay is None:
                 raise RateLimited(
                     f"agent {self.agent.name!r} allows {self.bucket.rate:g} calls/s (burst {self.bucket.burst}) and "
@@ -84,7 +84,7 @@ class AgentGuards:
                 try:
                     await clock.sleep(delay)
                 except BaseException:
-                    self.bucket.refund(clock.now())
+                    self.bucket.refund(clock.monotonic())
                     raise
         held: list[ConcurrencyLimiter] = []
         limiters = [self.limiter]

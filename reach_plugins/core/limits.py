@@ -100,7 +100,8 @@ class ConcurrencyLimiter:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release()
-            else:
+            elif waiter in self._waiters:
+                # A release between the cancellation and this line already dropped the waiter from the line.
                 self._waiters.remove(waiter)
             raise
 

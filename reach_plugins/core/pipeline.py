@@ -25,17 +25,19 @@ from opentelemetry import trace as otel
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from reach_plugins.core.attempts import Engine, Flight, run_unary
+from reach_plugins.core.attempts import Engine, run_unary
 from reach_plugins.core.batching import BatchPolicy
 from reach_plugins.core.clock import Clock, as_clock
 from reach_plugins.core.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.core.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
+from reach_plugins.core.flight import Claim, Flight
 from reach_plugins.core.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
-from reach_plugins.core.ports import CredentialResolver, RouterLike
+from reach_plugins.core.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.core.streaming import stream_attempts
 from reach_plugins.core.trace import TraceRecorder, TraceSink, emit_safely
-from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, ReachError
+from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.routing.pinning import TARGET
 from reach_plugins.telemetry import (
     ATTR_AGENT,
     ATTR_ATTEMPTS,
@@ -71,6 +73,9 @@ from reach_plugins.usage import usage_of
 from reach_plugins.validation import check_payload
 
 logger = logging.getLogger("reach_plugins.core")
+
+CLAIM_GRACE = 2.0
+"""Seconds a dedup claim outlives its request's deadline: a crashed owner blocks its key no longer than that."""
 
 _SPANS_RECHECK = 1.0
 """Seconds between two looks at the global tracer provider while no SDK is installed (the look is not free)."""
@@ -116,9 +121,11 @@ class Pipeline:
         )
 
     def is_available(self, agent: str, instance_id: str) -> bool:
-        """Whether the instance's breaker would admit a call now (the Router's ``is_available`` hook)."""
-        breaker = self._engine.breakers.find(agent, instance_id)
-        return breaker is None or breaker.is_closed or breaker.available(self._clock.now())
+        """Whether the instance's breaker would admit a call now and it is not ejected for inconsistent replies."""
+        engine, now = self._engine, self._clock.monotonic()
+        breaker = engine.breakers.find(agent, instance_id)
+        closed = breaker is None or breaker.is_closed or breaker.available(now)
+        return closed and engine.consistency.available(agent, instance_id, now)
 
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
@@ -210,10 +217,14 @@ class Pipeline:
         return self._finish(rec, response, trace)
 
     async def _deduplicated(self, flight: Flight, idempotency_key: str) -> ReachResponse:
-        """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest."""
+        """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest.
+
+        The claim is settled by how the flight ended: ``done`` on success, ``unknown`` when an attempt may
+        have run and its answer was lost (or the caller went away mid-send), released otherwise.
+        """
         request = flight.request
         key = store_key(request, idempotency_key)
-        stored = await self._claim(flight, key, payload_hash(request), flight.route.agent.idempotency.window)
+        stored = await self._claim(flight, key, payload_hash(request))
         if stored is not None:
             return self._replay(flight, stored)
         response: ReachResponse | None = None
@@ -221,29 +232,44 @@ class Pipeline:
             response = await run_unary(self._engine, flight)
         finally:
             if response is not None and response.ok:
-                await self._store.complete(key, response.model_copy())
+                await self._store.complete(key, response.model_copy(deep=True))
+            elif flight.pin is not None or (response is None and flight.ran_at is not None):
+                await self._store.unknown(key, flight.pin or flight.ran_at)
             else:
                 await self._store.fail(key)
         return response
 
-    async def _claim(self, flight: Flight, key: str, digest: str, ttl: float) -> ReachResponse | None:
-        """Own the key (None), or return the stored/in-flight twin's response once it is there."""
+    async def _claim(self, flight: Flight, key: str, digest: str) -> ReachResponse | None:
+        """Own the key (None), or return the stored/in-flight twin's response once it is there.
+
+        The claim is a lease of the request's deadline plus :data:`CLAIM_GRACE`; a key left ``unknown`` (by
+        a lost answer or a crashed owner) is taken over pinned where it can be checked, never run as new.
+        """
         clock = self._clock
         waited = False
+        agent = flight.route.agent
         while True:
+            now = clock.now()
+            lease = flight.deadline.remaining(now) + CLAIM_GRACE
+            where = f"{agent.name}/{flight.route.instance.instance_id}"
             try:
-                begin = await self._store.begin(key, digest, ttl)
+                begin = await self._store.begin(key, digest, lease, window=agent.idempotency.window, where=where)
             except BackendUnavailable as exc:
-                if not flight.route.capability.retryable:
+                if not agent.idempotency.shared:
                     raise
-                logger.warning("dedup store unreachable; %s runs without dedup: %s", flight.route.capability.name, exc)
-                flight.rec.event(EVENT_DEDUP_UNAVAILABLE, clock.now(), error=exc.message)
+                logger.warning("dedup store unreachable; %s is guarded by %s's own store: %s", key, agent.name, exc)
+                flight.rec.event(EVENT_DEDUP_UNAVAILABLE, now, error=exc.message)
                 return None
+            if begin.state in ("new", "unknown"):
+                claimed_at = begin.where if begin.state == "unknown" else where
+                flight.claim = Claim(claimed_at, lambda moved: self._store.sent(key, moved))
             if begin.state == "new":
+                return None
+            if begin.state == "unknown":
+                await self._take_over(flight, key, begin.where)
                 return None
             if begin.state == "done" and begin.result is not None:
                 return begin.result
-            now = clock.now()
             if flight.deadline.expired(now):
                 raise DeadlineExceeded(
                     f"request {flight.request.request_id}: a request with the same idempotency key is still "
@@ -256,6 +282,36 @@ class Pipeline:
             if result is not None:
                 return result
 
+    async def _take_over(self, flight: Flight, key: str, where: str | None) -> None:
+        """Own an ``unknown`` key: route only where it can be checked, else hand it back and raise OutcomeUnknown."""
+        engine = self._engine
+        agent, _, instance = (where or "").partition("/")
+        shared = flight.route.agent.idempotency.shared and (not agent or agent == flight.route.agent.name)
+        engine.pin(flight, where or f"{flight.route.agent.name}/{flight.route.instance.instance_id}", shared)
+        try:
+            if where is None and not shared:
+                raise engine.outcome_unknown(flight)
+            if where is not None and not shared and flight.route.instance.instance_id != instance:
+                flight.route = self._route_to(flight, where)
+                flight.rec.route = flight.route.decision
+        except OutcomeUnknown:
+            await self._store.unknown(key, where)
+            raise
+
+    def _route_to(self, flight: Flight, where: str) -> RouteLike:
+        """The route to the pinned ``agent/instance`` (asked as a ``reach.target`` pin), or OutcomeUnknown."""
+        engine = self._engine
+        pinned = flight.request.model_copy(update={"metadata": {**flight.request.metadata, TARGET: where}})
+        passed: set[tuple[str, str]] = set()
+        while True:
+            try:
+                route = engine.router.route(pinned, exclude=passed)
+            except ReachError:
+                raise engine.outcome_unknown(flight) from None
+            if f"{route.agent.name}/{route.instance.instance_id}" == where:
+                return route
+            passed.add((route.agent.name, route.instance.instance_id))
+
     def _replay(self, flight: Flight, stored: ReachResponse) -> ReachResponse:
         rec = flight.rec
         rec.dedup_hit = True
@@ -263,7 +319,8 @@ class Pipeline:
         rec.event(EVENT_DEDUP_HIT, now, first_request_id=stored.request_id)
         cost = (now - rec.started_at) * 1000.0
         return stored.model_copy(
-            update={"request_id": flight.request.request_id, "attempts": 0, "cost_ms": cost, "trace": None}
+            update={"request_id": flight.request.request_id, "attempts": 0, "cost_ms": cost, "trace": None},
+            deep=True,
         )
 
     def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:

@@ -17,11 +17,12 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from reach_plugins.core.attempts import Engine, Flight
+from reach_plugins.core.attempts import Engine
 from reach_plugins.core.batching import BatchPolicy, StreamBatcher, streamed_chars
 from reach_plugins.core.classify import SUCCESS, Verdict, classify_exception, classify_reply
 from reach_plugins.core.deadline import per_attempt_timeout, timeouts_for
-from reach_plugins.errors import ReachError
+from reach_plugins.core.flight import Flight
+from reach_plugins.errors import OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.telemetry import EVENT_RETRY
 from reach_plugins.transport import Reply, StreamEvent
@@ -49,8 +50,8 @@ def _final(flight: Flight, response: ReachResponse) -> list[StreamEvent]:
 
 async def _open(
     engine: Engine, flight: Flight, started: float
-) -> tuple[AsyncIterator[StreamEvent], StreamEvent, Verdict]:
-    """Start the stream and wait for its first event within the attempt's time."""
+) -> tuple[AsyncIterator[StreamEvent], StreamEvent, Verdict, bool]:
+    """Start the stream and wait for its first event within the attempt's time; the last item: did anyone answer."""
     route = flight.route
     timeout = flight.deadline.attempt_timeout(started, per_attempt_timeout(route.agent, route.capability))
     events = engine.transport.stream(engine.prepare(flight, timeout, started))
@@ -64,11 +65,11 @@ async def _open(
             await _close(events)
             raise
         verdict = classify_exception(exc)
-        return events, _error_of(verdict), verdict
+        return events, _error_of(verdict), verdict, False
     except BaseException:
         await _close(events)
         raise
-    return events, first, classify_event(first)
+    return events, first, classify_event(first), True
 
 
 def _error_of(verdict: Verdict) -> StreamEvent:
@@ -97,7 +98,7 @@ async def stream_attempts(
             return
         started = clock.now()
         try:
-            events, first, verdict = await _open(engine, flight, started)
+            events, first, verdict, answered = await _open(engine, flight, started)
         except BaseException:
             engine.abandon(admission)
             raise
@@ -105,20 +106,26 @@ async def stream_attempts(
         flight.far_attempts += 1
         if not verdict.ok:
             await _close(events)
-            engine.settle(flight, admission, verdict, opened - started, opened)
-            plan = engine.plan_retry(flight, verdict, admission, opened)
-            engine.record(flight, verdict, admission, started, opened, plan.delay)
-            if plan.delay is None:
-                yield _final(flight, engine.give_up(flight, verdict, None, plan.why, out_of_time=plan.out_of_time))
+            tried = flight.route
+            step = engine.decide(flight, verdict, admission, opened)
+            again = step.action == "retry" and not verdict.unreachable
+            engine.settle(flight, admission, verdict, opened - started, again=again, answered=answered)
+            engine.record_at(flight, tried, verdict, admission, started, opened, step.plan.delay)
+            if step.action != "retry" and step.action != "fail_over":
+                why, out_of_time = step.plan.why, step.plan.out_of_time
+                yield _final(flight, engine.give_up(flight, verdict, None, why, out_of_time=out_of_time))
                 return
             last = verdict
-            flight.rec.event(EVENT_RETRY, opened, attempt=flight.attempts, delay_ms=plan.delay * 1000.0)
-            await clock.sleep(plan.delay)
-            if verdict.unreachable or not admission.breaker.available(clock.now()):
+            if step.action == "fail_over":
+                continue
+            delay = step.plan.delay or 0.0
+            flight.rec.event(EVENT_RETRY, opened, attempt=flight.attempts, delay_ms=delay * 1000.0)
+            await clock.sleep(delay)
+            if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
                 try:
                     engine.fail_over(flight, f"{flight.route.instance.instance_id} failed before its first event")
                 except ReachError as exc:
-                    if not admission.breaker.available(clock.now()):
+                    if isinstance(exc, OutcomeUnknown) or not admission.breaker.available(clock.monotonic()):
                         why = f"no other instance: {exc.message}"
                         yield _final(flight, engine.give_up(flight, verdict, None, why))
                         return
@@ -136,7 +143,7 @@ async def stream_attempts(
                     yield _counted(flight, batch)
                 verdict = relay.verdict
             end = clock.now()
-            engine.settle(flight, admission, verdict, opened - started, end)
+            engine.settle(flight, admission, verdict, opened - started)
             settled = True
             engine.record(flight, verdict, admission, started, end, None)
             tail = batcher.take()
@@ -152,10 +159,10 @@ async def stream_attempts(
                 yield _counted(flight, tail)
             return
         finally:
-            if relay is not None:
-                await relay.stop()
             if not settled:
                 engine.abandon(admission)
+            if relay is not None:
+                await relay.stop()
             await _close(events)
 
 

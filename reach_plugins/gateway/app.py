@@ -29,6 +29,7 @@ from reach_plugins.adapters import encode_sse
 from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, RequestError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
 from reach_plugins.model import ErrorInfo, ReachRequest
 from reach_plugins.telemetry import (
@@ -271,5 +272,6 @@ class Gateway:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/mcp", McpEndpoint(self).handle, methods=["GET", "POST", "DELETE"]),
         ]
         return Starlette(routes=routes, lifespan=lifespan)

@@ -14,7 +14,11 @@ watcher turns into ``instance_deleted``. ``heartbeat()`` writes
 ``last_heartbeat``/``load``/``status`` into the instance key, judged at read time
 as in every backend. ``aclose()`` revokes the lease; a lease lost to a long
 stall makes the next ``heartbeat()`` raise ``RequestError`` (the agent SDK then
-registers again).
+registers again). While the watch is lost, the registry fails static: the view
+stays as last seen and heartbeat age stops counting
+(:mod:`reach_plugins.registry.failstatic`), so an etcd outage is not an
+outage of every agent; when etcd answers again the watch resumes and the view
+reconciles (dead instances' leases expire, new ones join).
 
 After a reconnect the watch resumes from the last applied revision; if etcd
 compacted it, or came back with less history than we saw, the registry relists
@@ -38,6 +42,7 @@ from reach_plugins.errors import BackendUnavailable, ConfigError, RequestError
 from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent, default_clock
 from reach_plugins.registry.etcd_mirror import EtcdMirror, Keys
+from reach_plugins.registry.failstatic import Reachability
 
 try:
     import aetcd
@@ -57,7 +62,7 @@ DEFAULT_LEASE_TTL: Final = 10
 MIN_LEASE_TTL: Final = 2
 _URL_OPTIONS: Final = ("lease_ttl", "timeout")
 _CHANNEL_OPTIONS: Final = {"grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000}
-_RETRY_MIN, _RETRY_MAX = 0.1, 2.0
+_RETRY_MIN, _RETRY_MAX = 0.1, 1.0
 
 
 class EtcdRegistry:
@@ -90,6 +95,8 @@ class EtcdRegistry:
         self._keys = Keys(self.prefix)
         self._mirror = EtcdMirror(self._keys, clock or default_clock)
         self._cache = self._mirror.cache
+        self._reach = Reachability()
+        """When the watch was lost: heartbeat age does not count then (fail static, DESIGN 11.3)."""
         self._client: Any = None
         self._lease_id: int | None = None
         self._relist = True
@@ -121,7 +128,9 @@ class EtcdRegistry:
         return self._cache.instances(agent)
 
     def is_alive(self, instance: Instance, now: float) -> bool:
-        return self._cache.is_alive(instance, now)
+        """Judged as every backend does, except that time while etcd was unreachable does not age a heartbeat."""
+        seen = instance.last_heartbeat
+        return self._cache.is_alive(instance, now if seen is None else self._reach.heartbeat_time(seen, now))
 
     def sweep(self) -> list[RegistryEvent]:
         """Emit ``instance_down`` / ``instance_up`` for liveness changes since the last sweep."""
@@ -329,6 +338,7 @@ class EtcdRegistry:
                 await self._resync(client)
                 watch = await client.watch_prefix(self._keys.prefix, start_revision=self._mirror.applied + 1)
                 self._watching.set()
+                self._reach.found(self.clock())
                 delay = _RETRY_MIN
                 async for event in watch:
                     await self._mirror.apply_event(event)
@@ -337,10 +347,17 @@ class EtcdRegistry:
                 self._relist = True
             except Exception as exc:
                 self._watching.clear()
+                first = self._reach.reachable
+                self._reach.lost(self.clock())
                 lost = isinstance(exc, (ClientError, TimeoutError))
                 self._relist = self._relist or not lost
-                logger.warning(
-                    "etcd watch at %s lost (%r), retry in %.1fs", self.address, exc, delay, exc_info=not lost
+                logger.log(
+                    logging.WARNING if first or not lost else logging.DEBUG,
+                    "etcd watch at %s lost (%r), retry in %.1fs; routing keeps the last view meanwhile",
+                    self.address,
+                    exc,
+                    delay,
+                    exc_info=not lost,
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)

@@ -3,8 +3,10 @@
     .venv/bin/python tests/cassettes/record.py                  # every cassette
     .venv/bin/python tests/cassettes/record.py openai_reply     # only the ones named
 
-It serves the fake openai-compatible / raw-http / a2a app of
-``tests/test_direct_adapters.py`` and a ReachAgent under uvicorn on free
+It runs the real peers of ``tests/peers`` (an OpenAI-compatible server built
+from the ``openai`` package's models, an ``a2a-sdk`` 1.x agent; both from
+``.venv-peers``), the fake app of ``tests/test_direct_adapters.py`` (raw-http,
+and the openai failures the peer does not make) and a ReachAgent, on free
 ports of 127.0.0.1, makes each call of ``scenarios.py`` through
 DirectTransport's httpx engine while vcrpy records, and stores the servers'
 address as ``scenarios.HOST``. Re-record after changing a fake server or how
@@ -22,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cassettes.scenarios import FOLDER, SCENARIOS, Scenario, cassettes
+from peer_servers import peer
 from test_direct_adapters import fake_app
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
@@ -56,8 +59,13 @@ async def record(scenario: Scenario, endpoint: str) -> str:
 
 
 async def record_all(names: list[str]) -> None:
-    with BackgroundServer(fake_app()) as fake, BackgroundServer(knowledge.app) as reach:
-        endpoints = {"fake": fake.url, "reach": reach.url}
+    with (
+        BackgroundServer(fake_app()) as fake,
+        BackgroundServer(knowledge.app) as reach,
+        peer("openai_server.py", "/last") as openai,
+        peer("a2a_server.py", "/.well-known/agent-card.json") as a2a,
+    ):
+        endpoints = {"fake": fake.url, "reach": reach.url, "openai": openai, "a2a": a2a}
         for name in names:
             scenario = SCENARIOS[name]
             print(f"{scenario.cassette}: {await record(scenario, endpoints[scenario.server])}")

@@ -25,6 +25,7 @@ HOST = "http://agent.test"
 """The host every cassette is stored under."""
 FOLDER = Path(__file__).parent
 _LOCAL = re.compile(r"^http://127\.0\.0\.1:\d+")
+_LOCAL_ANYWHERE = re.compile(r"http://127\.0\.0\.1:\d+")
 _VOLATILE_HEADERS = ("date", "server")
 
 
@@ -34,9 +35,15 @@ def _stable_request(request: Request) -> Request:
 
 
 def _stable_response(response: dict[str, Any]) -> dict[str, Any]:
+    """Drop volatile headers; the server's own address in a body (an A2A card's URLs) becomes :data:`HOST`."""
     headers = response["headers"]
     for name in [name for name in headers if name.lower() in _VOLATILE_HEADERS]:
         del headers[name]
+    body = response["body"].get("string")
+    if isinstance(body, bytes):
+        response["body"]["string"] = _LOCAL_ANYWHERE.sub(HOST, body.decode()).encode()
+    elif isinstance(body, str):
+        response["body"]["string"] = _LOCAL_ANYWHERE.sub(HOST, body)
     return response
 
 
@@ -79,7 +86,8 @@ def raw_agent(endpoint: str, **options: Any) -> AgentDescriptor:
 
 
 def a2a_agent(endpoint: str) -> AgentDescriptor:
-    return AgentDescriptor(name="kb", protocol="a2a", endpoints=[endpoint], capabilities=["search_kb"])
+    """The a2a peer's plain 1.x agent (its card has supportedInterfaces and no url)."""
+    return AgentDescriptor(name="kb", protocol="a2a", endpoints=[f"{endpoint}/v1only"], capabilities=["search_kb"])
 
 
 def reach_agent(endpoint: str) -> AgentDescriptor:
@@ -94,13 +102,17 @@ class Scenario:
     """One recorded call: which server answers it, the agent as the client sees it, and what is sent."""
 
     name: str
-    server: Literal["fake", "reach"]
-    """``fake``: the openai / raw-http / a2a app of test_direct_adapters; ``reach``: a ReachAgent."""
+    server: Literal["fake", "reach", "openai", "a2a"]
+    """``openai`` / ``a2a``: the real peers of tests/peers (built with the ``openai`` models, ``a2a-sdk`` 1.x);
+    ``fake``: the app of test_direct_adapters (raw-http, and openai failures the peer does not make);
+    ``reach``: a ReachAgent."""
     agent: Callable[[str], AgentDescriptor]
     capability: str
     payload: dict[str, Any]
     credential: Credential = field(default_factory=Credential)
     stream: bool = False
+    session_id: str = "s-42"
+    """A task left waiting (input-required) is continued by its session's next call: such a scenario has its own."""
 
     @property
     def cassette(self) -> str:
@@ -111,7 +123,7 @@ class Scenario:
         descriptor, e.g. to parse a recorded reply with another ``response_mapping`` or ``return_schema``."""
         descriptor = agent or self.agent(endpoint)
         request = ReachRequest(
-            request_id=f"vcr-{self.name}", capability=self.capability, payload=self.payload, session_id="s-42"
+            request_id=f"vcr-{self.name}", capability=self.capability, payload=self.payload, session_id=self.session_id
         )
         return Call(
             request=request,
@@ -125,23 +137,28 @@ class Scenario:
 SCENARIOS = {
     scenario.name: scenario
     for scenario in (
-        Scenario("openai_reply", "fake", openai_agent, "chat", {"input": "hi"}, OPENAI_KEY),
+        Scenario("openai_reply", "openai", openai_agent, "chat", {"input": "hi"}, OPENAI_KEY),
         Scenario(
             "openai_tool_call",
-            "fake",
+            "openai",
             openai_agent,
             "chat",
-            {"messages": [{"role": "user", "content": "use a tool"}]},
+            {"messages": [{"role": "user", "content": "tool please"}], "parallel_tool_calls": False},
             OPENAI_KEY,
         ),
+        Scenario("openai_refusal", "openai", openai_agent, "chat", {"input": "refuse"}, OPENAI_KEY),
         Scenario("openai_renamed_field", "fake", openai_agent, "chat", {"input": "upgrade"}, OPENAI_KEY),
         Scenario("openai_bad_key", "fake", openai_agent, "chat", {"input": "hi"}),
-        Scenario("openai_stream", "fake", openai_agent, "chat", {"input": "one two three"}, OPENAI_KEY, stream=True),
+        Scenario("openai_stream", "openai", openai_agent, "chat", {"input": "one two three"}, OPENAI_KEY, stream=True),
+        Scenario("openai_stream_tool_call", "openai", openai_agent, "chat", {"input": "tool"}, OPENAI_KEY, stream=True),
+        Scenario("openai_stream_refusal", "openai", openai_agent, "chat", {"input": "refuse"}, OPENAI_KEY, stream=True),
         Scenario("raw_http_reply", "fake", raw_agent, "ask", {"query": "where is A1"}),
         Scenario("raw_http_business_code", "fake", raw_agent, "ask", {"query": "unknown order"}),
-        Scenario("a2a_task", "fake", a2a_agent, "search_kb", {"query": "refunds"}),
-        Scenario("a2a_failed_task", "fake", a2a_agent, "search_kb", {"query": "fail"}),
-        Scenario("a2a_stream", "fake", a2a_agent, "search_kb", {"query": "alpha beta"}, stream=True),
+        Scenario("a2a_task", "a2a", a2a_agent, "search_kb", {"query": "refunds", "lang": "en"}),
+        Scenario("a2a_failed_task", "a2a", a2a_agent, "search_kb", {"query": "refuse"}),
+        Scenario("a2a_input_required", "a2a", a2a_agent, "search_kb", {"query": "ask"}, session_id="s-ask"),
+        Scenario("a2a_stream", "a2a", a2a_agent, "search_kb", {"query": "alpha beta"}, stream=True),
+        Scenario("a2a_status_stream", "a2a", a2a_agent, "search_kb", {"query": "status only"}, stream=True),
         Scenario("reach_reply", "reach", reach_agent, "search_kb", {"query": "refunds"}),
         Scenario("reach_business_error", "reach", reach_agent, "search_kb", {"query": ""}),
     )

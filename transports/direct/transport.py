@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,6 +23,8 @@ from transports.direct.engine import Engine, EngineName, WireStream, make_engine
 
 if TYPE_CHECKING:
     import httpx
+
+logger = logging.getLogger("reach_plugins.transports.direct")
 
 
 def _timeouts(call: Call) -> tuple[float, float]:
@@ -40,7 +43,7 @@ def _error_event(exc: ReachError) -> StreamEvent:
 
 
 class DirectTransport(BaseTransport):
-    """HTTP straight to agents, speaking their protocol (``reach``, ``openai-compatible``, ``raw-http``, ``a2a``).
+    """HTTP straight to agents, speaking their protocol (reach, openai-compatible, raw-http, a2a, mcp).
 
     ``engine="aiohttp"`` (default) or ``"httpx"``; passing ``client`` (an
     ``httpx.AsyncClient``) selects httpx with the caller's pool and settings.
@@ -48,7 +51,7 @@ class DirectTransport(BaseTransport):
     """
 
     owns_retries = False
-    enforces_timeout = True
+    bounds_timeout = True
     """``send`` gives up after ``call.timeout`` (discovery included): the core needs no timer of its own."""
 
     def __init__(
@@ -99,10 +102,20 @@ class DirectTransport(BaseTransport):
             self._discovered[key] = adapter.discovered(call, response)
         return self._discovered[key]
 
+    async def _handshake(self, adapter: Adapter, engine: Engine, call: Call) -> None:
+        """Send the requests the adapter needs answered before this call (an MCP session's opening), in order."""
+        connect, _ = _timeouts(call)
+        while (request := adapter.handshake(call)) is not None:
+            response = await engine.send(
+                with_credential(request, call.credential), timeout=call.timeout, connect_timeout=connect
+            )
+            adapter.handshaken(call, response)
+
     async def _prepare(self, adapter: Adapter, engine: Engine, call: Call, *, stream: bool) -> HttpRequest:
-        """The request for ``call``, after discovery if the protocol needs it, carrying the credential."""
+        """The request for ``call``, after discovery and handshake if the protocol needs them, with the credential."""
         discovery = adapter.discovery(call)
         discovered = None if discovery is None else await self._discover(adapter, engine, call, discovery)
+        await self._handshake(adapter, engine, call)
         return with_credential(adapter.build(call, stream=stream, discovered=discovered), call.credential)
 
     async def send(self, call: Call) -> Reply:
@@ -111,13 +124,14 @@ class DirectTransport(BaseTransport):
         discovery = adapter.discovery(call)
         discovered = None
         timeout = call.timeout
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         if discovery is not None:
-            loop = asyncio.get_running_loop()
-            began = loop.time()
             discovered = await self._discover(adapter, engine, call, discovery)
-            timeout -= loop.time() - began
-            if timeout <= 0:
-                raise ReadTimeout(f"discovering {call.instance.endpoint} used up the attempt's time")
+        await self._handshake(adapter, engine, call)
+        timeout -= loop.time() - began
+        if timeout <= 0:
+            raise ReadTimeout(f"discovering {call.instance.endpoint} used up the attempt's time")
         request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
         connect, _ = _timeouts(call)
         response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
@@ -142,8 +156,14 @@ class DirectTransport(BaseTransport):
                 for event in _reply_events(reply):
                     yield event
                 return
-            async for event in _events(call, wire, decoder, deadline, idle):
-                yield event
+            ended = False
+            try:
+                async for event in _events(call, wire, decoder, deadline, idle):
+                    ended = event.kind != "data"
+                    yield event
+            finally:
+                if not ended:
+                    await _abandon(engine, decoder.abandoned(request), connect)
 
     async def aclose(self) -> None:
         """Close every pool: on this loop directly, on another running loop by handing it the close.
@@ -160,6 +180,16 @@ class DirectTransport(BaseTransport):
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.aclose(), loop))
         if self._shared is not None:
             await self._shared.aclose()
+
+
+async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
+    """The caller left a stream before its end: ask the far side to stop (A2A's CancelTask), best effort."""
+    if request is None:
+        return
+    try:
+        await engine.send(request, timeout=timeout, connect_timeout=timeout)
+    except (ReachError, OSError, TimeoutError) as exc:
+        logger.info("could not ask %s to stop the abandoned stream's work: %s", request.url, exc)
 
 
 def _reply_events(reply: Reply) -> list[StreamEvent]:

@@ -125,6 +125,7 @@ class GatewayTransport(BaseTransport):
     """Send each call to the gateway at ``url`` (``http://host:port``), authenticated with ``token``."""
 
     owns_retries = True
+    bounds_timeout = True
 
     def __init__(
         self, url: str, *, token: str | None = None, max_conns: int = 100, connect_timeout: float = 3.0
@@ -132,6 +133,7 @@ class GatewayTransport(BaseTransport):
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"the gateway URL must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
+        self.hop: str | None = self.url
         self._token = token
         self._max_conns = max_conns
         self._connect_timeout = connect_timeout

@@ -77,6 +77,7 @@ class GrpcNodeTransport(BaseTransport):
     """
 
     owns_retries = True
+    bounds_timeout = True
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class GrpcNodeTransport(BaseTransport):
         if not host or not port.isdigit():
             raise ConfigError(f"a Reach node target is 'host:port' (or grpc://host:port), got {target!r}")
         self.target = target
+        self.hop: str | None = f"grpc://{target}"
         self._token = token
         self._use_credential = use_credential
         self._options = options or []
