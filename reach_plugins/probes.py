@@ -23,12 +23,14 @@ import random
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from reach_plugins.model import HealthCheck, Instance
 from reach_plugins.registry.base import RegistryView
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger("reach_plugins.probes")
 
@@ -190,6 +192,8 @@ class Prober:
         self.book.connected(instance.agent, instance.instance_id, refused=refused, ok=ok, check=check)
 
     async def _ready(self, instance: Instance, check: HealthCheck) -> None:
+        import aiohttp  # imported when probing starts: importing reach_plugins pulls in no HTTP client
+
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
         url = instance.endpoint.rstrip("/") + check.ready_path
