@@ -48,11 +48,11 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         behind_gateway = MemoryRegistry()
         config = Path(folder) / "gateway.yaml"
-        config.write_text("agents: []\n")
+        config.write_text("agents: []\n")  # no tenants: this demo gateway is open on purpose (allow_open)
         with (
             BackgroundServer(inventory.app) as stock_server,
             BackgroundServer(knowledge.app) as kb_server,
-            BackgroundServer(create_app(config, registry=behind_gateway)) as gateway,
+            BackgroundServer(create_app(config, registry=behind_gateway, allow_open=True)) as gateway,
         ):
             await inventory.register(behind_gateway, stock_server.url)
             registry = MemoryRegistry()

@@ -91,12 +91,13 @@ def gateway(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
     registry: Annotated[str | None, typer.Option(help="Take agents from this registry URL instead.")] = None,
+    allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics."""
     from reach_plugins.gateway import serve_gateway
 
     try:
-        serve_gateway(config, host, port, registry=registry)
+        serve_gateway(config, host, port, registry=registry, allow_open=allow_open)
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
@@ -112,6 +113,10 @@ def node(
     workers: Annotated[int, typer.Option(help="Requests served at once.")] = 64,
     node_id: Annotated[str | None, typer.Option(help="Name in x-reach-via chains (default: random).")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (Prometheus) over HTTP here.")] = None,
+    allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
+    callback_host: Annotated[
+        list[str] | None, typer.Option(help="host or host:port that Submit callbacks may reach (repeat).")
+    ] = None,
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import serve_node
@@ -127,6 +132,8 @@ def node(
                 workers=workers,
                 node_id=node_id,
                 metrics_port=metrics_port,
+                allow_open=allow_open,
+                callback_hosts=callback_host or (),
             )
         )
     except ReachError as exc:

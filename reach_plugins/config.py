@@ -28,6 +28,7 @@ from reach_plugins.configshapes import (
     Shaped,
     apply_catalogue,
     check_env_name,
+    check_literal_secrets,
     check_secret_refs,
     closest,
     collect_agents,
@@ -327,6 +328,10 @@ def _agent(
     if not check_secret_refs(shaped.body.get("auth"), f"{shaped.path}.auth", _AUTH_KEYS, problems):
         return None
     shaped.body = apply_catalogue(merge_defaults(defaults, shaped.body), catalogue)
+    before = len(problems)
+    check_literal_secrets(shaped.body.get("protocol_options"), f"{shaped.path}.protocol_options", problems)
+    if len(problems) > before:
+        return None
     return _validate(AgentDescriptor, shaped, problems)
 
 

@@ -36,7 +36,7 @@ import re
 import types
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -260,6 +260,34 @@ def check_secret_refs(block: Any, path: str, known: frozenset[str], problems: Pr
     return len(problems) == before
 
 
+_SECRET_OPTION = re.compile(
+    r"(^|_)(token|access_token|api_?key|apikey|password|passwd|secret|client_secret|authorization|bearer|"
+    r"private_key|credentials?)$",
+    re.IGNORECASE,
+)
+"""Keys of ``protocol_options`` (at any depth) that would hold a secret (``max_tokens`` is not one)."""
+_SECRET_VALUE = re.compile(r"^(bearer|basic)\s+\S|-----BEGIN|^[a-z][a-z0-9+.-]*://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
+"""Values that are secrets whatever their key: an auth header value, a PEM block, a URL with a password."""
+
+
+def check_literal_secrets(block: Any, path: str, problems: Problems) -> None:
+    """Refuse literal secrets anywhere inside ``block`` (``protocol_options``): secrets come from ``*_env`` only."""
+    stack: list[tuple[Any, str]] = [(block, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, Mapping):
+            for key, child in value.items():
+                inner = f"{where}.{key}"
+                if isinstance(child, str) and child and _SECRET_OPTION.search(str(key)):
+                    problems.append((inner, "literal secrets are not allowed in config; give the agent an auth block"))
+                else:
+                    stack.append((child, inner))
+        elif isinstance(value, list):
+            stack.extend((child, f"{where}[{index}]") for index, child in enumerate(value))
+        elif isinstance(value, str) and _SECRET_VALUE.search(value):
+            problems.append((where, "this looks like a credential; literal secrets are not allowed, use an auth block"))
+
+
 def closest(name: str, known: list[str]) -> str:
     """A hint for a misspelt name: the closest known ones, else all of them."""
     close = difflib.get_close_matches(name, known, n=3)
@@ -271,8 +299,56 @@ def closest(name: str, known: list[str]) -> str:
 # --------------------------------------------------------------------------- reading and reporting
 
 
+MAX_EXPANDED: Final = 100_000
+"""Most YAML values a document may stand for once its aliases are expanded (a billion laughs stands for 10^9)."""
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML would silently keep the last)."""
+    """SafeLoader that refuses a key given twice in one mapping (YAML would silently keep the last).
+
+    It also counts, before anything is constructed, how many values the
+    document stands for with every alias expanded: a small file whose aliases
+    nest (billion laughs) is refused instead of expanding when serialised.
+    """
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """``ConstructorError`` when ``root`` expands to more than :data:`MAX_EXPANDED` values, or refers to itself."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        if children_done:
+            open_.discard(key)
+            sizes[key] = total = 1 + sum(sizes[id(child)] for child in children)
+            if total > MAX_EXPANDED:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"its aliases expand to more than {MAX_EXPANDED} values; write the values out",
+                    node.start_mark,
+                )
+            continue
+        if key in open_:
+            raise yaml.constructor.ConstructorError(None, None, "an alias refers to itself", node.start_mark)
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
 
 
 def _unique_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -304,6 +380,8 @@ def read_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: {where}: invalid YAML: {exc.problem}{context}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
 
 
 def validation_problems(exc: ValidationError, model: type[BaseModel], shaped: Shaped) -> Problems:

@@ -12,6 +12,9 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     │   ├── InvalidPayload           payload does not fit params_schema (names the field)
     │   ├── PermissionDenied         tenant not allowed, internal_only, bad token
     │   │   └── Unauthenticated      no credential, or one nobody holds (HTTP 401)
+    │   ├── BodyTooLarge             a request body over the server's limit (HTTP 413)
+    │   ├── BodyTimeout              a body that did not arrive in time (HTTP 408)
+    │   ├── UnsupportedMediaType     a POST that is not application/json (HTTP 415)
     │   ├── LoopDetected             target already in the hop chain, or too many hops
     │   ├── SessionClosed            the conversation was closed or expired
     │   ├── ApprovalRequired         danger_level high without approval
@@ -124,6 +127,24 @@ class Unauthenticated(PermissionDenied):
     """No credential, or a credential no tenant or agent holds."""
 
     code = "unauthenticated"
+
+
+class BodyTooLarge(RequestError):
+    """The body is longer than the server accepts (HTTP 413)."""
+
+    code = "body_too_large"
+
+
+class BodyTimeout(RequestError):
+    """The body did not arrive in time (HTTP 408): a slow or stalled client."""
+
+    code = "body_timeout"
+
+
+class UnsupportedMediaType(RequestError):
+    """A POST without ``Content-Type: application/json`` (HTTP 415)."""
+
+    code = "unsupported_media_type"
 
 
 class LoopDetected(RequestError):

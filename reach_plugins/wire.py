@@ -20,6 +20,8 @@ from reach_plugins.core.loopguard import parse_hops_header
 from reach_plugins.errors import (
     ApprovalRequired,
     Backpressure,
+    BodyTimeout,
+    BodyTooLarge,
     ConfigError,
     DeadlineExceeded,
     IdempotencyConflict,
@@ -32,6 +34,7 @@ from reach_plugins.errors import (
     SessionClosed,
     Unauthenticated,
     UnknownCapability,
+    UnsupportedMediaType,
     from_wire,
 )
 from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
@@ -53,12 +56,16 @@ HEADER_AUTHORIZATION: Final = "Authorization"
 HEADER_PREFER: Final = "X-Reach-Prefer"
 HEADER_TARGET: Final = "X-Reach-Target"
 HEADER_VIA: Final = "X-Reach-Via"
+HEADER_SOURCE: Final = "X-Reach-Source"
+"""Between hops: the addresses the request came from so far, comma separated (it may only add, never vouch)."""
 SOURCE: Final = "reach.source"
-"""Request metadata: the caller's network address, as the server saw it (for ``internal_only``)."""
+"""Request metadata: the addresses the request came through, earlier hops' first, this server's peer last."""
 VIA: Final = "reach.via"
 """Request metadata: the nodes this request was forwarded through, comma separated."""
-MAX_BODY: Final = 1 << 20
-"""Largest request body accepted, in bytes."""
+UNKNOWN_SOURCE: Final = "unknown"
+"""The source of a caller whose address the server cannot see (a unix socket): outside every network."""
+MAX_REPLY: Final = 16 << 20
+"""Largest whole reply a transport accepts from an agent or a hop, in bytes (16 MiB)."""
 MAX_DEADLINE_MS: Final = 86_400_000
 HEADER_SAFE: Final = r"^[\x20-\x7e]+$"
 """Fields that travel on as header values (``X-Tenant``, ``Idempotency-Key``): printable ASCII only."""
@@ -82,6 +89,14 @@ class WireBody(BaseModel):
     scope_tags: list[str] = Field(default_factory=list, max_length=32)
 
 
+def invalid(exc: ValidationError, what: str = "request body") -> RequestError:
+    """A pydantic failure as a ``RequestError`` naming every field at fault (never the value sent)."""
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in error['loc'])[:100] or 'body'}: {error['msg']}" for error in exc.errors()
+    )
+    return RequestError(f"invalid {what}: {problems}")
+
+
 def parse_body(raw: Any) -> WireBody:
     """Validate a decoded JSON body; a ``RequestError`` names every field at fault."""
     if not isinstance(raw, dict):
@@ -89,19 +104,16 @@ def parse_body(raw: Any) -> WireBody:
     try:
         return WireBody.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}" for error in exc.errors()
-        )
-        raise RequestError(f"invalid request body: {problems}") from None
+        raise invalid(exc) from None
 
 
 def _deadline_ms(header: str | None, body: WireBody) -> int | None:
     if header is None:
         return body.deadline_ms
     text = header.strip()
-    if not text.isdigit() or int(text) > MAX_DEADLINE_MS:
+    if not (text.isascii() and text.isdigit() and len(text) <= 9) or int(text) > MAX_DEADLINE_MS:
         raise RequestError(
-            f"{HEADER_DEADLINE} must be the remaining budget in milliseconds (0..{MAX_DEADLINE_MS}), got {header!r}"
+            f"{HEADER_DEADLINE} must be the remaining budget in milliseconds, digits 0-9 (0..{MAX_DEADLINE_MS})"
         )
     return int(text)
 
@@ -118,7 +130,7 @@ def _pin(value: str | None, header: str) -> str | None:
         return None
     agent, slash, instance = value.strip().partition("/")
     if not slash or not agent or not instance:
-        raise RequestError(f"{header} names an instance as 'agent/instance_id', got {value!r}")
+        raise RequestError(f"{header} names an instance as 'agent/instance_id'")
     return f"{agent}/{instance}"
 
 
@@ -148,8 +160,23 @@ def to_request(
     summary = header(HEADER_SUMMARY)
     if summary:
         metadata[META_SUMMARY] = summary[:SUMMARY_BYTES]
-    if source:
-        metadata[SOURCE] = source
+    carried = [address.strip() for address in (header(HEADER_SOURCE) or "").split(",") if address.strip()]
+    # servers append what they saw, so the last entries are observed ones; a caller's own only restrict it
+    metadata[SOURCE] = ",".join([*carried[-16:], source or UNKNOWN_SOURCE])
+    try:
+        return _request(body, header, tenant=tenant, deadline_ms=deadline_ms, metadata=metadata)
+    except ValidationError as exc:
+        raise invalid(exc, "request headers") from None
+
+
+def _request(
+    body: WireBody,
+    header: Callable[[str], str | None],
+    *,
+    tenant: str | None,
+    deadline_ms: int | None,
+    metadata: dict[str, str],
+) -> ReachRequest:
     return ReachRequest(
         request_id=body.request_id or new_request_id(),
         capability=body.capability,
@@ -192,6 +219,9 @@ _STATUSES: Final[tuple[tuple[type[ReachError], int], ...]] = (
     (IdempotencyConflict, 409),
     (LoopDetected, 409),
     (SessionClosed, 410),
+    (BodyTooLarge, 413),
+    (BodyTimeout, 408),
+    (UnsupportedMediaType, 415),
     (RequestError, 400),
     (RateLimited, 429),
     (Backpressure, 429),

@@ -97,17 +97,21 @@ async def test_business_error_is_typed_business(client: Client) -> None:
     )
 
 
-async def test_crash_is_a_transient_500(client: Client) -> None:
-    """An unexpected exception is a 500 with error type transient (a retry may help)."""
+async def test_crash_is_a_transient_500(client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """An unexpected exception is a 500, type transient, with an error id; its text stays in the agent's log."""
     http, _, _ = client
     response = await http.post("/reach", json=body("query_order", {"order_id": "crash"}))
     assert response.status_code == 500
     assert response.json()["error"]["type"] == "transient"
-    assert "database down" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]
+    assert "database down" not in message
+    error_id = message.rpartition("error id ")[2]
+    logged = [r for r in caplog.records if error_id in r.getMessage()]
+    assert len(error_id) == 16 and logged and "database down" in str(logged[0].exc_info[1])
 
 
-async def test_return_values_are_encoded_or_refused() -> None:
-    """Pydantic models are returned as JSON; a value JSON cannot carry is a 500 naming its type."""
+async def test_return_values_are_encoded_or_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """Pydantic models are returned as JSON; a value JSON cannot carry is a 500, its type named in the agent's log."""
 
     class Order(BaseModel):
         order_id: str
@@ -127,7 +131,8 @@ async def test_return_values_are_encoded_or_refused() -> None:
         bad = await http.post("/reach", json=body("odd", {}))
     assert good.json()["data"] == {"order_id": "A1"}
     assert bad.status_code == 500
-    assert "set" in bad.json()["error"]["message"]
+    assert "error id" in bad.json()["error"]["message"]
+    assert any("set" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
 
 
 async def test_unknown_capability_lists_what_is_offered(client: Client) -> None:
@@ -173,7 +178,9 @@ async def test_context_carries_headers_and_session_state(client: Client) -> None
     http, _, _ = client
     headers = {"X-Tenant": "acme", "X-Reach-Hops": "router/triage"}
     first = await http.post("/reach", json=body("create_ticket", {"wo_number": "W1"}, session_id="s1"), headers=headers)
-    again = await http.post("/reach", json=body("create_ticket", {"wo_number": "W2"}, session_id="s1"))
+    again = await http.post(
+        "/reach", json=body("create_ticket", {"wo_number": "W2"}, session_id="s1"), headers={"X-Tenant": "acme"}
+    )
     other = await http.post("/reach", json=body("create_ticket", {"wo_number": "W3"}, session_id="s2"))
     assert first.json()["data"] == {"ticket": "T-W1", "tenant": "acme", "hops": ["router/triage"], "n": 1}
     assert (again.json()["data"]["n"], other.json()["data"]["n"]) == (2, 1)

@@ -106,7 +106,7 @@ async def test_callback_mode_returns_a_ticket_and_pushes_the_result(tmp_path: Pa
     receiver = Receiver()
     with serve_agents(("orders", "o1")) as agents, BackgroundServer(receiver.app) as callback:
         config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
-        async with build_node(config, environ=TOKENS) as node:
+        async with build_node(config, environ=TOKENS, callback_hosts=["127.0.0.1"]) as node:
             transport = GrpcNodeTransport(node.target, token=DEMO)
             request = ReachClient(str(config), tenant="demo").request("hold", {"n": 7}, timeout_ms=8000)
             ticket = await transport.submit(request, callback=f"{callback.url}/results")
@@ -147,7 +147,7 @@ async def test_callback_mode_pushes_to_a_grpc_target(tmp_path: Path) -> None:
     try:
         with serve_agents(("orders", "o1")) as agents:
             config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
-            async with build_node(config, environ=TOKENS) as node:
+            async with build_node(config, environ=TOKENS, callback_hosts=["127.0.0.1"]) as node:
                 transport = GrpcNodeTransport(node.target, token=DEMO)
                 request = ReachClient(str(config), tenant="demo").request("query_order", {"order_id": "C9"})
                 ticket = await transport.submit(request, callback=f"grpc://127.0.0.1:{port}")

@@ -281,4 +281,4 @@ class A2AStreamDecoder(EndsOnce):
         return events
 
     def _cut(self) -> str:
-        return f"the A2A stream from {self._call.instance.endpoint} was cut"
+        return f"the A2A stream from instance {self._call.instance.instance_id} was cut"

@@ -161,7 +161,7 @@ def reach_headers(call: Call, *, accept: str = "application/json") -> dict[str, 
 
 def invalid(call: Call, message: str) -> InvalidResponse:
     """Log a bad reply (it is never passed upstream as data) and return the error to raise."""
-    text = f"agent {call.agent.name!r} ({call.instance.endpoint}) answered {call.request.capability!r}: {message}"
+    text = f"agent {call.agent.name!r} ({call.instance.instance_id}) answered {call.request.capability!r}: {message}"
     log.warning("invalid response: %s", text)
     return InvalidResponse(text, agent=call.agent.name, instance=call.instance.instance_id)
 
@@ -236,7 +236,7 @@ def http_failure(call: Call, response: HttpResponse) -> Reply:
     except (ValueError, UnicodeDecodeError):
         body = None
     raw = body.get("error") if isinstance(body, dict) else None
-    info = error_info(raw, default, f"HTTP {status} from {call.instance.endpoint}")
+    info = error_info(raw, default, f"HTTP {status} from instance {call.instance.instance_id}")
     if retry_after is not None:
         info = info.model_copy(update={"retry_after": retry_after})
     return failure(call, info, status_code=status, retry_after=retry_after)
@@ -290,7 +290,7 @@ class EndsOnce:
 
     def _cut(self) -> str:
         """How the stream was cut short, for the error event that ``close`` sends."""
-        return f"the stream from {self._call.instance.endpoint} ended before 'end'"
+        return f"the stream from instance {self._call.instance.instance_id} ended before 'end'"
 
     def _on_close(self) -> StreamEvent:
         return StreamEvent("error", error=ErrorInfo(type="transient", message=self._cut()))

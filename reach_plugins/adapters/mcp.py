@@ -147,7 +147,9 @@ class McpAdapter(NoDiscovery):
     def handshaken(self, call: Call, response: HttpResponse) -> None:
         """Learn from a handshake answer: the session opened (a result), then initialised (202, no body)."""
         if response.status >= 500 or response.status in (408, 429):
-            raise RemoteError(f"MCP server {call.instance.endpoint} answered HTTP {response.status} to the handshake")
+            raise RemoteError(
+                f"MCP server {call.instance.instance_id} answered HTTP {response.status} to the handshake"
+            )
         if not 200 <= response.status < 300:
             raise invalid(call, f"the MCP handshake was refused with HTTP {response.status}")
         session = self.sessions.get(call)
@@ -187,7 +189,7 @@ class McpAdapter(NoDiscovery):
         if response.status == 404 and session is not None and session.session_id:
             self.sessions.forget(call)
             raise ConnectError(
-                f"MCP server {call.instance.endpoint} no longer knows session {session.session_id}: the tool did "
+                f"MCP server {call.instance.instance_id} no longer knows session {session.session_id}: the tool did "
                 "not run; the next attempt opens a new session",
                 agent=call.agent.name,
             )

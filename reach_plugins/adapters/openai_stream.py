@@ -125,4 +125,4 @@ class OpenAIStreamDecoder(EndsOnce):
         return super().close()
 
     def _cut(self) -> str:
-        return f"the stream from {self._call.instance.endpoint} ended before [DONE]"
+        return f"the stream from instance {self._call.instance.instance_id} ended before [DONE]"

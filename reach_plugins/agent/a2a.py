@@ -31,7 +31,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reach_plugins.adapters.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
 from reach_plugins.adapters.sse import encode_sse
-from reach_plugins.wire import MAX_BODY
+from reach_plugins.errors import ReachError
+from reach_plugins.inbound import loads, read_body
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -117,6 +118,7 @@ class A2AServer:
 
     def __init__(self, agent: ReachAgent) -> None:
         self.agent = agent
+        self._large = agent.limits.places()
         self.tasks: OrderedDict[str, Finished] = OrderedDict()
         """The tasks answered, by id; bounded, the oldest dropped."""
 
@@ -147,13 +149,17 @@ class A2AServer:
         return JSONResponse(self.card(str(request.base_url)))
 
     async def rpc_route(self, request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            return self._error(None, INVALID_REQUEST, f"the body is {len(raw)} bytes; at most {MAX_BODY}")
+        limits = self.agent.limits
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return self._error(None, -32700, "the body is not JSON (or nests too deep)")
+            raw = await read_body(
+                request.stream(), request.headers, limit=limits.max_body, timeout=limits.body_timeout, large=self._large
+            )
+        except ReachError as exc:
+            return self._error(None, INVALID_REQUEST, exc.message)
+        try:
+            body = loads(raw, max_depth=limits.max_depth)
+        except ReachError as exc:
+            return self._error(None, -32700, exc.message)
         if not isinstance(body, dict) or not isinstance(body.get("method"), str):
             return self._error(None, INVALID_REQUEST, "expected a JSON-RPC request")
         rpc_id, method = body.get("id"), body["method"]

@@ -30,8 +30,10 @@ from pydantic import ValidationError
 
 from reach_plugins.adapters import encode_sse
 from reach_plugins.agent.approval import ApprovalGate, Approver
+from reach_plugins.agent.faults import concealed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
+from reach_plugins.agent.sessiontable import MAX_SESSIONS, SessionTable, check_session
 from reach_plugins.agent.snapshots import SnapshotStore
 from reach_plugins.context import Served, serving
 from reach_plugins.core.clock import as_clock
@@ -43,6 +45,7 @@ from reach_plugins.errors import (
     ReachError,
     UnknownCapability,
 )
+from reach_plugins.inbound import InputLimits, loads
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
 
 if TYPE_CHECKING:
@@ -125,6 +128,8 @@ class ReachAgent:
         tracer_provider: trace.TracerProvider | None = None,
         clock: Callable[[], float] = time.monotonic,
         approver: Approver | str | None = None,
+        limits: InputLimits | None = None,
+        max_sessions: int = MAX_SESSIONS,
     ) -> None:
         try:
             AgentDescriptor(name=name)
@@ -133,7 +138,8 @@ class ReachAgent:
         self.name, self.version, self.description, self.namespace = name, version, description, namespace
         self.readiness = readiness
         self.draining = False
-        self.sessions: dict[str, dict[str, Any]] = {}
+        self.limits = limits or InputLimits()
+        self.sessions = SessionTable(max_sessions)
         self.snapshots = snapshots
         self._handlers: dict[str, CapabilityHandler] = {}
         store, self.shared_idempotency = open_key_store(idempotency, clock, idempotency_max_entries)
@@ -239,15 +245,15 @@ class ReachAgent:
             deadline=_deadline(headers, body),
             hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
             headers=headers,
-            state=self.sessions.setdefault(session_id, {}) if session_id else {},
+            state=self.sessions.state(tenant, session_id) if session_id else {},
         )
 
     def _prepare(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | _Prepared:
         """Parse and check one request body: an early :class:`Outcome`, or what is needed to run it."""
         try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
+            body = loads(raw, max_depth=self.limits.max_depth)
+        except ReachError as exc:
+            return _fail(None, 400, "rejected", f'{exc.message}; the body must be a JSON object with "capability"')
         if not isinstance(body, dict) or not isinstance(body.get("capability"), str):
             return _fail(None, 400, "rejected", 'the body must be a JSON object with "capability" and "payload"')
         request_id, name = body.get("request_id"), body["capability"]
@@ -263,6 +269,9 @@ class ReachAgent:
                 f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
         payload = body.get("payload") or {}
+        problem = check_session(body.get("session_id"), body.get("tenant") or headers.get("x-tenant"))
+        if problem is not None:
+            return _fail(request_id, 400, "rejected", problem)
         try:
             ctx = self._context(body, headers, name)
         except ValueError as exc:
@@ -325,8 +334,7 @@ class ReachAgent:
                 ctx.request_id, 504, "timeout", f"{ctx.capability!r} did not finish within the caller's deadline"
             )
         except Exception as exc:
-            log.exception("handler of %r failed", ctx.capability)
-            return _fail(ctx.request_id, 500, "transient", f"{ctx.capability!r} failed: {type(exc).__name__}: {exc}")
+            return _fail(ctx.request_id, 500, "transient", concealed(exc, ctx.capability))
 
     async def open_stream(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | AsyncIterator[bytes]:
         """Answer one ``POST /reach/stream`` body: an early :class:`Outcome`, or the SSE frames to send."""
@@ -363,8 +371,7 @@ class ReachAgent:
         except TimeoutError:
             yield encode_sse(dumps({"type": "timeout", "message": "the stream passed the caller's deadline"}), "error")
         except Exception as exc:
-            log.exception("streaming handler of %r failed", ctx.capability)
-            yield encode_sse(dumps({"type": "transient", "message": f"{type(exc).__name__}: {exc}"}), "error")
+            yield encode_sse(dumps({"type": "transient", "message": concealed(exc, ctx.capability)}), "error")
         finally:
             await chunks.aclose()
             span.end()
@@ -414,7 +421,7 @@ class ReachAgent:
     async def lifespan(self) -> AsyncIterator[None]:
         """Restore sessions and register on start; drain, deregister and save sessions on stop."""
         if self.snapshots is not None:
-            self.sessions.update(await self.snapshots.load(self.name))
+            self.sessions.restore(await self.snapshots.load(self.name))
         self.draining = False
         for registry, endpoint, options in self._announce:
             self._registrations.append(await self.register(registry, endpoint, **options))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -14,13 +15,32 @@ from starlette.routing import Route
 from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
 from reach_plugins.agent.agent import Outcome
 from reach_plugins.agent.cancellation import while_connected
+from reach_plugins.errors import ReachError
+from reach_plugins.inbound import read_body
+from reach_plugins.wire import http_status
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
 
 
+_CLOSE = {"Connection": "close"}
+"""Refused before the body was read whole: the connection ends, so the rest is never read."""
+
+
 def _json(outcome: Outcome) -> Response:
     return Response(outcome.encoded, outcome.status, outcome.headers, media_type="application/json")
+
+
+async def _body(agent: ReachAgent, request: Request, large: asyncio.Semaphore) -> bytes | Outcome:
+    """The body, read within the agent's byte and time budgets; a refusal (413/408) past them."""
+    limits = agent.limits
+    try:
+        return await read_body(
+            request.stream(), request.headers, limit=limits.max_body, timeout=limits.body_timeout, large=large
+        )
+    except ReachError as exc:
+        error = {"type": exc.error_type, "message": exc.message}
+        return Outcome(http_status(exc), {"request_id": None, "status": "fail", "data": None, "error": error}, _CLOSE)
 
 
 def build_app(agent: ReachAgent) -> Starlette:
@@ -28,14 +48,18 @@ def build_app(agent: ReachAgent) -> Starlette:
 
     A2A too (:mod:`reach_plugins.agent.a2a`): the agent card and ``POST /a2a``.
     """
+    large = agent.limits.places()
 
     async def reach(request: Request) -> Response:
-        raw = await request.body()
+        raw = await _body(agent, request, large)
+        if isinstance(raw, Outcome):
+            return _json(raw)
         outcome = await while_connected(request.receive, agent.handle(raw, request.headers))
         return _json(outcome) if outcome is not None else Response(status_code=499)
 
     async def reach_stream(request: Request) -> Response:
-        answer = await agent.open_stream(await request.body(), request.headers)
+        raw = await _body(agent, request, large)
+        answer = raw if isinstance(raw, Outcome) else await agent.open_stream(raw, request.headers)
         if isinstance(answer, Outcome):
             return _json(answer)
         return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

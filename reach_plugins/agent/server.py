@@ -15,17 +15,46 @@ from typing import Any
 import uvicorn
 
 from reach_plugins.agent.agent import ReachAgent
+from reach_plugins.agent.guard import HEADER_TIMEOUT, MAX_HEADER_BYTES, guarded
 from reach_plugins.registry.base import Registry
 
 KEEP_ALIVE = 100
 """Seconds the server keeps an idle connection: longer than the client pools' 90 s idle timeout."""
 
 
-def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> uvicorn.Config:
-    """A uvicorn config with the fast loop and parser when available; ``options`` override anything."""
+def _protocol(name: str, header_timeout: float, max_header_bytes: int) -> type[Any]:
+    """uvicorn's ``name`` protocol class, guarded against slow and oversized request heads."""
+    base: type[Any]
+    if name == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base = HttpToolsProtocol
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
+    return guarded(base, header_timeout=header_timeout, max_header_bytes=max_header_bytes)
+
+
+def uvicorn_config(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    header_timeout: float = HEADER_TIMEOUT,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    **options: Any,
+) -> uvicorn.Config:
+    """A uvicorn config with the fast loop and parser when available; ``options`` override anything.
+
+    The parser (``http``: "httptools" or "h11") is wrapped so a request head
+    must arrive within ``header_timeout`` seconds and ``max_header_bytes``.
+    """
+    parser = options.pop("http", "httptools" if importlib.util.find_spec("httptools") else "h11")
     settings: dict[str, Any] = {
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "http": _protocol(parser, header_timeout, max_header_bytes) if isinstance(parser, str) else parser,
+        "h11_max_incomplete_event_size": max_header_bytes,
         "timeout_keep_alive": KEEP_ALIVE,
         "lifespan": "on",
         "log_level": "warning",

@@ -3,7 +3,10 @@
 The router already enforces each tenant's allow-list and the naming rule of
 ``internal_only`` agents. What only a server knows is where the caller
 connects from: :class:`SourceRule` hides ``internal_only`` agents from a
-caller whose source address lies outside its tenant's ``networks``.
+caller whose source address lies outside its tenant's ``networks``. The
+addresses of earlier hops travel in ``X-Reach-Source`` and every one of them
+must lie inside: a caller can add addresses (lower its trust), never remove
+the one the server sees. An unknown source (a unix socket) is outside.
 """
 
 from __future__ import annotations
@@ -94,9 +97,9 @@ def _inside(tenant: TenantConfig | None, address: str) -> bool:
 class SourceRule:
     """Hide ``internal_only`` agents from callers outside their tenant's networks (``reach.source`` metadata).
 
-    A request without a source address (a library call, not a server) is not
-    filtered. The internal agents offering each capability are cached per
-    registry revision, so the check costs a dict lookup on the hot path.
+    It serves servers only, so a request without a source address is outside
+    (fail closed). The internal agents offering each capability are cached
+    per registry revision, so the check costs a dict lookup on the hot path.
     """
 
     def __init__(self, router: CandidateRouter, view: RegistryView, tenants: Mapping[str, TenantConfig]) -> None:
@@ -104,7 +107,7 @@ class SourceRule:
         self._view = view
         self._tenants = tenants
         self._revision = -1
-        self._cache: dict[str, tuple[frozenset[tuple[str, str]], bool, tuple[str, ...]]] = {}
+        self._cache: dict[str, tuple[frozenset[tuple[str, str]], bool]] = {}
 
     def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route:
         hidden = self._hidden(request)
@@ -120,30 +123,26 @@ class SourceRule:
         return routes[:limit] if limit is not None else routes
 
     def outside(self, request: ReachRequest) -> bool:
-        """Whether the request comes from an address outside its tenant's networks."""
-        source = request.metadata.get(SOURCE) if request.metadata else None
-        if source is None:
-            return False
+        """Whether any address the request came through lies outside its tenant's networks (or is unknown)."""
+        chain = request.metadata.get(SOURCE) if request.metadata else None
+        if not chain:
+            return True
         tenant = self._tenants.get(request.tenant) if request.tenant is not None else None
-        return not _inside(tenant, source)
+        return not all(_inside(tenant, address) for address in chain.split(","))
 
     def _hidden(self, request: ReachRequest) -> frozenset[tuple[str, str]]:
-        hidden, only_internal, names = self._internal(request.capability)
+        hidden, only_internal = self._internal(request.capability)
         if not hidden or not self.outside(request):
             return frozenset()
         if only_internal:
-            source = request.metadata[SOURCE]
-            tenant = self._tenants.get(request.tenant) if request.tenant is not None else None
-            networks = tenant.networks if tenant is not None else []
             raise PermissionDenied(
-                f"capability {request.capability!r} is served only by internal_only agent(s) {', '.join(names)}, "
-                f"and source address {source} is outside tenant {request.tenant!r}'s networks {networks}; "
-                "call from inside those networks or add yours to the tenant's 'networks'"
+                f"capability {request.capability!r} may be reached only from inside tenant {request.tenant!r}'s "
+                "networks, and this request came from outside them; ask the operator of this server"
             )
         return hidden
 
-    def _internal(self, capability: str) -> tuple[frozenset[tuple[str, str]], bool, tuple[str, ...]]:
-        """(instances of internal_only agents offering ``capability``, whether only such agents offer it, names)."""
+    def _internal(self, capability: str) -> tuple[frozenset[tuple[str, str]], bool]:
+        """(instances of internal_only agents offering ``capability``, whether only such agents offer it)."""
         view = self._view
         if view.revision != self._revision:
             self._cache.clear()
@@ -153,5 +152,5 @@ class SourceRule:
             offering = [agent for agent in view.agents().values() if agent.capability(capability) is not None]
             internal = [agent.name for agent in offering if agent.internal_only]
             keys = frozenset((name, instance) for name in internal for instance in view.instances(name))
-            found = self._cache[capability] = (keys, bool(internal) and len(internal) == len(offering), tuple(internal))
+            found = self._cache[capability] = (keys, bool(internal) and len(internal) == len(offering))
         return found

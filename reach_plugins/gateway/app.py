@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,13 +25,21 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from reach_plugins.adapters import encode_sse
-from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, RequestError
+from reach_plugins.errors import Backpressure, BodyTimeout, BodyTooLarge, ConfigError, RateLimited, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
+from reach_plugins.inbound import (
+    InputLimits,
+    loads,
+    read_body,
+    require_json,
+    single_headers,
+)
 from reach_plugins.model import ErrorInfo, ReachRequest
 from reach_plugins.telemetry import (
     ATTR_AGENT,
@@ -45,8 +54,6 @@ from reach_plugins.telemetry import (
 )
 from reach_plugins.transport import StreamEvent
 from reach_plugins.wire import (
-    HEADER_AUTHORIZATION,
-    MAX_BODY,
     error_body,
     http_status,
     parse_body,
@@ -73,17 +80,55 @@ async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
 
 
 def _headers(request: Request) -> dict[str, str]:
-    """The request's headers as a plain dict (ASGI names are lowercase): O(1) lookups, computed once."""
+    """The request's headers as a plain dict, computed once; ``RequestError`` if an auth header comes twice."""
     cached: dict[str, str] | None = request.scope.get("reach.headers")
     if cached is None:
-        cached = request.scope["reach.headers"] = {
-            name.decode("latin-1"): value.decode("latin-1") for name, value in request.scope["headers"]
-        }
+        cached = request.scope["reach.headers"] = single_headers(request.scope["headers"])
     return cached
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(_dumps(body), status, headers, media_type="application/json")
+
+
+class _Stream:
+    """What one stream request holds until its ASGI call ends: a place in flight, the span, the agent's events."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.span: Span | None = None
+        self.events: AsyncIterator[StreamEvent] | None = None
+        self.status = "fail"
+        self.handed_over = False
+        self._released = False
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            if self.events is not None:
+                await _aclose(self.events)
+        finally:
+            if self.span is not None:
+                self.span.end()
+            self.gateway.inflight -= 1
+            if self.span is not None:
+                self.gateway.metrics.inc(REQUESTS, {"endpoint": "stream", "status": self.status})
+
+
+class _Released(StreamingResponse):
+    """A streaming answer that runs ``release`` once its ASGI call ends, even if the body was never iterated."""
+
+    def __init__(self, frames: AsyncIterator[bytes], release: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(frames, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._release()
 
 
 class Gateway:
@@ -98,6 +143,7 @@ class Gateway:
         tracer_provider: TracerProvider | None = None,
         retry_after: float = 1.0,
         metrics: Metrics | None = None,
+        limits: InputLimits | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -105,6 +151,9 @@ class Gateway:
         self.access = access
         self.max_inflight = max_inflight
         self.retry_after = retry_after
+        self.limits = limits or InputLimits()
+        self.large = self.limits.places()
+        """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
@@ -116,32 +165,39 @@ class Gateway:
 
     # ------------------------------------------------------------------ request handling
 
-    async def _admit(self, request: Request) -> ReachRequest:
-        """Bound concurrency (this request is counted), authenticate, parse: the ReachRequest to run."""
+    def _gate(self, request: Request) -> tuple[dict[str, str], str | None]:
+        """Before a byte of the body is read: concurrency bound, one value per auth header, a valid token, JSON."""
         if self.inflight > self.max_inflight:
             raise Backpressure(
                 f"the gateway is serving {self.max_inflight} requests, its limit; retry after {self.retry_after:g}s",
                 retry_after=self.retry_after,
             )
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise RequestError(f"the body is {len(raw)} bytes; the gateway accepts at most {MAX_BODY}")
-        try:
-            decoded = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(f"the body is not valid JSON: {exc}") from None
-        body = parse_body(decoded)
         headers = _headers(request)
-        tenant = self.access.authenticate(headers.get("authorization"), headers.get("x-tenant") or body.tenant)
+        tenant = self.access.authenticate(headers.get("authorization"), headers.get("x-tenant"))
+        require_json(headers)
+        return headers, tenant
+
+    async def _admit(self, request: Request, headers: dict[str, str], tenant: str | None) -> ReachRequest:
+        """Read the body within its byte and time budgets, parse it strictly: the ReachRequest to run."""
+        limits = self.limits
+        raw = await read_body(
+            request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self.large
+        )
+        body = parse_body(loads(raw, max_depth=limits.max_depth))
+        if headers.get("x-tenant") is None and body.tenant is not None:
+            tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
         source = request.client.host if request.client else None
         return to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
 
-    def _refusal(self, endpoint: str, exc: ReachError, request_id: str | None = None) -> Response:
+    def _refusal(
+        self, endpoint: str, exc: ReachError, request_id: str | None = None, *, close: bool = False
+    ) -> Response:
+        """A 4xx/5xx JSON answer; ``close`` ends the connection (its unread body is never read)."""
         status = http_status(exc)
         if isinstance(exc, ConfigError):
             log.error("request %s failed on the gateway's configuration: %s", request_id, exc.message)
             exc = ConfigError("the gateway's configuration cannot serve this request; its log names the problem")
-        headers = {}
+        headers = {"Connection": "close"} if close else {}
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(exc, Backpressure | RateLimited):
             headers["Retry-After"] = str(max(1, round(retry_after or self.retry_after)))
@@ -161,20 +217,37 @@ class Gateway:
                 span.set_attribute(ATTR_TENANT, reach.tenant)
         return span
 
+    def _crash(self, endpoint: str, exc: Exception) -> Response:
+        """A bug of ours: 500 with an error id; the details go to the gateway's log under that id, not to the caller."""
+        error_id = uuid.uuid4().hex[:16]
+        log.error("error %s on %s: %s", error_id, endpoint, type(exc).__name__, exc_info=exc)
+        self.metrics.inc(REQUESTS, {"endpoint": endpoint, "status": "500"})
+        body = {
+            "type": "internal",
+            "message": f"the gateway failed; its log holds the details under error id {error_id}",
+        }
+        return _json({"request_id": None, "status": "fail", "data": None, "error": body}, 500)
+
     async def reach(self, request: Request) -> Response:
         started = time.perf_counter()
         self.inflight += 1
         try:
             return await self._reach(request)
+        except Exception as exc:
+            return self._crash("reach", exc)
         finally:
             self.inflight -= 1
             self.metrics.observe(LATENCY, time.perf_counter() - started, {"endpoint": "reach"})
 
     async def _reach(self, request: Request) -> Response:
         try:
-            reach = await self._admit(request)
+            headers, tenant = self._gate(request)
         except ReachError as exc:
-            return self._refusal("reach", exc)
+            return self._refusal("reach", exc, close=True)
+        try:
+            reach = await self._admit(request, headers, tenant)
+        except ReachError as exc:
+            return self._refusal("reach", exc, close=isinstance(exc, BodyTooLarge | BodyTimeout))
         span = self._span(request, reach, "reach.gateway")
         try:
             with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
@@ -189,50 +262,55 @@ class Gateway:
         return _json(response_body(response))
 
     async def reach_stream(self, request: Request) -> Response:
+        """SSE; the in-flight count is released when the ASGI call ends, whether or not the stream ever started."""
         self.inflight += 1
+        stream = _Stream(self)
         try:
-            reach = await self._admit(request)
+            return await self._reach_stream(request, stream)
+        except Exception as exc:
+            return self._crash("stream", exc)
+        finally:
+            if not stream.handed_over:
+                await stream.release()
+
+    async def _reach_stream(self, request: Request, stream: _Stream) -> Response:
+        try:
+            headers, tenant = self._gate(request)
         except ReachError as exc:
-            self.inflight -= 1
-            return self._refusal("stream", exc)
-        span = self._span(request, reach, "reach.gateway.stream")
-        events = self.forwarder.stream(reach)
+            return self._refusal("stream", exc, close=True)
+        try:
+            reach = await self._admit(request, headers, tenant)
+        except ReachError as exc:
+            return self._refusal("stream", exc, close=isinstance(exc, BodyTooLarge | BodyTimeout))
+        stream.span = span = self._span(request, reach, "reach.gateway.stream")
+        stream.events = events = self.forwarder.stream(reach)
         try:
             with trace.use_span(span, end_on_exit=False):
                 first = await anext(events, StreamEvent("end"))
         except ReachError as exc:
-            await _aclose(events)
-            span.end()
-            self.inflight -= 1
             return self._refusal("stream", exc, reach.request_id)
-        frames = self._frames(first, events, span)
-        return StreamingResponse(frames, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        stream.handed_over = True
+        return _Released(self._frames(first, events, stream), stream.release)
 
-    async def _frames(self, first: StreamEvent, events: AsyncIterator[StreamEvent], span: Span) -> AsyncIterator[bytes]:
+    async def _frames(
+        self, first: StreamEvent, events: AsyncIterator[StreamEvent], stream: _Stream
+    ) -> AsyncIterator[bytes]:
         """SSE frames in the agent's format: ``data`` chunks, then ``end`` or ``error``."""
-        status = "success"
-        try:
-            event = first
-            while event.kind == "data":
-                yield encode_sse(_dumps(event.data).decode(), "data")
-                event = await anext(events, StreamEvent("end"))
-            if event.kind == "end":
-                yield encode_sse("", "end")
-            else:
-                status = "fail"
-                error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
-                yield encode_sse(_dumps(error.model_dump(exclude_none=True)).decode(), "error")
-        finally:
-            await _aclose(events)
-            span.end()
-            self.inflight -= 1
-            self.metrics.inc(REQUESTS, {"endpoint": "stream", "status": status})
+        event = first
+        while event.kind == "data":
+            yield encode_sse(_dumps(event.data).decode(), "data")
+            event = await anext(events, StreamEvent("end"))
+        if event.kind == "end":
+            stream.status = "success"
+            yield encode_sse("", "end")
+        else:
+            error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
+            yield encode_sse(_dumps(error.model_dump(exclude_none=True)).decode(), "error")
 
     async def agents(self, request: Request) -> Response:
         try:
-            tenant = self.access.authenticate(
-                request.headers.get(HEADER_AUTHORIZATION), request.headers.get("x-tenant")
-            )
+            headers = _headers(request)
+            tenant = self.access.authenticate(headers.get("authorization"), headers.get("x-tenant"))
         except ReachError as exc:
             return self._refusal("agents", exc)
         source = request.client.host if request.client else None

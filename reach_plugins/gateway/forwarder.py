@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from reach_plugins.config import TenantConfig, resolve_credential
 from reach_plugins.core.pipeline import Pipeline
+from reach_plugins.errors import UnknownCapability
 from reach_plugins.gateway.access import SourceRule
 from reach_plugins.gateway.routetable import RouteTable, watch_task
 from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
@@ -34,7 +35,7 @@ from reach_plugins.routing.index import Offer
 from reach_plugins.routing.pinning import PREFER, TARGET, TargetedRouter
 from reach_plugins.routing.policy import tenant_denial
 from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent, Transport
-from reach_plugins.wire import SOURCE, VIA
+from reach_plugins.wire import HEADER_SOURCE, SOURCE, UNKNOWN_SOURCE, VIA
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -79,7 +80,8 @@ class HopTransport(BaseTransport):
         if self._node_id:
             chain = metadata.get(VIA)
             metadata[VIA] = f"{chain},{self._node_id}" if chain else self._node_id
-        return node, replace(call, request=call.request.model_copy(update={"metadata": metadata}))
+        headers = {**call.headers, HEADER_SOURCE: metadata.get(SOURCE, UNKNOWN_SOURCE)}
+        return node, replace(call, request=call.request.model_copy(update={"metadata": metadata}), headers=headers)
 
     async def send(self, call: Call) -> Reply:
         transport, call = self._next(call)
@@ -150,14 +152,27 @@ class Forwarder:
             self._watch = watch_task(self.table, self.registry)
 
     async def run(self, request: ReachRequest) -> ReachResponse:
-        return await self.pipeline.run(request)
+        try:
+            return await self.pipeline.run(request)
+        except UnknownCapability as exc:
+            raise self._unknown(request, exc) from None
 
-    def stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
-        return self.pipeline.stream(request)
+    async def stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
+        try:
+            async for event in self.pipeline.stream(request):
+                yield event
+        except UnknownCapability as exc:
+            raise self._unknown(request, exc) from None
+
+    def _unknown(self, request: ReachRequest, exc: UnknownCapability) -> UnknownCapability:
+        """``exc`` with its "closest known" names cut to capabilities the caller may see from where it is."""
+        source = request.metadata.get(SOURCE) if request.metadata else None
+        seen = {c["name"] for agent in self.visible(request.tenant, source) for c in agent["capabilities"]}
+        return UnknownCapability(exc.capability, known=[name for name in exc.known if name in seen])
 
     def visible(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
         """The agents ``tenant`` may reach from ``source``: capabilities and instance health, never endpoints."""
-        probe = ReachRequest(capability="-", tenant=tenant, metadata={SOURCE: source} if source else {})
+        probe = ReachRequest(capability="-", tenant=tenant, metadata={SOURCE: source or UNKNOWN_SOURCE})
         outside = self.rule.outside(probe)
         now = self.registry.clock()
         listed = []

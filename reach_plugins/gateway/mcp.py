@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from reach_plugins.errors import ReachError
+from reach_plugins.errors import BodyTooLarge, ReachError
+from reach_plugins.inbound import loads, read_body
 from reach_plugins.model import ReachRequest
-from reach_plugins.wire import MAX_BODY, SOURCE
+from reach_plugins.wire import SOURCE
 
 if TYPE_CHECKING:
     from reach_plugins.gateway.app import Gateway
@@ -85,13 +86,21 @@ class McpEndpoint:
         if request.method == "DELETE":
             self.sessions.pop(session or "", None)
             return Response(status_code=200)
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            return _error(None, INVALID_REQUEST, f"the body is {len(raw)} bytes; at most {MAX_BODY}", 413)
+        limits = self.gateway.limits
         try:
-            message = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            return _error(None, PARSE_ERROR, "the body is not JSON (or nests too deep)", 400)
+            raw = await read_body(
+                request.stream(),
+                request.headers,
+                limit=limits.max_body,
+                timeout=limits.body_timeout,
+                large=self.gateway.large,
+            )
+        except ReachError as exc:
+            return _error(None, INVALID_REQUEST, exc.message, 413 if isinstance(exc, BodyTooLarge) else 400)
+        try:
+            message = loads(raw, max_depth=limits.max_depth)
+        except ReachError as exc:
+            return _error(None, PARSE_ERROR, exc.message, 400)
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             return _error(None, INVALID_REQUEST, "expected one JSON-RPC request or notification", 400)
         if "id" not in message:

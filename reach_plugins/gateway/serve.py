@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reach_plugins.config import load_config
+from reach_plugins.errors import ConfigError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.inbound import InputLimits
 from reach_plugins.registry import FileRegistry, Registry, open_registry
 
 if TYPE_CHECKING:
@@ -28,15 +30,23 @@ def build_forwarder(
     node_id: str | None = None,
     route_ttl: float = 1.0,
     sink: TraceSink | None = None,
+    allow_open: bool = False,
 ) -> tuple[Forwarder, Access]:
     """The forwarder and access rules a server runs with.
 
     Tenants (tokens, allow-lists, networks, credentials) come from ``config``
     and are read once at start. Agents come from ``registry`` when given,
-    else from ``config`` itself, which is then reloaded when it changes.
+    else from ``config`` itself, which is then reloaded when it changes. A
+    config without tenants would serve anyone as any tenant: refused unless
+    ``allow_open``.
     """
     path = Path(config)
     tenants = load_config(path).tenants
+    if not tenants and not allow_open:
+        raise ConfigError(
+            f"{path}: no 'tenants:' section, so the server would serve anyone as any tenant it names; "
+            "add tenants with token_env, or start it open on purpose with --allow-open (allow_open=True)"
+        )
     access = Access(tenants, environ)
     source = FileRegistry(path) if registry is None else open_registry(registry)
     forwarder = Forwarder(
@@ -59,16 +69,25 @@ def create_app(
     environ: Mapping[str, str] = os.environ,
     tracer_provider: TracerProvider | None = None,
     max_inflight: int = 1024,
+    allow_open: bool = False,
+    limits: InputLimits | None = None,
 ) -> Starlette:
-    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`)."""
+    """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`); ``limits`` bound each request read."""
     from reach_plugins.gateway.app import Gateway
     from reach_plugins.gateway.metrics import Metrics
 
     metrics = Metrics()
     forwarder, access = build_forwarder(
-        config, registry=registry, environ=environ, tracer_provider=tracer_provider, sink=metrics.reach
+        config,
+        registry=registry,
+        environ=environ,
+        tracer_provider=tracer_provider,
+        allow_open=allow_open,
+        sink=metrics.reach,
     )
-    gateway = Gateway(forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, metrics=metrics)
+    gateway = Gateway(
+        forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, limits=limits, metrics=metrics
+    )
     return gateway.app()
 
 
@@ -78,6 +97,7 @@ def serve_gateway(
     port: int = 8080,
     *,
     registry: str | None = None,
+    allow_open: bool = False,
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -89,6 +109,6 @@ def serve_gateway(
 
     from reach_plugins.agent.server import uvicorn_config
 
-    app = create_app(config, registry=registry)
+    app = create_app(config, registry=registry, allow_open=allow_open)
     options.setdefault("proxy_headers", False)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run()

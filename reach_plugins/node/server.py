@@ -6,9 +6,9 @@ import asyncio
 import os
 import signal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import grpc
 
@@ -16,6 +16,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.serve import build_forwarder
+from reach_plugins.inbound import MAX_BODY
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.service import NodeService
 from reach_plugins.node.tickets import Tickets
@@ -30,11 +31,21 @@ if TYPE_CHECKING:
     from reach_plugins.gateway.metrics import Metrics
 
 
+SLOW_CLIENTS: Final[tuple[tuple[str, Any], ...]] = (
+    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.max_connection_idle_ms", 300_000),
+    ("grpc.max_receive_message_length", MAX_BODY),
+)
+"""Default server options: a connection must finish its handshake in 10 s, idle ones go after 5 min, 1 MiB messages."""
+
+
 class NodeServer:
     """A Reach node listening on ``host:port`` (0 picks a free port); ``async with`` starts and stops it.
 
     ``node_id`` names the node in ``x-reach-via`` chains (node-to-node loop
-    detection); by default a random one.
+    detection); by default a random one. ``callback_hosts`` are the hosts
+    (``host`` or ``host:port``) Submit callbacks may go to; none by default.
+    ``options`` are grpc server options, over :data:`SLOW_CLIENTS`.
     """
 
     def __init__(
@@ -51,6 +62,7 @@ class NodeServer:
         options: list[tuple[str, Any]] | None = None,
         metrics: Metrics | None = None,
         metrics_port: int = 0,
+        callback_hosts: Collection[str] = (),
     ) -> None:
         self.host = host
         self.metrics = metrics
@@ -65,11 +77,11 @@ class NodeServer:
             forwarder,
             access,
             queue=self.queue,
-            tickets=Tickets(),
+            tickets=Tickets(callback_hosts=callback_hosts),
             node_id=self.node_id,
             tracer_provider=tracer_provider,
         )
-        self._options = options or []
+        self._options = list({**dict(SLOW_CLIENTS), **dict(options or [])}.items())
         self._server: Any = None
 
     @property
@@ -125,6 +137,9 @@ def build_node(
     workers: int = 64,
     node_id: str | None = None,
     metrics_port: int | None = None,
+    allow_open: bool = False,
+    callback_hosts: Collection[str] = (),
+    options: list[tuple[str, Any]] | None = None,
 ) -> NodeServer:
     """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started.
 
@@ -144,6 +159,7 @@ def build_node(
         tracer_provider=tracer_provider,
         node_id=node_id,
         sink=metrics.reach if metrics is not None else None,
+        allow_open=allow_open,
     )
     return NodeServer(
         forwarder,
@@ -156,6 +172,8 @@ def build_node(
         tracer_provider=tracer_provider,
         metrics=metrics,
         metrics_port=metrics_port or 0,
+        callback_hosts=callback_hosts,
+        options=options,
     )
 
 

@@ -21,9 +21,10 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
 from reach_plugins.gateway.access import Access
 from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.inbound import loads, single_headers
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
-from reach_plugins.node.tickets import Tickets, check_callback
+from reach_plugins.node.tickets import Tickets
 from reach_plugins.telemetry import (
     ATTR_CAPABILITY,
     ATTR_REQUEST_ID,
@@ -41,11 +42,15 @@ from transports.grpcnode.codec import (
     body_from_message,
     dumps,
     error_message,
-    metadata_lookup,
     result_message,
 )
 
 log = logging.getLogger("reach_plugins.node")
+
+CALLBACK: Final = "x-reach-callback"
+"""Trailer of ``Result``: ``delivered`` or ``failed``, once the ticket's callback was tried."""
+CALLBACK_ERROR: Final = "x-reach-callback-error"
+"""Trailer of ``Result``: why the callback push failed (its kind or HTTP status, never its URL)."""
 
 Context = Any
 """``grpc.aio.ServicerContext`` (grpc ships no type information)."""
@@ -102,21 +107,25 @@ class NodeService:
 
     def _admit(self, message: pb.ReachCall, context: Context) -> tuple[ReachRequest, dict[str, str]]:
         """The request to run and its metadata (lowercase keys); a ReachError says why not."""
-        metadata = metadata_lookup(context.invocation_metadata())
+        metadata = single_headers(context.invocation_metadata() or ())
         via = metadata.get(HEADER_VIA.lower(), "")
         if self.node_id in via.split(","):
             raise LoopDetected(
                 f"node forwarding loop: this request already passed node {self.node_id} (via {via}); "
                 "fix the grpc:// endpoints so the nodes do not point at each other"
             )
+        tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), metadata.get("x-tenant"))
         remaining = context.time_remaining()
         if remaining is not None:
             budget = int(remaining * 1000)
             given = metadata.get("x-reach-deadline", "")
-            metadata["x-reach-deadline"] = str(min(budget, int(given)) if given.isdigit() else max(0, budget))
+            digits = given.isascii() and given.isdigit()
+            metadata["x-reach-deadline"] = str(min(budget, int(given)) if digits else max(0, budget))
+        if message.payload:
+            loads(message.payload, what="payload")
         body = body_from_message(message)
-        claimed = metadata.get("x-tenant") or body.tenant
-        tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), claimed)
+        if metadata.get("x-tenant") is None and body.tenant:
+            tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), body.tenant)
         source = peer_address(context.peer())
         request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source)
         return request, metadata
@@ -183,22 +192,36 @@ class NodeService:
     async def Submit(self, message: pb.SubmitRequest, context: Context) -> pb.SubmitReply:
         try:
             request, _ = self._admit(message.call, context)
-            callback = check_callback(message.callback) if message.callback else None
+            callback = self.tickets.check(message.callback) if message.callback else None
         except ReachError as exc:
             await self._refuse(context, exc)
         if self.queue.full or self.tickets.full:
             return pb.SubmitReply(backpressure=_backpressure(self.queue.refusal()))
-        ticket = self.tickets.issue(callback)
+        ticket = self.tickets.issue(callback, request.tenant)
         task = asyncio.create_task(self._run_ticket(ticket, request), name=f"reach ticket {ticket}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return pb.SubmitReply(ticket=pb.Ticket(ticket=ticket, node=self.node_id))
 
     async def Result(self, message: pb.ResultRequest, context: Context) -> pb.ResultReply:
+        """A ticket's state, for the tenant that submitted it only (another's is as unknown as a made-up one).
+
+        Once a callback was tried, trailers ``x-reach-callback`` (``delivered`` /
+        ``failed``) and ``x-reach-callback-error`` say how the push went.
+        """
         try:
-            response = await self.tickets.wait(message.ticket, max(0, message.wait_ms) / 1000.0)
+            metadata = single_headers(context.invocation_metadata() or ())
+            tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), metadata.get("x-tenant"))
+        except ReachError as exc:
+            await self._refuse(context, exc)
+        try:
+            response = await self.tickets.wait(message.ticket, min(max(0, message.wait_ms), 60_000) / 1000.0, tenant)
+            delivered, why = self.tickets.delivery(message.ticket, tenant)
         except KeyError:
             return pb.ResultReply(state=pb.UNKNOWN)
+        if delivered is not None:
+            outcome = (CALLBACK, "delivered" if delivered else "failed")
+            context.set_trailing_metadata((outcome, (CALLBACK_ERROR, why)) if why else (outcome,))
         if response is None:
             return pb.ResultReply(state=pb.PENDING)
         return pb.ResultReply(state=pb.DONE, result=result_message(response))

@@ -1,0 +1,86 @@
+"""The bounded reader and the strict JSON parser shared by the gateway and the agent SDK (unit level)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reach_plugins.errors import RequestError
+from reach_plugins.inbound import SMALL_BODY, BodyTimeout, BodyTooLarge, InputLimits, loads, read_body, single_headers
+
+
+async def _chunks(sizes: list[int], gate: asyncio.Event | None = None) -> AsyncIterator[bytes]:
+    """The chunks; with ``gate``, every chunk after the first waits for it."""
+    for index, size in enumerate(sizes):
+        if gate is not None and index:
+            await gate.wait()
+        yield b" " * size
+
+
+async def test_large_bodies_are_read_one_at_a_time() -> None:
+    """With one large-body place, a second body past 64 KiB waits until the first is read; small ones do not."""
+    large = InputLimits(large_bodies=1).places()
+    gate = asyncio.Event()
+    first = asyncio.create_task(read_body(_chunks([SMALL_BODY + 1, 10], gate), {}, large=large))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(read_body(_chunks([SMALL_BODY + 1, 10]), {}, large=large))
+    small = await read_body(_chunks([100]), {}, large=large)
+    await asyncio.sleep(0.05)
+    assert len(small) == 100 and not second.done()
+    gate.set()
+    assert len(await first) == len(await second) == SMALL_BODY + 11
+    assert not large.locked()
+
+
+async def test_a_place_is_released_when_the_body_is_refused() -> None:
+    """An oversize or stalled body gives its large-body place back."""
+    large = InputLimits(large_bodies=1).places()
+    with pytest.raises(BodyTooLarge):
+        await read_body(_chunks([SMALL_BODY] * 40), {}, limit=1 << 20, large=large)
+    with pytest.raises(BodyTimeout):
+        await read_body(
+            _chunks([SMALL_BODY, 1], asyncio.Event()), {"content-length": "70000"}, timeout=0.05, large=large
+        )
+    assert not large.locked()
+
+
+@pytest.mark.parametrize("declared", ["1e3", "-1", "\u00b2", "12 ", ""])
+async def test_a_content_length_that_is_not_digits_is_refused(declared: str) -> None:
+    """Content-Length must be ASCII digits (no exponent, sign, superscript or blank)."""
+    with pytest.raises(RequestError, match="Content-Length"):
+        await read_body(_chunks([1]), {"content-length": declared})
+
+
+def test_duplicate_watched_headers_are_refused_and_others_kept() -> None:
+    """A second Authorization is an error; repeated ordinary headers keep the last value; -bin values are dropped."""
+    with pytest.raises(RequestError, match="authorization appears more than once"):
+        single_headers([(b"Authorization", b"a"), (b"authorization", b"b")])
+    assert single_headers([(b"Accept", b"a"), (b"accept", b"b"), ("x-trace-bin", b"\x00")]) == {"accept": "b"}
+
+
+@given(depth=st.integers(min_value=1, max_value=3000))
+def test_depth_is_refused_past_the_limit_and_never_a_recursion_error(depth: int) -> None:
+    """Any nesting depth gives either the value (<= 64) or a RequestError naming the limit."""
+    raw = b"[" * depth + b"]" * depth
+    if depth <= 64:
+        assert loads(raw) is not None
+    else:
+        with pytest.raises(RequestError, match="deeper than 64"):
+            loads(raw)
+
+
+@given(
+    value=st.recursive(
+        st.text() | st.integers() | st.floats(allow_nan=False, allow_infinity=False),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    )
+)
+def test_loads_accepts_what_json_dumps_writes(value: object) -> None:
+    """Strictness refuses nothing that standard JSON can say."""
+    import json
+
+    assert loads(json.dumps(value).encode()) == value
