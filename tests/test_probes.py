@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+from pathlib import Path
+from typing import Any
 
+import httpx
+import yaml
 from hop_support import free_port
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor, HealthCheck
 from reach_plugins.probes import JITTER, ProbeBook, Prober
 from reach_plugins.registry import MemoryRegistry
@@ -116,3 +121,58 @@ async def test_a_client_with_probes_stops_sending_to_a_dead_instance() -> None:
             answers = [await client.reach("query_order", {"order_id": f"o{n}"}, trace=True) for n in range(20)]
     assert all(answer.ok and answer.trace is not None and len(answer.trace.attempts) == 1 for answer in answers)
     assert dead not in {answer.instance for answer in answers}
+
+
+async def test_the_gateway_probes_the_instances_behind_it(tmp_path: Path) -> None:
+    """A gateway's prober marks a closed port down: calls through it then take one attempt, at the live one.
+
+    The breaker is kept out of it (it would need 1,000 calls to judge), so only the probes can learn.
+    """
+    agent = ReachAgent("orders")
+
+    @agent.capability("query_order")
+    def query_order(order_id: str) -> dict[str, str]:
+        return {"order_id": order_id}
+
+    with BackgroundServer(agent.app) as server:
+        closed = f"http://127.0.0.1:{free_port()}"
+        config = tmp_path / "agents.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "agents": [
+                        {
+                            "name": "orders",
+                            "endpoints": [server.url, closed],
+                            "capabilities": ["query_order"],
+                            "health_check": {"probe_interval": "100ms"},
+                            "circuit_breaker": {"min_calls": 1000},
+                        }
+                    ],
+                    "tenants": {"demo": {"token_env": "DEMO_TOKEN", "agents": "*"}},
+                }
+            )
+        )
+        app = create_app(config, environ={"DEMO_TOKEN": "tok"})
+        with BackgroundServer(app, proxy_headers=False) as gateway:
+            headers = {"Authorization": "Bearer tok"}
+            async with httpx.AsyncClient(base_url=gateway.url, headers=headers) as http:
+                answers: list[dict[str, Any]] = []
+
+                async def ask(n: int) -> dict[str, Any]:
+                    body = {"capability": "query_order", "payload": {"order_id": f"o{n}"}}
+                    answer: dict[str, Any] = (await http.post("/v1/reach", json=body)).json()
+                    answers.append(answer)
+                    return answer
+
+                single = 0
+                deadline = asyncio.get_running_loop().time() + 4  # probes: 2 refusals, ticks of 0.5 s
+                while single < 10 and asyncio.get_running_loop().time() < deadline:
+                    single = single + 1 if (await ask(len(answers)))["attempts"] == 1 else 0
+                assert single == 10, "the dead instance kept being tried first: nothing marked it down"
+                settled = [await ask(len(answers)) for _ in range(20)]
+    assert all(answer["status"] == "success" and answer["attempts"] == 1 for answer in settled)
+    assert {answer["instance"] for answer in settled} == {answers[-1]["instance"]}
+    assert any(answer["attempts"] == 2 for answer in answers), (
+        f"the dead instance was never tried at all: {answers[:6]}"
+    )

@@ -34,11 +34,52 @@ def test_swrr_follows_weights_within_one_percent(weights: list[int], seed: int) 
     """Over 10,000 picks each peer's share is within 1 point of its weight's share, and every peer is picked."""
     rr: SmoothWeightedRoundRobin[int] = SmoothWeightedRoundRobin(random.Random(seed))
     peers = list(enumerate(weights))
-    counts = Counter(rr.pick(peers) for _ in range(PICKS))
+    rr.update(peers)
+    counts = Counter(rr.pick() for _ in range(PICKS))
     total = sum(weights)
     for peer, weight in peers:
         assert abs(counts[peer] / PICKS - weight / total) <= 0.01
         assert counts[peer] >= 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(weights=st.lists(st.integers(min_value=1, max_value=200), min_size=1, max_size=8), seed=st.integers(0, 2**32))
+@example(weights=[5, 1, 1], seed=1)
+@example(weights=[3, 3, 3, 1, 1, 7, 3], seed=2)
+def test_swrr_is_smooth(weights: list[int], seed: int) -> None:
+    """Any W = sum(weights) consecutive picks hold each peer exactly its weight; a peer waits at most W/w + n picks."""
+    rr: SmoothWeightedRoundRobin[int] = SmoothWeightedRoundRobin(random.Random(seed))
+    rr.update(enumerate(weights))
+    total = sum(weights)
+    picks = [rr.pick() for _ in range(3 * total)]
+    for start in range(0, 2 * total + 1, max(1, total // 40)):
+        assert Counter(picks[start : start + total]) == dict(enumerate(weights))
+    last: dict[int, int] = {}
+    for position, peer in enumerate(picks):
+        if peer in last:
+            assert position - last[peer] <= total / weights[peer] + len(weights)
+        last[peer] = position
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    weights=st.lists(st.integers(min_value=1, max_value=100), min_size=2, max_size=6),
+    changed=st.integers(min_value=1, max_value=100),
+    seed=st.integers(0, 2**32),
+)
+def test_swrr_follows_a_weight_change_and_a_departure(weights: list[int], changed: int, seed: int) -> None:
+    """After a reweight and a peer leaving, the next W picks again give each remaining peer exactly its weight."""
+    rr: SmoothWeightedRoundRobin[int] = SmoothWeightedRoundRobin(random.Random(seed))
+    rr.update(enumerate(weights))
+    for _ in range(sum(weights) // 2 + 1):
+        rr.pick()
+    now = {peer: weight for peer, weight in enumerate(weights) if peer != 0}
+    now[1] = changed
+    rr.update(now.items())
+    total = sum(now.values())
+    for _ in range(total):  # one period to settle the served part of each peer's period
+        rr.pick()
+    assert Counter(rr.pick() for _ in range(total)) == now
 
 
 @settings(max_examples=10, deadline=None)

@@ -28,6 +28,7 @@ from reach_plugins.errors import UnknownCapability
 from reach_plugins.gateway.access import SourceRule
 from reach_plugins.gateway.routetable import RouteTable, watch_task
 from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
+from reach_plugins.probes import Prober
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
 from reach_plugins.routing import Router
@@ -115,6 +116,7 @@ class Forwarder:
         node_id: str | None = None,
         owns_registry: bool = False,
         sink: TraceSink | None = None,
+        probes: bool = True,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -134,10 +136,13 @@ class Forwarder:
             sink=sink,
         )
         self._watch: asyncio.Task[None] | None = None
+        self.prober = Prober.shared(self.table) if probes else None
+        """Active health probes of the instances behind this server (:mod:`reach_plugins.probes`)."""
 
     def _available(self, agent: str, instance: str) -> bool:
-        """The router's health hook: whether the instance's breaker admits calls."""
-        return self.pipeline.is_available(agent, instance)
+        """The router's health hook: the breaker admits calls, no ejection, the probes found it up."""
+        prober = self.prober
+        return self.pipeline.is_available(agent, instance) and (prober is None or prober.available(agent, instance))
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         """The tenant's own credential for ``agent`` (else the agent's): never another tenant's."""
@@ -150,6 +155,8 @@ class Forwarder:
             await self.registry.start()
         if self._watch is None:
             self._watch = watch_task(self.table, self.registry)
+            if self.prober is not None:
+                self.prober.acquire()
 
     async def run(self, request: ReachRequest) -> ReachResponse:
         try:
@@ -201,6 +208,8 @@ class Forwarder:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
             self._watch = None
+            if self.prober is not None:
+                await self.prober.release()
         await self.pipeline.aclose()
         await self.transport.aclose()
         if self._owns_registry:

@@ -13,9 +13,12 @@ Pins live in a bounded LRU table in this process; ``release(session_id)`` drops
 them when the conversation closes.
 
 The router is synchronous and not thread-safe: use it from one event loop. Its
-caches (index, per-request plans) are keyed by the view's ``revision``, so a
-registry change is picked up on the next call; heartbeats need no invalidation
-because health is read live on every call.
+caches (index, per-request plans and their pools) are keyed by the view's
+``revision``, so a registry change is picked up on the next call. Health is not
+re-read for every instance on every call (that made a call O(n)): a
+:class:`~reach_plugins.routing.pool.Pool` keeps the last full look, checks the
+picked instance live, re-checks one other per call in rotation and looks in
+full again every ``refresh`` seconds unless that rotation went all the way round.
 """
 
 from __future__ import annotations
@@ -23,18 +26,17 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Final, Literal
 
-from reach_plugins.errors import CircuitOpen, NoHealthyAgent, UnknownCapability
+from reach_plugins.errors import CircuitOpen, ConfigError, NoHealthyAgent, UnknownCapability
 from reach_plugins.model import CandidateScore, Instance, ReachRequest, RouteDecision
 from reach_plugins.registry.base import Clock, RegistryView
-from reach_plugins.routing.affinity import InstanceKey, Rendezvous, SessionTable
+from reach_plugins.routing.affinity import InstanceKey, Placement, Rendezvous, SessionTable
 from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.policy import Plan, make_plan
+from reach_plugins.routing.pool import Entry, Look, Pool, Skip
 from reach_plugins.routing.route import AvailabilityHook, Route, TenantLike
-from reach_plugins.routing.swrr import SmoothWeightedRoundRobin
 
 MAX_RECORDED: Final = 16
 """Candidates kept in a ``RouteDecision``: enough to explain, bounded so cost stays flat."""
@@ -43,31 +45,8 @@ _MAX_CARDS: Final = 65_536
 _CIRCUIT_OPEN: Final = "circuit open"
 
 Affinity = Literal["none", "new", "pinned", "restored", "degraded"]
-Healthy = list[tuple[Offer, Instance]]
 Record = tuple[str, str, float | None]
 """A considered candidate: agent, instance id, score."""
-Skip = tuple[str, str, str]
-"""A skipped candidate: agent, instance id (``*`` for the whole agent), reason."""
-
-
-@dataclass(slots=True)
-class _Scan:
-    """Healthy instances of the first tier that has any, plus why the others were skipped."""
-
-    healthy: Healthy
-    priority: int
-    skipped: list[Skip]
-
-
-@dataclass(frozen=True, slots=True)
-class _Shown:
-    """The explanation last given for a capability's round robin; reused while its inputs repeat (they mostly do)."""
-
-    peers: list[tuple[InstanceKey, int]]
-    skipped: list[Skip]
-    priority: int
-    shown: list[CandidateScore]
-    reason: str
 
 
 class Router:
@@ -83,19 +62,21 @@ class Router:
         rng: random.Random | None = None,
         bounded_load: float = 1.25,
         max_sessions: int = 100_000,
+        refresh: float = 1.0,
     ) -> None:
+        if not refresh > 0:
+            raise ConfigError(f"refresh must be a positive number of seconds (how stale a pool may get), got {refresh}")
         self.view = view
         self.tenants = tenants
         self.is_available = is_available
+        self.refresh = refresh
         self._clock: Clock = clock or time.time
         self._rng = rng or random.Random()
         self._hrw = Rendezvous(bounded_load)
         self._sessions = SessionTable(max_sessions)
         self._index = CapabilityIndex.build(view)
-        self._plans: dict[tuple[object, ...], Plan] = {}
-        self._rr: dict[str, SmoothWeightedRoundRobin[InstanceKey]] = {}
+        self._pools: dict[tuple[object, ...], Pool] = {}
         self._card_cache: dict[tuple[str, str, float | None, str | None], CandidateScore] = {}
-        self._last_shown: dict[str, _Shown] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -106,27 +87,21 @@ class Router:
         ``CircuitOpen`` before anything is sent.
         """
         started = perf_counter_ns()
-        plan = self._plan(request)
+        pool = self._pool(request)
         now = self._clock()
         if request.session_id is not None:
-            return self._route_session(request, request.session_id, plan, now, exclude, started)
-        capability = request.capability
-        scan = self._scan(plan, capability, now, exclude)
-        healthy = scan.healthy
-        peers = [((inst.agent, inst.instance_id), _weight(offer.weight, inst.load)) for offer, inst in healthy]
-        rr = self._rr.get(capability)
-        if rr is None:
-            rr = self._rr[capability] = SmoothWeightedRoundRobin(self._rng)
-        offer, inst = healthy[rr.pick(peers)]
-        last = self._last_shown.get(capability)
-        if last is not None and last.peers == peers and last.skipped == scan.skipped and last.priority == scan.priority:
-            shown, reason = last.shown, last.reason
-        else:
-            shown = self._cards([(key[0], key[1], float(weight)) for key, weight in peers], scan.skipped)
-            tier = scan.priority
-            reason = f"smooth weighted round robin over {len(peers)} healthy instance(s) in priority tier {tier}"
-            self._last_shown[capability] = _Shown(peers, scan.skipped, scan.priority, shown, reason)
-        return self._answer(request, offer, inst, shown, reason, "none", started)
+            return self._route_session(request, request.session_id, pool, now, exclude, started)
+        if exclude:
+            return self._route_excluding(request, pool, now, exclude, started)
+        self._keep_fresh(pool, now)
+        entry = pool.pick()
+        if not self._usable_now(pool, entry, now):
+            self._reload(pool, now)
+            entry = pool.pick()
+        shown = pool.shown
+        if shown is None:
+            shown = pool.shown = self._cards([(*entry.key, float(entry.weight)) for entry in pool.usable], pool.skipped)
+        return self._answer(request, entry.offer, entry.instance, shown, pool.reason, "none", started)
 
     def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
         """Every healthy instance, best tier first (broadcast, failover lists); touches no pin and no counter.
@@ -135,17 +110,17 @@ class Router:
         score, one without by load-aware weight.
         """
         started = perf_counter_ns()
-        plan = self._plan(request)
+        plan = self._pool(request).plan
         now = self._clock()
         ordered: list[tuple[float, Offer, Instance]] = []
         skipped: list[Skip] = []
         for tier in plan.tiers:
-            healthy = self._healthy(tier, now, (), skipped)
+            usable = [entry for entry in self._judge(tier, now, (), skipped) if entry.weight > 0]
             if request.session_id is None:
-                scored = [(float(_weight(offer.weight, inst.load)), offer, inst) for offer, inst in healthy]
+                scored = [(float(entry.weight), entry.offer, entry.instance) for entry in usable]
             else:
-                rank = self._ranks(request.session_id, healthy)
-                scored = [(rank[inst.agent, inst.instance_id], offer, inst) for offer, inst in healthy]
+                rank = self._ranks(request.session_id, [entry.key for entry in usable])
+                scored = [(rank[entry.key], entry.offer, entry.instance) for entry in usable]
             scored.sort(key=lambda item: (-item[0], item[2].agent, item[2].instance_id))
             ordered.extend(scored)
         if not ordered:
@@ -174,17 +149,17 @@ class Router:
         self,
         request: ReachRequest,
         session_id: str,
-        plan: Plan,
+        pool: Pool,
         now: float,
         exclude: Collection[tuple[str, str]],
         started: int,
     ) -> Route:
         capability = request.capability
+        plan = pool.plan
         pins = self._sessions.get(session_id)
         pinned_agent = pins.agent_for(capability, plan.by_agent) if pins is not None else None
         if pins is None or pinned_agent is None:
-            scan = self._scan(plan, capability, now, exclude)
-            return self._place(request, session_id, scan, "new", "new session", started)
+            return self._place_new(request, session_id, pool, now, exclude, "new", "new session", started)
         pinned_id = pins.instances[pinned_agent]
         offer = plan.by_agent.get(pinned_agent)
         why = f"agent {pinned_agent} can no longer serve this request"
@@ -197,79 +172,169 @@ class Router:
                 shown = self._cards([(pinned_agent, pinned_id, None)], [])
                 return self._answer(request, offer, inst, shown, reason, "pinned", started)
             skipped: list[Skip] = [(pinned_agent, pinned_id, trouble or "unusable")]
-            healthy = self._healthy((offer,), now, exclude, skipped)
-            if healthy:
-                scan = _Scan(healthy, offer.priority, skipped)
+            entries = self._judge((offer,), now, exclude, skipped)
+            if any(entry.weight > 0 for entry in entries):
+                look = Look(entries, offer.priority, skipped)
                 reason = f"pinned instance {pinned_agent}/{pinned_id} unusable ({trouble}); context restore"
-                return self._place(request, session_id, scan, "restored", reason, started)
+                return self._place(request, session_id, look.usable, look, "restored", reason, started)
             why = f"no usable instance of pinned agent {pinned_agent}"
-        scan = self._scan(plan, capability, now, exclude)
         reason = f"{why}; degraded to another agent offering {capability!r}"
-        return self._place(request, session_id, scan, "degraded", reason, started)
+        return self._place_new(request, session_id, pool, now, exclude, "degraded", reason, started)
+
+    def _place_new(
+        self,
+        request: ReachRequest,
+        session_id: str,
+        pool: Pool,
+        now: float,
+        exclude: Collection[tuple[str, str]],
+        affinity: Affinity,
+        why: str,
+        started: int,
+    ) -> Route:
+        """Place a session over the pool (or, when failing over, over a fresh look without ``exclude``)."""
+        if exclude:
+            look = self._look(pool.plan, now, exclude)
+            return self._place(request, session_id, look.usable, look, affinity, why, started)
+        self._keep_fresh(pool, now)
+        placed = self._hrw.place(session_id, pool.keys, self._sessions.active)
+        if not self._usable_now(pool, pool.by_key[placed.key], now):
+            self._reload(pool, now)
+            placed = self._hrw.place(session_id, pool.keys, self._sessions.active)
+        return self._pin(request, session_id, placed, pool.by_key, pool.priority, pool.skipped, affinity, why, started)
 
     def _place(
-        self, request: ReachRequest, session_id: str, scan: _Scan, affinity: Affinity, why: str, started: int
+        self,
+        request: ReachRequest,
+        session_id: str,
+        usable: list[Entry],
+        look: Look,
+        affinity: Affinity,
+        why: str,
+        started: int,
     ) -> Route:
-        """Rendezvous-hash a session over ``scan.healthy`` under the bounded-load cap, and pin it."""
-        by_key = {(inst.agent, inst.instance_id): (offer, inst) for offer, inst in scan.healthy}
+        """Rendezvous-hash a session over ``usable`` under the bounded-load cap, and pin it."""
+        by_key = {entry.key: entry for entry in usable}
         placed = self._hrw.place(session_id, list(by_key), self._sessions.active)
+        return self._pin(request, session_id, placed, by_key, look.priority, look.skipped, affinity, why, started)
+
+    def _pin(
+        self,
+        request: ReachRequest,
+        session_id: str,
+        placed: Placement,
+        by_key: Mapping[InstanceKey, Entry],
+        priority: int,
+        skipped: list[Skip],
+        affinity: Affinity,
+        why: str,
+        started: int,
+    ) -> Route:
+        """Pin the session where rendezvous hashing placed it, and explain why."""
         agent, instance_id = placed.key
-        offer, inst = by_key[placed.key]
+        entry = by_key[placed.key]
         self._sessions.pin(session_id, request.capability, agent, instance_id)
         shown = [{"agent": key[0], "instance": key[1], "score": score} for score, key in placed.ranked[:MAX_RECORDED]]
-        shown += [
-            {"agent": a, "instance": i, "skipped": skip} for a, i, skip in scan.skipped[: MAX_RECORDED - len(shown)]
-        ]
+        shown += [{"agent": a, "instance": i, "skipped": skip} for a, i, skip in skipped[: MAX_RECORDED - len(shown)]]
         reason = (
-            f"{why}: rendezvous hash over {len(by_key)} instance(s) in priority tier {scan.priority} "
+            f"{why}: rendezvous hash over {len(by_key)} instance(s) in priority tier {priority} "
             f"(bounded load: at most {placed.cap} sessions each) picked {agent}/{instance_id}"
         )
-        return self._answer(request, offer, inst, shown, reason, affinity, started)
+        return self._answer(request, entry.offer, entry.instance, shown, reason, affinity, started)
 
-    def _ranks(self, session_id: str, healthy: Healthy) -> dict[InstanceKey, float]:
-        return {
-            key: score for score, key in self._hrw.scores(session_id, [(i.agent, i.instance_id) for _, i in healthy])
-        }
+    def _ranks(self, session_id: str, keys: list[InstanceKey]) -> dict[InstanceKey, float]:
+        return {key: score for score, key in self._hrw.scores(session_id, keys)}
+
+    # ------------------------------------------------------------------ failover
+
+    def _route_excluding(
+        self, request: ReachRequest, pool: Pool, now: float, exclude: Collection[tuple[str, str]], started: int
+    ) -> Route:
+        """Failover: a fresh full look without ``exclude``; the pool's round robin chooses when the tier is the same.
+
+        Rare (once per failed attempt), so it pays for an exact look rather than trusting the pool.
+        """
+        look = self._look(pool.plan, now, exclude)
+        usable = {entry.key: entry for entry in look.usable}
+        self._keep_fresh(pool, now)
+        entry = None
+        if pool.look is not None and pool.look.priority == look.priority:
+            entry = usable.get(pool.rr.pick_where(usable.__contains__) or ("", ""))
+        if entry is None:
+            entry = max(look.usable, key=lambda candidate: candidate.weight)
+        shown = self._cards([(*key, float(found.weight)) for key, found in usable.items()], look.skipped)
+        reason = (
+            f"smooth weighted round robin over {len(usable)} healthy instance(s) in priority tier {look.priority}, "
+            f"{len(exclude)} excluded"
+        )
+        return self._answer(request, entry.offer, entry.instance, shown, reason, "none", started)
 
     # ------------------------------------------------------------------ filtering
 
-    def _plan(self, request: ReachRequest) -> Plan:
+    def _pool(self, request: ReachRequest) -> Pool:
+        """The pool of the request's plan (capability, tenant, intent, scope tags), for this registry revision."""
         index = self._index
         if index.revision != self.view.revision:
             index = self._index = CapabilityIndex.build(self.view)
-            self._plans.clear()
-        tenant = request.tenant
-        key = (request.capability, tenant, request.intent, tuple(request.scope_tags), id(self.tenants))
-        plan = self._plans.get(key)
-        if plan is None:
+            self._pools.clear()
+        key = (request.capability, request.tenant, request.intent, tuple(request.scope_tags), id(self.tenants))
+        pool = self._pools.get(key)
+        if pool is None:
             offers = index.offers.get(request.capability)
             if not offers:
                 raise UnknownCapability(request.capability, known=index.closest(request.capability))
-            if len(self._plans) >= _MAX_PLANS:
-                self._plans.clear()
-            plan = self._plans[key] = make_plan(offers, request, self.tenants)
-        return plan
+            if len(self._pools) >= _MAX_PLANS:
+                self._pools.clear()
+            pool = self._pools[key] = Pool(make_plan(offers, request, self.tenants), self._rng)
+        return pool
 
-    def _scan(self, plan: Plan, capability: str, now: float, exclude: Collection[tuple[str, str]]) -> _Scan:
-        """The first priority tier with a healthy instance."""
+    def _keep_fresh(self, pool: Pool, now: float) -> None:
+        """Load the pool if it is stale, else re-check the next entry of its rotation (O(1))."""
+        entry = pool.due()
+        if entry is None or now < pool.expires - self.refresh:  # no look yet, or the clock went back
+            self._reload(pool, now)
+            return
+        if now >= pool.expires and not pool.prolong(now + self.refresh):
+            self._reload(pool, now)
+            return
+        live = self.view.instances(entry.offer.name).get(entry.instance.instance_id)
+        if live is None or (self._unusable(live, now, (), sticky=False) is None) != (entry.weight > 0):
+            self._reload(pool, now)
+        elif entry.weight > 0:
+            _adopt(pool, entry, live)
+
+    def _reload(self, pool: Pool, now: float) -> None:
+        pool.load(self._look(pool.plan, now, ()), now + self.refresh)
+
+    def _usable_now(self, pool: Pool, entry: Entry, now: float) -> bool:
+        """Whether the picked entry can take the request now; it adopts the registry's latest record of it."""
+        live = self.view.instances(entry.offer.name).get(entry.instance.instance_id)
+        if live is None or self._unusable(live, now, (), sticky=False) is not None:
+            return False
+        _adopt(pool, entry, live)
+        return True
+
+    def _look(self, plan: Plan, now: float, exclude: Collection[tuple[str, str]]) -> Look:
+        """Judge every instance, tier by tier, up to the first tier with a usable one (O(n): on reloads only)."""
         skipped: list[Skip] = []
+        judged: list[Entry] = []
         for tier in plan.tiers:
-            healthy = self._healthy(tier, now, exclude, skipped)
-            if healthy:
-                return _Scan(healthy, tier[0].priority, skipped)
-        raise _nobody(capability, skipped)
+            entries = self._judge(tier, now, exclude, skipped)
+            judged += entries
+            if any(entry.weight > 0 for entry in entries):
+                return Look(judged, tier[0].priority, skipped)
+        raise _nobody(plan.tiers[0][0].capability.name, skipped)
 
-    def _healthy(
+    def _judge(
         self,
         offers: tuple[Offer, ...],
         now: float,
         exclude: Collection[tuple[str, str]],
         skipped: list[Skip],
-    ) -> Healthy:
-        healthy: Healthy = []
+    ) -> list[Entry]:
+        """Every instance of ``offers`` with its round-robin weight (0 when unusable, and why into ``skipped``)."""
+        judged: list[Entry] = []
         instances = self.view.instances
-        alive = self.view.is_alive
-        hook = self.is_available
         for offer in offers:
             if offer.weight == 0:
                 skipped.append((offer.name, "*", "routing weight 0"))
@@ -278,20 +343,13 @@ class Router:
             if not found:
                 skipped.append((offer.name, "*", "no instances registered"))
             for inst in found.values():
-                if (
-                    not exclude
-                    and inst.status == "ready"
-                    and alive(inst, now)
-                    and (hook is None or hook(inst.agent, inst.instance_id))
-                ):
-                    healthy.append((offer, inst))
-                    continue
                 why = self._unusable(inst, now, exclude, sticky=False)
                 if why is None:
-                    healthy.append((offer, inst))
+                    judged.append(Entry(offer, inst, _weight(offer.weight, inst.load)))
                 else:
+                    judged.append(Entry(offer, inst, 0))
                     skipped.append((offer.name, inst.instance_id, why))
-        return healthy
+        return judged
 
     def _unusable(
         self, inst: Instance, now: float, exclude: Collection[tuple[str, str]], *, sticky: bool
@@ -359,6 +417,15 @@ class Router:
 def _weight(weight: int, load: float) -> int:
     """Load-aware SWRR weight: the agent's weight scaled by ``1 - load``, never below 1."""
     return weight if load == 0.0 else max(1, round(weight * (1.0 - load)))
+
+
+def _adopt(pool: Pool, entry: Entry, live: Instance) -> None:
+    """Take the registry's latest record of a usable entry (a heartbeat replaced it); its weight follows its load."""
+    if live is not entry.instance:
+        entry.instance = live
+        weight = _weight(entry.offer.weight, live.load)
+        if weight != entry.weight:
+            pool.reweigh(entry, weight)
 
 
 def _nobody(capability: str, skipped: list[Skip]) -> NoHealthyAgent:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -18,24 +19,42 @@ import httpx
 from reach_plugins.adapters import HttpRequest, HttpResponse
 from reach_plugins.errors import ConfigError, ConnectError, ConnectionLost, ReadTimeout
 from reach_plugins.model import PoolConfig
+from reach_plugins.redact import describe, safe_url, url_path
 
 
 def mapped(exc: BaseException, request: HttpRequest) -> Exception:
-    """httpx's exception as ours; a pool timeout means the request was never sent."""
-    where = f"{request.method} {request.url}"
+    """httpx's exception as ours; a pool timeout means the request was never sent.
+
+    As with the aiohttp engine, the message names the exception's kind and the URL's path, never httpx's
+    text (which can carry the query string) nor the host.
+    """
+    where = f"{request.method} {url_path(request.url)}"
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return ConnectError(f"cannot connect for {where}: {exc}")
+        return ConnectError(f"cannot connect for {where}: {describe(exc)}")
     if isinstance(exc, httpx.PoolTimeout):
         return ConnectError(f"no pooled connection became free for {where}")
     if isinstance(exc, httpx.TimeoutException | TimeoutError):
         return ReadTimeout(f"no complete answer to {where} in time")
     if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
-        return ConfigError(f"the agent endpoint is not a valid URL: {request.url!r} ({exc})")
-    return ConnectionLost(f"the connection broke during {where}: {exc!r}")
+        return ConfigError(f"the agent endpoint is not a valid URL: {safe_url(request.url)!r}")
+    return ConnectionLost(f"the connection broke during {where}: {describe(exc)}")
 
 
 FOREIGN = (httpx.HTTPError, httpx.InvalidURL, TimeoutError)
 """What :func:`mapped` translates."""
+
+
+class _RedactedUrls(logging.Filter):
+    """httpx logs every request's full URL at INFO ("HTTP Request: POST http://...?api_key=..."): the query
+    string can hold a tenant's credential (``auth.type: query``), so its log records carry :func:`safe_url`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(safe_url(str(arg)) if isinstance(arg, httpx.URL) else arg for arg in record.args)
+        return True
+
+
+logging.getLogger("httpx").addFilter(_RedactedUrls())
 
 
 class HttpxStream:

@@ -20,13 +20,21 @@ import aiohttp
 
 from reach_plugins.adapters import HttpRequest, SseDecoder
 from reach_plugins.adapters.reach import ReachStreamDecoder
+from reach_plugins.aiohttp_boundary import FOREIGN, mapped, read_capped
 from reach_plugins.errors import WIRE_CODES, ConfigError, InvalidResponse
 from reach_plugins.model import ErrorInfo
 from reach_plugins.routing.pinning import TARGET
 from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
-from reach_plugins.wire import HEADER_AUTHORIZATION, HEADER_PREFER, HEADER_TARGET, REFUSED, check_headers, refusal
-from transports.direct.engine_aiohttp import FOREIGN, mapped
+from reach_plugins.wire import (
+    HEADER_AUTHORIZATION,
+    HEADER_PREFER,
+    HEADER_TARGET,
+    MAX_REPLY,
+    REFUSED,
+    check_headers,
+    refusal,
+)
 
 
 def wire_body(call: Call) -> dict[str, Any]:
@@ -160,7 +168,7 @@ class GatewayTransport(BaseTransport):
             async with self._client().post(
                 request.url, data=request.body, headers=request.headers, timeout=self._limits(call.timeout)
             ) as response:
-                raw = await response.read()
+                raw = await read_capped(response, MAX_REPLY)
         except FOREIGN as exc:
             raise mapped(exc, request) from exc
         return parse_reply(call, response.status, raw)
@@ -177,7 +185,7 @@ class GatewayTransport(BaseTransport):
             raise mapped(exc, request) from exc
         try:
             if not response.content_type.startswith("text/event-stream"):
-                reply = parse_reply(call, response.status, await _read(response.read(), request))
+                reply = parse_reply(call, response.status, await _read(read_capped(response, MAX_REPLY), request))
                 yield StreamEvent("error", error=reply.error) if reply.error else StreamEvent("data", reply.data)
                 return
             decoder, sse = ReachStreamDecoder(call), SseDecoder()
