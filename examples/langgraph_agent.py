@@ -3,8 +3,8 @@
 The front desk has two local tools; the enhancer sends each call to the agent
 that offers the capability the tool maps to, keeps the conversation (the
 LangGraph ``thread_id``) on one instance, and offers ``search_knowledge`` as a
-proxy tool because no local tool covers it. A scripted chat model stands in
-for an LLM, so it runs offline with no API key.
+proxy tool because ``expose`` names it and no local tool covers it. A scripted
+chat model stands in for an LLM, so it runs offline with no API key.
 
     python examples/langgraph_agent.py
 """
@@ -50,7 +50,9 @@ async def main() -> None:
         servers.append(server)
 
     enhancer = ReachEnhancer(
-        registry=registry, capability_map={"lookup_order_status": "query_order", "check_stock": "check_inventory"}
+        registry=registry,
+        capability_map={"lookup_order_status": "query_order", "check_stock": "check_inventory"},
+        expose=["search_knowledge"],
     )
     desk = create_agent(
         ScriptedChatModel(rules=RULES),

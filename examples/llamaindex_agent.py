@@ -2,7 +2,7 @@
 
 LlamaIndex has no hook around tool calls, so ``enhance_agent`` wraps the
 agent's tools (same metadata, so the model sees the same tools) and adds a
-proxy tool for each capability no local tool covers. One workflow ``Context``
+proxy tool for each capability named in ``expose`` that no local tool covers. One workflow ``Context``
 is one conversation: its calls stay on one ``orders`` instance. A scripted
 LLM stands in for a real one, so it runs offline with no API key.
 
@@ -62,7 +62,9 @@ async def main() -> None:
         await served.register(registry, server.url, instance_id=f"{served.name}-{number}")
         servers.append(server)
 
-    enhancer = ReachEnhancer(registry=registry, capability_map={"lookup_order": "query_order"})
+    enhancer = ReachEnhancer(
+        registry=registry, capability_map={"lookup_order": "query_order"}, expose=["check_inventory"]
+    )
     agent = FunctionAgent(tools=[lookup_order], llm=MockFunctionCallingLLM(response_generator=scripted))
     enhance_agent(agent, enhancer)
     print(f"tools the model sees: {[tool.metadata.name for tool in await agent.get_tools('')]}")

@@ -65,7 +65,9 @@ async def main() -> None:
                     name="kb-a2a", protocol="a2a", endpoints=[kb_server.url], capabilities=["search_knowledge"]
                 )
             )
-            enhancer = ReachEnhancer(registry=registry, capability_map={"check_stock": "check_inventory"})
+            enhancer = ReachEnhancer(
+                registry=registry, capability_map={"check_stock": "check_inventory"}, expose=["search_knowledge"]
+            )
             desk = create_agent(
                 ScriptedChatModel(rules=RULES), [check_stock], enhanced_by=enhancer, checkpointer=InMemorySaver()
             )

@@ -53,7 +53,8 @@ for instance_id, factory in [
 
 Its local tools have their own names. The enhancer maps each one to a
 capability by meaning (`explain` says why), and offers a proxy tool for a
-capability no local tool covers (`search_knowledge`).
+capability no local tool covers when `expose` names it (`search_knowledge`;
+none by default, so the model never sees a tool nobody chose).
 """,
     ),
     (
@@ -71,7 +72,7 @@ def check_stock(sku: str) -> str:
     return f"(local fallback) stock of {sku}: unknown"
 
 
-enhancer = ReachEnhancer(registry=registry)
+enhancer = ReachEnhancer(registry=registry, expose=["search_knowledge"])
 for local in (lookup_order_status, check_stock):
     resolution = enhancer.explain(local.name, local.description)
     print(f"{local.name:<20} -> {resolution.capability:<16} ({resolution.rule}: {resolution.detail})")

@@ -33,10 +33,13 @@ import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import ReachError
+from reach_plugins.metrics import ReachMetrics, fan_out
 
 logging.getLogger("reach_plugins").setLevel(logging.CRITICAL)  # the drill's failures are on purpose: no log noise
 outage = threading.Event()
@@ -74,7 +77,9 @@ print(config.read_text())
 ## The drill
 
 Every 25 ms a call starts (calls overlap). Every transition of a breaker is an
-event in the request's trace; a sink collects the traces.
+event in the request's trace; a sink collects the traces, and
+`ReachMetrics` (a trace sink too) turns them into OpenTelemetry metrics, read
+here from an in-memory reader as a Prometheus scrape would read them.
 """,
     ),
     (
@@ -94,8 +99,10 @@ class Traces:
 
 
 sink = Traces()
+reader = InMemoryMetricReader()
+metrics = ReachMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
 calls, marks = [], {}
-client = ReachClient(f"file://{config}", sink=sink)
+client = ReachClient(f"file://{config}", sink=fan_out(sink, metrics))
 start = time.time()
 
 
@@ -209,6 +216,54 @@ plt.show()
 """,
     ),
     (
+        "md",
+        """
+## The same drill as an operator sees it: metrics
+
+What the Grafana dashboard (`notebooks/grafana/reach_dashboard.json`) charts
+from a gateway's `/metrics`: attempts by outcome (`not_delivered` when the
+killed instance refused the connection) and breaker transitions per instance,
+here read from the in-memory reader.
+""",
+    ),
+    (
+        "code",
+        """
+from collections import Counter as Tally
+
+
+def points(name: str) -> list[tuple[dict, float]]:
+    data = reader.get_metrics_data()
+    return [
+        (dict(point.attributes), getattr(point, "value", getattr(point, "count", 0)))
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+outcomes = Tally()
+for attributes, value in points("reach.client.attempts"):
+    outcomes[attributes["reach.outcome"]] += value
+opens = Tally()
+for attributes, value in points("reach.breaker.transitions"):
+    if attributes["reach.breaker.to"] == "open":
+        opens[attributes["reach.instance"]] += value
+requests = sum(value for _, value in points("reach.client.requests"))
+
+figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+left.bar(list(outcomes), list(outcomes.values()), color="tab:blue")
+left.set_title("reach.client.attempts by outcome")
+right.bar(list(opens), list(opens.values()), color="tab:red")
+right.set_title("breaker opened (reach.breaker.transitions)")
+figure.tight_layout()
+plt.show()
+print(f"{requests:g} requests;", dict(outcomes))
+""",
+    ),
+    (
         "code",
         """
 def rate(low: float, high: float) -> float:
@@ -223,6 +278,7 @@ summary = {
     "after_recovery": rate(marks["recover"] + 1.5, END_AT),
     "opened": sorted({instance for _, instance, _, after in transitions if after == "open"}),
     "closed_again": sorted({instance for _, instance, before, after in transitions if after == "closed"}),
+    "metrics": {"requests": requests, "outcomes": dict(outcomes), "opened": sorted(opens)},
 }
 print("SUMMARY", json.dumps(summary))
 """,

@@ -9,7 +9,7 @@ CELLS: list[tuple[str, str]] = [
 The same agents, reached from the two other hosts:
 
 * **LlamaIndex** has no hook around tool calls, so `enhance_agent` wraps the
-  agent's tools (keeping their metadata) and adds proxy tools. One workflow
+  agent's tools (keeping their metadata) and adds the proxy tools `expose` names. One workflow
   `Context` is one conversation.
 * **Dify** has no `tool.before_invoke` hook, so `reach_plugins.dify` provides
   one; the Reach agent strategy for Dify calls it around every tool call, with
@@ -54,7 +54,9 @@ for instance_id, factory in [("orders-1", orders_agent), ("orders-2", orders_age
     server = BackgroundServer(agent.app).start()
     await agent.register(registry, server.url, instance_id=instance_id)
     servers.append(server)
-enhancer = ReachEnhancer(registry=registry, capability_map={"lookup_order": "query_order"}, tracer_provider=provider)
+enhancer = ReachEnhancer(
+    registry=registry, capability_map={"lookup_order": "query_order"}, expose=["check_inventory"], tracer_provider=provider
+)
 """,
     ),
     (

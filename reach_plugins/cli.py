@@ -17,11 +17,14 @@ from reach_plugins.registry import Registry, open_registry
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
 console = Console()
+TRACES = Path("reach-traces.jsonl")
+"""Where ``reach demo`` writes its traces and ``reach trace`` reads them unless told otherwise."""
 
 
 @app.command()
 def demo(
     seed: Annotated[int, typer.Option(help="Random seed of the scripted run.")] = 7,
+    trace_file: Annotated[Path, typer.Option(help="Write each request's trace here (JSON lines).")] = TRACES,
 ) -> None:
     """Run the customer-service scenario on the embedded default: no servers, no API key."""
     try:
@@ -30,7 +33,7 @@ def demo(
         console.print(f'[red]the demo needs the demo extra:[/red] pip install "reach-plugins[demo]" ({exc})')
         raise typer.Exit(2) from None
 
-    asyncio.run(run_demo(console, seed=seed))
+    asyncio.run(run_demo(console, seed=seed, trace_file=trace_file))
 
 
 @app.command()
@@ -111,6 +114,7 @@ def node(
     queue_capacity: Annotated[int, typer.Option(help="Requests that may wait for a worker.")] = 1000,
     workers: Annotated[int, typer.Option(help="Requests served at once.")] = 64,
     node_id: Annotated[str | None, typer.Option(help="Name in x-reach-via chains (default: random).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (Prometheus) over HTTP here.")] = None,
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
     callback_host: Annotated[
         list[str] | None, typer.Option(help="host or host:port that Submit callbacks may reach (repeat).")
@@ -129,6 +133,7 @@ def node(
                 queue_capacity=queue_capacity,
                 workers=workers,
                 node_id=node_id,
+                metrics_port=metrics_port,
                 allow_open=allow_open,
                 callback_hosts=callback_host or (),
             )
@@ -166,6 +171,33 @@ def issuer(
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None
+
+
+@app.command()
+def trace(
+    request_id: Annotated[str | None, typer.Argument(help="The request to show (a unique prefix will do).")] = None,
+    file: Annotated[Path, typer.Option(help="JSON-lines trace file (a JsonLinesSink's).")] = TRACES,
+    tail: Annotated[bool, typer.Option(help="Follow the file and show each new request as it is written.")] = False,
+    count: Annotated[int | None, typer.Option(help="With --tail: stop after this many requests.")] = None,
+) -> None:
+    """Replay one request's route decision (candidates, scores, pick, reason) and attempts as a timed tree."""
+    from reach_plugins.traceview import find_trace, follow, trace_tree
+
+    if tail == (request_id is not None):
+        console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests")
+        raise typer.Exit(2)
+    if request_id is not None:
+        try:
+            console.print(trace_tree(find_trace(file, request_id)))
+        except ReachError as exc:
+            console.print("[red]error:[/red]", escape(str(exc)))
+            raise typer.Exit(2) from None
+        return
+    records = follow(file, ready=lambda: console.print(f"[dim]following {escape(str(file))}[/dim]"))
+    for shown, record in enumerate(records, start=1):
+        console.print(trace_tree(record))
+        if count is not None and shown >= count:
+            return
 
 
 async def _agents(url: str, load: Path | None) -> None:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
@@ -36,25 +38,33 @@ from reach_plugins.errors import (
     NoHealthyAgent,
     ReachError,
     RequestError,
+    SessionClosed,
     UnknownCapability,
     error_for_response,
 )
+from reach_plugins.metrics import ReachMetrics, fan_out
 from reach_plugins.model import Capability, ReachRequest, ReachResponse
 from reach_plugins.stores import open_sessions
 from reach_plugins.telemetry import (
     ATTR_CAPABILITY,
     ATTR_ERROR_TYPE,
+    ATTR_FALLBACK,
     ATTR_GEN_AI_CONVERSATION_ID,
     ATTR_GEN_AI_OPERATION_NAME,
     ATTR_GEN_AI_TOOL_CALL_ID,
     ATTR_GEN_AI_TOOL_NAME,
+    ATTR_GEN_AI_TOOL_TYPE,
     OPERATION_EXECUTE_TOOL,
+    TOOL_TYPE_EXTENSION,
+    TOOL_TYPE_FUNCTION,
     get_tracer,
     tool_span_name,
 )
 from reach_plugins.toolcalls import (
     Approver,
     Decision,
+    ExposeOption,
+    Exposure,
     MatcherOption,
     OnError,
     PendingApproval,
@@ -77,6 +87,24 @@ if TYPE_CHECKING:
     from reach_plugins.transport import Transport
 
 
+class _ToolSpan:
+    """A tool call's span that remembers the error type it was given (the duration metric's ``error.type``)."""
+
+    __slots__ = ("error", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.error: str | None = None
+
+    def set_attribute(self, key: str, value: str) -> None:
+        if key == ATTR_ERROR_TYPE:
+            self.error = value
+        self.span.set_attribute(key, value)
+
+    def set_status(self, status: Status) -> None:
+        self.span.set_status(status)
+
+
 class Stoppable(Protocol):
     """Something served on this enhancer's behalf (:class:`~reach_plugins.agent.langgraph.ServedAgent`)."""
 
@@ -96,7 +124,13 @@ class ReachEnhancer:
     with ``danger_level: high`` or ``require_approval`` is sent only when
     ``approver`` says yes (LangGraph's adapter asks a human with ``interrupt``).
     ``on_error="message"`` turns a failure into text for the model,
-    ``"raise"`` raises it. ``serve_as`` names what this agent offers when it is
+    ``"raise"`` raises it. ``expose`` names the capabilities without a local
+    tool that the model may see as proxy tools (names or scope tags, or a
+    predicate; none by default; ``danger_level: high`` ones only by name).
+    ``metrics`` (:class:`~reach_plugins.metrics.ReachMetrics`) records tool
+    calls and, as the client's trace sink, every reach (for a ready
+    ``client``, give it ``sink=metrics`` yourself).
+    ``serve_as`` names what this agent offers when it is
     served itself (``auto_register=True``; the agent SDK serves it, see :meth:`adopt`).
     """
 
@@ -117,8 +151,10 @@ class ReachEnhancer:
         session_key: SessionKey | None = None,
         serve_as: ServeSpec | None = None,
         scope_tags: Sequence[str] = (),
+        expose: ExposeOption = None,
         timeout_ms: int | None = None,
         tracer_provider: TracerProvider | None = None,
+        metrics: ReachMetrics | None = None,
         **client_options: Any,
     ) -> None:
         check_choice("policy", policy, Policy)
@@ -132,9 +168,13 @@ class ReachEnhancer:
         self.approver = approver
         self.session_key = session_key
         self.scope_tags = tuple(scope_tags)
+        self.exposure = Exposure.of(expose)
         self.timeout_ms = timeout_ms
         self.tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
+        self.metrics = metrics
+        if metrics is not None and client is None:
+            client_options["sink"] = fan_out(client_options.get("sink"), metrics)
         self._owns_client = client is None
         self.blocking = SyncReachClient.wrap(
             client
@@ -171,19 +211,33 @@ class ReachEnhancer:
         return self.mapper.catalogue()
 
     def tools(self, local: Iterable[str | tuple[str, str]] = ()) -> list[ProxySpec]:
-        """Proxy tools for capabilities no local tool covers (``local``: names, or ``(name, description)``).
+        """Proxy tools for the exposed capabilities no local tool covers (``local``: names, or ``(name, description)``).
 
-        Capabilities this agent serves itself (``serve_as``) are left out: an agent does not reach itself.
+        Only what ``expose`` lets through (nothing by default). Capabilities this
+        agent serves itself (``serve_as``) are left out: an agent does not reach itself.
         """
         if self.policy == "local_only":
             return []
         own = self.serve_as.capabilities if self.serve_as is not None else ()
-        return self.mapper.uncovered(local, exclude=[c if isinstance(c, str) else c.name for c in own])
+        return self.mapper.uncovered(
+            local, exclude=[c if isinstance(c, str) else c.name for c in own], exposed=self.exposure
+        )
+
+    def exposes(self, capability: str) -> bool:
+        """Whether the model may call ``capability`` without a local tool for it (``expose``)."""
+        found = self.catalogue().get(capability)
+        return found is not None and self.exposure(found)
 
     # ------------------------------------------------------------------ deciding
 
     def decide(self, call: ToolCall) -> Decision:
         """Where ``call`` goes under the policy; ``remote_first`` checks that a healthy agent can take it."""
+        decision = self._decide(call)
+        if self.metrics is not None:
+            self.metrics.tool_route(call.name, decision.resolution.rule, decision.remote)
+        return decision
+
+    def _decide(self, call: ToolCall) -> Decision:
         if self.policy == "local_only":
             return Decision(False, None, Resolution(call.name, None, "off", "policy local_only"), "policy local_only")
         resolution = self.mapper.explain(call.name, call.description, wait=False)
@@ -275,7 +329,7 @@ class ReachEnhancer:
             "scope_tags": self.scope_tags,
         }
 
-    def _answered(self, span: Span, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
+    def _answered(self, span: _ToolSpan, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
         route = RouteInfo.of(response, capability)
         if not response.ok:
             return self._failed(span, call, capability, error_for_response(response), route)
@@ -283,21 +337,45 @@ class ReachEnhancer:
         return ToolResult(call, capability, content_of(response.data), response.data, None, route)
 
     def _failed(
-        self, span: Span, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
+        self, span: _ToolSpan, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
     ) -> ToolResult:
         if capability:
             span.set_attribute(ATTR_CAPABILITY, capability)
         span.set_attribute(ATTR_ERROR_TYPE, type(error).__name__)
+        if self.metrics is not None and isinstance(error, SessionClosed) and error.details.get("in_flight"):
+            self.metrics.cancellation(capability or call.name)
+        fallback = self._fallback(call, capability, error, route)
+        if fallback is not None:
+            span.set_attribute(ATTR_FALLBACK, "local")
+            return ToolResult(call, capability, error_text(call.name, capability, error), None, error, fallback)
         span.set_status(Status(StatusCode.ERROR, error.message))
         if self.on_error == "raise":
             raise error
         return ToolResult(call, capability, error_text(call.name, capability, error), None, error, route)
 
+    def _fallback(
+        self, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
+    ) -> RouteInfo | None:
+        """The route record of a call the local tool should take over, or ``None``.
+
+        Under ``remote_first`` a call with a local tool that reached no agent
+        (no healthy agent, every breaker open, every attempt refused before the
+        agent saw it) runs locally in the same tool call; the record says why.
+        """
+        if self.policy != "remote_first" or not call.has_local or capability is None:
+            return None
+        if isinstance(error, NoHealthyAgent):
+            route = RouteInfo(capability, None, delivered=False)
+        elif route is None or route.delivered:
+            return None
+        return replace(route, fallback=f"local tool ran: {error.message}")
+
     @contextmanager
-    def _span(self, call: ToolCall) -> Iterator[Span]:
+    def _span(self, call: ToolCall) -> Iterator[_ToolSpan]:
         attributes: dict[str, str] = {
             ATTR_GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL,
             ATTR_GEN_AI_TOOL_NAME: call.name,
+            ATTR_GEN_AI_TOOL_TYPE: TOOL_TYPE_FUNCTION if call.has_local else TOOL_TYPE_EXTENSION,
         }
         if call.call_id:
             attributes[ATTR_GEN_AI_TOOL_CALL_ID] = call.call_id
@@ -310,7 +388,12 @@ class ReachEnhancer:
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            yield span
+            timed, started = _ToolSpan(span), time.perf_counter()
+            try:
+                yield timed
+            finally:
+                if self.metrics is not None:
+                    self.metrics.tool_call(call.name, time.perf_counter() - started, timed.error)
 
     # ------------------------------------------------------------------ sessions
 
@@ -325,6 +408,8 @@ class ReachEnhancer:
             raise ConfigError("this enhancer's client has no session store: build the client with sessions=")
         await self.blocking.bridge.submit(sessions.close(key))
         self.client.router.release(key)
+        if self.metrics is not None:
+            self.metrics.session_closed()
 
     # ------------------------------------------------------------------ serving
 

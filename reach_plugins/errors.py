@@ -42,6 +42,9 @@ table from code to class; :func:`from_wire` rebuilds the error a hop reported,
 so a refusal raises the same class on the client over every transport. The
 codes an agent itself sends (``business``, ``transient``, ``timeout``,
 ``backpressure``, ``invalid_response``) keep their DESIGN.md section 4 meaning.
+:func:`is_retryable` tells a framework's retry hook (LangChain's
+``ToolRetryMiddleware(retry_on=...)``) a :class:`BusinessError` or a refused
+request, which no retry can fix, from a transient failure.
 """
 
 from __future__ import annotations
@@ -329,3 +332,19 @@ def error_for_response(response: ReachResponse) -> ReachError:
         return DeadlineExceeded(message, response.trace.attempts if response.trace else ())
     kind_class = WIRE_CODES.get(kind, RemoteError)
     return kind_class.from_wire(message, info.retry_after if info else None)
+
+
+_PERMANENT: Final = (RequestError, ConfigError, BusinessError, InvalidResponse)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether calling again later may succeed; a framework's retry hook can ask it (``retry_on=is_retryable``).
+
+    False for what a retry cannot fix: a :class:`BusinessError` (the agent
+    refused), a refused request (:class:`RequestError`: wrong arguments,
+    permission, closed conversation, approval), a :class:`ConfigError` and an
+    :class:`InvalidResponse`. True for the transient rest, and for exceptions
+    that are not ours (the framework's own policy decides those). The core has
+    already retried transient faults within the call's deadline.
+    """
+    return not isinstance(exc, _PERMANENT)

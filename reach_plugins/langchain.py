@@ -8,7 +8,12 @@
 swaps the tool (``handler(request.override(tool=...))``) instead of answering
 itself, so LangChain's tool callbacks and error handling still run; a failure
 becomes ``ToolMessage(status="error")`` through ``handle_tool_error`` unless
-the enhancer says ``on_error="raise"``. The conversation key is the LangGraph
+the enhancer says ``on_error="raise"``: then the
+:mod:`~reach_plugins.errors` class escapes, a ``BusinessError`` for a refusal,
+which ``ToolRetryMiddleware(retry_on=errors.is_retryable)`` does not retry
+(:func:`reach_error_message` turns it into a message). Under ``remote_first`` a reach that
+reached no agent runs the local tool in the same call (the ToolMessage's
+artifact says ``fallback``). The conversation key is the LangGraph
 ``thread_id``; a dangerous capability pauses the run with ``interrupt`` until
 ``Command(resume={"approved": True})`` (resuming needs a checkpointer). The
 same two methods plug into ``ToolNode(tools, wrap_tool_call=...,
@@ -37,7 +42,18 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from reach_plugins.agent.langgraph import serve_graph
-from reach_plugins.toolcalls import ANY_OBJECT, Approver, Decision, PendingApproval, ProxySpec, ToolCall, ToolResult
+from reach_plugins.errors import ReachError
+from reach_plugins.toolcalls import (
+    ANY_OBJECT,
+    Approver,
+    Decision,
+    PendingApproval,
+    ProxySpec,
+    ToolCall,
+    ToolResult,
+    content_of,
+    error_text,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -70,7 +86,9 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
     """Sends every tool call a remote agent should serve through the enhancer.
 
     ``local_tools`` are the agent's own tools; ``tools`` (what LangChain adds to
-    the agent) are proxy tools for the capabilities none of them covers.
+    the agent) are proxy tools for the capabilities the enhancer exposes (``expose``)
+    that none of them covers. A call to any other tool the agent lacks is left
+    to LangChain (which answers that the tool does not exist).
     """
 
     def __init__(
@@ -120,9 +138,14 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
             has_local=tool is not None and tool.name not in self._proxies,
         )
         decision = self.enhancer.decide(call)
-        if not decision.remote or (tool is None and decision.capability is None):
+        if not decision.remote or (tool is None and not self._exposed(decision)):
             return call, None
         return call, decision
+
+    def _exposed(self, decision: Decision) -> bool:
+        """Whether a call to a tool the agent does not have may reach its capability (only an exposed one)."""
+        capability = decision.capability
+        return capability is not None and self.enhancer.exposes(capability.name)
 
     def _swapped(self, request: ToolCallRequest, call: ToolCall, decision: Decision) -> BaseTool:
         schema = self._schema(request.tool)
@@ -131,13 +154,21 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
         def bound(args: dict[str, Any]) -> ToolCall:
             return replace(call, args={k: v for k, v in args.items() if visible is None or k in visible})
 
-        def run(**args: Any) -> tuple[str, dict[str, Any] | None]:
-            return _output(self.enhancer.reach(bound(args), decision, approver=self._approver))
+        local = request.tool
 
-        async def arun(**args: Any) -> tuple[str, dict[str, Any] | None]:
-            return _output(await self.enhancer.areach(bound(args), decision, approver=self._approver))
+        def run(**args: Any) -> tuple[Any, dict[str, Any] | None]:
+            result = self.enhancer.reach(bound(args), decision, approver=self._approver)
+            if result.fallback is not None and local is not None:
+                return _local(local.invoke(args), result)
+            return _output(result)
 
-        description = request.tool.description if request.tool is not None else decision.reason
+        async def arun(**args: Any) -> tuple[Any, dict[str, Any] | None]:
+            result = await self.enhancer.areach(bound(args), decision, approver=self._approver)
+            if result.fallback is not None and local is not None:
+                return _local(await local.ainvoke(args), result)
+            return _output(result)
+
+        description = local.description if local is not None else decision.reason
         return _tool(call.name, description, schema, run, arun)
 
     def _schema(self, tool: BaseTool | None) -> dict[str, Any]:
@@ -162,6 +193,22 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
         return _tool(spec.name, spec.description, spec.params_schema, run, arun)
 
 
+def reach_error_message(exc: Exception, request: ToolCallRequest) -> str | None:
+    """For ``ToolErrorMiddleware(on_error=...)``: a ReachError as text the model can act on; others propagate.
+
+    With ``on_error="raise"`` compose it outside LangChain's retry middleware::
+
+        middleware=[ToolErrorMiddleware(on_error=reach_error_message),
+                    ToolRetryMiddleware(retry_on=errors.is_retryable, on_failure="error")]
+
+    so a :class:`~reach_plugins.errors.BusinessError` is told to the model at
+    once and a transient failure is retried first.
+    """
+    if not isinstance(exc, ReachError):
+        return None
+    return error_text(request.tool_call["name"], None, exc)
+
+
 def _tool(name: str, description: str, schema: dict[str, Any], run: Callable[..., Any], arun: Any) -> BaseTool:
     return StructuredTool(
         name=name,
@@ -179,6 +226,12 @@ def _output(result: ToolResult) -> tuple[str, dict[str, Any] | None]:
     if result.error is not None:
         raise ToolException(result.content)
     return result.content, result.route.as_dict() if result.route is not None else None
+
+
+def _local(output: Any, result: ToolResult) -> tuple[Any, dict[str, Any] | None]:
+    """The local tool's output, with the route record saying the reach was not delivered and why."""
+    content = output if isinstance(output, str | list) else content_of(output)
+    return content, result.route.as_dict() if result.route is not None else None
 
 
 def _identity(tool: BaseTool | Callable[..., Any] | dict[str, Any]) -> tuple[str, str]:

@@ -9,7 +9,10 @@ call by call, whether to run the inner tool or reach an agent. It works in
     agent = enhance_agent(FunctionAgent(tools=[lookup_order], llm=llm), enhancer)
 
 A failed reach becomes ``ToolOutput(is_error=True)`` whose text tells the
-model what to do next. The conversation key is the workflow ``Context``'s
+model what to do next; under ``remote_first`` a reach that reached no agent
+runs the inner tool in the same call instead. An error output's
+``raw_output`` is ``{"error": {"type", "class", "message", "retryable"}}``
+and its ``exception`` the :mod:`reach_plugins.errors` instance. The conversation key is the workflow ``Context``'s
 ``ctx.store["reach_session_id"]`` (created on the first reach, so one Context
 is one conversation), else the ``reach_session_id`` of LlamaIndex's
 ``instrument_tags``. The sync ``call`` works inside a running event loop: the
@@ -34,13 +37,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'the LlamaIndex adapter needs the llamaindex extra: pip install "reach-plugins[llamaindex]"'
     ) from exc
 
-from reach_plugins.errors import InvalidPayload
+from reach_plugins.errors import InvalidPayload, ReachError, is_retryable
 from reach_plugins.toolcalls import ProxySpec, ToolCall, ToolResult, error_text
 
 if TYPE_CHECKING:
     from reach_plugins.enhancer import ReachEnhancer
 
-__all__ = ["SESSION_KEY", "ReachTool", "ReachToolRetriever", "enhance_agent", "enhance_tools"]
+__all__ = ["SESSION_KEY", "ReachTool", "ReachToolRetriever", "enhance_agent", "enhance_tools", "error_output"]
 
 SESSION_KEY = "reach_session_id"
 """Where the conversation key lives: in the workflow ``ctx.store`` and in ``instrument_tags``."""
@@ -78,7 +81,10 @@ class ReachTool(AsyncBaseTool):
         decision = self.enhancer.decide(call)
         if not decision.remote and self.inner is not None:
             return self.inner.call(*args, **kwargs)
-        return _output(call, self.enhancer.reach(call, decision))
+        result = self.enhancer.reach(call, decision)
+        if result.fallback is not None and self.inner is not None:
+            return self.inner.call(*args, **kwargs)
+        return _output(call, result)
 
     async def acall(self, *args: Any, **kwargs: Any) -> ToolOutput:
         """Async call, as agents and workflows make it (the session key comes from the step's Context)."""
@@ -88,9 +94,11 @@ class ReachTool(AsyncBaseTool):
         except InvalidPayload as exc:
             return self._refused(args, kwargs, exc)
         decision = self.enhancer.decide(call)
-        if not decision.remote and self.inner is not None:
-            return await self.inner.acall(*args, **_with_context(self.inner, kwargs, ctx))
-        return _output(call, await self.enhancer.areach(call, decision))
+        if decision.remote or self.inner is None:
+            result = await self.enhancer.areach(call, decision)
+            if result.fallback is None or self.inner is None:
+                return _output(call, result)
+        return await self.inner.acall(*args, **_with_context(self.inner, kwargs, ctx))
 
     def _call(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], session_key: str | None) -> ToolCall:
         return ToolCall(
@@ -108,7 +116,7 @@ class ReachTool(AsyncBaseTool):
             tool_name=name,
             content=error_text(name, None, problem),
             raw_input={"args": args, "kwargs": dict(kwargs)},
-            raw_output=None,
+            raw_output=error_output(problem),
             is_error=True,
             exception=problem,
         )
@@ -199,10 +207,22 @@ def _output(call: ToolCall, result: ToolResult) -> ToolOutput:
         tool_name=call.name,
         content=result.content,
         raw_input={"args": (), "kwargs": dict(call.args)},
-        raw_output=result.data if result.ok else result.content,
+        raw_output=result.data if result.error is None else error_output(result.error),
         is_error=not result.ok,
         exception=result.error,
     )
+
+
+def error_output(error: ReachError) -> dict[str, Any]:
+    """The ``raw_output`` of an error ``ToolOutput``: the error's wire code and class, so code can act on it."""
+    return {
+        "error": {
+            "type": error.code,
+            "class": type(error).__name__,
+            "message": error.message,
+            "retryable": is_retryable(error),
+        }
+    }
 
 
 def _wrapped(tool: BaseTool, enhancer: ReachEnhancer) -> BaseTool:

@@ -444,6 +444,13 @@ class Attempt(BaseModel):
     error: str | None = None
     retry_delay_ms: float | None = None
     breaker_state: str | None = None
+    delivery: Literal["answered", "not_delivered", "unknown"] = "answered"
+    """``not_delivered``: the agent certainly never saw it; ``unknown``: sent, then no answer (DESIGN 11.1)."""
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the agent may have executed this attempt."""
+        return self.delivery != "not_delivered"
 
 
 class ReachTrace(BaseModel):

@@ -81,7 +81,9 @@ class InFlight:
             yield
         except asyncio.CancelledError:
             if task in self._cancelled:
-                raise SessionClosed(f"conversation {session_id!r} was closed while the call was in flight") from None
+                raise SessionClosed(
+                    f"conversation {session_id!r} was closed while the call was in flight", in_flight=True
+                ) from None
             raise
         finally:
             self._cancelled.discard(task)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from importlib import metadata
 from typing import Final
+from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -28,6 +29,8 @@ ATTR_AGENT: Final = "reach.agent"
 ATTR_INSTANCE: Final = "reach.instance"
 ATTR_ENDPOINT: Final = "reach.endpoint"
 ATTR_ROUTE_REASON: Final = "reach.route.reason"
+ATTR_FALLBACK: Final = "reach.fallback"
+"""``local`` when a call that reached no agent ran the local tool instead (``remote_first``)."""
 ATTR_CONTEXT_RESTORE: Final = "reach.context_restore"
 ATTR_DEGRADED: Final = "reach.degraded"
 ATTR_HOPS: Final = "reach.hops"
@@ -45,6 +48,11 @@ ATTR_STREAM_EVENTS: Final = "reach.stream.events"
 """Data events a stream handed to its caller; with ``reach.tenant`` and ``reach.agent``, usage per tenant and agent."""
 ATTR_STREAM_CHARS: Final = "reach.stream.chars"
 """Characters of text those events carried (string chunks, ``reply_content`` of chat chunks)."""
+ATTR_AFFINITY: Final = "reach.route.affinity"
+ATTR_RULE: Final = "reach.tool.rule"
+"""How a tool mapped to a capability (``map``, ``exact``, ``semantic``, ``degraded``...): the route distribution."""
+ATTR_SIDE: Final = "reach.tool.side"
+ATTR_RESULT: Final = "reach.result"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_ERROR_MESSAGE: Final = "reach.error.message"
 
@@ -53,7 +61,19 @@ ATTR_GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 ATTR_GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 ATTR_GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 ATTR_GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+ATTR_GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+TOOL_TYPE_FUNCTION: Final = "function"
+"""``gen_ai.tool.type`` of a framework's own tool (which the enhancer may send to an agent)."""
+TOOL_TYPE_EXTENSION: Final = "extension"
+"""``gen_ai.tool.type`` of a proxy tool: the capability lives in another agent (GenAI conventions: agent-side call)."""
+
+# --------------------------------------------------------------------------- HTTP client / server conventions
+ATTR_SERVER_ADDRESS: Final = "server.address"
+ATTR_SERVER_PORT: Final = "server.port"
+ATTR_URL_FULL: Final = "url.full"
+ATTR_HTTP_REQUEST_METHOD: Final = "http.request.method"
+ATTR_HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
 
 # --------------------------------------------------------------------------- span events
 EVENT_ATTEMPT: Final = "reach.attempt"
@@ -107,6 +127,34 @@ def span_name(capability: str) -> str:
 def tool_span_name(tool: str) -> str:
     """The span of one intercepted framework tool call: ``execute_tool {tool}`` (GenAI conventions)."""
     return f"{OPERATION_EXECUTE_TOOL} {tool}"
+
+
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443, "grpc": 443}
+
+
+def server_attributes(endpoint: str) -> dict[str, str | int]:
+    """``server.address``, ``server.port`` and ``url.full`` of an endpoint, its user and password stripped.
+
+    HTTP client semantic conventions: the URL never carries credentials (nor a
+    query, where tokens hide); an endpoint that is not a URL gives nothing.
+    """
+    try:
+        parts = urlsplit(endpoint)
+        port = parts.port
+    except ValueError:
+        return {}
+    if not parts.scheme or not parts.hostname:
+        return {}
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    found: dict[str, str | int] = {
+        ATTR_SERVER_ADDRESS: parts.hostname,
+        ATTR_URL_FULL: urlunsplit((parts.scheme, netloc, parts.path, "", "")),
+    }
+    resolved = port if port is not None else _DEFAULT_PORTS.get(parts.scheme)
+    if resolved is not None:
+        found[ATTR_SERVER_PORT] = resolved
+    return found
 
 
 def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:

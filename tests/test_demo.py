@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -43,10 +44,10 @@ async def test_demo_trace_runs_from_framework_to_agent() -> None:
     assert len({tool.context.trace_id, client.context.trace_id, server.context.trace_id}) == 1
 
 
-def test_reach_demo_command_runs() -> None:
-    """`reach demo` (what scripts/demo.sh runs) exits 0 and prints the failover."""
-    result = subprocess.run(
-        [sys.executable, "-m", "reach_plugins.cli", "demo"], capture_output=True, text=True, timeout=60, check=False
-    )
+def test_reach_demo_command_runs(tmp_path: Path) -> None:
+    """`reach demo` (what scripts/demo.sh runs) exits 0, prints the failover and writes its trace file where it runs."""
+    command = [sys.executable, "-m", "reach_plugins.cli", "demo"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "killed orders-" in result.stdout and "reach.failover" in result.stdout
+    assert (tmp_path / "reach-traces.jsonl").read_text().count("\n") >= 5

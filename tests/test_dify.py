@@ -1,17 +1,15 @@
 """The Dify integration: the before_invoke hook, the settings, and the dify-plugin entry points.
 
 The entry points run here against ``tests/dify_fake.py`` (the real SDK pins
-packages our stack cannot take and patches the process with gevent). With
-``REACH_DIFY_PYTHON`` set to an interpreter that has ``dify_plugin`` and
-``reach_plugins``, the last test loads the example plugins with the real SDK
-and calls a real agent over HTTP.
+packages our stack cannot take and patches the process with gevent);
+``tests/test_dify_real.py`` checks that fake against the real SDK and runs the
+example plugins with it.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -275,7 +273,10 @@ class LocalTools:
 
 
 def tool_entity(name: str, description: str) -> dict[str, Any]:
-    return {"identity": {"name": name, "provider": "builtin_provider"}, "description": {"llm": description}}
+    return {
+        "identity": {"author": "reach", "name": name, "label": {"en_US": name}, "provider": "builtin_provider"},
+        "description": {"human": {"en_US": description}, "llm": description},
+    }
 
 
 def scripted_llm(*replies: dict[str, Any]) -> tuple[SimpleNamespace, list[list[Any]]]:
@@ -284,14 +285,14 @@ def scripted_llm(*replies: dict[str, Any]) -> tuple[SimpleNamespace, list[list[A
 
     def invoke(model_config: Any, prompt_messages: list[Any], tools: Any = None, stream: bool = True) -> Any:
         prompts.append(list(prompt_messages))
-        return dify_fake.LLMResult(model="m", message=dify_fake.AssistantPromptMessage(**queue.pop(0)))
+        return dify_fake.LLMResult(model="m", message=dify_fake.AssistantPromptMessage(**queue.pop(0)), usage={})
 
     return SimpleNamespace(llm=SimpleNamespace(invoke=invoke)), prompts
 
 
 def calls(*named: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     tool_calls = [
-        {"id": f"c{n}", "function": {"name": name, "arguments": json.dumps(args)}}
+        {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         for n, (name, args) in enumerate(named)
     ]
     return {"content": "", "tool_calls": tool_calls}
@@ -346,72 +347,3 @@ def test_reach_strategy_hooks_a_custom_strategy(plugin: ModuleType, transport: M
     assert messages[1].message.text == "local get_weather"
     assert Custom.__name__ == "Custom" and [name for _, name, _ in local.ran] == ["get_weather"]
     assert len(transport.calls) == 1
-
-
-# ----------------------------------------------------------------------------- the real SDK, when available
-
-REAL_SDK = """
-import dify_plugin  # first: it patches the process with gevent
-import json, os, sys, types
-from dify_plugin.config.config import DifyPluginEnv
-from dify_plugin.core.plugin_registration import PluginRegistration
-from dify_plugin.entities.agent import AgentRuntime
-from dify_plugin.entities.model.llm import LLMResult, LLMUsage
-from dify_plugin.entities.model.message import AssistantPromptMessage
-from dify_plugin.entities.tool import ToolRuntime
-
-plugins, registry = sys.argv[1], sys.argv[2]
-os.chdir(f"{plugins}/reach_tools")
-sys.path.insert(0, os.getcwd())
-tools = PluginRegistration(DifyPluginEnv()).tools_mapping["reach"][2]
-query_order = tools["query_order"][1]
-session = types.SimpleNamespace(conversation_id="conv-real", app_id="app")
-tool_runtime = ToolRuntime(credentials={"registry": registry}, user_id="u", session_id=None)
-tool = query_order(runtime=tool_runtime, session=session)
-answer = [m.message.json_object for m in tool.invoke({"order_id": "A1"})]
-
-os.chdir(f"{plugins}/reach_agent")
-sys.path.insert(0, os.getcwd())
-strategies = PluginRegistration(DifyPluginEnv()).agent_strategies_mapping["reach_agent"][1]
-strategy_class = strategies["reach_function_calling"][1]
-call = {"id": "c1", "type": "function", "function": {"name": "query_order", "arguments": '{"order_id": "A2"}'}}
-replies = iter([AssistantPromptMessage(content="", tool_calls=[call]), AssistantPromptMessage(content="done")])
-def invoke(model_config, prompt_messages, tools=None, stop=None, stream=True):
-    return LLMResult(model="m", message=next(replies), usage=LLMUsage.empty_usage())
-agent_session = types.SimpleNamespace(conversation_id="conv-real", app_id="app", tool=None,
-                                      model=types.SimpleNamespace(llm=types.SimpleNamespace(invoke=invoke)))
-strategy = strategy_class(runtime=AgentRuntime(user_id="u"), session=agent_session)
-tool_entity = {"identity": {"name": "query_order", "author": "a", "label": {"en_US": "q"}, "provider": "reach"},
-               "description": {"human": {"en_US": "q"}, "llm": "Look up an order"}, "provider_type": "builtin"}
-model = {"provider": "p", "model": "m", "mode": "chat", "completion_params": {}, "history_prompt_messages": []}
-parameters = {"query": "where is A2", "instruction": "", "tools": [tool_entity], "maximum_iterations": 3,
-              "reach_registry": registry, "model": model}
-final = [m.message.text for m in strategy.invoke(parameters)]
-print(json.dumps({"tool": answer, "final": final, "class": strategy_class.__name__}), flush=True)
-os._exit(0)
-"""
-
-
-@pytest.mark.skipif(not os.environ.get("REACH_DIFY_PYTHON"), reason="set REACH_DIFY_PYTHON to a dify-plugin venv")
-def test_example_plugins_load_and_reach_with_the_real_sdk(tmp_path: Path) -> None:
-    """The real SDK loads both example plugins; their tool and strategy reach a real agent over HTTP."""
-    from reach_plugins.agent import BackgroundServer, ReachAgent
-
-    agent = ReachAgent("orders")
-    seen: list[str | None] = []
-
-    @agent.capability("query_order", description="Look up an order", params_schema=ORDER_ID)
-    def query_order(order_id: str, ctx: Any) -> dict[str, str]:
-        seen.append(ctx.session_id)
-        return {"order_id": order_id, "status": "shipped"}
-
-    with BackgroundServer(agent.app) as server:
-        agents = tmp_path / "agents.yaml"
-        agents.write_text(f"agents:\n  - name: orders\n    endpoint: {server.url}\n    capabilities: [query_order]\n")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        command = [os.environ["REACH_DIFY_PYTHON"], "-c", REAL_SDK, str(PLUGINS), f"file://{agents}"]
-        out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=True)
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["tool"] == [{"order_id": "A1", "status": "shipped"}]
-    assert report["final"] == ["done"] and report["class"] == "ReachAgentStrategy"
-    assert seen == ["conv-real", "conv-real"]

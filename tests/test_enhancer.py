@@ -36,9 +36,11 @@ CATALOGUE = [
         description="How many units of a product are in stock in the warehouse",
         params_schema={"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]},
     ),
-    Capability(name="refund_order", description="Refund a customer's order payment", danger_level="high"),
-    Capability(name="track_parcel", description="Track where a parcel is during delivery"),
-    Capability(name="find_shipment", description="Track where a parcel is during delivery"),
+    Capability(
+        name="refund_order", description="Refund a customer's order payment", danger_level="high", scope_tags=["orders"]
+    ),
+    Capability(name="track_parcel", description="Track where a parcel is during delivery", scope_tags=["logistics"]),
+    Capability(name="find_shipment", description="Track where a parcel is during delivery", scope_tags=["logistics"]),
 ]
 
 
@@ -152,12 +154,48 @@ def test_matcher_false_uses_exact_names_only(registry: MemoryRegistry, transport
         assert e.explain("stock_level", "How many items of a product remain in stock").rule == "unmapped"
 
 
-def test_proxy_tools_cover_only_capabilities_without_a_local_tool(enhancer: ReachEnhancer) -> None:
-    """tools() offers every capability that no local tool reaches, with its params_schema."""
-    specs = {spec.name: spec for spec in enhancer.tools([("lookup_order_status", "Look up where an order is")])}
-    assert set(specs) == {"check_inventory", "refund_order", "track_parcel", "find_shipment"}
-    assert specs["check_inventory"].params_schema["required"] == ["sku"]
-    assert specs["track_parcel"].params_schema["type"] == "object"
+def test_no_proxy_tools_unless_exposed(enhancer: ReachEnhancer) -> None:
+    """By default the model sees no capability as a tool: proxy tools are opt-in."""
+    assert enhancer.tools() == [] and enhancer.tools(["query_order"]) == []
+    assert not enhancer.exposes("check_inventory")
+
+
+def test_exposed_proxy_tools_cover_only_capabilities_without_a_local_tool(
+    registry: MemoryRegistry, transport: MockTransport
+) -> None:
+    """expose= by name or scope tag offers those capabilities no local tool reaches, with their params_schema."""
+    with ReachEnhancer(
+        registry=registry, transport=transport, matcher=LexicalEmbedder(), expose=["check_inventory", "logistics"]
+    ) as e:
+        specs = {spec.name: spec for spec in e.tools([("lookup_order_status", "Look up where an order is")])}
+        assert set(specs) == {"check_inventory", "track_parcel", "find_shipment"}
+        assert specs["check_inventory"].params_schema["required"] == ["sku"]
+        assert specs["track_parcel"].params_schema["type"] == "object"
+        assert [spec.name for spec in e.tools(["check_inventory"])] == ["find_shipment", "track_parcel"]
+
+
+@pytest.mark.parametrize(
+    ("expose", "expected"),
+    [
+        (["orders"], set()),
+        (lambda capability: True, {"check_inventory", "find_shipment", "query_order", "track_parcel"}),
+        (["refund_order"], {"refund_order"}),
+        (["orders", "refund_order"], {"refund_order"}),
+    ],
+)
+def test_a_dangerous_capability_is_exposed_only_by_its_name(
+    registry: MemoryRegistry, transport: MockTransport, expose: Any, expected: set[str]
+) -> None:
+    """danger_level high is never exposed by a scope tag or a predicate, only when named."""
+    with ReachEnhancer(registry=registry, transport=transport, matcher=False, expose=expose) as e:
+        assert {spec.name for spec in e.tools()} == expected
+        assert e.exposes("refund_order") == ("refund_order" in expected)
+
+
+def test_expose_refuses_a_bare_string(registry: MemoryRegistry) -> None:
+    """expose="name" would be read letter by letter: it is refused with the fix."""
+    with pytest.raises(ConfigError, match=r"not a string: \['query_order'\]"):
+        ReachEnhancer(registry=registry, expose="query_order")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- policies

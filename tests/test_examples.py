@@ -24,6 +24,7 @@ SCRIPTS = [
     "quickstart_client",
     "serve_agent",
     "langgraph_agent",
+    "langgraph_retry",
     "llamaindex_agent",
     "dify_before_invoke",
     "via_gateway",
@@ -94,6 +95,14 @@ def test_langgraph_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
     assert "via check_stock -> check_inventory on inventory-" in out
     assert "via search_knowledge -> search_knowledge on knowledge-" in out
     assert "Order A1002 is paid" in out and "(local fallback)" not in out
+
+
+def test_langgraph_retry(runs: dict[str, subprocess.Popen[str]]) -> None:
+    """LangChain's retry middleware retries the flaky call until it passes and never re-runs a business refusal."""
+    out = output_of(runs, "langgraph_retry").splitlines()
+    assert out[1].startswith("  tool said (success): ") and out[2] == "  the agent ran it 3 time(s)"
+    assert out[4].startswith("  tool said (error): ") and "there is no order A9" in out[4]
+    assert out[5] == "  the agent ran it 1 time(s)"
 
 
 def test_mcp_and_a2a(runs: dict[str, subprocess.Popen[str]]) -> None:

@@ -237,21 +237,35 @@ async def test_gateway_continues_the_callers_trace(world: World) -> None:
     assert downstream.parent is not None and by_id[downstream.parent.span_id] is server
 
 
-def test_metrics_render_prometheus_text() -> None:
-    """Counters, gauges and cumulative histogram buckets render in the 0.0.4 text format."""
+def test_metrics_render_through_the_prometheus_exporter() -> None:
+    """Counters, gauges and histograms declared by Prometheus name come out of the exporter in 0.0.4 text."""
     metrics = Metrics()
     metrics.declare("hits_total", "counter", "Hits.")
+    metrics.declare("inflight", "gauge", "Now.")
     metrics.declare("latency_seconds", "histogram", "Latency.", buckets=(0.1, 1.0))
     metrics.inc("hits_total", {"route": 'a"b'})
     metrics.inc("hits_total", {"route": 'a"b'}, 2)
+    metrics.set("inflight", 4)
     for value in (0.05, 0.5, 5.0):
         metrics.observe("latency_seconds", value)
     text = metrics.render()
-    assert 'hits_total{route="a\\"b"} 3' in text
-    assert 'latency_seconds_bucket{le="0.1"} 1' in text
-    assert 'latency_seconds_bucket{le="1"} 2' in text
-    assert 'latency_seconds_bucket{le="+Inf"} 3' in text
-    assert "latency_seconds_count 3" in text and "latency_seconds_sum 5.55" in text
+    assert 'hits_total{route="a\\"b"} 3.0' in text and "inflight 4.0" in text
+    assert 'latency_seconds_bucket{le="0.1"} 1.0' in text
+    assert 'latency_seconds_bucket{le="1.0"} 2.0' in text
+    assert 'latency_seconds_bucket{le="+Inf"} 3.0' in text
+    assert "latency_seconds_count 3.0" in text and "latency_seconds_sum 5.55" in text
+    assert Metrics().render() != text, "each server has a registry of its own"
+
+
+async def test_gateway_metrics_show_what_its_requests_did(world: World) -> None:
+    """The gateway's /metrics carries the request-level instruments (requests, attempts by outcome, routes)."""
+    await post(world, {"capability": "query_order", "payload": {"order_id": "M2"}})
+    async with httpx.AsyncClient(base_url=world.url) as http:
+        text = (await http.get("/metrics")).text
+    requests = [line for line in text.splitlines() if line.startswith("reach_client_requests_total{")]
+    assert any('reach_capability="query_order"' in line and 'reach_status="success"' in line for line in requests)
+    assert 'reach_client_attempts_total{' in text and 'reach_outcome="success"' in text
+    assert "reach_route_decisions_total{" in text and "reach_client_request_duration_seconds_bucket{" in text
 
 
 async def test_gateway_at_its_inflight_limit_pushes_back(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from langchain.agents.middleware import ToolErrorMiddleware, ToolRetryMiddleware
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
@@ -20,8 +22,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
-from reach_plugins.errors import BusinessError
-from reach_plugins.langchain import ReachMiddleware, create_agent
+from reach_plugins.errors import (
+    BusinessError,
+    InvalidPayload,
+    NoHealthyAgent,
+    RemoteError,
+    SessionClosed,
+    is_retryable,
+)
+from reach_plugins.langchain import ReachMiddleware, create_agent, reach_error_message
 from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.model import ErrorInfo, Instance
 from reach_plugins.registry import MemoryRegistry
@@ -38,10 +47,15 @@ CATALOGUE = [
 ]
 
 
+BOUND: list[list[str]] = []
+"""The tool names each ScriptedModel was bound with, in order (what the model sees)."""
+
+
 class ScriptedModel(GenericFakeChatModel):
-    """A fake chat model that accepts tools (langchain_core's fakes refuse bind_tools)."""
+    """A fake chat model that accepts tools (langchain_core's fakes refuse bind_tools) and records their names."""
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        BOUND.append(sorted(convert_to_openai_tool(tool)["function"]["name"] for tool in tools))
         return self.bind(**kwargs)
 
 
@@ -95,7 +109,9 @@ def transport() -> MockTransport:
 @pytest.fixture
 def enhancer(transport: MockTransport) -> Iterator[ReachEnhancer]:
     registry = registry_with("orders-a", "orders-b")
-    with ReachEnhancer(registry=registry, transport=transport, matcher=LexicalEmbedder()) as enhancer:
+    with ReachEnhancer(
+        registry=registry, transport=transport, matcher=LexicalEmbedder(), expose=["check_inventory", "refund_order"]
+    ) as enhancer:
         yield enhancer
 
 
@@ -141,6 +157,35 @@ async def test_ainvoke_takes_the_same_routes(enhancer: ReachEnhancer, transport:
     agent = create_agent(model(*SCRIPT), [query_order, add_numbers], enhanced_by=enhancer)
     state = await agent.ainvoke({"messages": [("user", "where is A1?")]}, thread("t-1"))
     check_first_turn(state["messages"], transport)
+
+
+@pytest.mark.parametrize(
+    ("expose", "seen"),
+    [
+        ((), ["add_numbers", "query_order"]),
+        (["check_inventory"], ["add_numbers", "check_inventory", "query_order"]),
+        (lambda capability: True, ["add_numbers", "check_inventory", "query_order"]),
+    ],
+)
+def test_the_model_sees_its_own_tools_plus_the_exposed_ones(
+    transport: MockTransport, expose: Any, seen: list[str]
+) -> None:
+    """An agent built as in the README is bound to its tools and the exposed capabilities only (never refund_order)."""
+    BOUND.clear()
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=transport, expose=expose) as enhancer:
+        agent = create_agent(model("ok"), [query_order, add_numbers], enhanced_by=enhancer)
+        agent.invoke({"messages": [("user", "hi")]})
+    assert [seen] == BOUND, "the model was bound to other tools"
+
+
+def test_a_call_to_an_unexposed_capability_is_not_sent(transport: MockTransport) -> None:
+    """A model naming a capability it was not given gets LangChain's unknown-tool error; nothing is sent."""
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=transport) as enhancer:
+        agent = create_agent(model(turn(("check_inventory", {"sku": "S"})), "ok"), [query_order], enhanced_by=enhancer)
+        state = agent.invoke({"messages": [("user", "stock?")]})
+    message = tool_messages(state["messages"])["check_inventory-0"]
+    assert message.status == "error" and "check_inventory" in str(message.content)
+    assert transport.calls == []
 
 
 def test_create_agent_forwards_arguments_and_appends_the_middleware(enhancer: ReachEnhancer) -> None:
@@ -195,6 +240,39 @@ def test_on_error_raise_aborts_the_run() -> None:
         agent = create_agent(asks_order("A9", "x"), [query_order], enhanced_by=enhancer)
         with pytest.raises(BusinessError, match="A9 does not exist"):
             agent.invoke({"messages": [("user", "where is A9?")]})
+
+
+@pytest.mark.parametrize(("retry_on", "runs"), [(is_retryable, 1), ((Exception,), 3)])
+def test_retry_middleware_leaves_a_business_error_alone(retry_on: Any, runs: int) -> None:
+    """With retry_on=errors.is_retryable a refusal runs once and becomes a message; LangChain's default re-runs it."""
+    error = ErrorInfo(type="business", message="order A9 does not exist")
+    refuse = MockTransport(lambda call: Reply(status="fail", error=error))
+    middleware = [
+        ToolErrorMiddleware(on_error=reach_error_message),
+        ToolRetryMiddleware(max_retries=2, retry_on=retry_on, on_failure="error", initial_delay=0, jitter=False),
+    ]
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=refuse, on_error="raise") as enhancer:
+        agent = create_agent(asks_order("A9", "Sorry."), [query_order], middleware=middleware, enhanced_by=enhancer)
+        state = agent.invoke({"messages": [("user", "where is A9?")]})
+    message = tool_messages(state["messages"])["query_order-0"]
+    assert message.status == "error" and "order A9 does not exist" in str(message.content)
+    assert len(refuse.calls) == runs
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (BusinessError("no such order"), False),
+        (SessionClosed("closed"), False),
+        (InvalidPayload("order_id missing"), False),
+        (RemoteError("agent answered HTTP 500"), True),
+        (NoHealthyAgent("all down"), True),
+        (ValueError("not ours"), True),
+    ],
+)
+def test_is_retryable_separates_refusals_from_transient_failures(error: Exception, retryable: bool) -> None:
+    """errors.is_retryable: no for a refusal or a refused request, yes for transient failures and foreign errors."""
+    assert is_retryable(error) is retryable
 
 
 # ----------------------------------------------------------------------------- sessions

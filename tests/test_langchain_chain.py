@@ -66,6 +66,7 @@ class World:
             transport=DirectTransport(),
             matcher=LexicalEmbedder(),
             tracer_provider=self.provider,
+            expose=lambda capability: True,
             **options,
         )
         self.enhancers.append(enhancer)

@@ -78,7 +78,9 @@ def transport() -> MockTransport:
 def enhancer(transport: MockTransport) -> Iterator[ReachEnhancer]:
     registry = registry_with("orders-a", "orders-b", "orders-c")
     capability_map = {"lookup": "query_order"}
-    with ReachEnhancer(registry=registry, transport=transport, matcher=False, capability_map=capability_map) as e:
+    with ReachEnhancer(
+        registry=registry, transport=transport, matcher=False, capability_map=capability_map, expose=["check_inventory"]
+    ) as e:
         yield e
 
 
@@ -208,6 +210,19 @@ async def test_failure_is_an_error_output_and_the_run_goes_on(enhancer: ReachEnh
     [tool] = enhance_tools([lookup], enhancer, proxy_tools=False)
     output = await tool.acall(order_id="A9")
     assert output.is_error and isinstance(output.exception, BusinessError)
+    error = {"type": "business", "class": "BusinessError", "message": "order A9 does not exist", "retryable": False}
+    assert output.raw_output == {"error": error}
+
+
+def test_an_agent_sees_only_its_tools_unless_capabilities_are_exposed(transport: MockTransport) -> None:
+    """FunctionAgent(tools=[]) keeps no tools and tools=[lookup] one; expose= adds exactly the named capability."""
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=transport, matcher=False) as e:
+        empty = enhance_agent(FunctionAgent(tools=[], llm=script("ok")[0]), e)
+        one = enhance_agent(FunctionAgent(tools=[lookup], llm=script("ok")[0]), e)
+        assert empty.tools == [] and [tool.metadata.name for tool in one.tools] == ["lookup"]
+    with ReachEnhancer(registry=registry_with("orders-a"), transport=transport, expose=["check_inventory"]) as e:
+        agent = enhance_agent(FunctionAgent(tools=[], llm=script("ok")[0]), e)
+        assert [tool.metadata.name for tool in agent.tools] == ["check_inventory"]
 
 
 def test_metadata_is_the_inner_tools() -> None:
@@ -239,6 +254,7 @@ def test_too_many_positional_arguments_is_an_error_output(enhancer: ReachEnhance
     [tool] = enhance_tools([lookup], enhancer, proxy_tools=False)
     output = tool.call("A1", "extra")
     assert output.is_error and "pass the arguments by name" in output.content
+    assert output.raw_output["error"]["type"] == "invalid_payload" and not output.raw_output["error"]["retryable"]
     assert transport.calls == []
 
 
@@ -266,7 +282,9 @@ def test_reach_is_traced_with_the_conversation(transport: MockTransport) -> None
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     registry = registry_with("orders-a")
-    with ReachEnhancer(registry=registry, transport=transport, matcher=False, tracer_provider=provider) as enhancer:
+    with ReachEnhancer(
+        registry=registry, transport=transport, matcher=False, tracer_provider=provider, expose=["check_inventory"]
+    ) as enhancer:
         proxy = next(tool for tool in enhance_tools([], enhancer) if tool.metadata.name == "check_inventory")
         with instrument_tags({SESSION_KEY: "traced"}):
             proxy.call(sku="K-7")

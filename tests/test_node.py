@@ -265,3 +265,21 @@ async def test_node_continues_the_callers_trace(tmp_path: Path) -> None:
     assert server.parent is not None and by_id[server.parent.span_id] is root
     assert downstream.parent is not None and by_id[downstream.parent.span_id] is server
     assert downstream.context.trace_id == root.context.trace_id
+
+
+async def test_node_serves_metrics_over_http(tmp_path: Path) -> None:
+    """With metrics_port the node's /metrics (Prometheus text from the OpenTelemetry exporter) counts its requests."""
+    import httpx
+
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        async with build_node(config, environ=TOKENS, metrics_port=0) as node, client_for(config, node) as client:
+            assert (await client.reach("query_order", {"order_id": "N1"})).ok
+            async with httpx.AsyncClient() as http:
+                scraped = await http.get(f"http://127.0.0.1:{node.metrics_port}/metrics")
+        port = node.metrics_port
+    assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+    lines = [line for line in scraped.text.splitlines() if line.startswith("reach_client_requests_total{")]
+    assert any('reach_capability="query_order"' in line and 'reach_status="success"' in line for line in lines)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)

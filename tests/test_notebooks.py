@@ -86,14 +86,17 @@ def test_multi_agent_chain_is_one_trace_drawn_as_a_waterfall(
 
 
 def test_failure_drill_drops_then_recovers(executed: dict[str, tuple[nbformat.NotebookNode, float]]) -> None:
-    """Losing one instance costs nothing; the outage drops success near zero, then it recovers; breakers open, close."""
+    """Losing one instance costs nothing; the outage drops success near zero, then recovers; metrics show the same."""
     notebook = executed["03_failure_drill"][0]
     result = summary(notebook)
     assert result["before_kill"] >= 0.95 and result["after_kill"] >= 0.9
     assert result["during_outage"] <= 0.2
     assert result["after_recovery"] >= 0.8
     assert result["opened"] == ["orders-0", "orders-1"] and "orders-0" in result["closed_again"]
-    assert figures(notebook) == 1
+    metrics = result["metrics"]
+    assert metrics["requests"] >= 200 and metrics["opened"] == result["opened"]
+    assert metrics["outcomes"]["not_delivered"] >= 1 and metrics["outcomes"]["success"] >= 100
+    assert figures(notebook) == 2
 
 
 def test_llamaindex_and_dify(executed: dict[str, tuple[nbformat.NotebookNode, float]]) -> None:

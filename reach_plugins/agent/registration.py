@@ -22,12 +22,13 @@ from reach_plugins.registry.base import Registry
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
+    from reach_plugins.metrics import ReachMetrics
 
 log = logging.getLogger("reach_plugins.agent")
 
 
 class Registration:
-    """One instance of an agent, registered at ``endpoint`` in ``registry``."""
+    """One instance of an agent, registered at ``endpoint`` in ``registry``; ``metrics`` counts each try."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class Registration:
         interval: float | None = None,
         load: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        metrics: ReachMetrics | None = None,
     ) -> None:
         self.agent = agent
         self.registry = registry
@@ -49,6 +51,7 @@ class Registration:
         self.seq = 0
         self._load = load
         self._sleep = sleep
+        self._metrics = metrics
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -57,6 +60,16 @@ class Registration:
         self._task = asyncio.create_task(self._beat_forever(), name=f"heartbeat {self.instance_id}")
 
     async def _register(self) -> None:
+        try:
+            await self._register_once()
+        except Exception:
+            if self._metrics is not None:
+                self._metrics.registration(self.agent.name, ok=False)
+            raise
+        if self._metrics is not None:
+            self._metrics.registration(self.agent.name, ok=True)
+
+    async def _register_once(self) -> None:
         """The instance, under a descriptor: the operator's when there is one (never overwritten), else the agent's own.
 
         An agent's registry user may write only its own instance keys (DESIGN.md 11.4): descriptors — auth

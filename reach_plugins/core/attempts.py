@@ -424,6 +424,7 @@ class Engine:
             error=verdict.error.message if verdict.error else None,
             retry_delay_ms=None if delay is None else delay * 1000.0,
             breaker_state=admission.breaker.state(self.clock.monotonic()),
+            delivery=verdict.delivery,
         )
 
     def respond(

@@ -64,6 +64,7 @@ from reach_plugins.telemetry import (
     RETRY_UPSTREAM,
     get_tracer,
     inject_context,
+    server_attributes,
     span_name,
     spans_are_noop,
 )
@@ -338,6 +339,8 @@ class Pipeline:
             if response.agent:
                 span.set_attribute(ATTR_AGENT, response.agent)
                 span.set_attribute(ATTR_INSTANCE, response.instance or "")
+            endpoint = rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.endpoint if rec.route else ""
+            span.set_attributes(server_attributes(endpoint))
         return response
 
     def _refused(self, rec: TraceRecorder, exc: ReachError) -> None:

@@ -13,6 +13,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage
@@ -28,14 +29,18 @@ from rich.tree import Tree
 
 from reach_plugins.agent import BackgroundServer, Registration
 from reach_plugins.client import ReachClient
+from reach_plugins.core.trace import JsonLinesSink
 from reach_plugins.demo.agents import scenario
 from reach_plugins.demo.model import Rule, demo_model
 from reach_plugins.enhancer import ReachEnhancer
 from reach_plugins.langchain import create_agent
+from reach_plugins.matching import CapabilityMatcher
+from reach_plugins.metrics import fan_out
 from reach_plugins.model import ReachTrace
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.sessions import MemorySessions
 from reach_plugins.telemetry import EVENT_ATTEMPT, EVENT_FAILOVER
+from reach_plugins.traceview import rounded
 from transports.direct import DirectTransport
 
 CONVERSATION = "conv-42"
@@ -96,6 +101,8 @@ class DemoReport:
     killed: str = ""
     spans: list[ReadableSpan] = field(default_factory=list)
     seconds: float = 0.0
+    failed_over: str = ""
+    """The request id of the call that failed over (``reach trace`` it from the trace file)."""
 
 
 @dataclass
@@ -104,8 +111,11 @@ class _Instance:
     registration: Registration
 
 
-async def run_demo(console: Console, *, seed: int = 7) -> DemoReport:
-    """Start the agents, hold the conversation, kill an instance midway, print what happened."""
+async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None = None) -> DemoReport:
+    """Start the agents, hold the conversation, kill an instance midway, print what happened.
+
+    ``trace_file`` gets one JSON line per request (started afresh), for ``reach trace``.
+    """
     started = time.perf_counter()
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -124,10 +134,23 @@ async def run_demo(console: Console, *, seed: int = 7) -> DemoReport:
     console.print(f"[bold]{len(instances)} agent instances[/bold] registered: {', '.join(instances)}")
 
     sink = CollectingSink()
+    lines = None
+    if trace_file is not None:
+        trace_file.write_text("", encoding="utf-8")
+        lines = JsonLinesSink(trace_file)
     client = ReachClient(
-        registry, DirectTransport(), tenant="demo", sink=sink, tracer_provider=provider, rng=random.Random(seed)
+        registry,
+        DirectTransport(),
+        tenant="demo",
+        sink=fan_out(sink, lines),
+        tracer_provider=provider,
+        rng=random.Random(seed),
     )
-    enhancer = ReachEnhancer(client=client, sessions=MemorySessions(), tracer_provider=provider)
+    # The demo waits for the sentence model (no routing budget), so even a cold first run maps tools by meaning.
+    matcher = CapabilityMatcher((), timeout=None)
+    enhancer = ReachEnhancer(
+        client=client, sessions=MemorySessions(), tracer_provider=provider, matcher=matcher, expose=["search_knowledge"]
+    )
     front_desk = create_agent(
         demo_model(RULES),
         [lookup_order_status, check_stock, open_support_ticket],
@@ -151,11 +174,17 @@ async def run_demo(console: Console, *, seed: int = 7) -> DemoReport:
             if instance_id != report.killed:
                 await item.registration.stop()
                 item.server.stop()
+        if lines is not None:
+            lines.close()
+    provider.force_flush()  # every server span has ended (its server stopped): the tree is complete
     report.traces = sink.traces
     report.spans = list(exporter.get_finished_spans())
+    report.failed_over = next((t.request_id for t in sink.traces if _failed_over(t)), "")
     report.seconds = time.perf_counter() - started
     _print_events(console, report.traces)
     console.print(_trace_tree(report.spans))
+    if trace_file is not None and report.failed_over:
+        console.print(f"replay its route decision: [bold]reach trace {report.failed_over} --file {trace_file}[/bold]")
     console.print(f"[dim]done in {report.seconds:.1f}s[/dim]")
     return report
 
@@ -168,6 +197,10 @@ async def _kill_pinned(instances: dict[str, _Instance], traces: list[ReachTrace]
     victim.server.stop()
     console.print(Panel(f"[red]killed {pinned}[/red] (the orders instance holding {CONVERSATION})", expand=False))
     return pinned
+
+
+def _failed_over(trace: ReachTrace) -> bool:
+    return any(event.get("event") == EVENT_FAILOVER for event in trace.events)
 
 
 def _last_answer(messages: list[Any]) -> str:
@@ -201,7 +234,7 @@ def _print_turn(console: Console, turn: int, text: str, answer: str, traces: lis
 def _print_events(console: Console, traces: list[ReachTrace]) -> None:
     lines = [
         f"{trace.capability}: {event.get('event', '?')} "
-        + json.dumps({k: v for k, v in event.items() if k not in ("event", "at")})
+        + json.dumps({k: rounded(v) for k, v in event.items() if k not in ("event", "at")})
         for trace in traces
         for event in trace.events
     ]

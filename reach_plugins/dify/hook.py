@@ -153,7 +153,9 @@ def before_invoke(
     """Reach the agent that should serve this Dify tool call, or return ``None`` to run the tool itself.
 
     A failure is a result too (``result.ok`` false, ``result.content`` tells
-    the model what to do), unless the enhancer says ``on_error="raise"``.
+    the model what to do), unless the enhancer says ``on_error="raise"``. A
+    reach that reached no agent returns ``None`` under ``remote_first``: the
+    Dify tool runs in the same call.
     """
     reach = enhancer if enhancer is not None else default_enhancer()
     call = ToolCall(
@@ -167,7 +169,8 @@ def before_invoke(
     if not decision.remote:
         return None
     with _dify_span(tool_name, conversation_id, app_id, user_id, reach):
-        return reach.reach(call, decision)
+        result = reach.reach(call, decision)
+    return None if result.fallback is not None else result
 
 
 def reach_capability(

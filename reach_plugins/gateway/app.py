@@ -144,6 +144,7 @@ class Gateway:
         max_inflight: int = 1024,
         tracer_provider: TracerProvider | None = None,
         retry_after: float = 1.0,
+        metrics: Metrics | None = None,
         limits: InputLimits | None = None,
         issuer: TokenIssuer | None = None,
     ) -> None:
@@ -161,7 +162,7 @@ class Gateway:
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
-        self.metrics = Metrics()
+        self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.declare(REQUESTS, "counter", "Requests by endpoint and outcome.")
         self.metrics.declare(LATENCY, "histogram", "Time to answer, by endpoint.")
         self.metrics.declare(INFLIGHT, "gauge", "Requests being served now.")

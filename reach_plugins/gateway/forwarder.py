@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from reach_plugins.core.dedup import DedupStore
+    from reach_plugins.core.trace import TraceSink
 
 NODE_SCHEME = "grpc://"
 
@@ -114,6 +115,7 @@ class Forwarder:
         default_timeout: float = 30.0,
         node_id: str | None = None,
         owns_registry: bool = False,
+        sink: TraceSink | None = None,
         probes: bool = True,
         direct: Transport | None = None,
     ) -> None:
@@ -132,6 +134,7 @@ class Forwarder:
             credentials=self._credential,
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
+            sink=sink,
         )
         self._watch: asyncio.Task[None] | None = None
         self.prober = Prober.shared(self.table) if probes else None

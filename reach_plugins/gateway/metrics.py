@@ -1,112 +1,87 @@
-"""A few Prometheus counters, gauges and histograms, written in the text exposition format by hand.
+"""A server's ``/metrics``: OpenTelemetry instruments, scraped through the OpenTelemetry Prometheus exporter.
 
-Enough for a gateway's ``/metrics`` without another dependency: labelled
-counters and gauges, and histograms with cumulative buckets, ``_sum`` and
-``_count`` (format 0.0.4).
+The gateway (and any server of ours) declares its few counters, gauges and
+histograms by name; they live on an OpenTelemetry SDK ``MeterProvider`` of
+its own whose ``PrometheusMetricReader`` writes into a private
+``prometheus_client`` registry, so several servers in one process never
+collide. The same provider carries :class:`~reach_plugins.metrics.ReachMetrics`
+(:attr:`Metrics.reach`): give it to the server's pipeline as its trace sink
+and ``/metrics`` also shows attempts by outcome, breakers, route decisions
+and the rest, under Prometheus names (``reach.client.requests`` ->
+``reach_client_requests_total``).
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-Labels = tuple[tuple[str, str], ...]
+try:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError('a server\'s /metrics needs the server extra: pip install "reach-plugins[server]"') from exc
+
+from reach_plugins.metrics import ReachMetrics
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
 Kind = Literal["counter", "gauge", "histogram"]
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-
-
-@dataclass(slots=True)
-class _Histogram:
-    counts: list[int]
-    total: float = 0.0
-    count: int = 0
-
-
-@dataclass(slots=True)
-class _Family:
-    name: str
-    kind: Kind
-    help: str
-    buckets: tuple[float, ...] = ()
-    values: dict[Labels, float] = field(default_factory=dict)
-    histograms: dict[Labels, _Histogram] = field(default_factory=dict)
-
-
-def _labels(labels: dict[str, str] | None) -> Labels:
-    return tuple(sorted(labels.items())) if labels else ()
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _format(labels: Labels, extra: tuple[str, str] | None = None) -> str:
-    pairs = [*labels, extra] if extra else list(labels)
-    return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in pairs) + "}" if pairs else ""
-
-
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if value != int(value) else str(int(value))
+CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4
+_METER: Final = "reach_plugins.server"
 
 
 class Metrics:
-    """Metric families declared up front, updated on the hot path, rendered on scrape."""
+    """Instruments declared up front by their Prometheus name, updated on the hot path, rendered on scrape."""
 
     def __init__(self) -> None:
-        self._families: dict[str, _Family] = {}
+        self.registry = CollectorRegistry()
+        reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False, registry=self.registry)
+        self._instruments: dict[str, Any] = {}
+        self.provider = MeterProvider(metric_readers=[reader])
+        self.reach = ReachMetrics(meter_provider=self.provider)
+        """Request-level metrics on the same ``/metrics``: pass it as the server's pipeline sink."""
 
     def declare(self, name: str, kind: Kind, help: str, *, buckets: Sequence[float] = LATENCY_BUCKETS) -> None:
-        self._families[name] = _Family(name, kind, help, tuple(sorted(buckets)) if kind == "histogram" else ())
+        """One instrument; a counter's ``_total`` suffix is the exporter's to add, so it is dropped here."""
+        meter = self.provider.get_meter(_METER)
+        base = name.removesuffix("_total") if kind == "counter" else name
+        if kind == "counter":
+            self._instruments[name] = meter.create_counter(base, description=help)
+        elif kind == "gauge":
+            self._instruments[name] = meter.create_gauge(base, description=help)
+        else:
+            self._instruments[name] = meter.create_histogram(
+                base, description=help, explicit_bucket_boundaries_advisory=sorted(buckets)
+            )
 
     def inc(self, name: str, labels: dict[str, str] | None = None, value: float = 1.0) -> None:
-        family = self._families[name]
-        key = _labels(labels)
-        family.values[key] = family.values.get(key, 0.0) + value
+        self._instruments[name].add(value, labels)
 
     def set(self, name: str, value: float, labels: dict[str, str] | None = None) -> None:
-        self._families[name].values[_labels(labels)] = value
+        self._instruments[name].set(value, labels)
 
     def observe(self, name: str, value: float, labels: dict[str, str] | None = None) -> None:
-        family = self._families[name]
-        key = _labels(labels)
-        histogram = family.histograms.get(key)
-        if histogram is None:
-            histogram = family.histograms[key] = _Histogram([0] * len(family.buckets))
-        index = bisect.bisect_left(family.buckets, value)
-        if index < len(histogram.counts):
-            histogram.counts[index] += 1
-        histogram.total += value
-        histogram.count += 1
-
-    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A counter's or gauge's current value (0 when never touched); a histogram's observation count."""
-        family = self._families[name]
-        key = _labels(labels)
-        if family.kind == "histogram":
-            histogram = family.histograms.get(key)
-            return float(histogram.count) if histogram else 0.0
-        return family.values.get(key, 0.0)
+        self._instruments[name].record(value, labels)
 
     def render(self) -> str:
-        lines: list[str] = []
-        for family in self._families.values():
-            lines.append(f"# HELP {family.name} {family.help}")
-            lines.append(f"# TYPE {family.name} {family.kind}")
-            for labels, value in sorted(family.values.items()):
-                lines.append(f"{family.name}{_format(labels)} {_number(value)}")
-            for labels, histogram in sorted(family.histograms.items()):
-                running = 0
-                for bound, count in zip(family.buckets, histogram.counts, strict=True):
-                    running += count
-                    lines.append(f"{family.name}_bucket{_format(labels, ('le', _number(bound)))} {running}")
-                lines.append(f"{family.name}_bucket{_format(labels, ('le', '+Inf'))} {histogram.count}")
-                lines.append(f"{family.name}_sum{_format(labels)} {_number(histogram.total)}")
-                lines.append(f"{family.name}_count{_format(labels)} {histogram.count}")
-        return "\n".join(lines) + "\n"
+        """Every instrument in the Prometheus text format (0.0.4), as the exporter writes it."""
+        return generate_latest(self.registry).decode("utf-8")
+
+    def serve_http(self, host: str, port: int) -> WSGIServer:
+        """Serve ``/metrics`` at ``host:port`` (0: a free port) from a thread, for a server without HTTP (the node).
+
+        Stop it with ``server.shutdown()``; ``server.server_port`` is the port.
+        """
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+    def shutdown(self) -> None:
+        """Stop the meter provider (a server that stops)."""
+        self.provider.shutdown()
+

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
 
+    from reach_plugins.core.trace import TraceSink
     from reach_plugins.trust.audit import AuditHook
 
 
@@ -32,6 +33,7 @@ def build_forwarder(
     tracer_provider: TracerProvider | None = None,
     node_id: str | None = None,
     route_ttl: float = 1.0,
+    sink: TraceSink | None = None,
     allow_open: bool = False,
     issuer: TokenIssuer | None = None,
     via: str | None = None,
@@ -65,6 +67,7 @@ def build_forwarder(
         route_ttl=route_ttl,
         owns_registry=registry is None or isinstance(registry, str),
         direct=agent_transport(issuer or build_issuer(tenants, environ=environ), via=via, audit=audit),
+        sink=sink,
     )
     return forwarder, access
 
@@ -84,8 +87,10 @@ def create_app(
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
     ``limits`` bound each request read."""
     from reach_plugins.gateway.app import Gateway
+    from reach_plugins.gateway.metrics import Metrics
 
     issuer = build_issuer(load_config(Path(config)).tenants, keys=issuer_keys, environ=environ)
+    metrics = Metrics()
     forwarder, access = build_forwarder(
         config,
         registry=registry,
@@ -95,9 +100,16 @@ def create_app(
         issuer=issuer,
         via=VIA_GATEWAY,
         audit=audit,
+        sink=metrics.reach,
     )
     gateway = Gateway(
-        forwarder, access, max_inflight=max_inflight, tracer_provider=tracer_provider, limits=limits, issuer=issuer
+        forwarder,
+        access,
+        max_inflight=max_inflight,
+        tracer_provider=tracer_provider,
+        limits=limits,
+        issuer=issuer,
+        metrics=metrics,
     )
     return gateway.app()
 

@@ -24,7 +24,11 @@ from reach_plugins.registry import Registry
 from transports.grpcnode import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     from opentelemetry.trace import TracerProvider
+
+    from reach_plugins.gateway.metrics import Metrics
 
 
 SLOW_CLIENTS: Final[tuple[tuple[str, Any], ...]] = (
@@ -56,9 +60,15 @@ class NodeServer:
         node_id: str | None = None,
         tracer_provider: TracerProvider | None = None,
         options: list[tuple[str, Any]] | None = None,
+        metrics: Metrics | None = None,
+        metrics_port: int = 0,
         callback_hosts: Collection[str] = (),
     ) -> None:
         self.host = host
+        self.metrics = metrics
+        self.metrics_port = metrics_port
+        """Where ``/metrics`` is served over HTTP when ``metrics`` is given (0 picks a free port)."""
+        self._metrics_http: WSGIServer | None = None
         self.port = port
         self.node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
         self.forwarder = forwarder
@@ -89,6 +99,9 @@ class NodeServer:
         await server.start()
         await self.forwarder.start()
         self._server = server
+        if self.metrics is not None:
+            self._metrics_http = self.metrics.serve_http(self.host, self.metrics_port)
+            self.metrics_port = self._metrics_http.server_port
         return self
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -98,6 +111,10 @@ class NodeServer:
             self._server = None
         await self.service.aclose()
         await self.forwarder.aclose()
+        if self._metrics_http is not None:
+            await asyncio.to_thread(self._metrics_http.shutdown)
+            self._metrics_http.server_close()
+            self._metrics_http = None
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -119,18 +136,29 @@ def build_node(
     queue_capacity: int = 1000,
     workers: int = 64,
     node_id: str | None = None,
+    metrics_port: int | None = None,
     allow_open: bool = False,
     callback_hosts: Collection[str] = (),
     options: list[tuple[str, Any]] | None = None,
 ) -> NodeServer:
-    """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started."""
+    """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started.
+
+    With ``metrics_port`` the node serves ``/metrics`` (Prometheus text, through the
+    OpenTelemetry exporter) over HTTP on that port of ``host``.
+    """
     node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
+    metrics = None
+    if metrics_port is not None:
+        from reach_plugins.gateway.metrics import Metrics  # the server extra's exporter, only when asked for
+
+        metrics = Metrics()
     forwarder, access = build_forwarder(
         config,
         registry=registry,
         environ=environ,
         tracer_provider=tracer_provider,
         node_id=node_id,
+        sink=metrics.reach if metrics is not None else None,
         allow_open=allow_open,
     )
     return NodeServer(
@@ -142,6 +170,8 @@ def build_node(
         workers=workers,
         node_id=node_id,
         tracer_provider=tracer_provider,
+        metrics=metrics,
+        metrics_port=metrics_port or 0,
         callback_hosts=callback_hosts,
         options=options,
     )
