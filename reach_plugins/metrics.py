@@ -42,12 +42,17 @@ from reach_plugins.telemetry import (
     ATTR_RULE,
     ATTR_SIDE,
     ATTR_STATUS,
+    ATTR_TENANT,
+    ATTR_USAGE_SOURCE,
     EVENT_BREAKER,
+    EVENT_CONSISTENCY,
+    EVENT_CONSISTENCY_STATE,
     EVENT_FAILOVER,
     EVENT_RETRY,
     INSTRUMENTATION_NAME,
     OPERATION_EXECUTE_TOOL,
 )
+from reach_plugins.usage import tokens_of
 
 if TYPE_CHECKING:
     from reach_plugins.model import Attempt, ReachTrace
@@ -70,6 +75,12 @@ CANCELLATIONS: Final = "reach.client.cancellations"
 TOOL_ROUTES: Final = "reach.tool.routes"
 REGISTRATIONS: Final = "reach.registry.registrations"
 HEARTBEAT_EXPIRATIONS: Final = "reach.registry.heartbeat.expirations"
+USAGE_CALLS: Final = "reach.usage.calls"
+"""Calls per tenant, agent and capability (seed 000, section 4.4)."""
+USAGE_TOKENS: Final = "reach.usage.tokens"
+"""Tokens per tenant, agent and capability; ``reach.usage.source`` says ``reported`` or ``estimated``."""
+CONSISTENCY_SCORES: Final = "reach.consistency.score"
+CONSISTENCY_EJECTIONS: Final = "reach.consistency.ejections"
 
 BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
 """``reach.breaker.state`` values: 0 closed, 1 half-open, 2 open."""
@@ -122,6 +133,14 @@ class ReachMetrics:
         self.heartbeat_expirations = meter.create_counter(
             HEARTBEAT_EXPIRATIONS, unit="{instance}", description="Instances whose heartbeats stopped."
         )
+        self.usage_calls = meter.create_counter(USAGE_CALLS, unit="{call}", description="Calls per tenant.")
+        self.usage_tokens = meter.create_counter(USAGE_TOKENS, unit="{token}", description="Tokens per tenant.")
+        self.consistency_scores = meter.create_histogram(
+            CONSISTENCY_SCORES, unit="1", description="Replies' similarity to their requests (opted-in capabilities)."
+        )
+        self.consistency_ejections = meter.create_counter(
+            CONSISTENCY_EJECTIONS, unit="{ejection}", description="Instances ejected for replies beside the question."
+        )
         self._lock = threading.Lock()
         self._breakers: dict[str, int] = {}
         meter.create_observable_gauge(
@@ -144,6 +163,7 @@ class ReachMetrics:
             )
         if trace.dedup_hit:
             self.dedup_hits.add(1, {ATTR_CAPABILITY: trace.capability})
+        self._usage(trace, agent)
         for attempt in trace.attempts:
             outcome = attempt_outcome(attempt)
             at = {ATTR_CAPABILITY: trace.capability, ATTR_AGENT: attempt.agent, ATTR_INSTANCE: attempt.instance}
@@ -152,10 +172,28 @@ class ReachMetrics:
                 self.cancellations.add(1, at)
         self._events(trace.capability, trace.events)
 
+    def _usage(self, trace: ReachTrace, agent: str) -> None:
+        """Calls and tokens per tenant, agent and capability (:mod:`reach_plugins.usage`)."""
+        who = {ATTR_TENANT: trace.tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: trace.capability}
+        self.usage_calls.add(1, who)
+        reported, estimated = tokens_of(trace)
+        if reported:
+            self.usage_tokens.add(reported, {**who, ATTR_USAGE_SOURCE: "reported"})
+        if estimated:
+            self.usage_tokens.add(estimated, {**who, ATTR_USAGE_SOURCE: "estimated"})
+
     def _events(self, capability: str, events: Iterable[Mapping[str, object]]) -> None:
         for event in events:
             name = event.get("event")
-            if name == EVENT_RETRY:
+            if name == EVENT_CONSISTENCY:
+                score = event.get("score")
+                if isinstance(score, int | float):
+                    self.consistency_scores.record(float(score), {ATTR_CAPABILITY: capability})
+            elif name == EVENT_CONSISTENCY_STATE and event.get(ATTR_BREAKER_TO) == "ejected":
+                self.consistency_ejections.add(
+                    1, {ATTR_CAPABILITY: capability, ATTR_INSTANCE: str(event.get("instance"))}
+                )
+            elif name == EVENT_RETRY:
                 self.retries.add(1, {ATTR_CAPABILITY: capability})
             elif name == EVENT_FAILOVER:
                 self.failovers.add(1, {ATTR_CAPABILITY: capability})

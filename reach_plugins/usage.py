@@ -58,7 +58,7 @@ class UsageRow:
         return self.reported_tokens + self.estimated_tokens
 
 
-def _tokens(trace: ReachTrace) -> tuple[int, int]:
+def tokens_of(trace: ReachTrace) -> tuple[int, int]:
     """(reported, estimated) tokens of one request."""
     if trace.usage:
         total = trace.usage.get("total_tokens")
@@ -82,7 +82,7 @@ def summarise(
         row = rows.setdefault(key, UsageRow(*key))
         row.calls += 1
         row.succeeded += trace.status == "success"
-        reported, estimated = _tokens(trace)
+        reported, estimated = tokens_of(trace)
         row.reported_tokens += reported
         row.estimated_tokens += estimated
     return sorted(rows.values(), key=lambda row: (-row.tokens, -row.calls, row.tenant, row.agent, row.capability))

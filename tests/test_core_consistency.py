@@ -61,7 +61,12 @@ def test_ejection_time_is_capped_and_instances_are_independent() -> None:
 
 async def test_an_instance_that_starts_answering_off_topic_is_ejected() -> None:
     """Through ReachClient: once o2's answers stop matching the questions, routing leaves it; scores are traced."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from test_metrics import points, total
+
     from reach_plugins import AgentDescriptor, Capability, ReachClient
+    from reach_plugins.metrics import CONSISTENCY_EJECTIONS, CONSISTENCY_SCORES, ReachMetrics
     from reach_plugins.registry import MemoryRegistry
     from reach_plugins.transport import Call, MockTransport
 
@@ -83,7 +88,9 @@ async def test_an_instance_that_starts_answering_off_topic_is_ejected() -> None:
             return {"reply_content": "Sunny in Paris, 24 degrees, light wind"}
         return {"order_id": order, "status": f"order {order} shipped, delivery tomorrow"}
 
-    async with ReachClient(registry, MockTransport(agent)) as client:
+    reader = InMemoryMetricReader()
+    sink = ReachMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    async with ReachClient(registry, MockTransport(agent), sink=sink) as client:
         answers = [
             await client.reach("query_order", {"order_id": f"A{n}"}, intent="order status", trace=True)
             for n in range(30)
@@ -95,3 +102,8 @@ async def test_an_instance_that_starts_answering_off_topic_is_ejected() -> None:
     ejected_at = max(n for n, instance in enumerate(served) if instance == off_topic)
     assert ejected_at < 15 and served[ejected_at + 1 :] and off_topic not in served[ejected_at + 1 :]
     assert any(e["event"] == "reach.consistency_state" for a in answers if a.trace for e in a.trace.events)
+    found = points(reader)
+    assert (
+        total(found, CONSISTENCY_SCORES) == 30
+        and total(found, CONSISTENCY_EJECTIONS, **{"reach.instance": off_topic}) == 1
+    )

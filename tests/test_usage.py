@@ -68,3 +68,26 @@ async def test_reach_usage_prints_the_table_for_a_time_range(tmp_path: Path) -> 
     later = CliRunner().invoke(app, ["usage", str(path), "--since", now.replace(year=now.year + 1).isoformat()])
     assert shown.exit_code == 0 and "alpha" in shown.output and "126" in shown.output and "beta" in shown.output
     assert later.exit_code == 0 and "alpha" not in later.output
+
+
+async def test_usage_is_counted_as_metrics_per_tenant() -> None:
+    """ReachMetrics as the sink: calls and reported / estimated tokens per tenant, agent and capability."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from test_metrics import points, total
+
+    from reach_plugins.metrics import USAGE_CALLS, USAGE_TOKENS, ReachMetrics
+
+    reader = InMemoryMetricReader()
+    registry = MemoryRegistry()
+    registry.put_agent(AgentDescriptor(name="cloud", endpoints=["http://127.0.0.1:9"], capabilities=["chat"]))
+    sink = ReachMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    async with ReachClient(registry, MockTransport(chat), sink=sink) as client:
+        for _ in range(3):
+            await client.reach("chat", {"input": "hello"}, tenant="alpha")
+        async for _ in client.stream("chat", {"input": "x" * 400}, tenant="beta"):
+            pass
+    found = points(reader)
+    assert total(found, USAGE_CALLS, **{"reach.tenant": "alpha", "reach.agent": "cloud"}) == 3
+    assert total(found, USAGE_TOKENS, **{"reach.tenant": "alpha", "reach.usage.source": "reported"}) == 126
+    assert 100 <= total(found, USAGE_TOKENS, **{"reach.tenant": "beta", "reach.usage.source": "estimated"}) <= 110
