@@ -19,8 +19,10 @@ MiB = 1 << 20
 class HugeReply:
     """Answers every request with a 200 MB body (declared, or chunked) and counts the bytes it got out."""
 
-    def __init__(self, chunked: bool) -> None:
+    def __init__(self, chunked: bool, stream: bool = False) -> None:
         self.chunked = chunked
+        self.stream = stream
+        """Answer as an event stream whose one ``data:`` line never ends."""
         self.sent = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -41,8 +43,14 @@ class HugeReply:
             while b"\r\n\r\n" not in got:
                 got += conn.recv(65536)
             framing = b"Transfer-Encoding: chunked" if self.chunked else b"Content-Length: %d" % (200 * MiB)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + framing + b"\r\n\r\n")
+            kind = b"text/event-stream" if self.stream else b"application/json"
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: " + kind + b"\r\n" + framing + b"\r\n\r\n")
+            first = b"data: " + block[6:] if self.stream else block
             frame = b"10000\r\n" + block + b"\r\n" if self.chunked else block
+            if self.stream:
+                opening = b"10000\r\n" + first + b"\r\n" if self.chunked else first
+                conn.sendall(opening)
+                self.sent += len(opening)
             try:
                 for _ in range(3200):
                     conn.sendall(frame)
@@ -74,4 +82,21 @@ async def test_a_huge_reply_is_refused_at_the_cap(upstream: HugeReply, tmp_path:
     assert response.status == "fail"
     assert response.error is not None and response.error.type == "invalid_response"
     assert str(16 * MiB) in response.error.message
+    assert upstream.sent < 64 * MiB
+
+
+async def test_a_stream_whose_event_never_ends_is_refused_at_the_cap(tmp_path: Path) -> None:
+    """An event-stream line of 200 MB with no end: the stream ends with invalid_response near the 16 MiB cap."""
+    upstream = HugeReply(chunked=True, stream=True)
+    config = tmp_path / "agents.yaml"
+    agent = {"name": "huge", "endpoints": [f"http://127.0.0.1:{upstream.port}"], "capabilities": ["dump"]}
+    config.write_text(yaml.safe_dump({"agents": [agent]}))
+    client = ReachClient(f"file://{config}", DirectTransport())
+    try:
+        events = [event async for event in client.stream("dump", {}, timeout_ms=20_000)]
+    finally:
+        await client.aclose()
+        upstream.close()
+    assert events and events[-1].kind == "error" and events[-1].error is not None
+    assert events[-1].error.type == "invalid_response" and str(16 * MiB) in events[-1].error.message
     assert upstream.sent < 64 * MiB

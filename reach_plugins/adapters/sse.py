@@ -2,7 +2,9 @@
 
 Chunks may split lines, CRLF pairs and multi-byte characters anywhere; the
 decoder keeps the partial line and an incremental UTF-8 decoder between
-``feed`` calls.
+``feed`` calls. What it holds is bounded (DESIGN.md 11.5): an event (or a line)
+longer than ``max_event`` characters is an ``InvalidResponse``, not a buffer
+that grows with whatever a hostile upstream sends.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 import codecs
 import re
 from dataclasses import dataclass
+
+from reach_plugins.errors import InvalidResponse
+from reach_plugins.wire import MAX_REPLY
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 """SSE lines end with CRLF, CR or LF (and nothing else: ``str.splitlines`` would split on more)."""
@@ -27,12 +32,15 @@ class SseEvent:
 class SseDecoder:
     """Feed bytes as they arrive; get back the events completed by them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_event: int = MAX_REPLY) -> None:
         self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self._event = ""
         self._data: list[str] = []
+        self._held = 0
+        """Characters of ``data`` lines held for the event being read."""
         self._id: str | None = None
+        self._max = max_event
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         text = self._pending + self._text.decode(chunk)
@@ -46,6 +54,8 @@ class SseDecoder:
             event = self._line(line)
             if event is not None:
                 events.append(event)
+        if self._held + len(self._pending) > self._max:
+            raise InvalidResponse(f"a streamed event is longer than {self._max} characters, the most accepted")
         return events
 
     def _line(self, line: str) -> SseEvent | None:
@@ -57,6 +67,7 @@ class SseDecoder:
         value = value.removeprefix(" ")
         if name == "data":
             self._data.append(value)
+            self._held += len(value)
         elif name == "event":
             self._event = value
         elif name == "id":
@@ -67,7 +78,7 @@ class SseDecoder:
         if not self._data and not self._event:
             return None
         event = SseEvent(event=self._event or "message", data="\n".join(self._data), id=self._id)
-        self._event, self._data = "", []
+        self._event, self._data, self._held = "", [], 0
         return event
 
 
