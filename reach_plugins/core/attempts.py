@@ -97,24 +97,7 @@ class Engine:
         """The transport bounds each send by ``call.timeout`` in real time: a second timer here would be waste."""
 
     def _on_consistency(self, transition: ConsistencyTransition) -> None:
-        level = logging.WARNING if transition.after == "ejected" else logging.INFO
-        logger.log(
-            level,
-            "consistency %s/%s: %s -> %s (%s)",
-            transition.agent,
-            transition.instance,
-            transition.before,
-            transition.after,
-            transition.reason,
-        )
-        if self.observer is not None:
-            self.observer.event(
-                EVENT_CONSISTENCY_STATE,
-                transition.at,
-                instance=transition.instance,
-                reason=transition.reason,
-                **{ATTR_BREAKER_FROM: transition.before, ATTR_BREAKER_TO: transition.after},
-            )
+        self._moved("consistency", EVENT_CONSISTENCY_STATE, transition, alarming=transition.after == "ejected")
 
     def _judge_consistency(self, flight: Flight, data: Any) -> None:
         """Score a successful reply against its request when the capability opted in; feed the monitor."""
@@ -133,23 +116,29 @@ class Engine:
         flight.rec.event(EVENT_CONSISTENCY, self.clock.now(), instance=route.instance.instance_id, score=score, low=low)
 
     def _on_transition(self, transition: BreakerTransition) -> None:
-        level = logging.WARNING if transition.after == "open" else logging.INFO
+        self._moved("breaker", EVENT_BREAKER, transition, alarming=transition.after == "open")
+
+    def _moved(
+        self, what: str, event: str, moved: BreakerTransition | ConsistencyTransition, *, alarming: bool
+    ) -> None:
+        """Log an instance's state change (a warning when it is shut out) and put it in the running request's trace."""
         logger.log(
-            level,
-            "breaker %s/%s: %s -> %s (%s)",
-            transition.agent,
-            transition.instance,
-            transition.before,
-            transition.after,
-            transition.reason,
+            logging.WARNING if alarming else logging.INFO,
+            "%s %s/%s: %s -> %s (%s)",
+            what,
+            moved.agent,
+            moved.instance,
+            moved.before,
+            moved.after,
+            moved.reason,
         )
         if self.observer is not None:
             self.observer.event(
-                EVENT_BREAKER,
-                transition.at,
-                instance=transition.instance,
-                reason=transition.reason,
-                **{ATTR_BREAKER_FROM: transition.before, ATTR_BREAKER_TO: transition.after},
+                event,
+                moved.at,
+                instance=moved.instance,
+                reason=moved.reason,
+                **{ATTR_BREAKER_FROM: moved.before, ATTR_BREAKER_TO: moved.after},
             )
 
     def admit_now(self, flight: Flight) -> Admission | None:
