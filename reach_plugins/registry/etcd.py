@@ -250,20 +250,33 @@ class EtcdRegistry:
             ) from exc
 
     async def aclose(self) -> None:
-        """Stop watching and keeping alive, revoke the lease (its instances leave now), end watch streams."""
+        """Stop watching and keeping alive, revoke the lease (its instances leave now), end watch streams.
+
+        Every step is bounded by the registry's timeout: a watch stream or a channel that does not wind down
+        (grpc and aetcd give no such promise) is logged and left behind, never waited on forever.
+        """
         self._closed = True
-        for task in (self._keepalive_task, self._watch_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = [task for task in (self._keepalive_task, self._watch_task) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=self.timeout)
+            if stuck:
+                logger.warning(
+                    "etcd registry %s: %d task(s) did not stop within %gs", self.address, len(stuck), self.timeout
+                )
         self._keepalive_task = self._watch_task = None
         client, self._client = self._client, None
         if client is not None:
             if self._lease_id is not None:
                 with contextlib.suppress(BackendUnavailable):
-                    await self._call("revoke the lease", client.revoke_lease(self._lease_id))
-            await client.close()
+                    await self._call(
+                        "revoke the lease", asyncio.wait_for(client.revoke_lease(self._lease_id), self.timeout)
+                    )
+            try:
+                await asyncio.wait_for(client.close(), self.timeout)
+            except TimeoutError:
+                logger.warning("etcd registry %s: the channel did not close within %gs", self.address, self.timeout)
         self._lease_id = None
         await self._cache.aclose()
 
@@ -340,7 +353,7 @@ class EtcdRegistry:
 
     async def _watch_forever(self) -> None:
         delay = _RETRY_MIN
-        while True:
+        while not self._closed:
             client = self._connect()
             try:
                 await self._resync(client)
@@ -354,6 +367,8 @@ class EtcdRegistry:
                 logger.info("etcd compacted past revision %d; relisting %s", self._mirror.applied, self.prefix)
                 self._relist = True
             except Exception as exc:
+                if self._closed:
+                    return  # aclose ended the stream (a cancellation aetcd may have turned into an error)
                 self._watching.clear()
                 first = self._reach.reachable
                 self._reach.lost(self.clock())
