@@ -1,4 +1,4 @@
-"""The base of transports that wrap another (token, trust guard, audit): same retry owner, timer and close."""
+"""The base of transports that wrap another (token, trust guard, audit): same promises, same close."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from reach_plugins.transport import BaseTransport, Transport
 
 
 class Wrapping(BaseTransport):
-    """Keeps ``inner``'s ``owns_retries`` and ``enforces_timeout``; closing closes ``inner``."""
+    """Keeps every promise of ``inner`` (``owns_retries``, ``bounds_timeout``, ``hop``); closing closes ``inner``."""
 
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
         self.owns_retries = inner.owns_retries
-        self.enforces_timeout = bool(getattr(inner, "enforces_timeout", False))
+        self.bounds_timeout = inner.bounds_timeout
+        self.hop = inner.hop
 
     async def aclose(self) -> None:
         await self.inner.aclose()
