@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -52,7 +53,7 @@ class TokenCache:
         self._tokens[key] = (token, expires_at - margin)
 
 
-class _Cached:
+class _Cached(ABC):
     """Cache + single flight around ``_fetch``."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
@@ -73,9 +74,9 @@ class _Cached:
         self._cache.put(key, token, expires_at)
         return token
 
+    @abstractmethod
     async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
-        """A new token for ``audience`` and when it expires (wall clock)."""
-        raise NotImplementedError
+        """A new token for ``audience`` and when it expires (wall clock): each source says where it comes from."""
 
 
 class LocalTokens(_Cached):
