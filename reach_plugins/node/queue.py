@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Final
 
 from reach_plugins.errors import Backpressure, ConfigError
@@ -36,6 +35,7 @@ class WorkQueue:
         self._clock = clock
         self._free = workers
         self._waiting: dict[Priority, deque[asyncio.Future[None]]] = {name: deque() for name in _ORDER}
+        self._online, self._batch = self._waiting["online"], self._waiting["batch"]
         self._service = 0.05
         """Exponentially weighted mean of how long a request holds its slot, in seconds."""
         self.accepted = 0
@@ -44,7 +44,7 @@ class WorkQueue:
     @property
     def depth(self) -> int:
         """Requests waiting for a slot."""
-        return sum(len(queue) for queue in self._waiting.values())
+        return len(self._online) + len(self._batch)
 
     @property
     def running(self) -> int:
@@ -66,20 +66,12 @@ class WorkQueue:
             retry_after=round(self.retry_after(), 3),
         )
 
-    @asynccontextmanager
-    async def slot(self, priority: Priority, *, bounded: bool = True) -> AsyncIterator[None]:
+    def slot(self, priority: Priority, *, bounded: bool = True) -> Slot:
         """Hold one slot while the block runs; ``bounded=False`` waits even when the queue is full."""
-        await self._acquire(priority, bounded)
-        self.accepted += 1
-        started = self._clock()
-        try:
-            yield
-        finally:
-            self._service += 0.2 * (self._clock() - started - self._service)
-            self._release()
+        return Slot(self, priority, bounded)
 
     async def _acquire(self, priority: Priority, bounded: bool) -> None:
-        if self._free > 0 and self.depth == 0:
+        if self._free > 0 and not (self._online or self._batch):
             self._free -= 1
             return
         if bounded and self.depth >= self.capacity:
@@ -96,6 +88,11 @@ class WorkQueue:
                 queue.remove(waiter)
             raise
 
+    def _done(self, started: float) -> None:
+        """A slot held since ``started`` is given back; the service time it took feeds the hint."""
+        self._service += 0.2 * (self._clock() - started - self._service)
+        self._release()
+
     def _release(self) -> None:
         """Hand the slot to the oldest waiter, online first; else free it."""
         for name in _ORDER:
@@ -106,3 +103,24 @@ class WorkQueue:
                     waiter.set_result(None)
                     return
         self._free += 1
+
+
+class Slot:
+    """``async with queue.slot(priority)``: one slot of :class:`WorkQueue`, a plain class (no generator per request)."""
+
+    __slots__ = ("_bounded", "_priority", "_queue", "_started")
+
+    def __init__(self, queue: WorkQueue, priority: Priority, bounded: bool) -> None:
+        self._queue = queue
+        self._priority = priority
+        self._bounded = bounded
+        self._started = 0.0
+
+    async def __aenter__(self) -> None:
+        queue = self._queue
+        await queue._acquire(self._priority, self._bounded)
+        queue.accepted += 1
+        self._started = queue._clock()
+
+    async def __aexit__(self, *_: object) -> None:
+        self._queue._done(self._started)

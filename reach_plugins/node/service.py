@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import nullcontext
 from typing import Any, Final, NoReturn
 
 import grpc
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
@@ -29,9 +32,10 @@ from reach_plugins.telemetry import (
     ATTR_CAPABILITY,
     ATTR_REQUEST_ID,
     ATTR_TENANT,
+    HEADER_DEADLINE,
     HEADER_TRACEPARENT,
-    extract_context,
     get_tracer,
+    spans_are_noop,
 )
 from reach_plugins.transport import StreamEvent
 from reach_plugins.wire import HEADER_AUTHORIZATION, HEADER_VIA, http_status, to_request
@@ -54,6 +58,14 @@ CALLBACK_ERROR: Final = "x-reach-callback-error"
 
 Context = Any
 """``grpc.aio.ServicerContext`` (grpc ships no type information)."""
+
+_VIA: Final = HEADER_VIA.lower()
+_AUTHORIZATION: Final = HEADER_AUTHORIZATION.lower()
+_TENANT: Final = "x-tenant"
+_DEADLINE: Final = HEADER_DEADLINE.lower()
+_TRACEPARENT: Final = HEADER_TRACEPARENT.lower()
+_NO_SPAN: Final = nullcontext()
+"""Where there is no span to make current (no SDK, no caller's trace)."""
 
 _CODES: Final[dict[int, grpc.StatusCode]] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -100,32 +112,41 @@ class NodeService:
         self.queue = queue
         self.tickets = tickets
         self.node_id = node_id
+        self._tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
+        self._spans_noop = True
+        self._spans_recheck = -math.inf
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ admission
 
     def _admit(self, message: pb.ReachCall, context: Context) -> tuple[ReachRequest, dict[str, str]]:
-        """The request to run and its metadata (lowercase keys); a ReachError says why not."""
+        """The request to run and its metadata (lowercase keys); a ReachError says why not.
+
+        The token is checked before the payload is decoded, the payload is
+        decoded once (strictly), and the token is looked up again only when the
+        body names a tenant other than the token's.
+        """
         metadata = single_headers(context.invocation_metadata() or ())
-        via = metadata.get(HEADER_VIA.lower(), "")
-        if self.node_id in via.split(","):
+        via = metadata.get(_VIA)
+        if via and self.node_id in via.split(","):
             raise LoopDetected(
                 f"node forwarding loop: this request already passed node {self.node_id} (via {via}); "
                 "fix the grpc:// endpoints so the nodes do not point at each other"
             )
-        tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), metadata.get("x-tenant"))
+        authorization = metadata.get(_AUTHORIZATION)
+        claimed = metadata.get(_TENANT)
+        tenant = self.access.authenticate(authorization, claimed)
         remaining = context.time_remaining()
         if remaining is not None:
             budget = int(remaining * 1000)
-            given = metadata.get("x-reach-deadline", "")
+            given = metadata.get(_DEADLINE, "")
             digits = given.isascii() and given.isdigit()
-            metadata["x-reach-deadline"] = str(min(budget, int(given)) if digits else max(0, budget))
-        if message.payload:
-            loads(message.payload, what="payload")
-        body = body_from_message(message)
-        if metadata.get("x-tenant") is None and body.tenant:
-            tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), body.tenant)
+            metadata[_DEADLINE] = str(min(budget, int(given)) if digits else max(0, budget))
+        payload = loads(message.payload, what="payload") if message.payload else None
+        body = body_from_message(message, payload)
+        if claimed is None and body.tenant and (self.access.open or body.tenant != tenant):
+            tenant = self.access.authenticate(authorization, body.tenant)
         source = peer_address(context.peer())
         request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source)
         return request, metadata
@@ -140,9 +161,17 @@ class NodeService:
         abort: Callable[..., Awaitable[NoReturn]] = context.abort
         await abort(_CODES.get(status, grpc.StatusCode.UNKNOWN), message, trailers)
 
-    def _span(self, metadata: Mapping[str, str], request: ReachRequest, name: str) -> Span:
-        """A server span, child of the caller's ``traceparent`` when there is one."""
-        parent = extract_context(metadata) if HEADER_TRACEPARENT in metadata else None
+    def _span(self, metadata: Mapping[str, str], request: ReachRequest, name: str) -> Span | None:
+        """A server span, child of the caller's ``traceparent`` when there is one.
+
+        ``None`` when it would be an invalid no-op span (no SDK and no parent):
+        there is then nothing to record and nothing to propagate.
+        """
+        traceparent = _TRACEPARENT in metadata
+        if not traceparent and self._spans_off():
+            return None
+        # metadata keys are lowercase already: the default getter finds traceparent without scanning
+        parent = propagate.extract(metadata) if traceparent else None
         span = self._tracer.start_span(f"{name} {request.capability}", context=parent, kind=SpanKind.SERVER)
         if span.is_recording():
             span.set_attribute(ATTR_CAPABILITY, request.capability)
@@ -151,12 +180,21 @@ class NodeService:
                 span.set_attribute(ATTR_TENANT, request.tenant)
         return span
 
+    def _spans_off(self) -> bool:
+        """Whether spans record nothing (no SDK), asked of OpenTelemetry at most once a second (it reads the env)."""
+        now = time.monotonic()
+        if now >= self._spans_recheck:
+            self._spans_noop = spans_are_noop(self._tracer_provider)
+            self._spans_recheck = now + 1.0
+        return self._spans_noop
+
     # ------------------------------------------------------------------ RPCs
 
     async def Call(self, message: pb.ReachCall, context: Context) -> pb.CallReply:
         try:
             request, metadata = self._admit(message, context)
-            with trace.use_span(self._span(metadata, request, "reach.node"), end_on_exit=True):
+            span = self._span(metadata, request, "reach.node")
+            with _NO_SPAN if span is None else trace.use_span(span, end_on_exit=True):
                 async with self.queue.slot(request.priority):
                     response = await self.forwarder.run(request)
         except Backpressure as exc:
@@ -174,7 +212,7 @@ class NodeService:
         events: AsyncIterator[StreamEvent] | None = None
         try:
             async with self.queue.slot(request.priority):
-                with trace.use_span(span, end_on_exit=False):
+                with _NO_SPAN if span is None else trace.use_span(span, end_on_exit=False):
                     events = self.forwarder.stream(request)
                     event = await anext(events, None)
                 while event is not None:
@@ -187,7 +225,8 @@ class NodeService:
         finally:
             if events is not None:
                 await _aclose(events)
-            span.end()
+            if span is not None:
+                span.end()
 
     async def Submit(self, message: pb.SubmitRequest, context: Context) -> pb.SubmitReply:
         try:

@@ -135,9 +135,9 @@ def response_from_result(result: pb.Result) -> ReachResponse:
 # --------------------------------------------------------------------------- node side
 
 
-def body_from_message(message: pb.ReachCall) -> WireBody:
-    """The gateway's wire body for a gRPC request, checked by the same rules."""
-    raw: dict[str, Any] = {"capability": message.capability, "payload": loads(message.payload, "the payload")}
+def body_from_message(message: pb.ReachCall, payload: Any) -> WireBody:
+    """The gateway's wire body for a gRPC request (``payload`` already decoded), checked by the same rules."""
+    raw: dict[str, Any] = {"capability": message.capability, "payload": payload}
     optional = {
         "request_id": message.request_id,
         "action": message.action,
