@@ -121,22 +121,20 @@ def node(
     ] = None,
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
-    from reach_plugins.node import serve_node
+    from reach_plugins.node import run_node
 
     try:
-        asyncio.run(
-            serve_node(
-                config,
-                host,
-                port,
-                registry=registry,
-                queue_capacity=queue_capacity,
-                workers=workers,
-                node_id=node_id,
-                metrics_port=metrics_port,
-                allow_open=allow_open,
-                callback_hosts=callback_host or (),
-            )
+        run_node(
+            config,
+            host,
+            port,
+            registry=registry,
+            queue_capacity=queue_capacity,
+            workers=workers,
+            node_id=node_id,
+            metrics_port=metrics_port,
+            allow_open=allow_open,
+            callback_hosts=callback_host or (),
         )
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))

@@ -16,8 +16,8 @@ Needs the ``grpc`` extra: ``pip install "reach-plugins[grpc]"``.
 """
 
 from reach_plugins.node.queue import WorkQueue
-from reach_plugins.node.server import NodeServer, build_node, serve_node
+from reach_plugins.node.server import NodeServer, build_node, run_node, serve_node
 from reach_plugins.node.service import NodeService
 from reach_plugins.node.tickets import Tickets
 
-__all__ = ["NodeServer", "NodeService", "Tickets", "WorkQueue", "build_node", "serve_node"]
+__all__ = ["NodeServer", "NodeService", "Tickets", "WorkQueue", "build_node", "run_node", "serve_node"]

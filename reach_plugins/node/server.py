@@ -191,3 +191,17 @@ async def serve_node(
         await stopping.wait()
     finally:
         await node.stop(grace=5.0)
+
+
+def run_node(config: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 50051, **options: Any) -> None:
+    """Run :func:`serve_node` to the end on uvloop when it is installed (the ``server`` extra), else asyncio's loop.
+
+    uvloop takes the event loop's own share of each request down (the node's
+    gRPC completions and its aiohttp calls to agents both run through it).
+    """
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - depends on the installed extras
+        asyncio.run(serve_node(config, host, port, **options))
+    else:
+        uvloop.run(serve_node(config, host, port, **options))
