@@ -38,8 +38,12 @@ _STATUS = {"success": pb.SUCCESS, "fail": pb.FAIL, "timeout": pb.TIMEOUT}
 _STATUS_NAME = {value: key for key, value in _STATUS.items()}
 
 
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+"""Made once: ``json.dumps`` with options builds a new encoder per call."""
+
+
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def loads(raw: bytes, what: str) -> Any:
