@@ -267,6 +267,34 @@ async def test_node_continues_the_callers_trace(tmp_path: Path) -> None:
     assert downstream.context.trace_id == root.context.trace_id
 
 
+async def test_node_without_an_sdk_still_passes_the_callers_trace_on(tmp_path: Path) -> None:
+    """With no tracer provider the node makes no span of its own, yet the agent gets the caller's trace id."""
+    seen: list[str | None] = []
+
+    async def reach(request: Request) -> JSONResponse:
+        seen.append(request.headers.get("traceparent"))
+        body = json.loads(await request.body())
+        return JSONResponse({"request_id": body["request_id"], "status": "success", "data": {"ok": True}})
+
+    trace_id, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    metadata = (("authorization", f"Bearer {DEMO}"), ("traceparent", f"00-{trace_id}-{parent}-01"))
+    async def ready(request: Request) -> JSONResponse:
+        return JSONResponse({"ready": True})
+
+    routes = [Route("/reach", reach, methods=["POST"]), Route("/readyz", ready)]
+    with BackgroundServer(Starlette(routes=routes)) as agent:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agent.url]}, demo_tenants())
+        async with build_node(config, environ=TOKENS) as node:
+            channel = grpc.aio.insecure_channel(node.target)
+            stub = reach_pb2_grpc.ReachNodeStub(channel)  # type: ignore[no-untyped-call]
+            traced = await stub.Call(reach_pb2.ReachCall(capability="query_order", payload=b"{}"), metadata=metadata)
+            plain = await stub.Call(reach_pb2.ReachCall(capability="query_order", payload=b"{}"), metadata=metadata[:1])
+            await channel.close()
+    assert traced.result.status == reach_pb2.SUCCESS and plain.result.status == reach_pb2.SUCCESS
+    assert seen[0] is not None and seen[0].split("-")[1] == trace_id and seen[0].split("-")[2] != "0" * 16
+    assert seen[1] is None or seen[1].split("-")[1] != trace_id
+
+
 async def test_node_serves_metrics_over_http(tmp_path: Path) -> None:
     """With metrics_port the node's /metrics (Prometheus text from the OpenTelemetry exporter) counts its requests."""
     import httpx
