@@ -278,6 +278,7 @@ async def test_node_without_an_sdk_still_passes_the_callers_trace_on(tmp_path: P
 
     trace_id, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     metadata = (("authorization", f"Bearer {DEMO}"), ("traceparent", f"00-{trace_id}-{parent}-01"))
+
     async def ready(request: Request) -> JSONResponse:
         return JSONResponse({"ready": True})
 
