@@ -36,6 +36,7 @@ class StaticRoute:
     agent: AgentDescriptor
     instance: Instance
     capability: Capability
+    affinity: str = "none"
 
 
 class StaticRouter:

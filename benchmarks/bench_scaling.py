@@ -125,7 +125,7 @@ def core_alone() -> Pipeline:
     decision = RouteDecision(
         capability="query_order", agent="orders", instance="orders-0", endpoint=instance.endpoint, reason="static"
     )
-    route = Route(decision=decision, agent=agent, instance=instance, capability=capability)
+    route = Route(agent, instance, capability, decision=decision)
 
     class Static:
         def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route:

@@ -66,6 +66,10 @@ class FakeRoute:
     instance: Instance
     capability: Capability
 
+    @property
+    def affinity(self) -> str:
+        return self.decision.affinity
+
 
 @dataclass
 class FakeRouter:
@@ -100,6 +104,7 @@ class FakeRouter:
             instance=instance.instance_id,
             endpoint=instance.endpoint,
             reason="round robin (fake)",
+            affinity="restored" if self.context_restore else "degraded" if self.degraded else "none",
             context_restore=self.context_restore,
             degraded=self.degraded,
         )

@@ -243,7 +243,7 @@ class Engine:
         check_target(flight.request.hops, route.agent.name, route.capability.name)
         flight.headers[HEADER_HOPS] = hops_header(flight.request.hops, route.agent.name, route.capability.name)
         flight.route = route
-        flight.rec.route = route.decision
+        flight.rec.route = route
         flight.rec.event(
             EVENT_FAILOVER,
             self.clock.now(),
@@ -421,7 +421,7 @@ class Engine:
     ) -> ReachResponse:
         """The response; who served it is what the far side says (a gateway or node may have failed over)."""
         route = flight.route
-        decision = route.decision
+        affinity = route.affinity
         return ReachResponse(
             request_id=flight.request.request_id,
             status=status,
@@ -431,8 +431,8 @@ class Engine:
             instance=(reply.instance if reply is not None and reply.instance else route.instance.instance_id),
             attempts=flight.far_attempts,
             cost_ms=(self.clock.now() - flight.rec.started_at) * 1000.0,
-            context_restore=decision.context_restore,
-            degraded=decision.degraded,
+            context_restore=affinity == "restored",
+            degraded=affinity == "degraded",
         )
 
     def give_up(

@@ -162,7 +162,7 @@ class Pipeline:
         check_length(request.hops, self._max_hops)
         engine = self._engine
         route = engine.router.route(request)
-        rec.route = route.decision
+        rec.route = route
         check_target(request.hops, route.agent.name, route.capability.name)
         check_payload(route.capability, request.payload)
         deadline = resolve_deadline(
@@ -293,7 +293,7 @@ class Pipeline:
                 raise engine.outcome_unknown(flight)
             if where is not None and not shared and flight.route.instance.instance_id != instance:
                 flight.route = self._route_to(flight, where)
-                flight.rec.route = flight.route.decision
+                flight.rec.route = flight.route
         except OutcomeUnknown:
             await self._store.unknown(key, where)
             raise
@@ -339,7 +339,9 @@ class Pipeline:
             if response.agent:
                 span.set_attribute(ATTR_AGENT, response.agent)
                 span.set_attribute(ATTR_INSTANCE, response.instance or "")
-            endpoint = rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.endpoint if rec.route else ""
+            endpoint = (
+                rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.instance.endpoint if rec.route else ""
+            )
             span.set_attributes(server_attributes(endpoint))
         return response
 

@@ -69,6 +69,7 @@ class Pool:
         "plan",
         "reason",
         "rr",
+        "seeds",
         "shown",
         "usable",
     )
@@ -82,6 +83,8 @@ class Pool:
         self.by_key: dict[InstanceKey, Entry] = {}
         self.expires = 0.0
         self.shown: list[CandidateScore] | None = None
+        self.seeds: list[int] | None = None
+        """The rendezvous digests of ``keys`` (computed on the first session placed over this look)."""
         self.reason = ""
         self._cursor = 0
         self._rechecked = 0
@@ -96,6 +99,7 @@ class Pool:
         self.expires = expires
         self._rechecked = 0
         self.shown = None
+        self.seeds = None
         self.reason = (
             f"smooth weighted round robin over {len(self.usable)} healthy instance(s) in priority tier {look.priority}"
         )
