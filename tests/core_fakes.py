@@ -128,7 +128,7 @@ class FakeAgent:
         self.sent: Counter[str] = Counter()
         """Calls received per instance."""
         self.results: dict[str, Any] = {}
-        self.transport = MockTransport(self.handle)
+        self.transport = MockTransport(self.handle, record=1_000_000)
 
     @property
     def calls(self) -> list[Call]:
