@@ -107,14 +107,8 @@ async def estate(agents: int, instances: int) -> MemoryRegistry:
 
 
 def client_for(registry: MemoryRegistry) -> ReachClient:
-    return ReachClient(registry, transport=MockTransport(lambda call: {"status": "shipped"}))
-
-
-def forget_calls(client: ReachClient) -> None:
-    """MockTransport records every call; drop them so neither memory figures nor the collector see them."""
-    transport = client.transport
-    if isinstance(transport, MockTransport):
-        transport.calls.clear()
+    """A client over a MockTransport that records no calls (neither memory figures nor the collector see them)."""
+    return ReachClient(registry, transport=MockTransport(lambda call: {"status": "shipped"}, record=0))
 
 
 def core_alone() -> Pipeline:
@@ -131,7 +125,7 @@ def core_alone() -> Pipeline:
         def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route:
             return route
 
-    return Pipeline(router=Static(), transport=MockTransport(lambda call: {"status": "shipped"}))
+    return Pipeline(router=Static(), transport=MockTransport(lambda call: {"status": "shipped"}, record=0))
 
 
 async def timed(call: Call, count: int, offset: int = 0) -> list[int]:
@@ -186,8 +180,6 @@ async def flatness(calls: int, batch: int) -> list[Row]:
     while done < calls:
         for name, call in cases.items():
             samples[name] += await timed(call, batch, offset=batch + done)
-        for client in keep:
-            forget_calls(client)
         done += batch
     # HRW scores every instance (affinity.py): about 5 ms a decision over 3,000, so fewer calls, after the rest.
     samples["new-session decision, 1000 agent(s)"] = await timed(deciders[1_000], SLOW_CALLS, offset=batch)
@@ -215,7 +207,6 @@ async def built(
     tracemalloc.start()
     client, call = await make()
     await call(0)
-    forget_calls(client)
     gc.collect()
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -242,7 +233,6 @@ async def curve(calls: int) -> list[Row]:
             before, _ = tracemalloc.get_traced_memory()
             for n in range(count):
                 await client.reach("query_order", PAYLOAD, session_id=f"conv-{n}")
-            forget_calls(client)
             ROUTER_GROWTH.append(tracemalloc.get_traced_memory()[0] - before)
             order = [f"conv-{random.Random(n).randrange(count)}" for n in range(calls + 1)]
             return client, lambda n: client.reach("query_order", PAYLOAD, session_id=order[n % len(order)])
@@ -258,7 +248,6 @@ async def curve(calls: int) -> list[Row]:
         for size in CURVE_SIZES:
             client, call, memory, router = await built(maker(size))
             await timed(call, min(calls, 500), offset=1)
-            forget_calls(client)
             gc.collect()
             gc.freeze()
             samples = await timed(call, calls, offset=1)

@@ -280,6 +280,8 @@ class ReachClient:
     def _check_loop(self) -> None:
         """Bind the client to the loop of its first call; refuse any other (its waits belong to that loop)."""
         loop = asyncio.get_running_loop()
+        if loop is self._loop:  # every call after the first (a running loop is never closed)
+            return
         if self._loop is None or self._loop.is_closed():
             self._loop = loop
             if self._prober is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import uuid
 from typing import Any
@@ -118,6 +119,21 @@ def test_request_ids_are_version_4_uuids() -> None:
     parsed = [uuid.UUID(value) for value in ids]
     assert all(u.version == 4 and u.variant == uuid.RFC_4122 and u.hex == v for u, v in zip(parsed, ids, strict=True))
     assert len(set(ids)) == len(ids)
+
+
+def test_a_forked_child_makes_request_ids_of_its_own() -> None:
+    """Ids are made in batches: a forked child must not hand out the rest of its parent's batch."""
+    new_request_id()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, ",".join(new_request_id() for _ in range(300)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        theirs = set(pipe.read().split(","))
+    os.waitpid(child, 0)
+    assert len(theirs) == 300 and not theirs & {new_request_id() for _ in range(300)}
 
 
 async def test_request_sets_exactly_the_options_given() -> None:
