@@ -68,6 +68,11 @@ def _no_credential(agent: Any, tenant: str | None) -> Credential:
     return _NO_CREDENTIAL
 
 
+_FINISHED = Step("finish", Plan(None, "success"))
+_BUSINESS = Step("give_up", Plan(None, "business is never retried"))
+"""The steps after a success and a business error: the same every time (and immutable), so made once."""
+
+
 class Engine:
     """The shared machinery of a pipeline; every method works on one :class:`Flight`."""
 
@@ -367,9 +372,9 @@ class Engine:
         """The step after an attempt: the table in this module's docstring, row by row."""
         stage = verdict.stage
         if stage == "success":
-            return Step("finish", Plan(None, "success"))
+            return _FINISHED
         if stage == "business":
-            return Step("give_up", Plan(None, "business is never retried"))
+            return _BUSINESS
         if stage == "not_delivered" and flight.retries_here:
             try:
                 self.fail_over(flight, f"{flight.route.instance.instance_id}: not delivered ({verdict.outcome})")

@@ -122,10 +122,14 @@ class Pipeline:
 
     def is_available(self, agent: str, instance_id: str) -> bool:
         """Whether the instance's breaker would admit a call now and it is not ejected for inconsistent replies."""
-        engine, now = self._engine, self._clock.monotonic()
+        engine = self._engine
         breaker = engine.breakers.find(agent, instance_id)
-        closed = breaker is None or breaker.is_closed or breaker.available(now)
-        return closed and engine.consistency.available(agent, instance_id, now)
+        if breaker is not None and not breaker.is_closed and not breaker.available(self._clock.monotonic()):
+            return False
+        consistency = engine.consistency
+        return consistency.healthy(agent, instance_id) or consistency.available(
+            agent, instance_id, self._clock.monotonic()
+        )
 
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
