@@ -20,6 +20,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Final
 
 from reach_plugins.errors import ConfigError
@@ -87,9 +88,9 @@ class Rendezvous:
         only when the best one is at its cap.
         """
         mixed = _mix(digest(session_id), self.seeds(keys) if seeds is None else seeds)
-        total = sum([active.get(key, 0) for key in keys]) if active else 0
+        total = sum(map(active.get, keys, repeat(0))) if active else 0
         cap = math.ceil(self.bounded_load * (total + 1) / len(keys))
-        best = max(zip(mixed, keys, strict=True))[1]
+        best = keys[mixed.index(max(mixed))]
         if not active or active.get(best, 0) < cap:
             return Placement(best, cap)
         ranked = sorted(zip(mixed, keys, strict=True), reverse=True)
@@ -97,14 +98,22 @@ class Rendezvous:
 
 
 def _mix(session: int, seeds: Sequence[int]) -> list[int]:
-    """The 64-bit score of each (session, instance) pair: the SplitMix64 finalizer of their digests' XOR."""
-    scored = []
-    for own in seeds:
-        x = ((session ^ own) + 0x9E3779B97F4A7C15) & _MASK  # SplitMix64 finalizer, inlined: hot path
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-        scored.append(x ^ (x >> 31))
-    return scored
+    """The 64-bit score of each (session, instance) pair: the SplitMix64 finalizer of their digests' XOR.
+
+    Its last step (``x ^ x >> 31``) is left out: it leaves the top 31 bits
+    as they are, so the ranking is the same (bar ties in those bits), and this
+    runs for every instance of every new session. One expression, no
+    statements: the interpreter's cheapest loop.
+    """
+    return [
+        (
+            (x := (((y := ((session ^ own) + 0x9E3779B97F4A7C15) & _MASK) ^ (y >> 30)) * 0xBF58476D1CE4E5B9) & _MASK)
+            ^ (x >> 27)
+        )
+        * 0x94D049BB133111EB
+        & _MASK
+        for own in seeds
+    ]
 
 
 @dataclass(slots=True)
