@@ -93,7 +93,7 @@ class Pool:
         """Adopt a fresh look (it has at least one usable entry); the round robin keeps its place."""
         self.look = look
         self.usable = look.usable
-        self.keys = [entry.key for entry in self.usable]
+        self.keys = [(entry.offer.name, entry.instance.instance_id) for entry in self.usable]  # ``key``, inlined
         self.by_key = dict(zip(self.keys, self.usable, strict=True))
         self.rr.update((key, entry.weight) for key, entry in zip(self.keys, self.usable, strict=True))
         self.expires = expires

@@ -101,7 +101,9 @@ class Router:
             entry = pool.pick()
         shown = pool.shown
         if shown is None:
-            shown = pool.shown = self._cards([(*entry.key, float(entry.weight)) for entry in pool.usable], pool.skipped)
+            shown = pool.shown = self._cards(
+                [(*entry.key, float(entry.weight)) for entry in pool.usable[:MAX_RECORDED]], pool.skipped
+            )
         return self._answer(request, entry.offer, entry.instance, "none", started, _told(shown, pool.reason))
 
     def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
