@@ -147,6 +147,7 @@ class Gateway:
         metrics: Metrics | None = None,
         limits: InputLimits | None = None,
         issuer: TokenIssuer | None = None,
+        worker: int | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -159,6 +160,8 @@ class Gateway:
         """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
         self.issuer = issuer
         """The token issuer role (DESIGN.md 11.4): ``POST /v1/tokens`` and the JWKS, when given."""
+        self.worker = worker
+        """This process's number under ``reach gateway --workers N`` (shown by /healthz), else None."""
         self.inflight = 0
         self.draining = False
         self._tracer = get_tracer(tracer_provider)
@@ -322,7 +325,9 @@ class Gateway:
         return _json({"tenant": tenant, "agents": self.forwarder.visible(tenant, source)})
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "alive"})
+        if self.worker is None:
+            return JSONResponse({"status": "alive"})
+        return JSONResponse({"status": "alive", "worker": self.worker})
 
     async def readyz(self, request: Request) -> Response:
         if self.draining:
