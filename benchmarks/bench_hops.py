@@ -19,6 +19,9 @@ Peers not installed are skipped and named in the JSON (``scripts/setup.sh
 
 ``--paths`` measures only the paths named (the servers they need are the only
 ones started); ratios and targets whose paths were left out are left out too.
+``gateway_workers`` is ``reach gateway --workers 2`` (CPU counted over the
+supervisor and its workers); it needs ``--redis URL`` for the dedup store the
+workers share, and is skipped without it.
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ PATHS = (
     "gateway_raw",
     "direct",
     "gateway",
+    "gateway_workers",
     "node",
 )
 """Every path, in the order they are measured; ``--paths`` picks some (``nginx`` / ``envoy`` name the proxies)."""
@@ -334,10 +338,17 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
         processes.append(agent)
         config = config_file(directory, agent_port)
         cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
-        gateway = node = None
+        gateway = node = workers = None
         if wanted & {"gateway", "gateway_raw"}:
             gateway = start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
             processes.append(gateway)
+        workers_port = free_port()
+        if "gateway_workers" in wanted and args.redis:
+            command = [*cli, "gateway", "--config", str(config), "--port", str(workers_port), "--workers", "2"]
+            workers = start([*command, "--dedup-store", args.redis], workers_port)
+            processes.append(workers)
+        elif "gateway_workers" in wanted:
+            skipped.append("gateway_workers (pass --redis redis://HOST:PORT/DB: the workers share a dedup store)")
         if "node" in wanted:
             node = start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port)
             processes.append(node)
@@ -395,6 +406,10 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
             gateway_url = f"http://127.0.0.1:{gateway_port}/v1/reach"
             every["gateway_raw"] = Hop(http_path(session, gateway_url, auth), on_gateway)
             every["gateway"] = Hop(client_path(clients["gateway"]), on_gateway)
+        if workers is not None:
+            workers_url = f"http://127.0.0.1:{workers_port}"
+            pool = clients["gateway_workers"] = client(GatewayTransport(workers_url, token=TOKEN))
+            every["gateway_workers"] = Hop(client_path(pool), {"gateway": workers.pid, **on_agent})
         if node is not None:
             clients["node"] = client(GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN))
             every["node"] = Hop(client_path(clients["node"]), {"node": node.pid, **on_agent})
@@ -448,9 +463,11 @@ def ratios(runs: dict[str, Any]) -> dict[str, float]:
     if ran("gateway_raw", "raw_aiohttp"):
         out["gateway_raw_added_p50_ms"] = added("gateway_raw", "raw_aiohttp")
         out["gateway_raw_throughput_vs_raw_aiohttp_c64"] = share("gateway_raw", "raw_aiohttp")
-    for path in ("gateway", "gateway_raw"):
+    for path in ("gateway", "gateway_raw", "gateway_workers"):
         if ran(path):
             out[f"{path}_cpu_us_per_request"] = cpu(path, "gateway")
+    if ran("gateway_workers", "direct"):
+        out["gateway_workers_throughput_share_c64"] = share("gateway_workers", "direct")
     if ran("gateway", "gateway_raw"):
         out["gateway_peak_rps"] = max(runs["gateway"]["c64"]["rps"], runs["gateway_raw"]["c64"]["rps"])
     if ran("node", "direct"):
@@ -501,6 +518,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per latency run (x3 at concurrency 64)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--redis", help="redis://HOST:PORT/DB for the gateway_workers path's shared dedup store")
     parser.add_argument(
         "--paths",
         default=",".join(PATHS),

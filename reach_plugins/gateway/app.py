@@ -194,7 +194,7 @@ class Gateway:
             request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self.large
         )
         body = parse_body(loads(raw, max_depth=limits.max_depth))
-        if headers.get("x-tenant") is None and body.tenant is not None:
+        if headers.get("x-tenant") is None and body.tenant is not None and body.tenant != tenant:  # else checked
             tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
         source = request.client.host if request.client else None
         return to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
