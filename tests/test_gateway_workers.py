@@ -138,3 +138,37 @@ def test_workers_must_be_positive(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "at least 1" in done.stdout
+
+
+async def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path, redis_url: str) -> None:
+    """kill -9 of the supervisor: its workers notice they are orphans and stop, leaving nobody on the port."""
+    config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-c", CLI, "gateway", "--config", str(config), "--port", str(port)]
+    supervisor = subprocess.Popen(
+        [*command, "--workers", "2", "--dedup-store", redis_url], env={**os.environ, **TOKENS}
+    )
+    try:
+        seen: set[int] = set()
+
+        async def both_answer() -> bool:
+            assert supervisor.poll() is None, "the supervisor exited"
+            number = await worker_answering(url)
+            if number is not None:
+                seen.add(number)
+            return seen == {0, 1}
+
+        await until_true(both_answer, within=60.0)
+        workers = workers_of(supervisor)
+        supervisor.kill()
+        supervisor.wait(10)
+
+        async def all_gone() -> bool:
+            return not any(alive(pid) for pid in workers)
+
+        await until_true(all_gone, within=30.0)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    assert await worker_answering(url) is None, "something still answers on the port"
