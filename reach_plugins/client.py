@@ -147,6 +147,8 @@ class ReachClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prober = Prober.shared(self.registry) if probes else None
         """Active health probes (:mod:`reach_plugins.probes`), one prober per registry in the process."""
+        if self._prober is None:
+            self.router.is_available = self.pipeline.is_available  # nothing to add: the router asks the core directly
 
     def _available(self, agent: str, instance_id: str) -> bool:
         """The router's health port: the breaker admits calls, no ejection, and the probes (if on) found it up."""
@@ -280,6 +282,8 @@ class ReachClient:
     def _check_loop(self) -> None:
         """Bind the client to the loop of its first call; refuse any other (its waits belong to that loop)."""
         loop = asyncio.get_running_loop()
+        if loop is self._loop:  # every call after the first (a running loop is never closed)
+            return
         if self._loop is None or self._loop.is_closed():
             self._loop = loop
             if self._prober is not None:

@@ -5,7 +5,8 @@ with a :class:`~reach_plugins.errors.RequestError` subclass whose message
 names the limit and the field, never the caller's bytes: the body is read
 through a byte budget and a time budget (a 400 MB body costs at most the
 limit), decoded strictly (UTF-8, no lone surrogates, no ``NaN`` /
-``Infinity``) and walked once for its nesting depth.
+``Infinity``) and walked once for its nesting depth and lone surrogates
+when its brackets could nest that deep or its escapes spell a surrogate.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ def loads(raw: bytes, *, max_depth: int = MAX_DEPTH, what: str = "body") -> Any:
         raise RequestError(f"the {what} is nested deeper than {max_depth} levels") from None
     except ValueError as exc:
         raise RequestError(f"the {what} is not valid JSON: {exc}") from None
-    _check(value, max_depth, what)
+    if raw.count(b"[") + raw.count(b"{") > max_depth or b"\\u" in raw:
+        _check(value, max_depth, what)  # else no container can nest that deep, and no escape spell a surrogate
     return value
 
 

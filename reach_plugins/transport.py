@@ -27,12 +27,14 @@ What a transport promises (the core relies on each, and reads nothing else):
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
+from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Capability, ErrorInfo, Instance, ReachRequest
 
 
@@ -151,19 +153,32 @@ class MockTransport(BaseTransport):
 
     The handler returns a :class:`Reply`, or plain data (wrapped as a success),
     or raises a :mod:`reach_plugins.errors` exception to simulate a failure.
-    ``calls`` records every call sent, for assertions.
+    ``calls`` records the calls sent, for assertions: at least the last
+    ``record`` of them (at most twice as many), none with ``record=0``, so a
+    long-running user (a benchmark, a demo) does not keep every call alive.
+    An async handler is bounded by ``call.timeout`` here (``bounds_timeout``).
     """
 
-    def __init__(self, handler: Handler, *, owns_retries: bool = False) -> None:
+    bounds_timeout = True
+
+    def __init__(self, handler: Handler, *, owns_retries: bool = False, record: int = 10_000) -> None:
+        if record < 0:
+            raise ConfigError(f"MockTransport record= is how many recent calls to keep (0 for none), got {record}")
         self._handler = handler
         self.owns_retries = owns_retries
+        self.record = record
         self.calls: list[Call] = []
 
     async def send(self, call: Call) -> Reply:
-        self.calls.append(call)
+        if self.record:
+            calls = self.calls
+            calls.append(call)
+            if len(calls) > 2 * self.record:
+                del calls[: -self.record]
         result = self._handler(call)
-        if inspect.isawaitable(result):
-            result = await result
+        if type(result) is not dict and inspect.isawaitable(result):  # plain data needs no (slow) awaitable check
+            async with asyncio.timeout(call.timeout):
+                result = await result
         if isinstance(result, Reply):
             return result
         return Reply(status="success", data=result, agent=call.agent.name, instance=call.instance.instance_id)

@@ -66,6 +66,10 @@ class FakeRoute:
     instance: Instance
     capability: Capability
 
+    @property
+    def affinity(self) -> str:
+        return self.decision.affinity
+
 
 @dataclass
 class FakeRouter:
@@ -100,6 +104,7 @@ class FakeRouter:
             instance=instance.instance_id,
             endpoint=instance.endpoint,
             reason="round robin (fake)",
+            affinity="restored" if self.context_restore else "degraded" if self.degraded else "none",
             context_restore=self.context_restore,
             degraded=self.degraded,
         )
@@ -123,7 +128,7 @@ class FakeAgent:
         self.sent: Counter[str] = Counter()
         """Calls received per instance."""
         self.results: dict[str, Any] = {}
-        self.transport = MockTransport(self.handle)
+        self.transport = MockTransport(self.handle, record=1_000_000)
 
     @property
     def calls(self) -> list[Call]:

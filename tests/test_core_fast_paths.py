@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import uuid
 from typing import Any
@@ -120,6 +121,21 @@ def test_request_ids_are_version_4_uuids() -> None:
     assert len(set(ids)) == len(ids)
 
 
+def test_a_forked_child_makes_request_ids_of_its_own() -> None:
+    """Ids are made in batches: a forked child must not hand out the rest of its parent's batch."""
+    new_request_id()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, ",".join(new_request_id() for _ in range(300)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        theirs = set(pipe.read().split(","))
+    os.waitpid(child, 0)
+    assert len(theirs) == 300 and not theirs & {new_request_id() for _ in range(300)}
+
+
 async def test_request_sets_exactly_the_options_given() -> None:
     """``ReachClient.request`` equals a ReachRequest built with every option spelled out."""
     client = await client_with(AgentDescriptor(name="plain", endpoints=["http://plain"], capabilities=["ping"]))
@@ -167,3 +183,32 @@ def test_breaker_running_totals_match_a_recount(calls: list[tuple[float, bool]])
         assert breaker.state(now) == ("open" if should_open else "closed")
         if should_open:
             return
+
+
+async def test_mock_transport_keeps_recent_calls_only() -> None:
+    """MockTransport.calls keeps the last ``record`` calls (at most twice that), none with record=0."""
+    agent = make_agent(instances=1)
+    kept, silent = MockTransport(lambda call: {"n": call.attempt}, record=3), MockTransport(lambda call: 1, record=0)
+    for transport in (kept, silent):
+        pipeline = Pipeline(router=FakeRouter([agent]), transport=transport)
+        requests = [ReachRequest(capability="query_order", request_id=f"r{n}") for n in range(10)]
+        for request in requests:
+            assert (await pipeline.run(request)).ok
+    assert 3 <= len(kept.calls) <= 6 and [call.request.request_id for call in kept.calls][-3:] == ["r7", "r8", "r9"]
+    assert silent.calls == []
+    with pytest.raises(ConfigError, match="record="):
+        MockTransport(lambda call: 1, record=-1)
+
+
+async def test_mock_transport_bounds_an_async_handler_by_the_call_timeout() -> None:
+    """A slow async handler is cut at call.timeout by MockTransport itself (it declares bounds_timeout)."""
+
+    async def slow(call: Call) -> dict[str, int]:
+        await asyncio.sleep(5)
+        return {}
+
+    agent = make_agent(instances=1, timeouts=Timeouts(connect=0.05, response=0.05))
+    pipeline = Pipeline(router=FakeRouter([agent]), transport=MockTransport(slow), rng=random.Random(1))
+    started = asyncio.get_running_loop().time()
+    response = await pipeline.run(ReachRequest(capability="query_order", timeout_ms=400))
+    assert response.status == "timeout" and asyncio.get_running_loop().time() - started < 2

@@ -49,13 +49,14 @@ async def test_success_fills_the_response() -> None:
     assert response.trace is None
 
 
-async def test_route_flags_are_copied() -> None:
-    """context_restore and degraded come from the route decision."""
+@pytest.mark.parametrize("restored", [True, False])
+async def test_route_flags_are_copied(restored: bool) -> None:
+    """context_restore and degraded come from the route's affinity (restored / degraded), without its decision."""
     clock = FakeClock()
     fake = FakeAgent(clock)
-    router = FakeRouter([make_agent()], context_restore=True, degraded=True)
+    router = FakeRouter([make_agent()], context_restore=restored, degraded=not restored)
     response = await Pipeline(router=router, transport=fake.transport, clock=clock).run(order())
-    assert response.context_restore and response.degraded
+    assert (response.context_restore, response.degraded) == (restored, not restored)
 
 
 async def test_call_carries_the_propagation_headers() -> None:

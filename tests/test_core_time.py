@@ -138,9 +138,13 @@ def test_budget_in_a_full_outage_allows_only_half_its_tokens(size: int) -> None:
 
 @given(st.integers(0, 2**32 - 1))
 def test_budget_keeps_retrying_a_flaky_agent_and_stops_for_a_dead_one(seed: int) -> None:
-    """At 30 % independent failures (about 1,000 retries) at most 3 are withheld; at 100 % the budget closes."""
-    for rate, withheld_at_most in ((0.3, 3), (1.0, None)):
-        rng, budget, withheld = random.Random(seed), RetryBudget(), 0
+    """At 30 % independent failures at most 2 % of the ~1,000 retries are withheld; at 100 % the budget closes.
+
+    The 2 % margin comes from the distribution: over 20,000 seeds 99.8 % withheld none and the worst withheld 10
+    (1 %), so a bound of 3 (the old one) failed about once in 1,500 seeds.
+    """
+    for rate in (0.3, 1.0):
+        rng, budget, withheld, retried = random.Random(seed), RetryBudget(), 0, 0
         for _ in range(3000):
             if rng.random() >= rate:
                 budget.record_success(retry=False)
@@ -149,11 +153,12 @@ def test_budget_keeps_retrying_a_flaky_agent_and_stops_for_a_dead_one(seed: int)
                 if not budget.spend():
                     withheld += 1
                     break
+                retried += 1
                 if rng.random() >= rate:
                     budget.record_success(retry=True)
                     break
-        if withheld_at_most is not None:
-            assert withheld <= withheld_at_most
+        if rate < 1.0:
+            assert retried > 900 and withheld <= 0.02 * retried
         else:
             assert budget.tokens <= budget.max_tokens / 2 and withheld > 2900
 

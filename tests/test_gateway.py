@@ -264,7 +264,7 @@ async def test_gateway_metrics_show_what_its_requests_did(world: World) -> None:
         text = (await http.get("/metrics")).text
     requests = [line for line in text.splitlines() if line.startswith("reach_client_requests_total{")]
     assert any('reach_capability="query_order"' in line and 'reach_status="success"' in line for line in requests)
-    assert 'reach_client_attempts_total{' in text and 'reach_outcome="success"' in text
+    assert "reach_client_attempts_total{" in text and 'reach_outcome="success"' in text
     assert "reach_route_decisions_total{" in text and "reach_client_request_duration_seconds_bucket{" in text
 
 

@@ -84,3 +84,41 @@ def test_loads_accepts_what_json_dumps_writes(value: object) -> None:
     import json
 
     assert loads(json.dumps(value).encode()) == value
+
+
+def _walked(raw: bytes, max_depth: int) -> object:
+    """What ``loads`` answers when it always walks the value (the reference its byte-count shortcut must match)."""
+    import json
+
+    from reach_plugins.inbound import _check
+
+    value = json.loads(raw)
+    _check(value, max_depth, "body")
+    return value
+
+
+@given(
+    value=st.recursive(
+        st.text(st.characters(categories=["Cs"])) | st.text() | st.integers(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=12,
+    ),
+    max_depth=st.integers(min_value=0, max_value=6),
+    ensure_ascii=st.booleans(),
+)
+def test_loads_refuses_exactly_what_a_full_walk_refuses(value: object, max_depth: int, ensure_ascii: bool) -> None:
+    """Skipping the walk when the brackets cannot nest ``max_depth`` deep and no escape is present changes no
+    answer: the same value, or a RequestError, for depths around the limit and strings with lone surrogates."""
+    import json
+
+    try:
+        raw = json.dumps(value, ensure_ascii=ensure_ascii).encode("utf-8")
+    except UnicodeEncodeError:
+        raw = json.dumps(value, ensure_ascii=True).encode()  # a lone surrogate only travels escaped
+    try:
+        expected: object = _walked(raw, max_depth)
+    except RequestError:
+        with pytest.raises(RequestError):
+            loads(raw, max_depth=max_depth)
+    else:
+        assert loads(raw, max_depth=max_depth) == expected

@@ -89,7 +89,7 @@ async def result(world: World, ticket: str, metadata: tuple[tuple[str, str], ...
     "callback",
     [
         "http://127.0.0.1:9/elsewhere",
-        "http://10.0.0.7/results",
+        "http://localhost:{port}/ok",
         "grpc://unix:/var/run/x.sock",
         "http://user:pw@127.0.0.1:{port}/ok",
         "file:///etc/passwd",

@@ -57,9 +57,7 @@ def test_no_fallback_without_a_local_tool_or_outside_remote_first() -> None:
     """A proxy call (no local tool) and remote_only report the failure instead of falling back."""
     with ReachEnhancer(registry=dead_registry(), transport=DirectTransport(), matcher=False) as e:
         proxy = e.reach(ToolCall("query_order", {"order_id": "A1"}, has_local=False))
-    with ReachEnhancer(
-        registry=dead_registry(), transport=DirectTransport(), matcher=False, policy="remote_only"
-    ) as e:
+    with ReachEnhancer(registry=dead_registry(), transport=DirectTransport(), matcher=False, policy="remote_only") as e:
         only = e.reach(ToolCall("query_order", {"order_id": "A1"}))
     for result in (proxy, only):
         assert not result.ok and result.fallback is None
@@ -134,4 +132,3 @@ def test_mock_delivered_call_is_untouched() -> None:
     with ReachEnhancer(registry=registry, transport=MockTransport(lambda call: {"ok": True}), matcher=False) as e:
         result = e.reach(ToolCall("query_order", {"order_id": "A1"}))
     assert result.ok and result.route is not None and result.route.delivered and result.fallback is None
-

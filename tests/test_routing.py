@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from reach_plugins.errors import CircuitOpen, ConfigError, NoHealthyAgent, Permi
 from reach_plugins.model import AgentDescriptor, Capability, Instance, ReachRequest
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing import Route, Router, TenantLike
+from reach_plugins.routing.pinning import PREFER, TARGET, TargetedRouter
 from reach_plugins.routing.router import MAX_RECORDED
 
 
@@ -396,3 +398,80 @@ def test_candidates_lists_every_healthy_instance_best_first(registry: MemoryRegi
     r.is_available = lambda agent, instance: False
     with pytest.raises(CircuitOpen):
         r.candidates(ask())
+
+
+async def test_pinned_answers_exactly_for_the_candidates(registry: MemoryRegistry) -> None:
+    """Router.pinned (O(1)) finds an instance iff candidates() lists it: health, breaker, tenant, weight, exclude."""
+    await live(registry, "orders", ["o-0", "o-1", "o-2"])
+    await live(registry, "spare", ["s-0"], tenants=["acme"])
+    await live(registry, "idle", ["i-0"], routing={"weight": 0})
+    await beat(registry, "orders", "o-1", status="draining")
+    broken = {"o-2"}
+    r = router(registry, is_available=lambda agent, instance: instance not in broken)
+    pairs = [("orders", f"o-{n}") for n in range(3)] + [("spare", "s-0"), ("idle", "i-0"), ("orders", "nope")]
+    for tenant in (None, "acme"):
+        for exclude in ((), (("orders", "o-0"),)):
+            request = ask(tenant=tenant)
+            listed = {(route.agent.name, route.instance.instance_id) for route in r.candidates(request)}
+            listed -= set(exclude)
+            found = {pair for pair in pairs if r.pinned(request, *pair, exclude=exclude) is not None}
+            assert found == listed, (tenant, exclude)
+    route = r.pinned(ask(), "orders", "o-0")
+    assert route is not None and route.decision.reason == "pinned by the caller to orders/o-0"
+
+
+async def test_the_route_decision_is_built_only_when_read(registry: MemoryRegistry) -> None:
+    """A route is explained lazily, once, with what was true when it was routed (elapsed, candidates, affinity)."""
+    await live(registry, "orders", ["o-0", "o-1"])
+    r = router(registry)
+    route = r.route(ask(session_id="conv"))
+    assert route.affinity == "new"
+    await beat(registry, "orders", route.instance.instance_id, status="down")
+    decision = route.decision
+    assert decision is route.decision
+    assert decision.affinity == "new" and decision.instance == route.instance.instance_id
+    assert {c.instance for c in decision.candidates} == {"o-0", "o-1"}
+    assert "rendezvous hash over 2 instance(s)" in decision.reason and decision.elapsed_us > 0
+
+
+def test_a_route_needs_one_explanation() -> None:
+    """A Route is given a built decision or a way to build one, not both and not neither."""
+    plain = agent("orders", "query_order")
+    inst = tracked("orders", "o-0", lambda: 0.0)
+    with pytest.raises(ConfigError, match="exactly one of decision="):
+        Route(plain, inst, plain.capabilities[0])
+
+
+class ListingOnly:
+    """A router that can only list its candidates (no ``pinned``, like a wrapping rule): TargetedRouter scans them."""
+
+    def __init__(self, inner: Router) -> None:
+        self.inner = inner
+
+    def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> Route:
+        return self.inner.route(request, exclude=exclude)
+
+    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
+        return self.inner.candidates(request, limit=limit)
+
+
+async def test_caller_pins_agree_with_and_without_the_o1_check(registry: MemoryRegistry) -> None:
+    """TargetedRouter serves the same pins (target, prefer, excluded, unhealthy) whether it asks pinned() or scans."""
+    await live(registry, "orders", ["o-0", "o-1"])
+    await beat(registry, "orders", "o-1", status="down")
+    inner = router(registry)
+    fast, scanning = TargetedRouter(inner), TargetedRouter(ListingOnly(inner))
+    for key in (TARGET, PREFER):
+        for wanted in ("orders/o-0", "orders/o-1", "orders/nope"):
+            for exclude in ((), (("orders", "o-0"),)):
+                request = ask(metadata={key: wanted})
+                answers = []
+                for targeted in (fast, scanning):
+                    try:
+                        route = targeted.route(request, exclude=exclude)
+                    except NoHealthyAgent as exc:
+                        answers.append(type(exc).__name__)
+                    else:
+                        answers.append(f"{route.instance.instance_id}: {route.decision.reason}")
+                assert answers[0] == answers[1], (key, wanted, exclude)
+    assert fast.route(ask(metadata={TARGET: "orders/o-0"})).decision.reason == "pinned by the caller to orders/o-0"

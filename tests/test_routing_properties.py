@@ -175,3 +175,19 @@ def test_bounded_load_spreads_one_hot_key_range() -> None:
     loads = router.sessions.active
     assert len(loads) == 4
     assert max(loads.values()) <= 1.25 * len(hot) / 4 + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(min_value=1, max_value=12),
+    loads=st.lists(st.integers(min_value=0, max_value=6), max_size=12),
+    session=st.text(min_size=1, max_size=12),
+)
+def test_placement_is_the_best_scoring_key_under_the_cap(count: int, loads: list[int], session: str) -> None:
+    """place() (no sort, precomputed seeds) picks what the ranking says: the best-scoring key below the cap."""
+    hrw = Rendezvous(1.25)
+    keys = instance_keys(count)
+    active = {key: load for key, load in zip(keys, loads, strict=False) if load}
+    placed = hrw.place(session, keys, active, hrw.seeds(keys))
+    assert placed == hrw.place(session, keys, active)
+    assert placed.key == next(key for _, key in hrw.scores(session, keys) if active.get(key, 0) < placed.cap)

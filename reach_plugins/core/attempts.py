@@ -68,6 +68,11 @@ def _no_credential(agent: Any, tenant: str | None) -> Credential:
     return _NO_CREDENTIAL
 
 
+_FINISHED = Step("finish", Plan(None, "success"))
+_BUSINESS = Step("give_up", Plan(None, "business is never retried"))
+"""The steps after a success and a business error: the same every time (and immutable), so made once."""
+
+
 class Engine:
     """The shared machinery of a pipeline; every method works on one :class:`Flight`."""
 
@@ -243,7 +248,7 @@ class Engine:
         check_target(flight.request.hops, route.agent.name, route.capability.name)
         flight.headers[HEADER_HOPS] = hops_header(flight.request.hops, route.agent.name, route.capability.name)
         flight.route = route
-        flight.rec.route = route.decision
+        flight.rec.route = route
         flight.rec.event(
             EVENT_FAILOVER,
             self.clock.now(),
@@ -367,9 +372,9 @@ class Engine:
         """The step after an attempt: the table in this module's docstring, row by row."""
         stage = verdict.stage
         if stage == "success":
-            return Step("finish", Plan(None, "success"))
+            return _FINISHED
         if stage == "business":
-            return Step("give_up", Plan(None, "business is never retried"))
+            return _BUSINESS
         if stage == "not_delivered" and flight.retries_here:
             try:
                 self.fail_over(flight, f"{flight.route.instance.instance_id}: not delivered ({verdict.outcome})")
@@ -421,7 +426,7 @@ class Engine:
     ) -> ReachResponse:
         """The response; who served it is what the far side says (a gateway or node may have failed over)."""
         route = flight.route
-        decision = route.decision
+        affinity = route.affinity
         return ReachResponse(
             request_id=flight.request.request_id,
             status=status,
@@ -431,8 +436,8 @@ class Engine:
             instance=(reply.instance if reply is not None and reply.instance else route.instance.instance_id),
             attempts=flight.far_attempts,
             cost_ms=(self.clock.now() - flight.rec.started_at) * 1000.0,
-            context_restore=decision.context_restore,
-            degraded=decision.degraded,
+            context_restore=affinity == "restored",
+            degraded=affinity == "degraded",
         )
 
     def give_up(

@@ -64,6 +64,11 @@ class ConsistencyMonitor:
     listener: Callable[[ConsistencyTransition], None] | None = None
     _tracks: dict[tuple[str, str], _Track] = field(default_factory=dict)
 
+    def healthy(self, agent: str, instance: str) -> bool:
+        """Whether the instance is plainly healthy (never judged low, or recovered): the router's fast path."""
+        track = self._tracks.get((agent, instance))
+        return track is None or track.state == "healthy"
+
     def available(self, agent: str, instance: str, now: float) -> bool:
         """Whether routing may send to the instance: healthy, or its ejection ended and no probe is out."""
         track = self._tracks.get((agent, instance))

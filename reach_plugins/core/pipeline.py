@@ -122,10 +122,14 @@ class Pipeline:
 
     def is_available(self, agent: str, instance_id: str) -> bool:
         """Whether the instance's breaker would admit a call now and it is not ejected for inconsistent replies."""
-        engine, now = self._engine, self._clock.monotonic()
+        engine = self._engine
         breaker = engine.breakers.find(agent, instance_id)
-        closed = breaker is None or breaker.is_closed or breaker.available(now)
-        return closed and engine.consistency.available(agent, instance_id, now)
+        if breaker is not None and not breaker.is_closed and not breaker.available(self._clock.monotonic()):
+            return False
+        consistency = engine.consistency
+        return consistency.healthy(agent, instance_id) or consistency.available(
+            agent, instance_id, self._clock.monotonic()
+        )
 
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
@@ -162,7 +166,7 @@ class Pipeline:
         check_length(request.hops, self._max_hops)
         engine = self._engine
         route = engine.router.route(request)
-        rec.route = route.decision
+        rec.route = route
         check_target(request.hops, route.agent.name, route.capability.name)
         check_payload(route.capability, request.payload)
         deadline = resolve_deadline(
@@ -293,7 +297,7 @@ class Pipeline:
                 raise engine.outcome_unknown(flight)
             if where is not None and not shared and flight.route.instance.instance_id != instance:
                 flight.route = self._route_to(flight, where)
-                flight.rec.route = flight.route.decision
+                flight.rec.route = flight.route
         except OutcomeUnknown:
             await self._store.unknown(key, where)
             raise
@@ -339,7 +343,9 @@ class Pipeline:
             if response.agent:
                 span.set_attribute(ATTR_AGENT, response.agent)
                 span.set_attribute(ATTR_INSTANCE, response.instance or "")
-            endpoint = rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.endpoint if rec.route else ""
+            endpoint = (
+                rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.instance.endpoint if rec.route else ""
+            )
             span.set_attributes(server_attributes(endpoint))
         return response
 

@@ -14,10 +14,20 @@ from reach_plugins.transport import Credential
 
 
 class RouteLike(Protocol):
-    """One routing answer: where to send, what serves it there, and why."""
+    """One routing answer: where to send, what serves it there, and why.
+
+    ``decision`` may be built on first read (the router's is): the core reads
+    it only for a trace that someone will see; ``affinity`` is what it needs
+    on every response.
+    """
 
     @property
     def decision(self) -> RouteDecision: ...
+
+    @property
+    def affinity(self) -> str:
+        """How a session was placed: ``restored`` and ``degraded`` are reported on the response."""
+        ...
 
     @property
     def agent(self) -> AgentDescriptor: ...

@@ -10,13 +10,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, runtime_checkable
 
 from opentelemetry.trace import Span
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.model import Attempt, ErrorInfo, ReachRequest, ReachTrace, RouteDecision
+from reach_plugins.model import Attempt, ErrorInfo, ReachRequest, ReachTrace
 from reach_plugins.telemetry import EVENT_ATTEMPT
+
+if TYPE_CHECKING:
+    from reach_plugins.core.ports import RouteLike
 
 logger = logging.getLogger("reach_plugins.trace")
 
@@ -105,7 +108,8 @@ class TraceRecorder:
         self.started_at = started_at
         self.span = span
         self.keep = keep or span.is_recording()
-        self.route: RouteDecision | None = None
+        self.route: RouteLike | None = None
+        """The latest route; its decision is read (and so built) only by :meth:`build`."""
         self.attempts: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.dedup_hit = False
@@ -131,7 +135,7 @@ class TraceRecorder:
             capability=request.capability,
             tenant=request.tenant,
             session_id=request.session_id,
-            route=self.route,
+            route=self.route.decision if self.route is not None else None,
             attempts=[Attempt(**fields) for fields in self.attempts],
             dedup_hit=self.dedup_hit,
             events=list(self.events),

@@ -20,7 +20,7 @@ from reach_plugins.errors import ConfigError, PermissionDenied, Unauthenticated
 from reach_plugins.model import ReachRequest
 from reach_plugins.registry.base import RegistryView
 from reach_plugins.routing import Route
-from reach_plugins.routing.pinning import CandidateRouter
+from reach_plugins.routing.pinning import PinningRouter
 from reach_plugins.wire import SOURCE
 
 
@@ -102,7 +102,7 @@ class SourceRule:
     per registry revision, so the check costs a dict lookup on the hot path.
     """
 
-    def __init__(self, router: CandidateRouter, view: RegistryView, tenants: Mapping[str, TenantConfig]) -> None:
+    def __init__(self, router: PinningRouter, view: RegistryView, tenants: Mapping[str, TenantConfig]) -> None:
         self.router = router
         self._view = view
         self._tenants = tenants
@@ -121,6 +121,14 @@ class SourceRule:
             return self.router.candidates(request, limit=limit)
         routes = [r for r in self.router.candidates(request) if (r.agent.name, r.instance.instance_id) not in hidden]
         return routes[:limit] if limit is not None else routes
+
+    def pinned(
+        self, request: ReachRequest, agent: str, instance_id: str, *, exclude: Collection[tuple[str, str]] = ()
+    ) -> Route | None:
+        """The inner router's O(1) answer for a caller's pin, unless that instance is hidden from this request."""
+        if (agent, instance_id) in self._hidden(request):
+            return None
+        return self.router.pinned(request, agent, instance_id, exclude=exclude)
 
     def outside(self, request: ReachRequest) -> bool:
         """Whether any address the request came through lies outside its tenant's networks (or is unknown)."""

@@ -40,7 +40,7 @@ from reach_plugins.inbound import (
     require_json,
     single_headers,
 )
-from reach_plugins.model import ErrorInfo, ReachRequest
+from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry import (
     ATTR_AGENT,
     ATTR_CAPABILITY,
@@ -51,6 +51,7 @@ from reach_plugins.telemetry import (
     HEADER_TRACEPARENT,
     extract_context,
     get_tracer,
+    spans_are_noop,
 )
 from reach_plugins.tokens.app import issuer_routes
 from reach_plugins.tokens.issuer import TokenIssuer
@@ -147,6 +148,7 @@ class Gateway:
         metrics: Metrics | None = None,
         limits: InputLimits | None = None,
         issuer: TokenIssuer | None = None,
+        worker: int | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -159,8 +161,11 @@ class Gateway:
         """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
         self.issuer = issuer
         """The token issuer role (DESIGN.md 11.4): ``POST /v1/tokens`` and the JWKS, when given."""
+        self.worker = worker
+        """This process's number under ``reach gateway --workers N`` (shown by /healthz), else None."""
         self.inflight = 0
         self.draining = False
+        self._tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.declare(REQUESTS, "counter", "Requests by endpoint and outcome.")
@@ -189,7 +194,7 @@ class Gateway:
             request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self.large
         )
         body = parse_body(loads(raw, max_depth=limits.max_depth))
-        if headers.get("x-tenant") is None and body.tenant is not None:
+        if headers.get("x-tenant") is None and body.tenant is not None and body.tenant != tenant:  # else checked
             tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
         source = request.client.host if request.client else None
         return to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
@@ -253,6 +258,8 @@ class Gateway:
             reach = await self._admit(request, headers, tenant)
         except ReachError as exc:
             return self._refusal("reach", exc, close=isinstance(exc, BodyTooLarge | BodyTimeout))
+        if HEADER_TRACEPARENT not in headers and spans_are_noop(self._tracer_provider):
+            return await self._forward(reach)  # no trace to continue, none to record: no span to open
         span = self._span(request, reach, "reach.gateway")
         try:
             with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
@@ -263,8 +270,23 @@ class Gateway:
                     span.set_attribute(ATTR_INSTANCE, response.instance or "")
         except ReachError as exc:
             return self._refusal("reach", exc, reach.request_id)
+        return self._answer(response)
+
+    async def _forward(self, reach: ReachRequest) -> Response:
+        try:
+            response = await self.forwarder.run(reach)
+        except ReachError as exc:
+            return self._refusal("reach", exc, reach.request_id)
+        return self._answer(response)
+
+    def _answer(self, response: ReachResponse) -> Response:
         self.metrics.inc(REQUESTS, {"endpoint": "reach", "status": response.status})
         return _json(response_body(response))
+
+    async def _hot(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/reach`` straight from the server, past Starlette's middleware and router (its hot path)."""
+        response = await self.reach(Request(scope, receive))
+        await response(scope, receive, send)
 
     async def reach_stream(self, request: Request) -> Response:
         """SSE; the in-flight count is released when the ASGI call ends, whether or not the stream ever started."""
@@ -322,7 +344,9 @@ class Gateway:
         return _json({"tenant": tenant, "agents": self.forwarder.visible(tenant, source)})
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "alive"})
+        if self.worker is None:
+            return JSONResponse({"status": "alive"})
+        return JSONResponse({"status": "alive", "worker": self.worker})
 
     async def readyz(self, request: Request) -> Response:
         if self.draining:
@@ -359,4 +383,24 @@ class Gateway:
         ]
         if self.issuer is not None:
             routes += issuer_routes(self.issuer, self.access.authenticate)
-        return Starlette(routes=routes, lifespan=lifespan)
+        return _App(self._hot, routes=routes, lifespan=lifespan)
+
+
+class _App(Starlette):
+    """Starlette, but ``POST /v1/reach`` goes straight to ``hot``: every other request (and a reach under a
+    ``root_path``) takes the routes, the same handler included."""
+
+    def __init__(self, hot: Callable[[Scope, Receive, Send], Awaitable[None]], **options: Any) -> None:
+        super().__init__(**options)
+        self._hot = hot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] == "/v1/reach"
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+        ):
+            await self._hot(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)

@@ -35,6 +35,7 @@ from reach_plugins.routing import Router
 from reach_plugins.routing.index import Offer
 from reach_plugins.routing.pinning import PREFER, TARGET, TargetedRouter
 from reach_plugins.routing.policy import tenant_denial
+from reach_plugins.stores import open_store
 from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent, Transport
 from reach_plugins.wire import HEADER_SOURCE, SOURCE, UNKNOWN_SOURCE, VIA
 
@@ -108,7 +109,7 @@ class Forwarder:
         *,
         tenants: Mapping[str, TenantConfig],
         transport: Transport | None = None,
-        store: DedupStore | None = None,
+        store: DedupStore | str | None = None,
         environ: Mapping[str, str] = os.environ,
         tracer_provider: TracerProvider | None = None,
         route_ttl: float = 1.0,
@@ -127,10 +128,12 @@ class Forwarder:
         self.router = Router(self.table, tenants=tenants, is_available=self._available)
         self.rule = SourceRule(self.router, self.table, tenants)
         self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
+        self._owned_store = open_store(store) if isinstance(store, str) else None
+        """A store opened here from a URL (``redis://``: idempotency shared by every worker), closed here too."""
         self.pipeline = Pipeline(
             router=TargetedRouter(self.rule),
             transport=self.transport,
-            store=store,
+            store=self._owned_store if isinstance(store, str) else store,
             credentials=self._credential,
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
@@ -212,6 +215,8 @@ class Forwarder:
             if self.prober is not None:
                 await self.prober.release()
         await self.pipeline.aclose()
+        if self._owned_store is not None:
+            await self._owned_store.aclose()
         await self.transport.aclose()
         if self._owns_registry:
             await self.registry.aclose()

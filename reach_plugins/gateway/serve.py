@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
 
+    from reach_plugins.core.dedup import DedupStore
     from reach_plugins.core.trace import TraceSink
     from reach_plugins.trust.audit import AuditHook
 
@@ -38,6 +40,7 @@ def build_forwarder(
     issuer: TokenIssuer | None = None,
     via: str | None = None,
     audit: AuditHook | str | None = None,
+    store: DedupStore | str | None = None,
 ) -> tuple[Forwarder, Access]:
     """The forwarder and access rules a server runs with.
 
@@ -47,7 +50,8 @@ def build_forwarder(
     config without tenants would serve anyone as any tenant: refused unless
     ``allow_open``. Agents are reached with a token of ``issuer`` each (by
     default one signing with ``$REACH_ISSUER_KEYS``, else a key of this
-    process), marked ``via``; L3 agents only with ``audit`` set.
+    process), marked ``via``; L3 agents only with ``audit`` set. Idempotency
+    keys are held in ``store`` (a ``redis://`` URL shares them between processes).
     """
     path = Path(config)
     tenants = load_config(path).tenants
@@ -68,6 +72,7 @@ def build_forwarder(
         owns_registry=registry is None or isinstance(registry, str),
         direct=agent_transport(issuer or build_issuer(tenants, environ=environ), via=via, audit=audit),
         sink=sink,
+        store=store,
     )
     return forwarder, access
 
@@ -83,9 +88,11 @@ def create_app(
     limits: InputLimits | None = None,
     issuer_keys: Sequence[str | os.PathLike[str]] = (),
     audit: AuditHook | str | None = None,
+    store: DedupStore | str | None = None,
+    worker: int | None = None,
 ) -> Starlette:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
-    ``limits`` bound each request read."""
+    ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz)."""
     from reach_plugins.gateway.app import Gateway
     from reach_plugins.gateway.metrics import Metrics
 
@@ -101,6 +108,7 @@ def create_app(
         via=VIA_GATEWAY,
         audit=audit,
         sink=metrics.reach,
+        store=store,
     )
     gateway = Gateway(
         forwarder,
@@ -110,6 +118,7 @@ def create_app(
         limits=limits,
         issuer=issuer,
         metrics=metrics,
+        worker=worker,
     )
     return gateway.app()
 
@@ -123,17 +132,30 @@ def serve_gateway(
     allow_open: bool = False,
     issuer_keys: Sequence[str | os.PathLike[str]] = (),
     audit: str | None = None,
+    store: str | None = None,
+    worker: int | None = None,
+    sockets: list[socket.socket] | None = None,
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
 
     ``X-Forwarded-For`` is ignored unless ``proxy_headers=True`` is passed:
-    the source address decides who reaches ``internal_only`` agents.
+    the source address decides who reaches ``internal_only`` agents. A worker
+    of :mod:`reach_plugins.gateway.workers` serves the listening ``sockets``
+    its supervisor handed down instead of binding ``host:port``.
     """
     import uvicorn
 
     from reach_plugins.agent.server import uvicorn_config
 
-    app = create_app(config, registry=registry, allow_open=allow_open, issuer_keys=issuer_keys, audit=audit)
+    app = create_app(
+        config,
+        registry=registry,
+        allow_open=allow_open,
+        issuer_keys=issuer_keys,
+        audit=audit,
+        store=store,
+        worker=worker,
+    )
     options.setdefault("proxy_headers", False)
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run()
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run(sockets=sockets)

@@ -20,6 +20,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Final
 
 from reach_plugins.errors import ConfigError
@@ -39,15 +40,14 @@ def digest(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a session landed: the chosen key, the cap that applied, and every key's score (best first)."""
+    """Where a session landed: the chosen key and the bounded-load cap that applied."""
 
     key: InstanceKey
     cap: int
-    ranked: list[tuple[float, InstanceKey]]
 
 
 class Rendezvous:
-    """HRW ranking with bounded load; caches instance digests."""
+    """HRW ranking with bounded load; caches instance digests (a router keeps them per pool: its seeds)."""
 
     def __init__(self, bounded_load: float = 1.25) -> None:
         if not bounded_load >= 1.0:
@@ -55,30 +55,65 @@ class Rendezvous:
         self.bounded_load = bounded_load
         self._digests: dict[InstanceKey, int] = {}
 
-    def scores(self, session_id: str, keys: Sequence[InstanceKey]) -> list[tuple[float, InstanceKey]]:
-        """``(score in [0, 1), key)`` pairs, best first."""
-        session = digest(session_id)
+    def seeds(self, keys: Sequence[InstanceKey]) -> list[int]:
+        """Each key's own digest, in order: what :meth:`place` mixes with the session's (compute once per pool)."""
         digests = self._digests
-        scored = []
+        if len(digests) + len(keys) > _MAX_DIGESTS:
+            digests.clear()
+        found = []
         for key in keys:
             own = digests.get(key)
             if own is None:
-                if len(digests) >= _MAX_DIGESTS:
-                    digests.clear()
                 own = digests[key] = digest(f"{key[0]}/{key[1]}")
-            x = ((session ^ own) + 0x9E3779B97F4A7C15) & _MASK  # SplitMix64 finalizer, inlined: hot path
-            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-            scored.append(((x ^ (x >> 31)) / _SCALE, key))
-        scored.sort(reverse=True)
-        return scored
+            found.append(own)
+        return found
 
-    def place(self, session_id: str, keys: Sequence[InstanceKey], active: Mapping[InstanceKey, int]) -> Placement:
-        """The best-scoring key holding fewer than ``ceil(c * (total + 1) / n)`` active sessions."""
-        ranked = self.scores(session_id, keys)
-        cap = math.ceil(self.bounded_load * (sum([active.get(key, 0) for key in keys]) + 1) / len(keys))
-        chosen = next(key for _, key in ranked if active.get(key, 0) < cap)
-        return Placement(chosen, cap, ranked)
+    def scores(self, session_id: str, keys: Sequence[InstanceKey]) -> list[tuple[float, InstanceKey]]:
+        """``(score in [0, 1), key)`` pairs, best first."""
+        mixed = _mix(digest(session_id), self.seeds(keys))
+        ranked = sorted(zip(mixed, keys, strict=True), reverse=True)
+        return [(value / _SCALE, key) for value, key in ranked]
+
+    def place(
+        self,
+        session_id: str,
+        keys: Sequence[InstanceKey],
+        active: Mapping[InstanceKey, int],
+        seeds: Sequence[int] | None = None,
+    ) -> Placement:
+        """The best-scoring key holding fewer than ``ceil(c * (total + 1) / n)`` active sessions.
+
+        ``seeds`` are ``self.seeds(keys)``, passed in when the caller keeps them.
+        Only the best key is looked for (O(n), no sort); the ranking is sorted
+        only when the best one is at its cap.
+        """
+        mixed = _mix(digest(session_id), self.seeds(keys) if seeds is None else seeds)
+        total = sum(map(active.get, keys, repeat(0))) if active else 0
+        cap = math.ceil(self.bounded_load * (total + 1) / len(keys))
+        best = keys[mixed.index(max(mixed))]
+        if not active or active.get(best, 0) < cap:
+            return Placement(best, cap)
+        ranked = sorted(zip(mixed, keys, strict=True), reverse=True)
+        return Placement(next(key for _, key in ranked if active.get(key, 0) < cap), cap)
+
+
+def _mix(session: int, seeds: Sequence[int]) -> list[int]:
+    """The 64-bit score of each (session, instance) pair: the SplitMix64 finalizer of their digests' XOR.
+
+    Its last step (``x ^ x >> 31``) is left out: it leaves the top 31 bits
+    as they are, so the ranking is the same (bar ties in those bits), and this
+    runs for every instance of every new session. One expression, no
+    statements: the interpreter's cheapest loop.
+    """
+    return [
+        (
+            (x := (((y := ((session ^ own) + 0x9E3779B97F4A7C15) & _MASK) ^ (y >> 30)) * 0xBF58476D1CE4E5B9) & _MASK)
+            ^ (x >> 27)
+        )
+        * 0x94D049BB133111EB
+        & _MASK
+        for own in seeds
+    ]
 
 
 @dataclass(slots=True)

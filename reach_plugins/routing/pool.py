@@ -69,6 +69,7 @@ class Pool:
         "plan",
         "reason",
         "rr",
+        "seeds",
         "shown",
         "usable",
     )
@@ -82,6 +83,8 @@ class Pool:
         self.by_key: dict[InstanceKey, Entry] = {}
         self.expires = 0.0
         self.shown: list[CandidateScore] | None = None
+        self.seeds: list[int] | None = None
+        """The rendezvous digests of ``keys`` (computed on the first session placed over this look)."""
         self.reason = ""
         self._cursor = 0
         self._rechecked = 0
@@ -90,12 +93,13 @@ class Pool:
         """Adopt a fresh look (it has at least one usable entry); the round robin keeps its place."""
         self.look = look
         self.usable = look.usable
-        self.keys = [entry.key for entry in self.usable]
+        self.keys = [(entry.offer.name, entry.instance.instance_id) for entry in self.usable]  # ``key``, inlined
         self.by_key = dict(zip(self.keys, self.usable, strict=True))
         self.rr.update((key, entry.weight) for key, entry in zip(self.keys, self.usable, strict=True))
         self.expires = expires
         self._rechecked = 0
         self.shown = None
+        self.seeds = None
         self.reason = (
             f"smooth weighted round robin over {len(self.usable)} healthy instance(s) in priority tier {look.priority}"
         )

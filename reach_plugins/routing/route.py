@@ -3,23 +3,59 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
+from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Capability, Instance, RouteDecision
 
 AvailabilityHook = Callable[[str, str], bool]
 """``is_available(agent, instance_id)``: ``False`` when the instance's circuit breaker is open."""
 
+Affinity = Literal["none", "new", "pinned", "restored", "degraded"]
+"""How a session's request was placed (``none`` without a session)."""
 
-@dataclass(frozen=True, slots=True)
+
 class Route:
-    """One routing answer: the instance to call, the agent and capability it serves, and why."""
+    """One routing answer: the instance to call, the agent and capability it serves, and why.
 
-    decision: RouteDecision
-    agent: AgentDescriptor
-    instance: Instance
-    capability: Capability
+    The why (a :class:`RouteDecision`) is built on first read of ``decision``:
+    most requests are never explained (no trace asked, no sink, success), and
+    building it eagerly cost more than the routing itself. ``explain`` must
+    therefore capture what it reports at routing time, not read it later.
+    """
+
+    __slots__ = ("_why", "affinity", "agent", "capability", "instance")
+
+    def __init__(
+        self,
+        agent: AgentDescriptor,
+        instance: Instance,
+        capability: Capability,
+        *,
+        decision: RouteDecision | None = None,
+        explain: Callable[[], RouteDecision] | None = None,
+        affinity: Affinity | None = None,
+    ) -> None:
+        why = decision if decision is not None else explain
+        if why is None or (decision is not None and explain is not None):
+            raise ConfigError("a Route needs exactly one of decision= (built) or explain= (built on demand)")
+        self.agent = agent
+        self.instance = instance
+        self.capability = capability
+        self._why: RouteDecision | Callable[[], RouteDecision] = why
+        self.affinity: Affinity = affinity if affinity is not None else decision.affinity if decision else "none"
+
+    @property
+    def decision(self) -> RouteDecision:
+        """Why the request went where it went (built once, on first read)."""
+        why = self._why
+        if isinstance(why, RouteDecision):
+            return why
+        decision = self._why = why()
+        return decision
+
+    def __repr__(self) -> str:
+        return f"Route({self.agent.name}/{self.instance.instance_id}, {self.capability.name!r}, {self.affinity})"
 
 
 @runtime_checkable

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from time import perf_counter_ns
-from typing import Final, Literal
+from typing import Final
 
 from reach_plugins.errors import CircuitOpen, ConfigError, NoHealthyAgent, UnknownCapability
 from reach_plugins.model import CandidateScore, Instance, ReachRequest, RouteDecision
@@ -36,7 +36,7 @@ from reach_plugins.routing.affinity import InstanceKey, Placement, Rendezvous, S
 from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.policy import Plan, make_plan
 from reach_plugins.routing.pool import Entry, Look, Pool, Skip
-from reach_plugins.routing.route import AvailabilityHook, Route, TenantLike
+from reach_plugins.routing.route import Affinity, AvailabilityHook, Route, TenantLike
 
 MAX_RECORDED: Final = 16
 """Candidates kept in a ``RouteDecision``: enough to explain, bounded so cost stays flat."""
@@ -44,9 +44,10 @@ _MAX_PLANS: Final = 4096
 _MAX_CARDS: Final = 65_536
 _CIRCUIT_OPEN: Final = "circuit open"
 
-Affinity = Literal["none", "new", "pinned", "restored", "degraded"]
 Record = tuple[str, str, float | None]
 """A considered candidate: agent, instance id, score."""
+Told = Callable[[], tuple[list[CandidateScore], str]]
+"""How a route is explained, when asked: the candidates shown and the reason."""
 
 
 class Router:
@@ -100,8 +101,10 @@ class Router:
             entry = pool.pick()
         shown = pool.shown
         if shown is None:
-            shown = pool.shown = self._cards([(*entry.key, float(entry.weight)) for entry in pool.usable], pool.skipped)
-        return self._answer(request, entry.offer, entry.instance, shown, pool.reason, "none", started)
+            shown = pool.shown = self._cards(
+                [(*entry.key, float(entry.weight)) for entry in pool.usable[:MAX_RECORDED]], pool.skipped
+            )
+        return self._answer(request, entry.offer, entry.instance, "none", started, _told(shown, pool.reason))
 
     def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
         """Every healthy instance, best tier first (broadcast, failover lists); touches no pin and no counter.
@@ -128,9 +131,27 @@ class Router:
         ordered = ordered[:limit] if limit is not None else ordered
         shown = self._cards([(inst.agent, inst.instance_id, score) for score, _, inst in ordered], skipped)
         return [
-            self._answer(request, offer, inst, shown, f"candidate {n + 1} of {len(ordered)}", "none", started)
+            self._answer(request, offer, inst, "none", started, _told(shown, f"candidate {n + 1} of {len(ordered)}"))
             for n, (_, offer, inst) in enumerate(ordered)
         ]
+
+    def pinned(
+        self, request: ReachRequest, agent: str, instance_id: str, *, exclude: Collection[tuple[str, str]] = ()
+    ) -> Route | None:
+        """The route to ``agent/instance_id`` if it is one of the request's candidates, else ``None``; O(1).
+
+        Candidate means what :meth:`candidates` lists: an agent the request's
+        plan admits (intent, scope tags, tenant) with a routing weight, and an
+        instance that could take the request now (not in ``exclude``).
+        """
+        started = perf_counter_ns()
+        offer = self._pool(request).plan.by_agent.get(agent)
+        inst = self.view.instances(agent).get(instance_id) if offer is not None and offer.weight > 0 else None
+        if offer is None or inst is None or self._unusable(inst, self._clock(), exclude, sticky=False) is not None:
+            return None
+        return self._answer(
+            request, offer, inst, "none", started, self._told_one(agent, instance_id, "pinned by the caller")
+        )
 
     def release(self, session_id: str) -> bool:
         """Forget a session's pins (the conversation was closed); return whether it had any."""
@@ -168,9 +189,8 @@ class Router:
             trouble = "deregistered" if inst is None else self._unusable(inst, now, exclude, sticky=True)
             if inst is not None and trouble is None:
                 self._sessions.pin(session_id, capability, pinned_agent, pinned_id)
-                reason = f"session pinned to {pinned_agent}/{pinned_id}"
-                shown = self._cards([(pinned_agent, pinned_id, None)], [])
-                return self._answer(request, offer, inst, shown, reason, "pinned", started)
+                told = self._told_one(pinned_agent, pinned_id, "session pinned")
+                return self._answer(request, offer, inst, "pinned", started, told)
             skipped: list[Skip] = [(pinned_agent, pinned_id, trouble or "unusable")]
             entries = self._judge((offer,), now, exclude, skipped)
             if any(entry.weight > 0 for entry in entries):
@@ -197,11 +217,18 @@ class Router:
             look = self._look(pool.plan, now, exclude)
             return self._place(request, session_id, look.usable, look, affinity, why, started)
         self._keep_fresh(pool, now)
-        placed = self._hrw.place(session_id, pool.keys, self._sessions.active)
+        placed = self._place_over(session_id, pool)
         if not self._usable_now(pool, pool.by_key[placed.key], now):
             self._reload(pool, now)
-            placed = self._hrw.place(session_id, pool.keys, self._sessions.active)
-        return self._pin(request, session_id, placed, pool.by_key, pool.priority, pool.skipped, affinity, why, started)
+            placed = self._place_over(session_id, pool)
+        seen = (pool.keys, pool.priority, pool.skipped)
+        return self._pin(request, session_id, placed, pool.by_key, seen, affinity, why, started)
+
+    def _place_over(self, session_id: str, pool: Pool) -> Placement:
+        seeds = pool.seeds
+        if seeds is None:
+            seeds = pool.seeds = self._hrw.seeds(pool.keys)
+        return self._hrw.place(session_id, pool.keys, self._sessions.active, seeds)
 
     def _place(
         self,
@@ -215,8 +242,10 @@ class Router:
     ) -> Route:
         """Rendezvous-hash a session over ``usable`` under the bounded-load cap, and pin it."""
         by_key = {entry.key: entry for entry in usable}
-        placed = self._hrw.place(session_id, list(by_key), self._sessions.active)
-        return self._pin(request, session_id, placed, by_key, look.priority, look.skipped, affinity, why, started)
+        keys = list(by_key)
+        placed = self._hrw.place(session_id, keys, self._sessions.active)
+        seen = (keys, look.priority, look.skipped)
+        return self._pin(request, session_id, placed, by_key, seen, affinity, why, started)
 
     def _pin(
         self,
@@ -224,23 +253,26 @@ class Router:
         session_id: str,
         placed: Placement,
         by_key: Mapping[InstanceKey, Entry],
-        priority: int,
-        skipped: list[Skip],
+        seen: tuple[list[InstanceKey], int, list[Skip]],
         affinity: Affinity,
         why: str,
         started: int,
     ) -> Route:
-        """Pin the session where rendezvous hashing placed it, and explain why."""
+        """Pin the session where rendezvous hashing placed it; ``seen`` (keys, tier, skipped) explains why, later."""
         agent, instance_id = placed.key
         entry = by_key[placed.key]
         self._sessions.pin(session_id, request.capability, agent, instance_id)
-        shown = [{"agent": key[0], "instance": key[1], "score": score} for score, key in placed.ranked[:MAX_RECORDED]]
-        shown += [{"agent": a, "instance": i, "skipped": skip} for a, i, skip in skipped[: MAX_RECORDED - len(shown)]]
-        reason = (
-            f"{why}: rendezvous hash over {len(by_key)} instance(s) in priority tier {priority} "
-            f"(bounded load: at most {placed.cap} sessions each) picked {agent}/{instance_id}"
-        )
-        return self._answer(request, entry.offer, entry.instance, shown, reason, affinity, started)
+
+        def told() -> tuple[list[CandidateScore], str]:
+            keys, priority, skipped = seen
+            ranked = self._hrw.scores(session_id, keys)[:MAX_RECORDED]
+            reason = (
+                f"{why}: rendezvous hash over {len(keys)} instance(s) in priority tier {priority} "
+                f"(bounded load: at most {placed.cap} sessions each) picked {agent}/{instance_id}"
+            )
+            return self._cards([(*key, score) for score, key in ranked], skipped), reason
+
+        return self._answer(request, entry.offer, entry.instance, affinity, started, told)
 
     def _ranks(self, session_id: str, keys: list[InstanceKey]) -> dict[InstanceKey, float]:
         return {key: score for score, key in self._hrw.scores(session_id, keys)}
@@ -267,7 +299,7 @@ class Router:
             f"smooth weighted round robin over {len(usable)} healthy instance(s) in priority tier {look.priority}, "
             f"{len(exclude)} excluded"
         )
-        return self._answer(request, entry.offer, entry.instance, shown, reason, "none", started)
+        return self._answer(request, entry.offer, entry.instance, "none", started, _told(shown, reason))
 
     # ------------------------------------------------------------------ filtering
 
@@ -371,30 +403,32 @@ class Router:
     # ------------------------------------------------------------------ answers
 
     def _answer(
-        self,
-        request: ReachRequest,
-        offer: Offer,
-        inst: Instance,
-        shown: Sequence[CandidateScore | dict[str, object]],
-        reason: str,
-        affinity: Affinity,
-        started: int,
+        self, request: ReachRequest, offer: Offer, inst: Instance, affinity: Affinity, started: int, told: Told
     ) -> Route:
-        decision = RouteDecision.model_validate(
-            {
-                "capability": request.capability,
-                "candidates": shown,
-                "agent": offer.name,
-                "instance": inst.instance_id,
-                "endpoint": inst.endpoint,
-                "reason": reason,
-                "affinity": affinity,
-                "context_restore": affinity == "restored",
-                "degraded": affinity == "degraded",
-                "elapsed_us": (perf_counter_ns() - started) / 1000,
-            }
-        )
-        return Route(decision=decision, agent=offer.agent, instance=inst, capability=offer.capability)
+        """The route to ``inst``; its decision is built from ``told`` (candidates, reason) only if it is read."""
+        elapsed_us = (perf_counter_ns() - started) / 1000
+        capability = request.capability
+
+        def explain() -> RouteDecision:
+            shown, reason = told()
+            return RouteDecision(
+                capability=capability,
+                candidates=shown,
+                agent=offer.name,
+                instance=inst.instance_id,
+                endpoint=inst.endpoint,
+                reason=reason,
+                affinity=affinity,
+                context_restore=affinity == "restored",
+                degraded=affinity == "degraded",
+                elapsed_us=elapsed_us,
+            )
+
+        return Route(offer.agent, inst, offer.capability, explain=explain, affinity=affinity)
+
+    def _told_one(self, agent: str, instance_id: str, why: str) -> Told:
+        """The explanation of a route that considered one instance only: ``why`` it went there."""
+        return lambda: (self._cards([(agent, instance_id, None)], []), f"{why} to {agent}/{instance_id}")
 
     def _cards(self, records: list[Record], skipped: list[Skip]) -> list[CandidateScore]:
         """At most ``MAX_RECORDED`` candidates, scored ones first; the records are shared between decisions."""
@@ -412,6 +446,11 @@ class Router:
                 self._card_cache.clear()
             card = self._card_cache[key] = CandidateScore(agent=agent, instance=instance, score=score, skipped=skipped)
         return card
+
+
+def _told(shown: list[CandidateScore], reason: str) -> Told:
+    """An explanation already at hand (the pool keeps its candidates and reason between calls)."""
+    return lambda: (shown, reason)
 
 
 def _weight(weight: int, load: float) -> int:

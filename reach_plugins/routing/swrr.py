@@ -80,8 +80,9 @@ class SmoothWeightedRoundRobin(Generic[K]):
             self._schedule(weight, ring, ring.due)
             return
         size = len(ring.members)
-        ring.members.insert(self._rng.randrange(size + 1), key)
-        if ring.members.index(key) < ring.cursor:
+        spot = self._rng.randrange(size + 1)
+        ring.members.insert(spot, key)
+        if spot < ring.cursor:
             ring.cursor += 1
         self._schedule(weight, ring, self._now + max(0.0, ring.due - self._now) * size / (size + 1))
 
@@ -94,6 +95,8 @@ class SmoothWeightedRoundRobin(Generic[K]):
     def update(self, peers: Iterable[tuple[K, int]]) -> None:
         """Make ``peers`` the peer set: new ones join, weights change, absent ones leave."""
         wanted = dict(peers)
+        if wanted == self._weights:  # the usual reload: same peers, same weights (one comparison, in C)
+            return
         for key in [key for key in self._weights if key not in wanted]:
             self.discard(key)
         for key, weight in wanted.items():

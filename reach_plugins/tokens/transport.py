@@ -9,7 +9,6 @@ foreign servers that must not receive Reach tokens.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from reach_plugins.tokens.claims import HEADER_TOKEN
 from reach_plugins.tokens.source import TokenSource
@@ -31,7 +30,18 @@ class TokenTransport(Wrapping):
         if call.agent.protocol != "reach":
             return call
         token = await self.tokens.token(call.agent.name, call.request.tenant)
-        return replace(call, headers={**call.headers, HEADER_TOKEN: token})
+        headers = {**call.headers, HEADER_TOKEN: token}
+        # Built field by field: dataclasses.replace introspects the fields on every call (a hot path).
+        return Call(
+            call.request,
+            call.agent,
+            call.instance,
+            call.timeout,
+            call.attempt,
+            call.capability,
+            call.credential,
+            headers,
+        )
 
     async def send(self, call: Call) -> Reply:
         return await self.inner.send(await self._signed(call))

@@ -1,0 +1,180 @@
+"""``reach gateway --workers N``: N gateway processes serving one listening socket, kept alive by a supervisor.
+
+The supervisor binds ``host:port`` once and hands the socket to each worker
+(``python -m reach_plugins.gateway.workers``), so a restarted worker never
+races anyone for the port and connections queued while one is down go to
+the others. A worker that exits (``kill -9``, a crash) is started again, at
+once the first time and after a doubling delay while it keeps dying young;
+SIGTERM or SIGINT stops them all (SIGTERM to each, SIGKILL after ``grace``
+seconds). A worker whose supervisor disappears stops itself.
+
+Shared state goes through the stores, as between any two gateways: agents
+come from the registry (or the same YAML file), idempotency keys from the
+dedup store, which must then be shared (``--dedup-store redis://...``).
+Breakers, load counts and session tables are each worker's own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from reach_plugins.errors import ConfigError
+
+log = logging.getLogger("reach_plugins.gateway")
+
+FIRST_DELAY: Final = 0.0
+"""Seconds before a worker that died is started again, the first time."""
+MAX_DELAY: Final = 10.0
+"""The longest wait between two starts of a worker that keeps dying."""
+YOUNG: Final = 5.0
+"""A worker that dies within this many seconds of its start doubles its next delay."""
+GRACE: Final = 10.0
+"""Seconds workers have to finish their requests after SIGTERM before they are killed."""
+TICK: Final = 0.1
+"""How often the supervisor looks at its workers."""
+
+
+@dataclass
+class _Slot:
+    """One worker's place: its number, its current process, when it may start next."""
+
+    number: int
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    delay: float = FIRST_DELAY
+    due: float = 0.0
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on ``host:port`` that child processes inherit."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class Supervisor:
+    """Keeps ``workers`` processes running ``options`` on ``sock`` until told to stop."""
+
+    def __init__(self, options: dict[str, Any], workers: int, sock: socket.socket, *, grace: float = GRACE) -> None:
+        self._options = options
+        self._sock = sock
+        self._grace = grace
+        self._slots = [_Slot(number) for number in range(workers)]
+        self._stopping = threading.Event()
+
+    def _command(self, slot: _Slot) -> list[str]:
+        settings = json.dumps({**self._options, "worker": slot.number, "fd": self._sock.fileno()})
+        return [sys.executable, "-m", "reach_plugins.gateway.workers", settings]
+
+    def _start(self, slot: _Slot, now: float) -> None:
+        process = subprocess.Popen(self._command(slot), pass_fds=(self._sock.fileno(),))
+        slot.process, slot.started = process, now
+        log.info("gateway worker %d started (pid %d)", slot.number, process.pid)
+
+    def _tend(self, now: float) -> None:
+        """Notice workers that exited; start those whose turn has come."""
+        for slot in self._slots:
+            if slot.process is not None:
+                code = slot.process.poll()
+                if code is None:
+                    continue
+                young = now - slot.started < YOUNG
+                slot.delay = min(MAX_DELAY, max(0.5, slot.delay * 2)) if young else FIRST_DELAY
+                slot.due, slot.process = now + slot.delay, None
+                log.warning(
+                    "gateway worker %d exited with %s; starting it again in %.1fs", slot.number, code, slot.delay
+                )
+            if now >= slot.due:
+                self._start(slot, now)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop every worker and return (safe from a signal handler or another thread)."""
+        self._stopping.set()
+
+    def run(self) -> None:
+        """Start the workers, restart those that exit, and stop them all on SIGTERM / SIGINT."""
+        previous = {sig: signal.signal(sig, lambda *_: self.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while not self._stopping.is_set():
+                self._tend(time.monotonic())
+                self._stopping.wait(TICK)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        running = [slot.process for slot in self._slots if slot.process is not None and slot.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        end = time.monotonic() + self._grace
+        for process in running:
+            try:
+                process.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("gateway worker pid %d did not stop within %gs; killing it", process.pid, self._grace)
+                process.kill()
+                process.wait()
+        self._sock.close()
+
+
+def serve_workers(workers: int, host: str, port: int, options: dict[str, Any]) -> None:
+    """Bind ``host:port`` and supervise ``workers`` gateway processes serving it with ``options``
+    (the keywords of :func:`~reach_plugins.gateway.serve.serve_gateway`, JSON-serialisable)."""
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    store = options.get("store")
+    if workers > 1 and (not store or urlsplit(store).scheme == "memory"):
+        raise ConfigError(
+            f"--workers {workers} needs a dedup store they share, or an idempotency key retried on another "
+            "worker would run twice: pass --dedup-store redis://HOST:PORT/DB"
+        )
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sock = listen(host, port)
+    log.info("gateway listening on %s:%d with %d workers", host, sock.getsockname()[1], workers)
+    Supervisor(options, workers, sock).run()
+
+
+def _orphan_guard(parent: int) -> None:
+    """Stop this worker (SIGTERM to itself) once its supervisor is gone."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="reach-orphan-guard", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A worker: serve the gateway on the inherited socket with the supervisor's options."""
+    from reach_plugins.gateway.serve import serve_gateway
+
+    settings = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    sock = socket.socket(fileno=settings.pop("fd"))
+    _orphan_guard(os.getppid())
+    serve_gateway(settings.pop("config"), sockets=[sock], **settings)
+
+
+if __name__ == "__main__":
+    main()
