@@ -51,6 +51,21 @@ async def reach(url: str, order_id: str, key: str | None = None) -> httpx.Respon
         return await http.post(f"{url}/v1/reach", json=body, headers=headers, timeout=10.0)
 
 
+async def both_workers_answer(supervisor: subprocess.Popen[bytes], url: str) -> set[int]:
+    """Wait until workers 0 and 1 have both answered on ``url``; return the supervisor's worker pids."""
+    seen: set[int] = set()
+
+    async def both_answer() -> bool:
+        assert supervisor.poll() is None, "the supervisor exited"
+        number = await worker_answering(url)
+        if number is not None:
+            seen.add(number)
+        return seen == {0, 1}
+
+    await until_true(both_answer, within=60.0)
+    return workers_of(supervisor)
+
+
 async def test_workers_share_the_port_come_back_after_kill_and_stop_on_sigterm(tmp_path: Path, redis_url: str) -> None:
     """Two workers both answer on one port; kill -9 of one: every later call succeeds and it is restarted;
     idempotency records land in the shared store; SIGTERM to the supervisor ends every worker."""
@@ -63,17 +78,7 @@ async def test_workers_share_the_port_come_back_after_kill_and_stop_on_sigterm(t
         command += ["--workers", "2", "--dedup-store", f"{redis_url}?prefix={prefix}"]
         supervisor = subprocess.Popen(command, env={**os.environ, **TOKENS})
         try:
-            seen: set[int] = set()
-
-            async def both_answer() -> bool:
-                assert supervisor.poll() is None, "the supervisor exited"
-                number = await worker_answering(url)
-                if number is not None:
-                    seen.add(number)
-                return seen == {0, 1}
-
-            await until_true(both_answer, within=60.0)
-            first = workers_of(supervisor)
+            first = await both_workers_answer(supervisor, url)
             assert len(first) == 2
 
             key = uuid.uuid4().hex
@@ -102,9 +107,7 @@ async def test_workers_share_the_port_come_back_after_kill_and_stop_on_sigterm(t
                 return len(workers) == 2 and victim not in workers
 
             await until_true(replaced, within=30.0)
-            seen.clear()
-            await until_true(both_answer, within=60.0)
-            last = workers_of(supervisor)
+            last = await both_workers_answer(supervisor, url)
         finally:
             supervisor.send_signal(signal.SIGTERM)
             code = supervisor.wait(30)
@@ -150,17 +153,7 @@ async def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path, redi
         [*command, "--workers", "2", "--dedup-store", redis_url], env={**os.environ, **TOKENS}
     )
     try:
-        seen: set[int] = set()
-
-        async def both_answer() -> bool:
-            assert supervisor.poll() is None, "the supervisor exited"
-            number = await worker_answering(url)
-            if number is not None:
-                seen.add(number)
-            return seen == {0, 1}
-
-        await until_true(both_answer, within=60.0)
-        workers = workers_of(supervisor)
+        workers = await both_workers_answer(supervisor, url)
         supervisor.kill()
         supervisor.wait(10)
 
