@@ -6,7 +6,8 @@ in chunks (their p50s, from the same minutes), then ``reach`` runs under
 ``cProfile`` and the profile is folded into the phases of a call: building the
 request, routing, the core's bookkeeping, the transport (aiohttp and the wire).
 Profiling inflates Python time, so phases are given as shares of the profiled
-call, and the unprofiled p50s say what they add up to.
+call, and the unprofiled p50s say what they add up to; the client process's
+CPU time per call (``time.process_time``, the agent's excluded) is given too.
 
     python benchmarks/profile_client.py [--calls 3000]  # writes benchmarks/results/client_profile.json
 """
@@ -70,13 +71,17 @@ async def run(url: str, calls: int) -> dict[str, Any]:
             for _ in range(300):
                 await send()
         samples: dict[str, list[float]] = {"raw_aiohttp": [], "reach": []}
+        cpu: dict[str, float] = {"raw_aiohttp": 0.0, "reach": 0.0}
         for _ in range(max(1, calls // CHUNK)):
             for name, send in (("raw_aiohttp", raw), ("reach", reach)):
+                cpu_before = time.process_time()
                 for _ in range(CHUNK):
                     started = time.perf_counter()
                     await send()
                     samples[name].append(time.perf_counter() - started)
+                cpu[name] += time.process_time() - cpu_before
         p50 = {name: round(statistics.median(got) * 1e6, 1) for name, got in samples.items()}
+        cpu_us = {name: round(spent / len(samples[name]) * 1e6, 1) for name, spent in cpu.items()}
         profiler = cProfile.Profile()
         profiler.enable()
         for _ in range(calls):
@@ -86,6 +91,8 @@ async def run(url: str, calls: int) -> dict[str, Any]:
         "p50_us": p50,
         "reach_vs_raw_p50": round(p50["reach"] / p50["raw_aiohttp"], 3),
         "added_us": round(p50["reach"] - p50["raw_aiohttp"], 1),
+        "client_cpu_us_per_call": cpu_us,
+        "added_client_cpu_us": round(cpu_us["reach"] - cpu_us["raw_aiohttp"], 1),
         "phases": fold(pstats.Stats(profiler), calls),
     }
 
@@ -113,6 +120,11 @@ def main() -> int:
     print(
         f"p50 raw aiohttp {result['p50_us']['raw_aiohttp']} us, reach {result['p50_us']['reach']} us "
         f"({result['reach_vs_raw_p50']}x, +{result['added_us']} us; target <= 1.10x)"
+    )
+    cpu = result["client_cpu_us_per_call"]
+    print(
+        f"client CPU per call: raw aiohttp {cpu['raw_aiohttp']} us, reach {cpu['reach']} us "
+        f"(+{result['added_client_cpu_us']} us; the client process only, far less load-sensitive than latency)"
     )
     for phase, figures in result["phases"].items():
         print(f"  {phase:55} {figures['profiled_us_per_call']:8.1f} us profiled  {figures['share_of_reach']}")

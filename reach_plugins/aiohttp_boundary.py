@@ -41,9 +41,17 @@ FOREIGN = (aiohttp.ClientError, TimeoutError)
 
 
 async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The reply's body, refused (``InvalidResponse``) past ``limit`` bytes rather than held whole in memory."""
-    if response.content_length is not None and response.content_length > limit:
-        raise InvalidResponse(f"the agent's reply is {response.content_length} bytes; the most accepted is {limit}")
+    """The reply's body, refused (``InvalidResponse``) past ``limit`` bytes rather than held whole in memory.
+
+    An uncompressed body of declared length within the limit is read in one
+    go: aiohttp's parser ends it at ``Content-Length``, so no more can arrive
+    (a compressed one may inflate past its length, so it is counted as it comes).
+    """
+    length = response.content_length
+    if length is not None and length > limit:
+        raise InvalidResponse(f"the agent's reply is {length} bytes; the most accepted is {limit}")
+    if length is not None and "Content-Encoding" not in response.headers:
+        return await response.read()
     body = bytearray()
     async for chunk in response.content.iter_chunked(1 << 16):
         body += chunk

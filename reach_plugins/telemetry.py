@@ -8,8 +8,10 @@ application installs an SDK, and every entry point accepts an optional
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, MutableMapping
 from importlib import metadata
+from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -134,12 +136,19 @@ def tool_span_name(tool: str) -> str:
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443, "grpc": 443}
 
 
-def server_attributes(endpoint: str) -> dict[str, str | int]:
+@functools.lru_cache(maxsize=1024)
+def server_attributes(endpoint: str) -> Mapping[str, str | int]:
     """``server.address``, ``server.port`` and ``url.full`` of an endpoint, its user and password stripped.
 
     HTTP client semantic conventions: the URL never carries credentials (nor a
     query, where tokens hide); an endpoint that is not a URL gives nothing.
+    Parsed once per endpoint (every recorded span asks again), so read-only.
     """
+    return MappingProxyType(_parse_server(endpoint))
+
+
+def _parse_server(endpoint: str) -> dict[str, str | int]:
+    """What :func:`server_attributes` returns, parsed."""
     try:
         parts = urlsplit(endpoint)
         port = parts.port

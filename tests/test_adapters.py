@@ -438,3 +438,19 @@ def test_mcp_forgotten_session_is_not_executed_and_reopened() -> None:
         adapter.parse(mcp_call, response({"error": "gone"}, 404))
     again = adapter.handshake(mcp_call)
     assert again is not None and sent(again.body)["method"] == "initialize"
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text() | st.integers(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+@settings(max_examples=300, deadline=None)
+def test_request_bodies_encode_as_the_stdlib_reads_them(value: Any) -> None:
+    """encode_json (orjson, stdlib for what orjson refuses) writes what json.loads reads back as json.dumps would."""
+    from reach_plugins.adapters.base import encode_json
+
+    assert json.loads(encode_json(value)) == json.loads(json.dumps(value, ensure_ascii=False))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import socket
 import threading
 from collections.abc import Iterator
@@ -100,3 +101,47 @@ async def test_a_stream_whose_event_never_ends_is_refused_at_the_cap(tmp_path: P
     assert events and events[-1].kind == "error" and events[-1].error is not None
     assert events[-1].error.type == "invalid_response" and str(16 * MiB) in events[-1].error.message
     assert upstream.sent < 64 * MiB
+
+
+class GzipBomb:
+    """Answers every request with 40 MiB of JSON gzipped to a few kB, its compressed size declared."""
+
+    def __init__(self) -> None:
+        self.body = gzip.compress(b'{"status":"success","data":"' + b"0" * (40 * MiB) + b'"}', compresslevel=9)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    got += conn.recv(65536)
+                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                try:
+                    conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(self.body) + self.body)
+                except OSError:
+                    return
+
+
+async def test_a_small_compressed_reply_inflating_past_the_cap_is_refused(tmp_path: Path) -> None:
+    """A gzip reply declaring a few kB that inflates to 40 MiB fails as invalid_response at the 16 MiB cap."""
+    upstream = GzipBomb()
+    assert len(upstream.body) < MiB
+    config = tmp_path / "agents.yaml"
+    agent = {"name": "bomb", "endpoints": [f"http://127.0.0.1:{upstream.port}"], "capabilities": ["dump"]}
+    config.write_text(yaml.safe_dump({"agents": [agent]}))
+    client = ReachClient(f"file://{config}", DirectTransport())
+    try:
+        response = await client.reach("dump", {}, timeout_ms=20_000)
+    finally:
+        await client.aclose()
+        upstream.sock.close()
+    assert response.status == "fail"
+    assert response.error is not None and response.error.type == "invalid_response"
+    assert str(16 * MiB) in response.error.message

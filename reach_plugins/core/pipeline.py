@@ -24,6 +24,7 @@ from contextlib import aclosing
 from opentelemetry import trace as otel
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.util.types import AttributeValue
 
 from reach_plugins.core.attempts import Engine, run_unary
 from reach_plugins.core.batching import BatchPolicy
@@ -338,15 +339,14 @@ class Pipeline:
                 response.trace = built
         span = rec.span
         if span.is_recording():
-            _end_span(span, response.status, response.error, rec.dedup_hit)
-            span.set_attribute(ATTR_ATTEMPTS, response.attempts)
-            if response.agent:
-                span.set_attribute(ATTR_AGENT, response.agent)
-                span.set_attribute(ATTR_INSTANCE, response.instance or "")
             endpoint = (
                 rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.instance.endpoint if rec.route else ""
             )
-            span.set_attributes(server_attributes(endpoint))
+            ended: dict[str, AttributeValue] = {ATTR_ATTEMPTS: response.attempts, **server_attributes(endpoint)}
+            if response.agent:
+                ended[ATTR_AGENT] = response.agent
+                ended[ATTR_INSTANCE] = response.instance or ""
+            _end_span(span, response.status, response.error, rec.dedup_hit, ended)
         return response
 
     def _refused(self, rec: TraceRecorder, exc: ReachError) -> None:
@@ -390,27 +390,34 @@ class Pipeline:
             emit_safely(self._sink, rec.build(status, flight.error, now))
         span = rec.span
         if span.is_recording():
-            _end_span(span, status, flight.error, False)
-            span.set_attribute(ATTR_ATTEMPTS, flight.attempts)
-            span.set_attribute(ATTR_AGENT, flight.route.agent.name)
-            span.set_attribute(ATTR_INSTANCE, flight.route.instance.instance_id)
-            span.set_attribute(ATTR_STREAM_EVENTS, flight.streamed_events)
-            span.set_attribute(ATTR_STREAM_CHARS, flight.streamed_chars)
+            ended: dict[str, AttributeValue] = {
+                ATTR_ATTEMPTS: flight.attempts,
+                ATTR_AGENT: flight.route.agent.name,
+                ATTR_INSTANCE: flight.route.instance.instance_id,
+                ATTR_STREAM_EVENTS: flight.streamed_events,
+                ATTR_STREAM_CHARS: flight.streamed_chars,
+            }
+            _end_span(span, status, flight.error, False, ended)
 
 
 def _start_span(span: Span, request: ReachRequest) -> None:
     if span.is_recording():
-        span.set_attribute(ATTR_CAPABILITY, request.capability)
-        span.set_attribute(ATTR_REQUEST_ID, request.request_id)
+        started: dict[str, AttributeValue] = {ATTR_CAPABILITY: request.capability, ATTR_REQUEST_ID: request.request_id}
         if request.tenant:
-            span.set_attribute(ATTR_TENANT, request.tenant)
+            started[ATTR_TENANT] = request.tenant
         if request.session_id:
-            span.set_attribute(ATTR_SESSION_ID, request.session_id)
+            started[ATTR_SESSION_ID] = request.session_id
+        span.set_attributes(started)
 
 
-def _end_span(span: Span, status: str, error: ErrorInfo | None, dedup_hit: bool) -> None:
-    span.set_attribute(ATTR_STATUS, status)
-    span.set_attribute(ATTR_DEDUP_HIT, dedup_hit)
+def _end_span(
+    span: Span, status: str, error: ErrorInfo | None, dedup_hit: bool, more: dict[str, AttributeValue] | None = None
+) -> None:
+    """The span's closing attributes (and error status), set in one call: the SDK locks once per call."""
+    ended: dict[str, AttributeValue] = {ATTR_STATUS: status, ATTR_DEDUP_HIT: dedup_hit}
     if status != "success":
-        span.set_attribute(ATTR_ERROR_TYPE, error.type if error else status)
+        ended[ATTR_ERROR_TYPE] = error.type if error else status
         span.set_status(Status(StatusCode.ERROR, error.message if error else status))
+    if more:
+        ended.update(more)
+    span.set_attributes(ended)

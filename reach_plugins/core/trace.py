@@ -89,8 +89,12 @@ def emit_safely(sink: TraceSink, trace: ReachTrace) -> None:
         logger.exception("trace sink %r failed; trace of request %s dropped", sink, trace.request_id)
 
 
+_SCALARS = (str, bool, int, float)
+"""What a span attribute may hold (a tuple: ``isinstance`` checks it faster than a union)."""
+
+
 def _attributes(attrs: dict[str, Any]) -> dict[str, AttributeValue]:
-    return {key: value for key, value in attrs.items() if isinstance(value, str | bool | int | float)}
+    return {key: value for key, value in attrs.items() if isinstance(value, _SCALARS)}
 
 
 class TraceRecorder:
