@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation, get_meter
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation, get_meter
 
 from reach_plugins.core.trace import TraceSink, emit_safely
 from reach_plugins.telemetry import (
@@ -96,6 +96,41 @@ def attempt_outcome(attempt: Attempt) -> str:
     )
 
 
+_OVERFLOW: Final = (("otel.metric.overflow", "true"),)
+"""The attribute set of everything past a counter's limit of attribute sets (the SDK's own overflow name)."""
+
+
+class RunningTotals:
+    """A monotonic counter kept as running totals per attribute set, which the SDK observes when it collects.
+
+    An SDK ``Counter.add`` costs ~10 us (attribute hashing, aggregation,
+    exemplar sampling) and a finished reach adds to four of them; here an add
+    is a dict update under a lock (~1 us) and the totals reach the SDK as an
+    observable counter, so readers see the same cumulative sums. Attribute
+    sets past ``limit`` fold into one overflow set (``otel.metric.overflow``,
+    as the SDK does), so memory stays bounded with or without an SDK.
+    """
+
+    def __init__(self, meter: Meter, name: str, *, unit: str, description: str, limit: int = 2000) -> None:
+        self._lock = threading.Lock()
+        self._totals: dict[tuple[tuple[str, str], ...], float] = {}
+        self._limit = limit
+        meter.create_observable_counter(name, [self._observe], unit=unit, description=description)
+
+    def add(self, amount: float, attributes: Mapping[str, str] | None = None) -> None:
+        key = tuple(attributes.items()) if attributes else ()
+        with self._lock:
+            totals = self._totals
+            if key not in totals and len(totals) >= self._limit:
+                key = _OVERFLOW
+            totals[key] = totals.get(key, 0) + amount
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            totals = list(self._totals.items())
+        return [Observation(value, dict(key)) for key, value in totals]
+
+
 class ReachMetrics:
     """The instruments of reach-plugins on ``meter_provider`` (the global one by default); a trace sink."""
 
@@ -105,17 +140,17 @@ class ReachMetrics:
             GEN_AI_OPERATION_DURATION, unit="s", description="GenAI operation duration (execute_tool).",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )  # fmt: skip
-        self.requests = meter.create_counter(REQUESTS, unit="{request}", description="Finished reaches.")
+        self.requests = RunningTotals(meter, REQUESTS, unit="{request}", description="Finished reaches.")
         self.request_duration = meter.create_histogram(
             REQUEST_DURATION, unit="s", description="Time to answer a reach, retries included.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )  # fmt: skip
-        self.attempts = meter.create_counter(ATTEMPTS, unit="{attempt}", description="Attempts by outcome.")
+        self.attempts = RunningTotals(meter, ATTEMPTS, unit="{attempt}", description="Attempts by outcome.")
         self.retries = meter.create_counter(RETRIES, unit="{retry}", description="Retries after a failed attempt.")
         self.failovers = meter.create_counter(FAILOVERS, unit="{failover}", description="Moves to another instance.")
         self.dedup_hits = meter.create_counter(DEDUP_HITS, unit="{request}", description="Answers replayed by key.")
-        self.route_decisions = meter.create_counter(
-            ROUTE_DECISIONS, unit="{decision}", description="Where reaches went: affinity and degradation."
+        self.route_decisions = RunningTotals(
+            meter, ROUTE_DECISIONS, unit="{decision}", description="Where reaches went: affinity and degradation."
         )
         self.breaker_transitions = meter.create_counter(
             BREAKER_TRANSITIONS, unit="{transition}", description="Circuit breaker state changes per instance."
@@ -133,7 +168,7 @@ class ReachMetrics:
         self.heartbeat_expirations = meter.create_counter(
             HEARTBEAT_EXPIRATIONS, unit="{instance}", description="Instances whose heartbeats stopped."
         )
-        self.usage_calls = meter.create_counter(USAGE_CALLS, unit="{call}", description="Calls per tenant.")
+        self.usage_calls = RunningTotals(meter, USAGE_CALLS, unit="{call}", description="Calls per tenant.")
         self.usage_tokens = meter.create_counter(USAGE_TOKENS, unit="{token}", description="Tokens per tenant.")
         self.consistency_scores = meter.create_histogram(
             CONSISTENCY_SCORES, unit="1", description="Replies' similarity to their requests (opted-in capabilities)."

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -320,3 +321,40 @@ def test_the_grafana_dashboard_queries_what_the_exporter_serves() -> None:
         for label in re.findall(r"([a-z_]+)=~?\"", query) + re.findall(r"by \(([a-z_, ]+)\)", query):
             for one in label.split(", "):
                 assert one in labels | {"le"}, f"label {one} (in {query!r}) is not served"
+
+
+def test_running_totals_read_back_exactly_across_collects_and_threads() -> None:
+    """8 threads x 1,000 adds on two attribute sets: every collect shows the cumulative sums, never more or less."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    counter = m.RunningTotals(meter, "t.adds", unit="1", description="test")
+    seen: list[float] = []
+
+    def adder(parity: int) -> None:
+        for _ in range(1000):
+            counter.add(1, {"side": "even" if parity % 2 == 0 else "odd"})
+
+    threads = [threading.Thread(target=adder, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):  # collect while they add: sums only ever grow
+        seen.append(total(points(reader), "t.adds"))
+    for thread in threads:
+        thread.join()
+    found = points(reader)
+    assert total(found, "t.adds", side="even") == total(found, "t.adds", side="odd") == 4000
+    assert seen == sorted(seen) and all(value <= 8000 for value in seen)
+    assert total(points(reader), "t.adds") == 8000  # cumulative: a second read shows the same totals
+
+
+def test_running_totals_fold_attribute_sets_past_the_limit() -> None:
+    """Past its limit of attribute sets a counter adds to one overflow set: nothing is lost, memory is bounded."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    counter = m.RunningTotals(meter, "t.instances", unit="1", description="test", limit=10)
+    for number in range(50):
+        counter.add(2, {"instance": f"i-{number}"})
+    found = points(reader)
+    assert len(found["t.instances"]) == 11
+    assert total(found, "t.instances") == 100
+    assert total(found, "t.instances", **{"otel.metric.overflow": "true"}) == 80
