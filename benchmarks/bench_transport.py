@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+from targets import print_verdict, verdict
 
 from reach_plugins.model import AgentDescriptor, ReachRequest
 from reach_plugins.transport import Call
@@ -180,6 +181,12 @@ async def run_mode(mode: str, url: str, calls: int, concurrency: int) -> dict[st
         return await measure(send, calls, concurrency)
 
 
+TARGETS = {
+    "client_aiohttp_p50_vs_raw_aiohttp_c1": ("<=", 1.10),
+    "client_aiohttp_rps_vs_raw_aiohttp_c64": (">=", 0.90),
+}
+"""Issue 18: ReachClient over aiohttp within 10 % of raw aiohttp at c=1, at least 0.90x its throughput at c=64."""
+
 PAIRS = [(f"{kind}_{engine}", f"raw_{engine}") for kind in ("direct", "client") for engine in ("aiohttp", "httpx")]
 PAIRS += [(f"{kind}_aiohttp", "raw_httpx") for kind in ("direct", "client")]
 
@@ -273,9 +280,11 @@ def main() -> None:
         "ratios": ratios(samples, levels[0], levels[-1]) if len(levels) > 1 else {},
         "errors": errors,
     }
+    report["targets"] = verdict(report["ratios"], TARGETS)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["ratios"], indent=2))
+    print_verdict(report["targets"])
     if errors:
         print("errors:", json.dumps(errors, indent=2))
 
