@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
+from math import isfinite
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -402,6 +404,43 @@ class ReachRequest(BaseModel):
     scope_tags: list[str] = Field(default_factory=list)
     """Required tags: only capabilities carrying all of them qualify."""
     metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("payload")
+    @classmethod
+    def _json_can_carry(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        """NaN and Infinity have no JSON form: refused before anything is sent, rather than altered on the wire."""
+        if not _finite(payload.values()):
+            where = _not_finite_path(payload)
+            raise ValueError(f"{where} is NaN or Infinity, which JSON cannot carry; send null or a string")
+        return payload
+
+
+def _finite(values: Iterable[Any]) -> bool:
+    """Whether no float inside ``values`` (through dicts and lists) is NaN or Infinity; strings are not looked into."""
+    for item in values:
+        if type(item) is str:
+            continue
+        if isinstance(item, float):
+            if not isfinite(item):
+                return False
+        elif isinstance(item, dict):
+            if not _finite(item.values()):
+                return False
+        elif isinstance(item, list | tuple) and not _finite(item):
+            return False
+    return True
+
+
+def _not_finite_path(value: Any, path: str = "payload") -> str:
+    """Where the first NaN/Infinity inside ``value`` is, for the error message (the slow path: it was found)."""
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, child in children:
+        inner = f"{path}.{key}" if isinstance(value, dict) else f"{path}[{key}]"
+        if isinstance(child, float) and not isfinite(child):
+            return inner
+        if isinstance(child, dict | list | tuple) and not _finite([child]):
+            return _not_finite_path(child, inner)
+    return path
 
 
 class ErrorInfo(BaseModel):

@@ -454,3 +454,28 @@ def test_request_bodies_encode_as_the_stdlib_reads_them(value: Any) -> None:
     from reach_plugins.adapters.base import encode_json
 
     assert json.loads(encode_json(value)) == json.loads(json.dumps(value, ensure_ascii=False))
+
+
+_ANY_FLOATS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(max_size=5), _ANY_FLOATS, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_a_payload_json_cannot_carry_is_refused_and_any_other_arrives_unchanged(payload: dict[str, Any]) -> None:
+    """NaN/Infinity anywhere in a payload: InvalidPayload naming where; otherwise the body reads back as sent."""
+    from reach_plugins.adapters.base import encode_json
+    from reach_plugins.client import ReachClient
+    from reach_plugins.registry import MemoryRegistry
+
+    try:
+        text = json.dumps(payload, allow_nan=False)  # the stdlib's own verdict: it refuses NaN and Infinity
+    except ValueError:
+        with pytest.raises(InvalidPayload, match="NaN or Infinity, which JSON cannot carry"):
+            ReachClient(MemoryRegistry()).request("echo", payload)
+    else:
+        request = ReachClient(MemoryRegistry()).request("echo", payload)
+        assert json.loads(encode_json(request.payload)) == json.loads(text)
