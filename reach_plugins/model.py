@@ -409,7 +409,11 @@ class ReachRequest(BaseModel):
     @classmethod
     def _json_can_carry(cls, payload: dict[str, Any]) -> dict[str, Any]:
         """NaN and Infinity have no JSON form: refused before anything is sent, rather than altered on the wire."""
-        if not _finite(payload.values()):
+        try:
+            finite = _finite(payload.values())
+        except RecursionError:
+            raise ValueError("payload is nested too deeply to send as JSON; flatten it") from None
+        if not finite:
             where = _not_finite_path(payload)
             raise ValueError(f"{where} is NaN or Infinity, which JSON cannot carry; send null or a string")
         return payload

@@ -479,3 +479,15 @@ def test_a_payload_json_cannot_carry_is_refused_and_any_other_arrives_unchanged(
     else:
         request = ReachClient(MemoryRegistry()).request("echo", payload)
         assert json.loads(encode_json(request.payload)) == json.loads(text)
+
+
+def test_a_payload_nested_past_the_recursion_limit_is_invalid_payload() -> None:
+    """A payload 5,000 lists deep is InvalidPayload saying to flatten it, not a RecursionError from the encoder."""
+    from reach_plugins.client import ReachClient
+    from reach_plugins.registry import MemoryRegistry
+
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InvalidPayload, match="nested too deeply"):
+        ReachClient(MemoryRegistry()).request("echo", {"deep": deep})
