@@ -7,14 +7,13 @@ in a YAML file fails loudly instead of being ignored.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterable
-from math import isfinite
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from reach_plugins.ids import new_request_id
+from reach_plugins.jsonsafe import json_problem
 from reach_plugins.units import Duration, Ratio
 
 NAME_PATTERN = r"^[a-z][a-z0-9_.\-]*$"
@@ -358,28 +357,6 @@ class Hop(BaseModel):
         return cls(agent=agent, capability=capability)
 
 
-_IDS_AT_ONCE = 256
-_VERSION_4 = bytes((byte & 0x0F) | 0x40 for byte in range(256))
-_VARIANT_RFC = bytes((byte & 0x3F) | 0x80 for byte in range(256))
-_ready_ids: list[str] = []
-os.register_at_fork(after_in_child=_ready_ids.clear)  # a child must never hand out its parent's ids
-
-
-def new_request_id() -> str:
-    """A random (version 4) UUID as 32 hex digits, like ``uuid.uuid4().hex``.
-
-    Made 256 at a time from one ``os.urandom`` read (a system call per id was
-    a visible share of a request's cost); a forked child starts a batch of its own.
-    """
-    if not _ready_ids:
-        raw = bytearray(os.urandom(16 * _IDS_AT_ONCE))
-        raw[6::16] = raw[6::16].translate(_VERSION_4)
-        raw[8::16] = raw[8::16].translate(_VARIANT_RFC)
-        text = raw.hex()
-        _ready_ids.extend(text[n : n + 32] for n in range(0, len(text), 32))
-    return _ready_ids.pop()
-
-
 class ReachRequest(BaseModel):
     """A request addressed to a capability, not to a URL."""
 
@@ -409,42 +386,10 @@ class ReachRequest(BaseModel):
     @classmethod
     def _json_can_carry(cls, payload: dict[str, Any]) -> dict[str, Any]:
         """NaN and Infinity have no JSON form: refused before anything is sent, rather than altered on the wire."""
-        try:
-            finite = _finite(payload.values())
-        except RecursionError:
-            raise ValueError("payload is nested too deeply to send as JSON; flatten it") from None
-        if not finite:
-            where = _not_finite_path(payload)
-            raise ValueError(f"{where} is NaN or Infinity, which JSON cannot carry; send null or a string")
+        problem = json_problem(payload)
+        if problem is not None:
+            raise ValueError(problem)
         return payload
-
-
-def _finite(values: Iterable[Any]) -> bool:
-    """Whether no float inside ``values`` (through dicts and lists) is NaN or Infinity; strings are not looked into."""
-    for item in values:
-        if type(item) is str:
-            continue
-        if isinstance(item, float):
-            if not isfinite(item):
-                return False
-        elif isinstance(item, dict):
-            if not _finite(item.values()):
-                return False
-        elif isinstance(item, list | tuple) and not _finite(item):
-            return False
-    return True
-
-
-def _not_finite_path(value: Any, path: str = "payload") -> str:
-    """Where the first NaN/Infinity inside ``value`` is, for the error message (the slow path: it was found)."""
-    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
-    for key, child in children:
-        inner = f"{path}.{key}" if isinstance(value, dict) else f"{path}[{key}]"
-        if isinstance(child, float) and not isfinite(child):
-            return inner
-        if isinstance(child, dict | list | tuple) and not _finite([child]):
-            return _not_finite_path(child, inner)
-    return path
 
 
 class ErrorInfo(BaseModel):

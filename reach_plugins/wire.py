@@ -37,7 +37,8 @@ from reach_plugins.errors import (
     UnsupportedMediaType,
     from_wire,
 )
-from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse, new_request_id
+from reach_plugins.ids import new_request_id
+from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.routing.pinning import PREFER, TARGET
 from reach_plugins.telemetry import (
     HEADER_DEADLINE,

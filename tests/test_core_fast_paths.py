@@ -17,6 +17,7 @@ from reach_plugins import ReachClient
 from reach_plugins.config import TenantConfig
 from reach_plugins.core import CircuitBreaker, FakeClock, Pipeline
 from reach_plugins.errors import ConfigError, InvalidPayload
+from reach_plugins.ids import new_request_id
 from reach_plugins.model import (
     AgentDescriptor,
     Auth,
@@ -25,7 +26,6 @@ from reach_plugins.model import (
     Hop,
     ReachRequest,
     Timeouts,
-    new_request_id,
 )
 from reach_plugins.registry.memory import MemoryRegistry
 from reach_plugins.transport import BaseTransport, Call, MockTransport, Reply
