@@ -13,7 +13,6 @@ import json
 import logging
 import socket
 import struct
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from hop_support import free_port
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from raw_upstream import RawUpstream
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer
@@ -72,41 +72,6 @@ FAULTS: dict[str, Callable[[socket.socket], None]] = {
 }
 
 
-class FaultyUpstream:
-    """A TCP server that reads one request head and then misbehaves as ``fault`` says."""
-
-    def __init__(self, fault: Callable[[socket.socket], None]) -> None:
-        self.fault = fault
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(5)
-            got = b""
-            try:
-                while b"\r\n\r\n" not in got:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    got += chunk
-                self.fault(conn)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _auth(kind: str) -> dict[str, str]:
     auth = {"type": kind, "value_env": f"SECRET_{kind.upper()}"}
     if kind == "header":
@@ -118,7 +83,7 @@ def _auth(kind: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    upstreams = {fault: FaultyUpstream(behave) for fault, behave in FAULTS.items()}
+    upstreams = {fault: RawUpstream(behave) for fault, behave in FAULTS.items()}
     agents: list[dict[str, Any]] = [
         {
             "name": f"{fault}-{kind}",
