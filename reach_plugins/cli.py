@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +21,16 @@ app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True
 console = Console()
 TRACES = Path("reach-traces.jsonl")
 """Where ``reach demo`` writes its traces and ``reach trace`` reads them unless told otherwise."""
+
+
+@contextmanager
+def _named_errors() -> Iterator[None]:
+    """A ReachError ends the command with its message (which says what to fix) and exit code 2, no traceback."""
+    try:
+        yield
+    except ReachError as exc:
+        console.print("[red]error:[/red]", escape(str(exc)))
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -42,11 +54,8 @@ def agents(
     load: Annotated[Path | None, typer.Option(help="Upsert the agents of this YAML file first.")] = None,
 ) -> None:
     """List agents, their instances and health; with --load, upsert a YAML file's agents first."""
-    try:
+    with _named_errors():
         asyncio.run(_agents(registry, load))
-    except ReachError as exc:
-        console.print("[red]error:[/red]", escape(str(exc)))
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -104,15 +113,12 @@ def gateway(
     from reach_plugins.gateway.workers import serve_workers
 
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
-    try:
+    with _named_errors():
         if workers == 1:
             serve_gateway(config, host, port, issuer_keys=issuer_key, **options)
         else:
             keys = [str(key) for key in issuer_key]
             serve_workers(workers, host, port, {"config": str(config), "issuer_keys": keys, **options})
-    except ReachError as exc:
-        console.print("[red]error:[/red]", escape(str(exc)))
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -133,7 +139,7 @@ def node(
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import run_node
 
-    try:
+    with _named_errors():
         run_node(
             config,
             host,
@@ -146,9 +152,6 @@ def node(
             allow_open=allow_open,
             callback_hosts=callback_host or (),
         )
-    except ReachError as exc:
-        console.print("[red]error:[/red]", escape(str(exc)))
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -174,11 +177,8 @@ def issuer(
         raise typer.Exit(2)
     from reach_plugins.tokens.standalone import serve_issuer
 
-    try:
+    with _named_errors():
         serve_issuer(config, host, port, keys=key, name=name, ttl=ttl)
-    except ReachError as exc:
-        console.print("[red]error:[/red]", escape(str(exc)))
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -195,11 +195,8 @@ def trace(
         console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests")
         raise typer.Exit(2)
     if request_id is not None:
-        try:
+        with _named_errors():
             console.print(trace_tree(find_trace(file, request_id)))
-        except ReachError as exc:
-            console.print("[red]error:[/red]", escape(str(exc)))
-            raise typer.Exit(2) from None
         return
     records = follow(file, ready=lambda: console.print(f"[dim]following {escape(str(file))}[/dim]"))
     for shown, record in enumerate(records, start=1):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation, get_meter
 
@@ -113,17 +113,23 @@ class RunningTotals:
 
     def __init__(self, meter: Meter, name: str, *, unit: str, description: str, limit: int = 2000) -> None:
         self._lock = threading.Lock()
-        self._totals: dict[tuple[tuple[str, str], ...], float] = {}
+        self._totals: dict[tuple[tuple[str, Any], ...], float] = {}
         self._limit = limit
         meter.create_observable_counter(name, [self._observe], unit=unit, description=description)
 
-    def add(self, amount: float, attributes: Mapping[str, str] | None = None) -> None:
+    def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
         key = tuple(attributes.items()) if attributes else ()
         with self._lock:
-            totals = self._totals
-            if key not in totals and len(totals) >= self._limit:
-                key = _OVERFLOW
-            totals[key] = totals.get(key, 0) + amount
+            try:
+                self._count(key, amount)
+            except TypeError:  # a sequence value (a list): kept as a tuple, as the SDK keeps it
+                self._count(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in key), amount)
+
+    def _count(self, key: tuple[tuple[str, Any], ...], amount: float) -> None:
+        totals = self._totals
+        if key not in totals and len(totals) >= self._limit:
+            key = _OVERFLOW
+        totals[key] = totals.get(key, 0) + amount
 
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

@@ -1,3 +1,3 @@
-"""Shared pytest setup: the real-server fixtures of tests/servers.py."""
+"""Shared pytest setup: the real-server fixtures of tests/servers.py, the in-memory spans of tests/span_capture.py."""
 
-pytest_plugins = ["servers"]
+pytest_plugins = ["servers", "span_capture"]

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reach_plugins import AgentDescriptor, Capability, ReachClient, ReachEnhancer
@@ -405,15 +404,6 @@ async def test_blocking_reach_works_inside_a_running_loop(enhancer: ReachEnhance
 
 
 # ----------------------------------------------------------------------------- spans
-
-
-@pytest.fixture
-def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
-    provider.shutdown()
 
 
 async def test_tool_span_parents_the_client_span(

@@ -8,7 +8,6 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +16,6 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from servers import free_port
 
@@ -251,14 +249,6 @@ def test_fan_out_feeds_every_sink_and_survives_a_broken_one() -> None:
 def test_server_attributes_strip_credentials(endpoint: str, expected: dict[str, Any]) -> None:
     """server.address / server.port / url.full of an endpoint, never its user, password or query."""
     assert server_attributes(endpoint) == expected
-
-
-@pytest.fixture
-def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider, exporter
 
 
 async def test_spans_carry_tool_type_and_server_attributes(spans: tuple[TracerProvider, InMemorySpanExporter]) -> None:
