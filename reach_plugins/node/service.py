@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import nullcontext
 from typing import Any, Final, NoReturn
@@ -114,8 +112,6 @@ class NodeService:
         self.node_id = node_id
         self._tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
-        self._spans_noop = True
-        self._spans_recheck = -math.inf
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ admission
@@ -168,7 +164,7 @@ class NodeService:
         there is then nothing to record and nothing to propagate.
         """
         traceparent = _TRACEPARENT in metadata
-        if not traceparent and self._spans_off():
+        if not traceparent and spans_are_noop(self._tracer_provider):
             return None
         # metadata keys are lowercase already: the default getter finds traceparent without scanning
         parent = propagate.extract(metadata) if traceparent else None
@@ -179,14 +175,6 @@ class NodeService:
             if request.tenant:
                 span.set_attribute(ATTR_TENANT, request.tenant)
         return span
-
-    def _spans_off(self) -> bool:
-        """Whether spans record nothing (no SDK), asked of OpenTelemetry at most once a second (it reads the env)."""
-        now = time.monotonic()
-        if now >= self._spans_recheck:
-            self._spans_noop = spans_are_noop(self._tracer_provider)
-            self._spans_recheck = now + 1.0
-        return self._spans_noop
 
     # ------------------------------------------------------------------ RPCs
 
