@@ -165,3 +165,47 @@ async def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path, redi
         if supervisor.poll() is None:
             supervisor.kill()
     assert await worker_answering(url) is None, "something still answers on the port"
+
+
+async def test_one_key_through_both_workers_runs_once(tmp_path: Path, redis_url: str) -> None:
+    """The same Idempotency-Key sent on a connection to worker 0 and one to worker 1: the agent runs it once."""
+    prefix = f"gwtest-{uuid.uuid4().hex[:8]}:"
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-c", CLI, "gateway", "--config", str(config), "--port", str(port)]
+        command += ["--workers", "2", "--dedup-store", f"{redis_url}?prefix={prefix}"]
+        supervisor = subprocess.Popen(command, env={**os.environ, **TOKENS})
+        by_worker: dict[int, httpx.AsyncClient] = {}
+        try:
+            await both_workers_answer(supervisor, url)
+
+            async def one_connection_to_each() -> bool:
+                """Open kept-alive connections until one leads to each worker (a client of one connection each)."""
+                http = httpx.AsyncClient(limits=httpx.Limits(max_connections=1))
+                number = (await http.get(f"{url}/healthz", timeout=5.0)).json()["worker"]
+                if number in by_worker:
+                    await http.aclose()
+                else:
+                    by_worker[number] = http
+                return len(by_worker) == 2
+
+            await until_true(one_connection_to_each, within=60.0)
+            key, body = uuid.uuid4().hex, {"capability": "query_order", "payload": {"order_id": "ONCE"}}
+            answers = [
+                await by_worker[number].post(
+                    f"{url}/v1/reach", json=body, headers={**AUTH, "Idempotency-Key": key}, timeout=10.0
+                )
+                for number in (0, 1)
+            ]
+            for number in (0, 1):  # the same connections still lead to the same workers
+                assert (await by_worker[number].get(f"{url}/healthz", timeout=5.0)).json()["worker"] == number
+        finally:
+            for http in by_worker.values():
+                await http.aclose()
+            supervisor.send_signal(signal.SIGTERM)
+            supervisor.wait(30)
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert answers[0].json()["data"] == answers[1].json()["data"] == {"order_id": "ONCE", "by": "o1"}
+    assert agents[0].count("query_order") == 1
