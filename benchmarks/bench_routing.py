@@ -81,7 +81,7 @@ async def build_registry(agents: int, *, shared: bool) -> MemoryRegistry:
                 Instance(
                     agent=name,
                     instance_id=f"{name}-{n}",
-                    endpoint=f"http://10.0.{i % 250}.{n}:8080",
+                    endpoint=f"http://127.0.{i % 250}.{n + 1}:8080",
                     last_heartbeat=NOW,
                     load=(i * 7 + n * 3) % 10 / 20,
                 )

@@ -41,7 +41,7 @@ def config_error(text: str, source: str = "agents.yaml") -> str:
 def test_seed_cloud_agent_loads_with_units_parsed() -> None:
     """Seed 000 §3.2: endpoint, header auth by reference, pool 90s and routing come through."""
     agent = load_config(SEEDS / "000_cloud_agent.yaml").agent("cloud-chat-sales")
-    assert agent.endpoints == ["https://api.example.com/v1"]
+    assert agent.endpoints == ["https://127.0.0.1:8443/v1"]
     assert agent.protocol == "openai-compatible"
     assert [cap.name for cap in agent.capabilities] == ["chat", "tool-calling"]
     assert (agent.auth.type, agent.auth.key, agent.auth.value_env) == ("header", "Authorization", "CLOUD_SALES_TOKEN")
@@ -86,7 +86,7 @@ def test_seed_connector_becomes_a_raw_http_agent() -> None:
     """Seed 002 §5.2: a connector is an agent named by its key; 1000ms, 3s and 50% are parsed."""
     agent = load_config(SEEDS / "002_connectors.yaml").agent("inventory_query")
     assert agent.protocol == "raw-http"
-    assert agent.endpoints == ["https://inventory.internal.svc/api"]
+    assert agent.endpoints == ["https://127.0.0.1:8444/api"]
     assert (agent.timeouts.connect, agent.timeouts.ttfbt, agent.timeouts.response) == (1.0, 3.0, 5.0)
     retry = agent.retry
     assert (retry.max_attempts, retry.strategy, retry.base_wait, retry.max_wait) == (3, "full_jitter", 0.2, 3.0)
