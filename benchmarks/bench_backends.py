@@ -32,11 +32,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reach_plugins.core import DedupStore, MemoryDedupStore
 from reach_plugins.model import AgentDescriptor, Instance, ReachResponse
+from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.registry import open_registry
 from reach_plugins.registry.etcd import EtcdRegistry
-from reach_plugins.stores import open_store
+from reach_plugins.stores.urls import open_store
 
 RESULTS = Path(__file__).parent / "results" / "backends.json"
 WRITE_SPACING = 0.01

@@ -33,7 +33,7 @@ from typing import Any
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.broadcast import BroadcastResult
+from reach_plugins.client.broadcast import BroadcastResult
 from reach_plugins.demo.panel import Expert, panel_agent
 from reach_plugins.registry import MemoryRegistry
 

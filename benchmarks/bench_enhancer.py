@@ -46,9 +46,9 @@ from langgraph.prebuilt import ToolNode
 
 from reach_plugins import AgentDescriptor, ReachEnhancer
 from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.frameworks.toolcalls import ToolCall
 from reach_plugins.langchain import ReachMiddleware
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.toolcalls import ToolCall
 from transports.direct import DirectTransport
 
 RESULTS = Path(__file__).parent / "results" / "enhancer.json"

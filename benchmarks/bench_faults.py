@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reach_plugins.core import FakeClock, Pipeline
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConnectError, ReachError
 from reach_plugins.model import (
     AgentDescriptor,
@@ -35,6 +35,7 @@ from reach_plugins.model import (
     RouteDecision,
     Timeouts,
 )
+from reach_plugins.policy.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport, Reply
 
 SEED = 20_240_607

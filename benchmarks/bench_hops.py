@@ -52,9 +52,10 @@ from targets import print_verdict, verdict
 
 from reach_plugins import ReachClient
 from reach_plugins.transport import Transport
+from reach_plugins.wire.proto import reach_pb2, reach_pb2_grpc
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
-from transports.grpcnode import GrpcNodeTransport, reach_pb2, reach_pb2_grpc
+from transports.grpcnode import GrpcNodeTransport
 
 RESULTS = Path(__file__).parent / "results" / "hops.json"
 TOKEN = "bench-token"
@@ -80,7 +81,7 @@ GRPC_ECHO = textwrap.dedent(
     """
     import asyncio, sys
     import grpc
-    from transports.grpcnode import reach_pb2, reach_pb2_grpc
+    from reach_plugins.wire.proto import reach_pb2, reach_pb2_grpc
 
     class Echo(reach_pb2_grpc.ReachNodeServicer):
         async def Call(self, request, context):

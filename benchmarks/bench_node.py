@@ -41,17 +41,17 @@ import uvloop
 from bench_hops import AGENT, ENV, TOKEN, client_path, config_file, free_port, loaded, start, wait_port
 
 from reach_plugins import ReachClient
-from reach_plugins.config import load_config
-from reach_plugins.gateway.access import Access
-from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.config.loader import load_config
 from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
 from reach_plugins.node import NodeService, Tickets, WorkQueue
 from reach_plugins.registry import FileRegistry
-from reach_plugins.tokens.serve import agent_transport, build_issuer
+from reach_plugins.server.access import Access
+from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.issuer_role import agent_transport, build_issuer
 from reach_plugins.transport import Call, Reply
-from reach_plugins.wire import SOURCE
+from reach_plugins.wire.headers import SOURCE
+from reach_plugins.wire.proto import reach_pb2 as pb
 from transports.grpcnode import GrpcNodeTransport, codec
-from transports.grpcnode import reach_pb2 as pb
 
 RESULTS = Path(__file__).parent / "results" / "node.json"
 METADATA = (
@@ -64,7 +64,7 @@ METADATA = (
 """What a ReachClient's GrpcNodeTransport sends, less the instance pin (the canned forwarder routes nothing)."""
 
 CANNED_FORWARDER = """
-import reach_plugins.gateway.forwarder as forwarder
+import reach_plugins.server.forwarder as forwarder
 from reach_plugins.model import ReachResponse
 CANNED = ReachResponse(request_id="r", status="success", data={"order_id": "A1"}, agent="orders", attempts=1)
 async def run(self, request):
@@ -82,7 +82,7 @@ NODE = "from reach_plugins.cli import main; main()"
 ECHO = """
 import sys
 import grpc, uvloop
-from transports.grpcnode import reach_pb2, reach_pb2_grpc
+from reach_plugins.wire.proto import reach_pb2, reach_pb2_grpc
 
 class Echo(reach_pb2_grpc.ReachNodeServicer):
     async def Call(self, request, context):

@@ -6,7 +6,7 @@ calls made one after another. Overhead = p50(pipeline) - p50(transport alone).
 Then what an OpenTelemetry SDK adds, on the same pipeline: a ``TracerProvider``
 whose spans go through a ``SimpleSpanProcessor`` to an exporter that drops them
 (so export is not measured, only what recording a span costs), and the same
-plus :class:`~reach_plugins.metrics.ReachMetrics` on a ``MeterProvider`` with an
+plus :class:`~reach_plugins.telemetry.metrics.ReachMetrics` on a ``MeterProvider`` with an
 in-memory reader. Added cost = p50(with the SDK) - p50(pipeline.run).
 
     python benchmarks/bench_overhead.py          # prints the table, writes benchmarks/results/overhead.json
@@ -33,10 +33,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
-from reach_plugins.core import Pipeline
-from reach_plugins.metrics import ReachMetrics
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.model import AgentDescriptor, Capability, Instance, ReachRequest, RouteDecision
-from reach_plugins.telemetry import spans_are_noop
+from reach_plugins.telemetry.metrics import ReachMetrics
+from reach_plugins.telemetry.spans import spans_are_noop
 from reach_plugins.transport import Call, MockTransport
 
 CALLS = 40_000

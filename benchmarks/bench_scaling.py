@@ -46,11 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from reach_plugins import ReachClient
-from reach_plugins.core import Pipeline
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.model import AgentDescriptor, Capability, Instance, ReachRequest, RouteDecision
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing import Route, Router
-from reach_plugins.telemetry import spans_are_noop
+from reach_plugins.telemetry.spans import spans_are_noop
 from reach_plugins.transport import MockTransport
 
 RESULTS = Path(__file__).parent / "results" / "scaling.json"

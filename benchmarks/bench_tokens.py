@@ -40,7 +40,7 @@ def serve(port: int, tokens: bool, tls_dir: str | None) -> None:
     """Child process: a trivial agent, verifying tokens of the key in $REACH_ISSUER_KEYS when asked."""
     from reach_plugins.agent import ReachAgent, mtls
     from reach_plugins.agent import serve as serve_agent
-    from reach_plugins.tokens import KeyRing, TokenIssuer
+    from reach_plugins.security import KeyRing, TokenIssuer
 
     verifier = TokenIssuer(KeyRing.load()).verifier() if tokens else None
     agent = ReachAgent("bench", tokens=verifier, trust="L1" if tls_dir else "L2")
@@ -66,7 +66,7 @@ def p50_us(samples: list[int]) -> float:
 
 def micro(iterations: int) -> dict[str, float]:
     """Issue, client cache hit, verify new token, verify seen token: p50 microseconds."""
-    from reach_plugins.tokens import LocalTokens, TokenIssuer
+    from reach_plugins.security import LocalTokens, TokenIssuer
 
     issuer = TokenIssuer()
     tokens = LocalTokens(issuer)
@@ -143,10 +143,10 @@ def start(tokens: bool, tls_dir: str | None, env: dict[str, str]) -> tuple[subpr
 
 async def end_to_end(url: str, calls: int, tokens: bool, tls_dir: str | None, key_pem: str) -> float:
     """p50 microseconds of ``ReachClient.reach`` to the agent at ``url``, warm."""
-    from reach_plugins.client import ReachClient
+    from reach_plugins.client.client import ReachClient
     from reach_plugins.model import AgentDescriptor
     from reach_plugins.registry import MemoryRegistry
-    from reach_plugins.tokens import KeyRing, LocalTokens, TokenIssuer
+    from reach_plugins.security import KeyRing, LocalTokens, TokenIssuer
 
     auth: dict[str, Any] = {}
     if tls_dir:
@@ -205,7 +205,7 @@ def main() -> None:
         serve(args.serve, bool(args.tokens), args.tls)
         return
 
-    from reach_plugins.tokens import SigningKey
+    from reach_plugins.security import SigningKey
 
     micro_rounds = [micro(args.micro) for _ in range(args.rounds)]
     micro_figures = {key: statistics.median(r[key] for r in micro_rounds) for key in micro_rounds[0]}

@@ -33,15 +33,15 @@ from bench_transport import TIMEOUT, client, raw_aiohttp, start_server
 RESULTS = Path(__file__).parent / "results" / "client_profile.json"
 CHUNK = 100
 PHASES = {
-    "build the request (ReachClient.request)": ("reach_plugins/client.py", "request"),
+    "build the request (ReachClient.request)": ("reach_plugins/client/client.py", "request"),
     "route (router + pinning)": ("reach_plugins/routing/pinning.py", "route"),
-    "prepare the flight (pipeline._prepare, incl. route)": ("reach_plugins/core/pipeline.py", "_prepare"),
-    "admit + breaker + limits (attempts.prepare)": ("reach_plugins/core/attempts.py", "prepare"),
-    "send the attempt (attempts.send, incl. transport)": ("reach_plugins/core/attempts.py", "send"),
+    "prepare the flight (pipeline._prepare, incl. route)": ("reach_plugins/attempts/pipeline.py", "_prepare"),
+    "admit + breaker + limits (attempts.prepare)": ("reach_plugins/attempts/engine.py", "prepare"),
+    "send the attempt (attempts.send, incl. transport)": ("reach_plugins/attempts/engine.py", "send"),
     "transport (DirectTransport.send)": ("transports/direct/transport.py", "send"),
-    "settle the outcome (attempts.settle)": ("reach_plugins/core/attempts.py", "settle"),
-    "build the response (attempts.respond)": ("reach_plugins/core/attempts.py", "respond"),
-    "finish (pipeline._finish)": ("reach_plugins/core/pipeline.py", "_finish"),
+    "settle the outcome (attempts.settle)": ("reach_plugins/attempts/engine.py", "settle"),
+    "build the response (attempts.respond)": ("reach_plugins/attempts/engine.py", "respond"),
+    "finish (pipeline._finish)": ("reach_plugins/attempts/pipeline.py", "_finish"),
 }
 
 
@@ -50,10 +50,10 @@ def fold(stats: pstats.Stats, calls: int) -> dict[str, Any]:
     table = stats.stats  # type: ignore[attr-defined]
     cumulative: dict[tuple[str, str], float] = {}
     for (filename, _, name), (_, _, _, cum, _) in table.items():
-        for suffix, function in [*PHASES.values(), ("reach_plugins/client.py", "reach")]:
+        for suffix, function in [*PHASES.values(), ("reach_plugins/client/client.py", "reach")]:
             if filename.endswith(suffix) and name == function:
                 cumulative[suffix, function] = cumulative.get((suffix, function), 0.0) + cum
-    whole = cumulative.get(("reach_plugins/client.py", "reach"), 0.0)
+    whole = cumulative.get(("reach_plugins/client/client.py", "reach"), 0.0)
     return {
         phase: {
             "profiled_us_per_call": round(cumulative.get(key, 0.0) / calls * 1e6, 1),

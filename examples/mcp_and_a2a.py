@@ -27,7 +27,7 @@ from reach_plugins.demo.agents import inventory_agent, knowledge_agent
 from reach_plugins.demo.model import Rule, ScriptedChatModel
 from reach_plugins.gateway import create_app
 from reach_plugins.langchain import create_agent
-from reach_plugins.mcp_tools import register_mcp_agent
+from reach_plugins.protocols.mcp_tools import register_mcp_agent
 from reach_plugins.registry import MemoryRegistry
 from transports.direct import DirectTransport
 

@@ -39,7 +39,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import ReachError
-from reach_plugins.metrics import ReachMetrics, fan_out
+from reach_plugins.telemetry.metrics import ReachMetrics, fan_out
 
 logging.getLogger("reach_plugins").setLevel(logging.CRITICAL)  # the drill's failures are on purpose: no log noise
 outage = threading.Event()

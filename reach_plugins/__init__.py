@@ -1,15 +1,15 @@
 """reach-plugins: reach other agents by capability, reliably, from any agent framework.
 
 Importing this package never imports a framework or an optional extra; the
-adapters (``reach_plugins.langchain``, ``.llamaindex``, ``.dify``) and the
+adapters (``reach_plugins.frameworks.langchain``, ``.llamaindex``, ``.dify``) and the
 transports (``transports.direct``, ``.gateway``, ``.grpcnode``) are imported
 on demand.
 """
 
 from reach_plugins import errors
-from reach_plugins.blocking import SyncReachClient
-from reach_plugins.client import ReachClient, ReachOptions
-from reach_plugins.enhancer import ReachEnhancer
+from reach_plugins.client.blocking import SyncReachClient
+from reach_plugins.client.client import ReachClient, ReachOptions
+from reach_plugins.frameworks.enhancer import ReachEnhancer
 from reach_plugins.model import (
     AgentDescriptor,
     Attempt,

@@ -65,7 +65,7 @@ def usage(
     until: Annotated[str | None, typer.Option(help="Up to this time, excluded (ISO 8601).")] = None,
 ) -> None:
     """Calls and tokens per tenant, agent and capability, summed from a trace file over a time range."""
-    from reach_plugins.usage import read_traces, summarise
+    from reach_plugins.telemetry.usage import read_traces, summarise
 
     try:
         rows = summarise(read_traces(traces), since=_epoch(since), until=_epoch(until))
@@ -165,7 +165,7 @@ def issuer(
     new_key: Annotated[Path | None, typer.Option(help="Write a fresh Ed25519 key (PEM) here and exit.")] = None,
 ) -> None:
     """Serve the token issuer: POST /v1/tokens (tenants and agents), GET /.well-known/jwks.json."""
-    from reach_plugins.tokens.keys import SigningKey
+    from reach_plugins.security.keys import SigningKey
 
     if new_key is not None:
         new_key.write_bytes(SigningKey.generate().pem())
@@ -175,7 +175,7 @@ def issuer(
     if config is None:
         console.print("[red]error:[/red] give --config (the tenants' tokens and allow-lists), or --new-key PATH")
         raise typer.Exit(2)
-    from reach_plugins.tokens.standalone import serve_issuer
+    from reach_plugins.server.issuer_server import serve_issuer
 
     with _named_errors():
         serve_issuer(config, host, port, keys=key, name=name, ttl=ttl)
@@ -189,7 +189,7 @@ def trace(
     count: Annotated[int | None, typer.Option(help="With --tail: stop after this many requests.")] = None,
 ) -> None:
     """Replay one request's route decision (candidates, scores, pick, reason) and attempts as a timed tree."""
-    from reach_plugins.traceview import find_trace, follow, trace_tree
+    from reach_plugins.telemetry.traceview import find_trace, follow, trace_tree
 
     if tail == (request_id is not None):
         console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests")
@@ -209,7 +209,7 @@ async def _agents(url: str, load: Path | None) -> None:
     reg = open_registry(url)
     try:
         if load is not None:
-            from reach_plugins.config import load_config
+            from reach_plugins.config.loader import load_config
 
             for descriptor in load_config(load).agents:
                 await reg.register_agent(descriptor)

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from reach_plugins.endpoints import policy_problem
+from reach_plugins.errors import error_for_response
 from reach_plugins.ids import new_request_id
 from reach_plugins.jsonsafe import json_problem
 from reach_plugins.units import Duration, Ratio
@@ -152,7 +154,7 @@ class Routing(Strict):
 class HealthCheck(Strict):
     """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``; active probes.
 
-    Active probes (:mod:`reach_plugins.probes`, seed 003 section 5.2): a cheap connect every
+    Active probes (:mod:`reach_plugins.routing.probes`, seed 003 section 5.2): a cheap connect every
     ``probe_interval``, the agent's own readiness (``ready_path``) every ``ready_interval``;
     ``refusals_to_down`` consecutive refused connections mark an instance down at once.
     """
@@ -225,7 +227,7 @@ class Capability(Strict):
     retry: RetryPolicy | None = None
     timeouts: Timeouts | None = None
     consistency: ConsistencyPolicy | None = None
-    """Opt in to reply consistency checks (:mod:`reach_plugins.core.consistency`)."""
+    """Opt in to reply consistency checks (:mod:`reach_plugins.policy.consistency`)."""
 
     @field_validator("name")
     @classmethod
@@ -240,8 +242,6 @@ class Capability(Strict):
 def _check_endpoint(url: str) -> str:
     """The endpoint policy every record obeys, loaded or read (http/https/grpc, no userinfo, not link-local,
     inside the allowed networks when configured)."""
-    from reach_plugins.trust.endpoints import policy_problem
-
     problem = policy_problem(url)
     if problem is not None:
         raise ValueError(problem)
@@ -470,7 +470,7 @@ class ReachTrace(BaseModel):
     started_at: float = 0.0
     duration_ms: float = 0.0
     usage: dict[str, int] | None = None
-    """Tokens the agent reported for this request (OpenAI-compatible ``usage``), for :mod:`reach_plugins.usage`."""
+    """Tokens the agent reported for this request (OpenAI-compatible ``usage``), for ``telemetry.usage``."""
 
 
 class ReachResponse(BaseModel):
@@ -494,8 +494,6 @@ class ReachResponse(BaseModel):
 
     def raise_for_status(self) -> ReachResponse:
         """Raise the matching :mod:`reach_plugins.errors` exception unless the request succeeded."""
-        from reach_plugins.errors import error_for_response
-
         if self.status != "success":
             raise error_for_response(self)
         return self

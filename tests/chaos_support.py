@@ -111,11 +111,11 @@ asyncio.run(main())
 
 HOP = """
 import asyncio, sys
-from reach_plugins.config import load_config
-from reach_plugins.gateway.access import Access
-from reach_plugins.gateway.forwarder import Forwarder
+from reach_plugins.config.loader import load_config
+from reach_plugins.server.access import Access
+from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.registry import open_registry
-from reach_plugins.stores import open_store
+from reach_plugins.stores.urls import open_store
 
 kind, port, config, registry, store = sys.argv[1:6]
 tenants = load_config(config).tenants
@@ -125,7 +125,7 @@ forwarder = Forwarder(open_registry(registry), tenants=tenants, store=open_store
 access = Access(tenants, environ)
 if kind == "gateway":
     import uvicorn
-    from reach_plugins.agent.server import uvicorn_config
+    from reach_plugins.server.uvicorn import uvicorn_config
     from reach_plugins.gateway.app import Gateway
     app = Gateway(forwarder, access).app()
     uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=int(port), log_level="warning")).run()

@@ -26,7 +26,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reach_plugins.core import FakeClock
 from reach_plugins.errors import (
     CircuitOpen,
     ConnectError,
@@ -45,6 +44,7 @@ from reach_plugins.model import (
     ReachRequest,
     RouteDecision,
 )
+from reach_plugins.policy.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport, Reply
 
 

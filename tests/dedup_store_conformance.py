@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 import pytest
 
-from reach_plugins.core import DedupStore, FakeClock
 from reach_plugins.errors import IdempotencyConflict
 from reach_plugins.model import ReachResponse
+from reach_plugins.policy.clock import FakeClock
+from reach_plugins.policy.dedup import DedupStore
 
 StoreFactory = Callable[[FakeClock], DedupStore]
 

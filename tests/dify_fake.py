@@ -1,4 +1,4 @@
-"""A minimal stand-in for the parts of ``dify_plugin`` that ``reach_plugins.dify.plugin`` imports.
+"""A minimal stand-in for the parts of ``dify_plugin`` that ``reach_plugins.frameworks.dify.plugin`` imports.
 
 The real SDK pins versions our stack cannot take and monkey-patches the whole
 process with gevent on import, so it is not installed in the test

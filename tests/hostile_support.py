@@ -25,7 +25,7 @@ _SERVER = textwrap.dedent(
     """
     import json, sys
     import uvicorn
-    from reach_plugins.agent.server import uvicorn_config
+    from reach_plugins.server.uvicorn import uvicorn_config
 
     kind, target, port, options = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
     if kind == "gateway":

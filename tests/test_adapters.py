@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach_plugins.adapters import (
+from reach_plugins.errors import ConfigError, ConnectError, InvalidPayload, InvalidResponse
+from reach_plugins.model import AgentDescriptor, Capability, Hop, ReachRequest
+from reach_plugins.protocols import (
     A2AAdapter,
     HttpResponse,
     McpAdapter,
@@ -26,10 +28,8 @@ from reach_plugins.adapters import (
     parse_retry_after,
     reach_headers,
 )
-from reach_plugins.adapters.a2a_wire import Binding
-from reach_plugins.adapters.paths import lookup, render, without
-from reach_plugins.errors import ConfigError, ConnectError, InvalidPayload, InvalidResponse
-from reach_plugins.model import AgentDescriptor, Capability, Hop, ReachRequest
+from reach_plugins.protocols.a2a_wire import Binding
+from reach_plugins.protocols.paths import lookup, render, without
 from reach_plugins.transport import Call
 
 
@@ -451,7 +451,7 @@ _JSON = st.recursive(
 @settings(max_examples=300, deadline=None)
 def test_request_bodies_encode_as_the_stdlib_reads_them(value: Any) -> None:
     """encode_json (orjson, stdlib for what orjson refuses) writes what json.loads reads back as json.dumps would."""
-    from reach_plugins.adapters.base import encode_json
+    from reach_plugins.protocols.base import encode_json
 
     assert json.loads(encode_json(value)) == json.loads(json.dumps(value, ensure_ascii=False))
 
@@ -467,8 +467,8 @@ _ANY_FLOATS = st.recursive(
 @settings(max_examples=300, deadline=None)
 def test_a_payload_json_cannot_carry_is_refused_and_any_other_arrives_unchanged(payload: dict[str, Any]) -> None:
     """NaN/Infinity anywhere in a payload: InvalidPayload naming where; otherwise the body reads back as sent."""
-    from reach_plugins.adapters.base import encode_json
-    from reach_plugins.client import ReachClient
+    from reach_plugins.client.client import ReachClient
+    from reach_plugins.protocols.base import encode_json
     from reach_plugins.registry import MemoryRegistry
 
     try:
@@ -483,7 +483,7 @@ def test_a_payload_json_cannot_carry_is_refused_and_any_other_arrives_unchanged(
 
 def test_a_payload_nested_past_the_recursion_limit_is_invalid_payload() -> None:
     """A payload 5,000 lists deep is InvalidPayload saying to flatten it, not a RecursionError from the encoder."""
-    from reach_plugins.client import ReachClient
+    from reach_plugins.client.client import ReachClient
     from reach_plugins.registry import MemoryRegistry
 
     deep: list[Any] = []

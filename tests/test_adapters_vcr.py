@@ -78,7 +78,7 @@ async def test_openai_renamed_field_is_invalid(transport: DirectTransport, caplo
     """A message that lost 'content' is an InvalidResponse, logged, never data."""
     with (
         replay("openai_renamed_field") as scenario,
-        caplog.at_level(logging.WARNING, "reach_plugins.adapters"),
+        caplog.at_level(logging.WARNING, "reach_plugins.protocols"),
         pytest.raises(InvalidResponse, match="content"),
     ):
         await transport.send(scenario.call())
@@ -229,7 +229,7 @@ async def test_reply_breaking_return_schema_is_invalid(
     agent = reach_agent(HOST).model_copy(update={"capabilities": [Capability(name="search_kb", return_schema=schema)]})
     with (
         replay("reach_reply") as scenario,
-        caplog.at_level(logging.WARNING, "reach_plugins.adapters"),
+        caplog.at_level(logging.WARNING, "reach_plugins.protocols"),
         pytest.raises(InvalidResponse, match="content"),
     ):
         await transport.send(scenario.call(agent=agent))

@@ -21,7 +21,7 @@ from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.agent.cancellation import cancelled
 from reach_plugins.errors import SessionClosed
 from reach_plugins.registry.memory import MemoryRegistry
-from reach_plugins.sessions import MemorySessions
+from reach_plugins.stores.sessions import MemorySessions
 
 IN_FLIGHT = 11
 HOLD = 30.0

@@ -13,10 +13,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 
-from reach_plugins.adapters import SseDecoder
 from reach_plugins.agent import ReachAgent, ReachContext
-from reach_plugins.context import current
 from reach_plugins.errors import BusinessError, ConfigError
+from reach_plugins.protocols import SseDecoder
+from reach_plugins.security.context import current
 
 
 class Clock:

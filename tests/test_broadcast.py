@@ -13,13 +13,12 @@ from hop_support import TOKENS, Agent, demo_tenants, serve_agents, write_config
 
 from reach_plugins import AgentDescriptor, ReachClient, ReachResponse, errors
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.broadcast import summary_of
+from reach_plugins.client.broadcast import summary_of
 from reach_plugins.demo.panel import Expert, panel_agent
 from reach_plugins.gateway import create_app
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.routing.pinning import PREFER, TARGET
-from reach_plugins.telemetry import SUMMARY_BYTES
 from reach_plugins.transport import Call, MockTransport
+from reach_plugins.wire.headers import PREFER, SUMMARY_BYTES, TARGET
 from transports.gateway import GatewayTransport
 
 

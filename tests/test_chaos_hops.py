@@ -59,7 +59,7 @@ async def test_gateway_restart_opens_only_the_gateway_breaker(
     how: signal.Signals, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Gateway down ~3 s: no agent-instance breaker opens at the client; calls succeed within 6 s of its return."""
-    caplog.set_level(logging.INFO, logger="reach_plugins.core")
+    caplog.set_level(logging.INFO, logger="reach_plugins.attempts")
     outcomes: list[tuple[float, bool, str]] = []
     with serve_agents(("orders", "o1"), ("orders", "o2"), ("orders", "o3")) as agents:
         config = write_config(tmp_path / "agents.yaml", {"orders": [a.url for a in agents]}, demo_tenants())

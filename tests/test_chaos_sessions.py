@@ -24,7 +24,7 @@ from reach_plugins.model import AgentDescriptor, Capability
 from reach_plugins.registry.memory import MemoryRegistry
 from reach_plugins.routing.affinity import Rendezvous
 from reach_plugins.routing.sharedpins import agree_on_pin
-from reach_plugins.sessions import MemorySessions
+from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.transport import MockTransport, Reply
 
 SESSIONS = 1000

@@ -10,7 +10,7 @@ import pytest
 
 from reach_plugins import AgentDescriptor, ReachClient, SyncReachClient, errors
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.sessions import MemorySessions
+from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.transport import Call, MockTransport
 
 ORDERS: dict[str, Any] = {

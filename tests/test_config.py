@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from reach_plugins.config import (
+from reach_plugins.config.loader import (
     AgentDefaults,
     CredentialRef,
     ReachConfig,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from reach_plugins.core import check_return_schema, classify_exception, classify_reply
 from reach_plugins.errors import (
     Backpressure,
     BusinessError,
@@ -17,6 +16,7 @@ from reach_plugins.errors import (
     RemoteError,
 )
 from reach_plugins.model import Capability, ErrorInfo
+from reach_plugins.policy.classify import check_return_schema, classify_exception, classify_reply
 from reach_plugins.transport import Reply
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from reach_plugins.core.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 from reach_plugins.model import ConsistencyPolicy, ReachRequest
+from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 
 POLICY = ConsistencyPolicy(min_similarity=0.2, window=10, min_replies=4, max_low_rate=0.5, eject_for=5, max_eject=20)
 ASK = ReachRequest(
@@ -66,8 +66,8 @@ async def test_an_instance_that_starts_answering_off_topic_is_ejected() -> None:
     from test_metrics import points, total
 
     from reach_plugins import AgentDescriptor, Capability, ReachClient
-    from reach_plugins.metrics import CONSISTENCY_EJECTIONS, CONSISTENCY_SCORES, ReachMetrics
     from reach_plugins.registry import MemoryRegistry
+    from reach_plugins.telemetry.metrics import CONSISTENCY_EJECTIONS, CONSISTENCY_SCORES, ReachMetrics
     from reach_plugins.transport import Call, MockTransport
 
     policy = ConsistencyPolicy(min_similarity=0.2, window=6, min_replies=3, max_low_rate=0.5, eject_for=60)

@@ -8,9 +8,11 @@ import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
 from dedup_store_conformance import DedupStoreConformance, StoreFactory, answer
 
-from reach_plugins.core import FakeClock, MemoryDedupStore, Pipeline, payload_hash, render_key, resolve_key
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConfigError, IdempotencyConflict, InvalidPayload
 from reach_plugins.model import Capability, Idempotency, ReachRequest
+from reach_plugins.policy.clock import FakeClock
+from reach_plugins.policy.dedup import MemoryDedupStore, payload_hash, render_key, resolve_key
 
 
 class TestMemoryDedupStore(DedupStoreConformance):

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reach_plugins import ReachClient
-from reach_plugins.config import TenantConfig
-from reach_plugins.core import CircuitBreaker, FakeClock, Pipeline
+from reach_plugins.attempts.pipeline import Pipeline
+from reach_plugins.config.loader import TenantConfig
 from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.ids import new_request_id
 from reach_plugins.model import (
@@ -27,9 +27,11 @@ from reach_plugins.model import (
     ReachRequest,
     Timeouts,
 )
+from reach_plugins.policy.breaker import CircuitBreaker
+from reach_plugins.policy.clock import FakeClock
+from reach_plugins.policy.validation import check_payload, compiled
 from reach_plugins.registry.memory import MemoryRegistry
 from reach_plugins.transport import BaseTransport, Call, MockTransport, Reply
-from reach_plugins.validation import check_payload, compiled
 
 
 class Hanging(BaseTransport):

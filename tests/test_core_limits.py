@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
 
-from reach_plugins.core import AdaptiveLimit, ConcurrencyLimiter, FakeClock, Pipeline, TokenBucket
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import DeadlineExceeded, RateLimited
 from reach_plugins.model import Capability, PoolConfig, RateLimit, ReachRequest
+from reach_plugins.policy.clock import FakeClock
+from reach_plugins.policy.limits import AdaptiveLimit, ConcurrencyLimiter, TokenBucket
 
 T0 = 1_000.0
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
 
-from reach_plugins.core import FakeClock, Pipeline
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import BusinessError, DeadlineExceeded, UnknownCapability
 from reach_plugins.model import (
     AgentDescriptor,
@@ -19,6 +19,7 @@ from reach_plugins.model import (
     RetryPolicy,
     Timeouts,
 )
+from reach_plugins.policy.clock import FakeClock
 from reach_plugins.transport import Credential
 
 

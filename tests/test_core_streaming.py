@@ -16,11 +16,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from reach_plugins.core import FakeClock, Pipeline
-from reach_plugins.core.batching import BatchPolicy, StreamBatcher, streamed_chars
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConfigError, ConnectError, LoopDetected
 from reach_plugins.model import ErrorInfo, Hop, PoolConfig, ReachRequest, ReachTrace, Timeouts
-from reach_plugins.telemetry import (
+from reach_plugins.policy.batching import BatchPolicy, StreamBatcher, streamed_chars
+from reach_plugins.policy.clock import FakeClock
+from reach_plugins.telemetry.spans import (
     ATTR_AGENT,
     ATTR_STREAM_CHARS,
     ATTR_STREAM_EVENTS,

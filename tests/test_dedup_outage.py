@@ -86,8 +86,8 @@ async def test_agent_with_shared_idempotency_guards_the_call_and_trace_says_so()
 @pytest.mark.parametrize("shared", [False, True])
 async def test_the_same_rule_holds_in_a_gateway_or_node(shared: bool) -> None:
     """A server's forwarder (the gateway's and the node's core) refuses or proceeds exactly like the client."""
-    from reach_plugins.gateway.forwarder import Forwarder
-    from reach_plugins.stores import open_store
+    from reach_plugins.server.forwarder import Forwarder
+    from reach_plugins.stores.urls import open_store
 
     registry = await keyed_agent(shared=shared)
     transport = MockTransport(answer)

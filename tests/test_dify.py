@@ -213,14 +213,14 @@ def test_the_hook_needs_no_dify_plugin_and_entry_points_name_the_extra() -> None
 
 @pytest.fixture
 def plugin(enhancer: ReachEnhancer) -> Iterator[ModuleType]:
-    """reach_plugins.dify.plugin imported over the fake SDK, with ``enhancer`` configured; all undone after."""
+    """The Dify entry points imported over the fake SDK, with ``enhancer`` configured; all undone after."""
     names = dify_fake.install()
     dify.configure(enhancer)
     try:
-        yield importlib.import_module("reach_plugins.dify.plugin")
+        yield importlib.import_module("reach_plugins.frameworks.dify.plugin")
     finally:
         dify.configure(None)
-        for name in [*names, "reach_plugins.dify.plugin"]:
+        for name in [*names, "reach_plugins.frameworks.dify.plugin"]:
             sys.modules.pop(name, None)
 
 

@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from reach_plugins.adapters import encode_sse
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import InvalidResponse
 from reach_plugins.model import AgentDescriptor, Capability, ReachRequest
+from reach_plugins.protocols import encode_sse
 from reach_plugins.transport import Call, Credential, StreamEvent
 from transports.direct import DirectTransport
 
@@ -191,7 +191,7 @@ async def test_openai_renamed_field_is_invalid(
     transport: DirectTransport, server: BackgroundServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A reply whose message lost 'content' is an InvalidResponse, logged, never data."""
-    with caplog.at_level(logging.WARNING, "reach_plugins.adapters"), pytest.raises(InvalidResponse, match="content"):
+    with caplog.at_level(logging.WARNING, "reach_plugins.protocols"), pytest.raises(InvalidResponse, match="content"):
         await transport.send(call_to(openai_agent(server.url), "chat", {"input": "upgrade"}, credential=OPENAI_KEY))
     assert "invalid response" in caplog.text
 
@@ -309,6 +309,6 @@ async def test_reply_breaking_return_schema_is_invalid(
     agent = kb.descriptor(reach_server.url).model_copy(
         update={"capabilities": [Capability(name="search_kb", return_schema=schema)]}
     )
-    with caplog.at_level(logging.WARNING, "reach_plugins.adapters"), pytest.raises(InvalidResponse, match="content"):
+    with caplog.at_level(logging.WARNING, "reach_plugins.protocols"), pytest.raises(InvalidResponse, match="content"):
         await transport.send(call_to(agent, "search_kb", {"query": "refunds"}))
     assert "return_schema" in caplog.text

@@ -12,7 +12,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from reach_plugins import AgentDescriptor, Capability, ReachClient, ReachEnhancer
-from reach_plugins.context import chain, current_hops, serving
 from reach_plugins.errors import (
     ApprovalRequired,
     BusinessError,
@@ -21,11 +20,12 @@ from reach_plugins.errors import (
     SessionClosed,
     UnknownCapability,
 )
+from reach_plugins.frameworks.toolcalls import PendingApproval, ToolCall
 from reach_plugins.matching import CapabilityMatcher, LexicalEmbedder
 from reach_plugins.model import ErrorInfo, Hop, Instance
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.sessions import MemorySessions
-from reach_plugins.toolcalls import PendingApproval, ToolCall
+from reach_plugins.security.context import chain, current_hops, serving
+from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.transport import Call, MockTransport, Reply
 
 CATALOGUE = [

@@ -15,18 +15,18 @@ from transport_conformance import make_call
 
 from reach_plugins import ReachClient, errors
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.config import load_config
+from reach_plugins.config.loader import load_config
 from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor, Capability, ErrorInfo
 from reach_plugins.node import build_node
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.transport import Transport
-from reach_plugins.wire import error_body
+from reach_plugins.wire.body import error_body
+from reach_plugins.wire.headers import ERROR_TYPE
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
 from transports.gateway.transport import parse_reply
 from transports.grpcnode import GrpcNodeTransport
-from transports.grpcnode.codec import ERROR_TYPE
 from transports.grpcnode.transport import _refusal
 
 ALL = sorted(errors.WIRE_CODES.items())

@@ -24,7 +24,7 @@ import pytest
 from servers import free_port
 
 from reach_plugins import ReachClient, ReachResponse
-from reach_plugins.config import ReachConfig, load_config
+from reach_plugins.config.loader import ReachConfig, load_config
 from reach_plugins.registry import MemoryRegistry, open_registry
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from transport_conformance import make_call
 
 from reach_plugins import ReachClient, errors
-from reach_plugins.adapters import SseDecoder
 from reach_plugins.agent import BackgroundServer
 from reach_plugins.gateway import create_app
-from reach_plugins.gateway.metrics import Metrics
+from reach_plugins.protocols import SseDecoder
+from reach_plugins.telemetry.prometheus import Metrics
 from transports.gateway import GatewayTransport
 
 DEMO = {"Authorization": "Bearer tok-demo"}

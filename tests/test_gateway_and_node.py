@@ -13,7 +13,7 @@ from hop_support import TOKENS, AgentProcess, demo_tenants, free_port, serve_age
 
 from reach_plugins import ReachClient, errors
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.config import load_config
+from reach_plugins.config.loader import load_config
 from reach_plugins.gateway import create_app
 from reach_plugins.node import build_node
 from reach_plugins.registry import MemoryRegistry

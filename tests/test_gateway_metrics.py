@@ -6,7 +6,7 @@ import re
 import threading
 import urllib.request
 
-from reach_plugins.gateway.metrics import Metrics
+from reach_plugins.telemetry.prometheus import Metrics
 
 
 def _value(text: str, series: str) -> float:

@@ -7,9 +7,9 @@ import asyncio
 from hop_support import until
 
 from reach_plugins.gateway import RouteTable
-from reach_plugins.gateway.routetable import watch_task
 from reach_plugins.model import AgentDescriptor, Instance
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.registry.routetable import watch_task
 
 
 class Clock:

@@ -7,14 +7,14 @@ import random
 import pytest
 from registry_conformance import FakeClock, agent
 
-from reach_plugins.config import TenantConfig
+from reach_plugins.config.loader import TenantConfig
 from reach_plugins.errors import NoHealthyAgent
-from reach_plugins.gateway.access import SourceRule
 from reach_plugins.model import ReachRequest
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing import Router
-from reach_plugins.routing.pinning import PREFER, TARGET, TargetedRouter
-from reach_plugins.wire import SOURCE
+from reach_plugins.routing.pinning import TargetedRouter
+from reach_plugins.server.access import SourceRule
+from reach_plugins.wire.headers import PREFER, SOURCE, TARGET
 
 TENANTS = {"ops": TenantConfig(agents=["ledger", "orders"], networks=["127.0.0.0/8"])}
 

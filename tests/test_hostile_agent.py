@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
-from reach_plugins.agent.snapshots import MemorySnapshotStore
-from reach_plugins.inbound import InputLimits
+from reach_plugins.server.inbound import InputLimits
+from reach_plugins.stores.snapshots import MemorySnapshotStore
 
 HERE = Path(__file__).parent
 JSON = {"Content-Type": "application/json"}

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from reach_plugins.cli import app
-from reach_plugins.config import load_config
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.gateway import create_app
 

@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.gateway import create_app
-from reach_plugins.inbound import InputLimits
+from reach_plugins.server.inbound import InputLimits
 
 ALLOWED = {200, 400, 401, 403, 404, 408, 409, 413, 415, 429, 503, 504}
 """Every status the gateway may answer: 200 for routed outcomes, refusals otherwise; never 500."""

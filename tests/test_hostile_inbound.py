@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reach_plugins.errors import RequestError
-from reach_plugins.inbound import SMALL_BODY, BodyTimeout, BodyTooLarge, InputLimits, loads, read_body, single_headers
+from reach_plugins.server.inbound import (
+    SMALL_BODY,
+    BodyTimeout,
+    BodyTooLarge,
+    InputLimits,
+    loads,
+    read_body,
+    single_headers,
+)
 
 
 async def _chunks(sizes: list[int], gate: asyncio.Event | None = None) -> AsyncIterator[bytes]:
@@ -90,7 +98,7 @@ def _walked(raw: bytes, max_depth: int) -> object:
     """What ``loads`` answers when it always walks the value (the reference its byte-count shortcut must match)."""
     import json
 
-    from reach_plugins.inbound import _check
+    from reach_plugins.server.inbound import _check
 
     value = json.loads(raw)
     _check(value, max_depth, "body")

@@ -23,8 +23,8 @@ from starlette.routing import Route
 
 from reach_plugins.agent import BackgroundServer
 from reach_plugins.node import NodeServer, build_node
-from transports.grpcnode import reach_pb2 as pb
-from transports.grpcnode import reach_pb2_grpc as pb_grpc
+from reach_plugins.wire.proto import reach_pb2 as pb
+from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 DEMO = (("authorization", "Bearer tok-demo"),)
 ACME = (("authorization", "Bearer tok-acme"),)

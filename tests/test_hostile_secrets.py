@@ -28,9 +28,9 @@ from raw_upstream import RawUpstream
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.core.trace import JsonLinesSink
 from reach_plugins.errors import ReachError
 from reach_plugins.gateway import create_app
+from reach_plugins.telemetry.trace import JsonLinesSink
 from transports.direct import DirectTransport
 
 SECRETS = {"header": "SeCrEt-hdr-7f3a9c", "bearer": "SeCrEt-brr-91c2e4", "query": "SeCrEt-qry-5d88b1"}

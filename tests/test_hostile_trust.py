@@ -23,9 +23,9 @@ import uvicorn
 from hop_support import TOKENS, Agent, serve_agents, write_config
 
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.agent.server import uvicorn_config
 from reach_plugins.gateway import create_app
 from reach_plugins.node import build_node
+from reach_plugins.server.uvicorn import uvicorn_config
 
 DEMO = {"Authorization": "Bearer tok-demo", "Content-Type": "application/json"}
 ACME = {"Authorization": "Bearer tok-acme", "Content-Type": "application/json"}

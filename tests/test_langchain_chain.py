@@ -22,10 +22,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from reach_plugins import Capability, ReachEnhancer
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
 from reach_plugins.agent.langgraph import serve_graph
+from reach_plugins.frameworks.toolcalls import ServeSpec
 from reach_plugins.langchain import create_agent
 from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.toolcalls import ServeSpec
 from transports.direct import DirectTransport
 
 

@@ -16,11 +16,11 @@ from servers import free_port
 import reach_plugins.dify as dify
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
 from reach_plugins.errors import NoHealthyAgent, RemoteError
+from reach_plugins.frameworks.toolcalls import ToolCall
 from reach_plugins.langchain import create_agent
 from reach_plugins.llamaindex import enhance_tools
 from reach_plugins.model import Instance
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.toolcalls import ToolCall
 from reach_plugins.transport import MockTransport, Reply
 from transports.direct import DirectTransport
 

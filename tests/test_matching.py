@@ -26,7 +26,7 @@ from reach_plugins.matching import (
     default_embedder,
     minilm_available,
 )
-from reach_plugins.matching import embedders as embedders_module
+from reach_plugins.matching import extra as extra_module
 from reach_plugins.matching.evalset import CASES, CATALOGUE, HOLDOUT, EvalReport, evaluate
 from reach_plugins.matching.lexical import terms
 from reach_plugins.model import AgentDescriptor, Capability
@@ -261,7 +261,7 @@ def test_hybrid_cosine_is_the_weighted_sum_of_both_cosines(a: list[float], b: li
 
 def test_default_embedder_falls_back_to_lexical_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the MiniLM wheel the default is the lexical embedder, and describe() names it."""
-    monkeypatch.setattr(embedders_module, "MINILM_PACKAGE", "no_such_package_for_reach_tests")
+    monkeypatch.setattr(extra_module, "MINILM_PACKAGE", "no_such_package_for_reach_tests")
     assert not minilm_available()
     matcher = CapabilityMatcher(CATALOGUE)
     assert matcher.embedder_name == "lexical"
@@ -427,8 +427,8 @@ def test_a_failing_model_degrades_and_the_enhancer_says_so(caplog: pytest.LogCap
 def test_the_enhancer_routes_by_name_while_its_model_hangs() -> None:
     """Through ReachEnhancer's routing path: a hung model leaves exact names routing and the rest degraded, said so."""
     from reach_plugins import ReachEnhancer
+    from reach_plugins.frameworks.toolcalls import ToolCall
     from reach_plugins.registry import MemoryRegistry
-    from reach_plugins.toolcalls import ToolCall
 
     registry = MemoryRegistry()
     registry.put_agent(AgentDescriptor(name="greek", endpoints=["http://127.0.0.1:9"], capabilities=list(GREEK)))

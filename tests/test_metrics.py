@@ -20,14 +20,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from servers import free_port
 
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
-from reach_plugins import metrics as m
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import BusinessError, SessionClosed
-from reach_plugins.metrics import ReachMetrics, attempt_outcome, fan_out
+from reach_plugins.frameworks.toolcalls import ToolCall
 from reach_plugins.model import Attempt, CircuitBreakerConfig, ReachTrace, RouteDecision
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.telemetry import server_attributes
-from reach_plugins.toolcalls import ToolCall
+from reach_plugins.telemetry import metrics as m
+from reach_plugins.telemetry.metrics import ReachMetrics, attempt_outcome, fan_out
+from reach_plugins.telemetry.spans import server_attributes
 from transports.direct import DirectTransport
 
 Points = dict[str, list[tuple[dict[str, Any], Any]]]
@@ -279,7 +279,7 @@ DASHBOARD = Path(__file__).resolve().parent.parent / "notebooks" / "grafana" / "
 
 def test_the_grafana_dashboard_queries_what_the_exporter_serves() -> None:
     """Every metric and label the dashboard's queries name is in a server's /metrics (Prometheus exporter names)."""
-    from reach_plugins.gateway.metrics import Metrics
+    from reach_plugins.telemetry.prometheus import Metrics
 
     served = Metrics()
     reach = served.reach

@@ -23,11 +23,12 @@ from transport_conformance import make_call
 
 from reach_plugins import ReachClient, errors
 from reach_plugins.agent import BackgroundServer
-from reach_plugins.config import load_config
+from reach_plugins.config.loader import load_config
 from reach_plugins.model import AgentDescriptor
 from reach_plugins.node import NodeServer, build_node
 from reach_plugins.registry import MemoryRegistry
-from transports.grpcnode import GrpcNodeTransport, reach_pb2, reach_pb2_grpc
+from reach_plugins.wire.proto import reach_pb2, reach_pb2_grpc
+from transports.grpcnode import GrpcNodeTransport
 
 DEMO = TOKENS["DEMO_TOKEN"]
 FAST_RETRY = {"max_attempts": 3, "base_wait": 0.01, "max_wait": 0.02}

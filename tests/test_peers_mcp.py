@@ -17,8 +17,8 @@ from peer_servers import peer
 from servers import free_port
 
 from reach_plugins import ReachClient
-from reach_plugins.mcp_tools import capability_name, register_mcp_agent
 from reach_plugins.model import AgentDescriptor
+from reach_plugins.protocols.mcp_tools import capability_name, register_mcp_agent
 from reach_plugins.registry.memory import MemoryRegistry
 from transports.direct import DirectTransport
 

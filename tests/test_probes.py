@@ -16,8 +16,8 @@ from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor, HealthCheck
-from reach_plugins.probes import JITTER, ProbeBook, Prober
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.routing.probes import JITTER, ProbeBook, Prober
 from transports.direct import DirectTransport
 
 CHECK = HealthCheck(probe_interval=5, ready_interval=30, refusals_to_down=2)

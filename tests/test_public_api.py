@@ -43,7 +43,7 @@ def test_contract_names_are_exported() -> None:
 def test_import_pulls_in_no_framework_or_extra() -> None:
     """`import reach_plugins` (and building a client's records) imports no framework and no optional dependency."""
     code = (
-        "import sys, json, reach_plugins, reach_plugins.config, reach_plugins.registry, reach_plugins.routing;"
+        "import sys, json, reach_plugins, reach_plugins.config.loader, reach_plugins.registry, reach_plugins.routing;"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     )
     loaded = set(json.loads(subprocess.check_output([sys.executable, "-c", code], text=True)))

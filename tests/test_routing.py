@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from registry_conformance import FakeClock, agent, tracked
 
-from reach_plugins.config import TenantConfig
+from reach_plugins.config.loader import TenantConfig
 from reach_plugins.errors import CircuitOpen, ConfigError, NoHealthyAgent, PermissionDenied, UnknownCapability
 from reach_plugins.model import AgentDescriptor, Capability, Instance, ReachRequest
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing import Route, Router, TenantLike
-from reach_plugins.routing.pinning import PREFER, TARGET, TargetedRouter
+from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.router import MAX_RECORDED
+from reach_plugins.wire.headers import PREFER, TARGET
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
-from reach_plugins.client import ReachClient
+from reach_plugins.client.client import ReachClient
 from reach_plugins.model import AgentDescriptor
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.tokens import HEADER_TOKEN, KeyRing, LocalTokens, SigningKey, TokenIssuer, default_issuer
+from reach_plugins.security import HEADER_TOKEN, KeyRing, LocalTokens, SigningKey, TokenIssuer, default_issuer
 
 
 @dataclass

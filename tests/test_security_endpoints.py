@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from reach_plugins.cli import app
-from reach_plugins.config import load_config
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Instance
 from reach_plugins.registry import open_registry
-from reach_plugins.trust import SCHEMES, allow_networks, endpoint_problem
+from reach_plugins.security import SCHEMES, allow_networks, endpoint_problem
 
 BAD = {
     "file:///etc/passwd": "scheme must be http, https or grpc",

@@ -15,9 +15,16 @@ from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
 from reach_plugins.gateway import create_app
 from reach_plugins.node import build_node
-from reach_plugins.tokens import HEADER_TOKEN, RemoteJwks, RemoteTokens, SigningKey, TokenVerifier, default_issuer
-from reach_plugins.tokens.standalone import create_issuer_app
-from reach_plugins.trust import AuditEvent
+from reach_plugins.security import (
+    HEADER_TOKEN,
+    AuditEvent,
+    RemoteJwks,
+    RemoteTokens,
+    SigningKey,
+    TokenVerifier,
+    default_issuer,
+)
+from reach_plugins.server.issuer_server import create_issuer_app
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
 from transports.grpcnode import GrpcNodeTransport

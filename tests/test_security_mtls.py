@@ -12,11 +12,11 @@ import pytest
 import trustme
 
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext, mtls, serve
-from reach_plugins.client import ReachClient
+from reach_plugins.client.client import ReachClient
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.tokens import LocalTokens, TokenIssuer
+from reach_plugins.security import LocalTokens, TokenIssuer
 
 
 @dataclass

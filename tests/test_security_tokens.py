@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reach_plugins.config import TenantConfig
+from reach_plugins.config.loader import TenantConfig
 from reach_plugins.errors import ConfigError
-from reach_plugins.tokens import (
+from reach_plugins.security import (
     MAX_TTL,
     InvalidToken,
     KeyRing,
@@ -21,8 +21,8 @@ from reach_plugins.tokens import (
     TokenDenied,
     TokenIssuer,
 )
-from reach_plugins.tokens.held import holding
-from reach_plugins.tokens.serve import tenant_rule
+from reach_plugins.security.held import holding
+from reach_plugins.server.issuer_role import tenant_rule
 
 
 class WallClock:
@@ -239,7 +239,7 @@ def test_any_forged_header_is_an_invalid_token(header: dict[str, object]) -> Non
 
 def test_a_wrapping_transport_keeps_the_inner_transports_promises() -> None:
     """A token/trust/audit wrapper declares what its inner transport declares: bounded sends, retry owner, hop."""
-    from reach_plugins.trust.wrapping import Wrapping
+    from reach_plugins.security.wrapping import Wrapping
     from transports.direct import DirectTransport
     from transports.gateway import GatewayTransport
 

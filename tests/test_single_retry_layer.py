@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from reach_plugins import AgentDescriptor, ReachClient
-from reach_plugins.core import FakeClock
 from reach_plugins.model import ErrorInfo
+from reach_plugins.policy.clock import FakeClock
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.transport import Call, MockTransport, Reply
 

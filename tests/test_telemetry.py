@@ -14,10 +14,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from reach_plugins import telemetry
-from reach_plugins.core import FakeClock, Pipeline
+from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import UnknownCapability
 from reach_plugins.model import ReachRequest
+from reach_plugins.policy.clock import FakeClock
+from reach_plugins.telemetry import spans as telemetry
 
 
 @pytest.fixture

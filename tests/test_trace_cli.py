@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from reach_plugins import AgentDescriptor, Capability, ReachClient
-from reach_plugins.core.trace import JsonLinesSink
 from reach_plugins.errors import ConfigError
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.traceview import find_trace, rounded
+from reach_plugins.telemetry.trace import JsonLinesSink
+from reach_plugins.telemetry.traceview import find_trace, rounded
 from reach_plugins.transport import MockTransport
 
 COLD_RUNS = 5

@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.cli import app
-from reach_plugins.core import JsonLinesSink
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.telemetry.trace import JsonLinesSink
+from reach_plugins.telemetry.usage import read_traces, summarise, usage_of
 from reach_plugins.transport import Call, MockTransport
-from reach_plugins.usage import read_traces, summarise, usage_of
 
 
 def chat(call: Call) -> dict[str, Any]:
@@ -76,7 +76,7 @@ async def test_usage_is_counted_as_metrics_per_tenant() -> None:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from test_metrics import points, total
 
-    from reach_plugins.metrics import USAGE_CALLS, USAGE_TOKENS, ReachMetrics
+    from reach_plugins.telemetry.metrics import USAGE_CALLS, USAGE_TOKENS, ReachMetrics
 
     reader = InMemoryMetricReader()
     registry = MemoryRegistry()

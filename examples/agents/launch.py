@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from reach_plugins.agent import ReachAgent, serve, uvicorn_config
-from reach_plugins.config import load_config
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor
 from reach_plugins.registry import open_registry

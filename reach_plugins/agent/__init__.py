@@ -16,8 +16,9 @@ from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, Webh
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.agent.langgraph import ServedAgent, add_langgraph, serve_graph, serve_langgraph
 from reach_plugins.agent.registration import Registration
-from reach_plugins.agent.server import BackgroundServer, mtls, serve, uvicorn_config
-from reach_plugins.agent.snapshots import MemorySnapshotStore, SnapshotStore
+from reach_plugins.agent.server import serve
+from reach_plugins.server.uvicorn import BackgroundServer, mtls, uvicorn_config
+from reach_plugins.stores.snapshots import MemorySnapshotStore, SnapshotStore
 
 __all__ = [
     "ApprovalDecision",

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from reach_plugins.adapters.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
-from reach_plugins.adapters.sse import encode_sse
 from reach_plugins.errors import ReachError
-from reach_plugins.inbound import loads, read_body
+from reach_plugins.protocols.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
+from reach_plugins.server.inbound import loads, read_body
+from reach_plugins.wire.sse import encode_sse
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent

@@ -28,16 +28,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry import propagate, trace
 from pydantic import ValidationError
 
-from reach_plugins.adapters import encode_sse
 from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.faults import concealed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
-from reach_plugins.agent.sessiontable import MAX_SESSIONS, SessionTable, check_session
-from reach_plugins.agent.snapshots import SnapshotStore
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
-from reach_plugins.context import Served, serving
-from reach_plugins.core.clock import as_clock
 from reach_plugins.errors import (
     BackendUnavailable,
     BusinessError,
@@ -47,18 +42,23 @@ from reach_plugins.errors import (
     ReachError,
     UnknownCapability,
 )
-from reach_plugins.inbound import InputLimits, loads
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
-from reach_plugins.tokens.errors import status_of
+from reach_plugins.policy.clock import as_clock
+from reach_plugins.protocols import encode_sse
+from reach_plugins.security.context import Served, serving
+from reach_plugins.security.token_errors import status_of
+from reach_plugins.server.inbound import InputLimits, loads
+from reach_plugins.stores.sessiontable import MAX_SESSIONS, SessionTable, check_session
+from reach_plugins.stores.snapshots import SnapshotStore
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from reach_plugins.agent.registration import Registration
-    from reach_plugins.core.dedup import DedupStore
+    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.registry.base import Registry
-    from reach_plugins.tokens.claims import Claims as TokenClaims
-    from reach_plugins.tokens.verifier import TokenVerifier
+    from reach_plugins.security.claims import Claims as TokenClaims
+    from reach_plugins.security.verifier import TokenVerifier
 
 log = logging.getLogger("reach_plugins.agent")
 F = TypeVar("F", bound=Callable[..., Any])

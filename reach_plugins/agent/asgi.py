@@ -16,8 +16,8 @@ from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
 from reach_plugins.agent.agent import Outcome
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.errors import ReachError
-from reach_plugins.inbound import read_body
-from reach_plugins.wire import http_status
+from reach_plugins.server.inbound import read_body
+from reach_plugins.wire.body import http_status
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent

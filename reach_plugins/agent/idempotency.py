@@ -27,10 +27,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from reach_plugins.core.clock import Clock, as_clock
-from reach_plugins.core.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import ReachResponse
+from reach_plugins.policy.clock import Clock, as_clock
+from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import Outcome
@@ -60,7 +60,7 @@ def open_key_store(
     if store.startswith("memory://"):
         return MemoryDedupStore(max_entries=max_entries, clock=as_clock(clock)), False
     if store.startswith(("redis://", "rediss://")):
-        from reach_plugins.stores import open_store
+        from reach_plugins.stores.urls import open_store
 
         return open_store(store), True
     raise ConfigError(f"unsupported idempotency store {store!r}; use 'memory://' or 'redis://HOST:PORT/DB'")

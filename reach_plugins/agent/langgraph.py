@@ -9,7 +9,7 @@ user turn; the caller's session is the graph's ``thread_id``, so a checkpointer
 keeps each conversation; the reply is normalised like every chat-style
 agent's: ``reply_content``, ``tool_calls``, ``raw_meta``. The graph runs with
 ``ainvoke`` on the agent's loop; reaches it makes continue the caller's hop chain
-and trace (:mod:`reach_plugins.context`). Nothing here imports LangGraph.
+and trace (:mod:`reach_plugins.security.context`). Nothing here imports LangGraph.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.handlers import ReachContext
-from reach_plugins.agent.server import BackgroundServer, serve
+from reach_plugins.agent.server import serve
 from reach_plugins.errors import BusinessError, InvalidPayload
 from reach_plugins.model import Capability
+from reach_plugins.server.uvicorn import BackgroundServer
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider

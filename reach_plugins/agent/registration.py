@@ -22,7 +22,7 @@ from reach_plugins.registry.base import Registry
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
-    from reach_plugins.metrics import ReachMetrics
+    from reach_plugins.telemetry.metrics import ReachMetrics
 
 log = logging.getLogger("reach_plugins.agent")
 

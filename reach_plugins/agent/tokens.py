@@ -3,7 +3,7 @@
 With tokens on, the tenant is the token's (``X-Tenant`` and the body's
 ``tenant`` are ignored), an L3 agent takes only tokens the gateway obtained
 for itself, and the handler runs holding the token it received so that reaches
-it makes exchange it for new ones (:mod:`reach_plugins.tokens.held`).
+it makes exchange it for new ones (:mod:`reach_plugins.security.held`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Literal
 
-from reach_plugins.context import Served
-from reach_plugins.tokens.claims import HEADER_TOKEN, VIA_GATEWAY, Claims
-from reach_plugins.tokens.errors import TokenDenied
-from reach_plugins.tokens.held import holding
-from reach_plugins.tokens.verifier import TokenVerifier
+from reach_plugins.security.claims import VIA_GATEWAY, Claims
+from reach_plugins.security.context import Served
+from reach_plugins.security.held import holding
+from reach_plugins.security.token_errors import TokenDenied
+from reach_plugins.security.verifier import TokenVerifier
+from reach_plugins.wire.headers import HEADER_TOKEN
 
 TrustLevel = Literal["L1", "L2", "L3"]
 _HEADER = HEADER_TOKEN.lower()

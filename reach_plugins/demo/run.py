@@ -28,19 +28,19 @@ from rich.table import Table
 from rich.tree import Tree
 
 from reach_plugins.agent import BackgroundServer, Registration
-from reach_plugins.client import ReachClient
-from reach_plugins.core.trace import JsonLinesSink
+from reach_plugins.client.client import ReachClient
 from reach_plugins.demo.agents import scenario
 from reach_plugins.demo.model import Rule, demo_model
-from reach_plugins.enhancer import ReachEnhancer
-from reach_plugins.langchain import create_agent
+from reach_plugins.frameworks.enhancer import ReachEnhancer
+from reach_plugins.frameworks.langchain import create_agent
 from reach_plugins.matching import CapabilityMatcher
-from reach_plugins.metrics import fan_out
 from reach_plugins.model import ReachTrace
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.sessions import MemorySessions
-from reach_plugins.telemetry import EVENT_ATTEMPT, EVENT_FAILOVER
-from reach_plugins.traceview import rounded
+from reach_plugins.stores.sessions import MemorySessions
+from reach_plugins.telemetry.metrics import fan_out
+from reach_plugins.telemetry.spans import EVENT_ATTEMPT, EVENT_FAILOVER
+from reach_plugins.telemetry.trace import JsonLinesSink
+from reach_plugins.telemetry.traceview import rounded
 from transports.direct import DirectTransport
 
 CONVERSATION = "conv-42"

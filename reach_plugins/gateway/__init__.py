@@ -8,10 +8,10 @@ under uvicorn; :func:`create_app` builds the Starlette app for any ASGI server
 :mod:`.metrics` — are shared with the gRPC node (:mod:`reach_plugins.node`).
 """
 
-from reach_plugins.gateway.access import Access, SourceRule
-from reach_plugins.gateway.forwarder import Forwarder, HopTransport
-from reach_plugins.gateway.routetable import RouteTable
 from reach_plugins.gateway.serve import build_forwarder, create_app, serve_gateway
+from reach_plugins.registry.routetable import RouteTable
+from reach_plugins.server.access import Access, SourceRule
+from reach_plugins.server.forwarder import Forwarder, HopTransport
 
 __all__ = [
     "Access",

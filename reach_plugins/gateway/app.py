@@ -1,7 +1,7 @@
 """The gateway's Starlette app: ``POST /v1/reach``, ``/v1/reach/stream`` (SSE), ``GET /v1/agents``, health, metrics.
 
 Every request is authenticated (bearer token -> tenant), parsed strictly, and
-run through the :class:`~reach_plugins.gateway.forwarder.Forwarder` under a
+run through the :class:`~reach_plugins.server.forwarder.Forwarder` under a
 server span that continues the caller's trace. Refusals are 4xx JSON naming
 the problem (429 + ``Retry-After`` to slow down, 503/504 when nobody could
 serve in time); a routed outcome is 200 with the response body, whatever its
@@ -27,42 +27,42 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from reach_plugins.adapters import encode_sse
 from reach_plugins.errors import Backpressure, BodyTimeout, BodyTooLarge, ConfigError, RateLimited, ReachError
-from reach_plugins.gateway.access import Access
-from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.mcp import McpEndpoint
-from reach_plugins.gateway.metrics import CONTENT_TYPE, Metrics
-from reach_plugins.inbound import (
+from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.protocols import encode_sse
+from reach_plugins.security.issuer import TokenIssuer
+from reach_plugins.server.access import Access
+from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.inbound import (
     InputLimits,
     loads,
     read_body,
     require_json,
     single_headers,
 )
-from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
-from reach_plugins.telemetry import (
+from reach_plugins.server.issuer_routes import issuer_routes
+from reach_plugins.telemetry.prometheus import CONTENT_TYPE, Metrics
+from reach_plugins.telemetry.spans import (
     ATTR_AGENT,
     ATTR_CAPABILITY,
     ATTR_INSTANCE,
     ATTR_REQUEST_ID,
     ATTR_STATUS,
     ATTR_TENANT,
-    HEADER_TRACEPARENT,
     extract_context,
     get_tracer,
     spans_are_noop,
 )
-from reach_plugins.tokens.app import issuer_routes
-from reach_plugins.tokens.issuer import TokenIssuer
 from reach_plugins.transport import StreamEvent
-from reach_plugins.wire import (
+from reach_plugins.wire.body import (
     error_body,
     http_status,
     parse_body,
     response_body,
     to_request,
 )
+from reach_plugins.wire.headers import HEADER_TRACEPARENT
 
 log = logging.getLogger("reach_plugins.gateway")
 

@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from reach_plugins.errors import BodyTooLarge, ReachError
-from reach_plugins.inbound import loads, read_body
 from reach_plugins.model import ReachRequest
-from reach_plugins.wire import SOURCE
+from reach_plugins.server.inbound import loads, read_body
+from reach_plugins.wire.headers import SOURCE
 
 if TYPE_CHECKING:
     from reach_plugins.gateway.app import Gateway

@@ -8,23 +8,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reach_plugins.config import load_config
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
-from reach_plugins.gateway.access import Access
-from reach_plugins.gateway.forwarder import Forwarder
-from reach_plugins.inbound import InputLimits
 from reach_plugins.registry import FileRegistry, Registry, open_registry
-from reach_plugins.tokens.claims import VIA_GATEWAY
-from reach_plugins.tokens.issuer import TokenIssuer
-from reach_plugins.tokens.serve import agent_transport, build_issuer
+from reach_plugins.security.claims import VIA_GATEWAY
+from reach_plugins.security.issuer import TokenIssuer
+from reach_plugins.server.access import Access
+from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.inbound import InputLimits
+from reach_plugins.server.issuer_role import agent_transport, build_issuer
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
 
-    from reach_plugins.core.dedup import DedupStore
-    from reach_plugins.core.trace import TraceSink
-    from reach_plugins.trust.audit import AuditHook
+    from reach_plugins.policy.dedup import DedupStore
+    from reach_plugins.security.audit import AuditHook
+    from reach_plugins.telemetry.trace import TraceSink
 
 
 def build_forwarder(
@@ -94,7 +94,7 @@ def create_app(
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
     ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz)."""
     from reach_plugins.gateway.app import Gateway
-    from reach_plugins.gateway.metrics import Metrics
+    from reach_plugins.telemetry.prometheus import Metrics
 
     issuer = build_issuer(load_config(Path(config)).tenants, keys=issuer_keys, environ=environ)
     metrics = Metrics()
@@ -146,7 +146,7 @@ def serve_gateway(
     """
     import uvicorn
 
-    from reach_plugins.agent.server import uvicorn_config
+    from reach_plugins.server.uvicorn import uvicorn_config
 
     app = create_app(
         config,

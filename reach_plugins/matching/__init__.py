@@ -17,8 +17,8 @@ from reach_plugins.matching.embedders import (
     HybridEmbedder,
     as_embedder,
     default_embedder,
-    minilm_available,
 )
+from reach_plugins.matching.extra import minilm_available
 from reach_plugins.matching.lexical import LexicalEmbedder
 from reach_plugins.matching.matcher import CapabilityMatcher, MatchResult, Reason
 

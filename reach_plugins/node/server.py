@@ -13,22 +13,22 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import grpc
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.gateway.access import Access
-from reach_plugins.gateway.forwarder import Forwarder
 from reach_plugins.gateway.serve import build_forwarder
-from reach_plugins.inbound import MAX_BODY
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.service import NodeService
 from reach_plugins.node.tickets import Tickets
 from reach_plugins.registry import Registry
-from transports.grpcnode import reach_pb2_grpc as pb_grpc
+from reach_plugins.server.access import Access
+from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.inbound import MAX_BODY
+from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from opentelemetry.trace import TracerProvider
 
-    from reach_plugins.gateway.metrics import Metrics
+    from reach_plugins.telemetry.prometheus import Metrics
 
 
 SLOW_CLIENTS: Final[tuple[tuple[str, Any], ...]] = (
@@ -149,7 +149,7 @@ def build_node(
     node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
     metrics = None
     if metrics_port is not None:
-        from reach_plugins.gateway.metrics import Metrics  # the server extra's exporter, only when asked for
+        from reach_plugins.telemetry.prometheus import Metrics  # the server extra's exporter, only when asked for
 
         metrics = Metrics()
     forwarder, access = build_forwarder(

@@ -20,39 +20,30 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
-from reach_plugins.gateway.access import Access
-from reach_plugins.gateway.forwarder import Forwarder
-from reach_plugins.inbound import loads, single_headers
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets
-from reach_plugins.telemetry import (
-    ATTR_CAPABILITY,
-    ATTR_REQUEST_ID,
-    ATTR_TENANT,
+from reach_plugins.server.access import Access
+from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.inbound import loads, single_headers
+from reach_plugins.telemetry.spans import ATTR_CAPABILITY, ATTR_REQUEST_ID, ATTR_TENANT, get_tracer, spans_are_noop
+from reach_plugins.transport import StreamEvent
+from reach_plugins.wire.body import http_status, to_request
+from reach_plugins.wire.headers import (
+    CALLBACK_ERROR,
+    CALLBACK_STATUS,
+    ERROR_TYPE,
+    HEADER_AUTHORIZATION,
     HEADER_DEADLINE,
     HEADER_TRACEPARENT,
-    get_tracer,
-    spans_are_noop,
-)
-from reach_plugins.transport import StreamEvent
-from reach_plugins.wire import HEADER_AUTHORIZATION, HEADER_VIA, http_status, to_request
-from transports.grpcnode import reach_pb2 as pb
-from transports.grpcnode.codec import (
-    ERROR_TYPE,
+    HEADER_VIA,
     HTTP_STATUS,
-    body_from_message,
-    dumps,
-    error_message,
-    result_message,
 )
+from reach_plugins.wire.proto import reach_pb2 as pb
+from reach_plugins.wire.protocodec import body_from_message, dumps, error_message, result_message
 
 log = logging.getLogger("reach_plugins.node")
 
-CALLBACK: Final = "x-reach-callback"
-"""Trailer of ``Result``: ``delivered`` or ``failed``, once the ticket's callback was tried."""
-CALLBACK_ERROR: Final = "x-reach-callback-error"
-"""Trailer of ``Result``: why the callback push failed (its kind or HTTP status, never its URL)."""
 
 Context = Any
 """``grpc.aio.ServicerContext`` (grpc ships no type information)."""
@@ -247,7 +238,7 @@ class NodeService:
         except KeyError:
             return pb.ResultReply(state=pb.UNKNOWN)
         if delivered is not None:
-            outcome = (CALLBACK, "delivered" if delivered else "failed")
+            outcome = (CALLBACK_STATUS, "delivered" if delivered else "failed")
             context.set_trailing_metadata((outcome, (CALLBACK_ERROR, why)) if why else (outcome,))
         if response is None:
             return pb.ResultReply(state=pb.PENDING)

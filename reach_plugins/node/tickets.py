@@ -27,15 +27,15 @@ import grpc
 
 from reach_plugins.errors import RequestError
 from reach_plugins.model import ReachResponse
-from reach_plugins.redact import describe, safe_url
-from reach_plugins.wire import response_body
-from transports.grpcnode import reach_pb2 as pb
-from transports.grpcnode import reach_pb2_grpc as pb_grpc
-from transports.grpcnode.codec import result_message
+from reach_plugins.wire.body import response_body
+from reach_plugins.wire.headers import HEADER_TICKET
+from reach_plugins.wire.proto import reach_pb2 as pb
+from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
+from reach_plugins.wire.protocodec import result_message
+from reach_plugins.wire.redact import describe, safe_url
 
 log = logging.getLogger("reach_plugins.node")
 
-HEADER_TICKET = "X-Reach-Ticket"
 
 
 def check_callback(callback: str, allowed: Collection[str]) -> str:

@@ -18,7 +18,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
-from reach_plugins.config import ReachConfig, TenantConfig, load_config
+from reach_plugins.config.loader import ReachConfig, TenantConfig, load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent

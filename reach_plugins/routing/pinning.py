@@ -8,16 +8,12 @@ request (how a gateway or node honours the instance its caller already picked).
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Final, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from reach_plugins.errors import NoHealthyAgent
 from reach_plugins.model import ReachRequest, RouteDecision
 from reach_plugins.routing.route import Route
-
-TARGET: Final = "reach.target"
-"""Metadata key: the ``agent/instance`` that must serve this request (a broadcast copy)."""
-PREFER: Final = "reach.prefer"
-"""Metadata key: the ``agent/instance`` to use if it can take the request, else route as usual."""
+from reach_plugins.wire.headers import PREFER, TARGET
 
 
 class CandidateRouter(Protocol):

@@ -60,7 +60,7 @@ class Route:
 
 @runtime_checkable
 class TenantLike(Protocol):
-    """A tenant's allow-list (``reach_plugins.config.TenantConfig`` is one)."""
+    """A tenant's allow-list (``reach_plugins.config.loader.TenantConfig`` is one)."""
 
     def allows(self, agent_name: str) -> bool: ...
 

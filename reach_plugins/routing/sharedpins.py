@@ -2,7 +2,7 @@
 
 Each process's router pins a new conversation by rendezvous hashing under a
 bounded load it counts itself, so two processes can pick different instances
-for one conversation. With a shared :class:`~reach_plugins.sessions.PinStore`
+for one conversation. With a shared :class:`~reach_plugins.stores.sessions.PinStore`
 the first pick written wins: a process routes locally, offers its pick to the
 store, and adopts the stored pin when another process was first. A stored pin
 that cannot serve here (gone, unhealthy, breaker open) is replaced with this
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from reach_plugins.errors import ReachError
 from reach_plugins.model import ReachRequest
-from reach_plugins.routing.pinning import PREFER, TARGET
 from reach_plugins.routing.router import Router
-from reach_plugins.sessions import PinStore
+from reach_plugins.stores.sessions import PinStore
+from reach_plugins.wire.headers import PREFER, TARGET
 
 
 async def agree_on_pin(router: Router, store: object, request: ReachRequest) -> None:

@@ -7,8 +7,8 @@ import functools
 import os
 import ssl
 
-from reach_plugins.adapters import HttpRequest
 from reach_plugins.errors import ConfigError
+from reach_plugins.protocols import HttpRequest
 from reach_plugins.transport import Credential
 
 

@@ -1,7 +1,7 @@
 """The small interface a wire engine offers DirectTransport, and how engines are made.
 
 An engine owns one connection pool (one per agent) and moves one
-:class:`~reach_plugins.adapters.HttpRequest` at a time. It maps its library's
+:class:`~reach_plugins.protocols.HttpRequest` at a time. It maps its library's
 exceptions to :mod:`reach_plugins.errors` and knows nothing of protocols,
 retries or deadlines beyond the timeouts it is given.
 """
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from reach_plugins.adapters import HttpRequest, HttpResponse
 from reach_plugins.model import PoolConfig
+from reach_plugins.protocols import HttpRequest, HttpResponse
 
 if TYPE_CHECKING:
     import httpx

@@ -10,11 +10,11 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from reach_plugins.adapters import HttpRequest, HttpResponse
-from reach_plugins.aiohttp_boundary import FOREIGN, mapped, read_capped
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import PoolConfig
-from reach_plugins.wire import MAX_REPLY
+from reach_plugins.protocols import HttpRequest, HttpResponse
+from reach_plugins.wire.body import MAX_REPLY
+from transports.direct.boundary import FOREIGN, mapped, read_capped
 
 
 class AiohttpStream:

@@ -16,10 +16,10 @@ from contextlib import asynccontextmanager
 
 import httpx
 
-from reach_plugins.adapters import HttpRequest, HttpResponse
 from reach_plugins.errors import ConfigError, ConnectError, ConnectionLost, ReadTimeout
 from reach_plugins.model import PoolConfig
-from reach_plugins.redact import describe, safe_url, url_path
+from reach_plugins.protocols import HttpRequest, HttpResponse
+from reach_plugins.wire.redact import describe, safe_url, url_path
 
 
 def mapped(exc: BaseException, request: HttpRequest) -> Exception:

@@ -14,9 +14,9 @@ import logging
 from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
-from reach_plugins.adapters import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
 from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, ReadTimeout, StreamIdle, TransportError
 from reach_plugins.model import ErrorInfo, Timeouts
+from reach_plugins.protocols import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client

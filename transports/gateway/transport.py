@@ -18,23 +18,21 @@ from typing import Any
 
 import aiohttp
 
-from reach_plugins.adapters import HttpRequest, SseDecoder
-from reach_plugins.adapters.reach import ReachStreamDecoder
-from reach_plugins.aiohttp_boundary import FOREIGN, mapped, read_capped
 from reach_plugins.errors import WIRE_CODES, ConfigError, InvalidResponse
 from reach_plugins.model import ErrorInfo
-from reach_plugins.routing.pinning import TARGET
-from reach_plugins.telemetry import HEADER_DEADLINE, HEADER_HOPS
+from reach_plugins.protocols import HttpRequest, SseDecoder
+from reach_plugins.protocols.reach import ReachStreamDecoder
 from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
-from reach_plugins.wire import (
+from reach_plugins.wire.body import MAX_REPLY, REFUSED, check_headers, refusal
+from reach_plugins.wire.headers import (
     HEADER_AUTHORIZATION,
+    HEADER_DEADLINE,
+    HEADER_HOPS,
     HEADER_PREFER,
     HEADER_TARGET,
-    MAX_REPLY,
-    REFUSED,
-    check_headers,
-    refusal,
+    TARGET,
 )
+from transports.direct.boundary import FOREIGN, mapped, read_capped
 
 
 def wire_body(call: Call) -> dict[str, Any]:

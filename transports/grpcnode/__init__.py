@@ -10,7 +10,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('the gRPC node transport needs the grpc extra: pip install "reach-plugins[grpc]"') from exc
 
-from transports.grpcnode.codec import CALLBACK
+from reach_plugins.wire.headers import META_CALLBACK as CALLBACK
 from transports.grpcnode.transport import GrpcNodeTransport
 
 __all__ = ["CALLBACK", "GrpcNodeTransport"]

@@ -29,11 +29,11 @@ from reach_plugins.errors import (
 )
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent
-from reach_plugins.wire import refusal
-from transports.grpcnode import reach_pb2 as pb
-from transports.grpcnode import reach_pb2_grpc as pb_grpc
-from transports.grpcnode.codec import (
-    ERROR_TYPE,
+from reach_plugins.wire.body import refusal
+from reach_plugins.wire.headers import ERROR_TYPE
+from reach_plugins.wire.proto import reach_pb2 as pb
+from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
+from reach_plugins.wire.protocodec import (
     backpressure_reply,
     call_message,
     call_metadata,

@@ -1,0 +1,514 @@
+"""The attempts of one request: admit, send within the attempt's time, classify, then retry, fail over or stop.
+
+:class:`Engine` holds the machinery a pipeline shares across requests
+(breakers, guards, router, transport, clock); :class:`Flight` is the state of
+one request. ``run_unary`` is the retry loop; streaming reuses the same steps.
+
+What follows an attempt depends on its outcome (DESIGN 11.1), one row each
+(:meth:`Engine.decide`; the table reads top to bottom, the first match wins):
+
+================  =====================================================================================
+outcome           next step
+================  =====================================================================================
+success           finish
+business          give up (never retried)
+not_delivered     fail over to the next candidate at once: no backoff, no retry budget, not a retry;
+                  with no candidate left, plan it like ``failed`` (same instance after a backoff); through
+                  a hop, which owns retries and failover, every candidate sits behind it: plan it so too
+failed            retry after full-jitter backoff within max_attempts, budget and deadline, else give up
+unknown, keyed    pin the key where it can be checked (that instance, or any instance of an agent that
+                  declares shared idempotency), then retry as ``failed`` but only there; a move away from
+                  the pin, or giving up, ends ``OutcomeUnknown`` (the key is safe to retry later)
+unknown, no key   as ``failed`` when the capability is retryable, else give up
+================  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Literal
+
+from reach_plugins.attempts.admission import GuardTable
+from reach_plugins.attempts.flight import Admission, Flight, Plan, Step, where_of
+from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
+from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
+from reach_plugins.model import ErrorInfo, ReachResponse
+from reach_plugins.policy.backoff import retry_delay
+from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
+from reach_plugins.policy.classify import Verdict, check_return_schema, classify_exception, classify_reply
+from reach_plugins.policy.clock import Clock, SystemClock
+from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
+from reach_plugins.policy.deadline import per_attempt_timeout
+from reach_plugins.policy.loopguard import check_target, hops_header
+from reach_plugins.telemetry.spans import (
+    ATTR_BREAKER_FROM,
+    ATTR_BREAKER_TO,
+    EVENT_BREAKER,
+    EVENT_CONSISTENCY,
+    EVENT_CONSISTENCY_STATE,
+    EVENT_FAILOVER,
+    EVENT_GIVE_UP,
+    EVENT_RETRY,
+)
+from reach_plugins.telemetry.trace import TraceRecorder
+from reach_plugins.transport import Call, Credential, Reply, Transport
+from reach_plugins.wire.headers import HEADER_DEADLINE, HEADER_HOPS
+
+logger = logging.getLogger("reach_plugins.attempts")
+
+Status = Literal["success", "fail", "timeout"]
+
+
+_NO_CREDENTIAL = Credential()
+
+
+def _no_credential(agent: Any, tenant: str | None) -> Credential:
+    return _NO_CREDENTIAL
+
+
+_FINISHED = Step("finish", Plan(None, "success"))
+_BUSINESS = Step("give_up", Plan(None, "business is never retried"))
+"""The steps after a success and a business error: the same every time (and immutable), so made once."""
+
+
+class Engine:
+    """The shared machinery of a pipeline; every method works on one :class:`Flight`."""
+
+    def __init__(
+        self,
+        *,
+        router: RouterLike,
+        transport: Transport,
+        clock: Clock,
+        rng: random.Random,
+        credentials: CredentialResolver | None,
+    ) -> None:
+        self.router = router
+        self.transport = transport
+        self.clock = clock
+        self.rng = rng
+        self.credentials = credentials or _no_credential
+        self.breakers = Breakers(self._on_transition)
+        self.consistency = ConsistencyMonitor(listener=self._on_consistency)
+        """Per-instance reply consistency (capabilities with ``consistency:``): ejects instances answering beside."""
+        self.guards = GuardTable()
+        self.hop: str | None = transport.hop
+        """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
+        self.observer: TraceRecorder | None = None
+        """The request whose breaker call is running now: transitions it causes land in its trace."""
+        self.transport_times_out = transport.bounds_timeout and isinstance(clock, SystemClock)
+        """The transport bounds each send by ``call.timeout`` in real time: a second timer here would be waste."""
+
+    def _on_consistency(self, transition: ConsistencyTransition) -> None:
+        self._moved("consistency", EVENT_CONSISTENCY_STATE, transition, alarming=transition.after == "ejected")
+
+    def _judge_consistency(self, flight: Flight, data: Any) -> None:
+        """Score a successful reply against its request when the capability opted in; feed the monitor."""
+        route = flight.route
+        policy = route.capability.consistency
+        if policy is None:
+            return
+        score = score_reply(flight.request, data)
+        self.observer = flight.rec
+        try:
+            low = self.consistency.record(
+                route.agent.name, route.instance.instance_id, policy, score, self.clock.monotonic()
+            )
+        finally:
+            self.observer = None
+        flight.rec.event(EVENT_CONSISTENCY, self.clock.now(), instance=route.instance.instance_id, score=score, low=low)
+
+    def _on_transition(self, transition: BreakerTransition) -> None:
+        self._moved("breaker", EVENT_BREAKER, transition, alarming=transition.after == "open")
+
+    def _moved(
+        self, what: str, event: str, moved: BreakerTransition | ConsistencyTransition, *, alarming: bool
+    ) -> None:
+        """Log an instance's state change (a warning when it is shut out) and put it in the running request's trace."""
+        logger.log(
+            logging.WARNING if alarming else logging.INFO,
+            "%s %s/%s: %s -> %s (%s)",
+            what,
+            moved.agent,
+            moved.instance,
+            moved.before,
+            moved.after,
+            moved.reason,
+        )
+        if self.observer is not None:
+            self.observer.event(
+                event,
+                moved.at,
+                instance=moved.instance,
+                reason=moved.reason,
+                **{ATTR_BREAKER_FROM: moved.before, ATTR_BREAKER_TO: moved.after},
+            )
+
+    def admit_now(self, flight: Flight) -> Admission | None:
+        """The usual admission, without waiting: a free slot and a closed breaker; else None (use :meth:`admit`)."""
+        route = flight.route
+        tick = self.clock.monotonic()
+        guards = self.guards.get(route.agent, tick)
+        slot = guards.try_admit(route.capability)
+        if slot is None:
+            return None
+        breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
+        closed = breaker.is_closed and (self.hop is None or self.breakers.hop(self.hop).is_closed)
+        if closed and not flight.deadline.expired(self.clock.now()):
+            permit = breaker.acquire(tick)
+            if permit is not None:
+                return Admission(guards, slot, breaker, permit, self._hop_permit(tick))
+        guards.release(slot)
+        return None
+
+    def _hop_permit(self, tick: float) -> tuple[CircuitBreaker, Permit] | None:
+        """A permit of the hop's breaker (None without a hop); raises CircuitOpen while the hop's breaker is open."""
+        if self.hop is None:
+            return None
+        breaker = self.breakers.hop(self.hop)
+        permit = breaker.acquire(tick)
+        if permit is None:
+            raise CircuitOpen(
+                f"the breaker of {self.hop} is {breaker.state(tick)}: it did not answer, so nothing is sent "
+                f"through it for {breaker.open_for:g}s (then it is probed)",
+                reasons={self.hop: f"breaker {breaker.state(tick)}"},
+            )
+        return breaker, permit
+
+    async def admit(self, flight: Flight) -> Admission:
+        """Rate limit and concurrency, then the breaker; an instance whose breaker refuses is failed over."""
+        while True:
+            route = flight.route
+            guards = self.guards.get(route.agent, self.clock.monotonic())
+            slot = await guards.admit(route.capability, self.clock, flight.deadline)
+            breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
+            tick = self.clock.monotonic()
+            self.observer = flight.rec
+            try:
+                permit = breaker.acquire(tick)
+            finally:
+                self.observer = None
+            if permit is not None and not flight.deadline.expired(self.clock.now()):
+                try:
+                    return Admission(guards, slot, breaker, permit, self._hop_permit(tick))
+                except CircuitOpen:
+                    breaker.release(permit)
+                    guards.release(slot)
+                    raise
+            guards.release(slot)
+            if permit is not None:
+                breaker.release(permit)
+                raise DeadlineExceeded(
+                    f"request {flight.request.request_id}: the deadline passed while waiting for a slot"
+                )
+            state = breaker.state(tick)
+            try:
+                self.fail_over(flight, f"breaker of {route.instance.instance_id} is {state}")
+            except NoHealthyAgent as exc:
+                raise CircuitOpen(
+                    f"the breaker of {route.agent.name}/{route.instance.instance_id} is {state} and no other "
+                    f"instance can take the request ({exc.message})",
+                    reasons={route.instance.instance_id: f"breaker {state}", **exc.reasons},
+                ) from exc
+
+    def pin(self, flight: Flight, where: str | None, shared: bool) -> None:
+        """Keep the rest of the flight where its key can be checked (``where``, or any instance if ``shared``)."""
+        flight.pin, flight.pin_shared = where or where_of(flight.route), shared
+
+    def check_pin(self, flight: Flight, route: RouteLike) -> None:
+        """Raise OutcomeUnknown when ``route`` cannot check the pinned key (another instance, another agent)."""
+        if flight.pin is None or where_of(route) == flight.pin:
+            return
+        agent = flight.pin.partition("/")[0]
+        if flight.pin_shared and route.agent.name == agent:
+            return
+        raise self.outcome_unknown(flight)
+
+    @staticmethod
+    def outcome_unknown(flight: Flight) -> OutcomeUnknown:
+        """The end of a keyed flight whose answer was lost where no one else can check its key."""
+        return OutcomeUnknown(
+            f"request {flight.request.request_id}: an attempt at {flight.pin} was sent and its answer lost, and "
+            f"{flight.pin} cannot take the retry; retrying later with idempotency key {flight.key!r} is safe "
+            "(it is checked before anything runs again)",
+            key=flight.key,
+        )
+
+    def fail_over(self, flight: Flight, reason: str) -> None:
+        """Route again without the instances tried so far (raises NoHealthyAgent/CircuitOpen when none is left,
+        OutcomeUnknown when the flight is pinned and the next candidate cannot check its key)."""
+        old = flight.route
+        flight.excluded.add((old.agent.name, old.instance.instance_id))
+        if flight.pin is not None and not flight.pin_shared:
+            raise self.outcome_unknown(flight)
+        route = self.router.route(flight.request, exclude=flight.excluded)
+        self.check_pin(flight, route)
+        check_target(flight.request.hops, route.agent.name, route.capability.name)
+        flight.headers[HEADER_HOPS] = hops_header(flight.request.hops, route.agent.name, route.capability.name)
+        flight.route = route
+        flight.rec.route = route
+        flight.rec.event(
+            EVENT_FAILOVER,
+            self.clock.now(),
+            reason=reason,
+            **{"from": old.instance.instance_id},
+            to=route.instance.instance_id,
+        )
+
+    def prepare(self, flight: Flight, timeout: float, now: float) -> Call:
+        route = flight.route
+        headers = dict(flight.headers)
+        headers[HEADER_DEADLINE] = str(max(0, int((flight.deadline.at - now) * 1000.0)))
+        return Call(
+            request=flight.request,
+            agent=route.agent,
+            instance=route.instance,
+            timeout=timeout,
+            attempt=flight.attempts,
+            capability=route.capability,
+            credential=self.credentials(route.agent, flight.request.tenant),
+            headers=headers,
+        )
+
+    async def send(self, flight: Flight) -> tuple[Verdict, Reply | None]:
+        """One attempt within ``min(remaining, per-attempt timeout)``, classified."""
+        now = self.clock.now()
+        route = flight.route
+        timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
+        call = self.prepare(flight, timeout, now)
+        before, flight.ran_at = flight.ran_at, where_of(route)
+        self.consistency.sent(route.agent.name, route.instance.instance_id)
+        if flight.claim is not None and flight.claim.where != flight.ran_at:
+            await flight.claim.moved(flight.ran_at)
+        try:
+            if self.transport_times_out:
+                reply = await self.transport.send(call)
+            else:
+                async with self.clock.timeout_at(now + timeout):
+                    reply = await self.transport.send(call)
+        except (ReachError, TimeoutError) as exc:
+            if isinstance(exc, ReachError) and exc.refused:
+                flight.ran_at = before
+                raise
+            verdict = classify_exception(exc)
+            if not verdict.delivered:
+                flight.ran_at = before
+            return verdict, None
+        verdict = classify_reply(reply)
+        if not verdict.delivered:
+            flight.ran_at = before
+        if verdict.ok:
+            verdict = check_return_schema(route.capability, reply.data) or verdict
+        if verdict.ok:
+            self._judge_consistency(flight, reply.data)
+        return verdict, reply
+
+    def settle(
+        self,
+        flight: Flight,
+        admission: Admission,
+        verdict: Verdict,
+        duration: float,
+        *,
+        again: bool = False,
+        answered: bool = True,
+    ) -> None:
+        """Feed the breakers, the retry budget and the adaptive limit; free the slots.
+
+        ``again``: the request retries on the same instance. The breaker then
+        waits for the request's last attempt there, so it judges requests, not
+        attempts: a flaky instance whose retries succeed is not opened, a dead
+        one (every attempt fails) is. ``answered``: something answered (False:
+        the transport raised). Through a hop, no answer is the hop's own
+        failure: it goes to the hop's breaker and the instance is not blamed.
+        """
+        tick = self.clock.monotonic()
+        hop_fault = admission.hop is not None and not answered and verdict.instance_fault
+        self.observer = flight.rec
+        try:
+            if admission.hop is not None:
+                admission.hop[0].record(admission.hop[1], tick, failure=hop_fault, duration=duration)
+            if hop_fault or (again and verdict.instance_fault):
+                admission.breaker.release(admission.permit)
+            else:
+                admission.breaker.record(admission.permit, tick, failure=verdict.instance_fault, duration=duration)
+        finally:
+            self.observer = None
+        if verdict.ok:
+            admission.guards.budget.record_success(retry=flight.spent_retry)
+        latency = duration if verdict.ok else None
+        admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload)
+
+    def abandon(self, admission: Admission) -> None:
+        """Free an admission whose attempt was cancelled before it produced a result."""
+        admission.breaker.release(admission.permit)
+        if admission.hop is not None:
+            admission.hop[0].release(admission.hop[1])
+        admission.guards.release(admission.slot)
+
+    def plan_retry(self, flight: Flight, verdict: Verdict, admission: Admission, now: float) -> Plan:
+        """The backoff before the next attempt, or why there is none."""
+        if not verdict.retryable:
+            return Plan(None, f"{verdict.outcome} is never retried")
+        if not flight.retries_here and verdict.outcome != "backpressure":
+            return Plan(None, "retries belong to another layer (retried upstream, or the transport retries)")
+        capability = flight.route.capability
+        policy = capability.retry or flight.route.agent.retry
+        if flight.counted >= policy.max_attempts:
+            return Plan(None, f"max_attempts {policy.max_attempts} reached")
+        if verdict.delivered and not capability.retryable and flight.key is None:
+            return Plan(None, f"capability {capability.name!r} is not retryable and the agent may have executed it")
+        if not admission.guards.budget.allows_retry():
+            return Plan(None, f"retry budget of agent {flight.route.agent.name!r} is exhausted")
+        delay = retry_delay(flight.attempts - 1, policy, self.rng, verdict.retry_after)
+        if not flight.deadline.fits(now, delay):
+            return Plan(None, f"a retry after {delay:.3g}s would start past the deadline", out_of_time=True)
+        flight.spent_retry = admission.guards.budget.spend() or flight.spent_retry
+        return Plan(delay, "retry")
+
+    def decide(self, flight: Flight, verdict: Verdict, admission: Admission, now: float) -> Step:
+        """The step after an attempt: the table in this module's docstring, row by row."""
+        stage = verdict.stage
+        if stage == "success":
+            return _FINISHED
+        if stage == "business":
+            return _BUSINESS
+        if stage == "not_delivered" and flight.retries_here:
+            try:
+                self.fail_over(flight, f"{flight.route.instance.instance_id}: not delivered ({verdict.outcome})")
+            except ReachError:
+                pass
+            else:
+                return Step("fail_over", Plan(0.0, "not delivered: failed over at once"))
+        flight.counted += 1
+        if stage == "unknown" and flight.key is not None and flight.pin is None:
+            self.pin(flight, where_of(flight.route), flight.route.agent.idempotency.shared)
+        plan = self.plan_retry(flight, verdict, admission, now)
+        return Step("give_up" if plan.delay is None else "retry", plan)
+
+    def record(
+        self, flight: Flight, verdict: Verdict, admission: Admission, started: float, now: float, delay: float | None
+    ) -> None:
+        """Add the attempt to the request's trace (a success only when someone will read it)."""
+        self.record_at(flight, flight.route, verdict, admission, started, now, delay)
+
+    def record_at(
+        self,
+        flight: Flight,
+        route: RouteLike,
+        verdict: Verdict,
+        admission: Admission,
+        started: float,
+        now: float,
+        delay: float | None,
+    ) -> None:
+        """:meth:`record` for an attempt at ``route`` (the flight may have failed over since)."""
+        if verdict.ok and not flight.rec.keep:
+            return
+        flight.rec.attempt(
+            number=flight.attempts,
+            agent=route.agent.name,
+            instance=route.instance.instance_id,
+            endpoint=route.instance.endpoint,
+            started_at=started,
+            duration_ms=(now - started) * 1000.0,
+            outcome=verdict.outcome,
+            error=verdict.error.message if verdict.error else None,
+            retry_delay_ms=None if delay is None else delay * 1000.0,
+            breaker_state=admission.breaker.state(self.clock.monotonic()),
+            delivery=verdict.delivery,
+        )
+
+    def respond(
+        self, flight: Flight, status: Status, data: Any, error: ErrorInfo | None, reply: Reply | None = None
+    ) -> ReachResponse:
+        """The response; who served it is what the far side says (a gateway or node may have failed over)."""
+        route = flight.route
+        affinity = route.affinity
+        return ReachResponse(
+            request_id=flight.request.request_id,
+            status=status,
+            data=data,
+            error=error,
+            agent=(reply.agent if reply is not None and reply.agent else route.agent.name),
+            instance=(reply.instance if reply is not None and reply.instance else route.instance.instance_id),
+            attempts=flight.far_attempts,
+            cost_ms=(self.clock.now() - flight.rec.started_at) * 1000.0,
+            context_restore=affinity == "restored",
+            degraded=affinity == "degraded",
+        )
+
+    def give_up(
+        self, flight: Flight, verdict: Verdict, reply: Reply | None, why: str, *, out_of_time: bool = False
+    ) -> ReachResponse:
+        """The final answer of a request that did not succeed: ``timeout`` or ``fail``, never the bad data."""
+        now = self.clock.now()
+        flight.rec.event(EVENT_GIVE_UP, now, reason=why, outcome=verdict.outcome)
+        last = verdict.error.message if verdict.error else verdict.outcome
+        if flight.pin is not None and verdict.outcome != "business":
+            unknown = self.outcome_unknown(flight)
+            info = ErrorInfo(type=unknown.error_type, message=f"{unknown.message}; gave up: {why}; last error: {last}")
+            late = out_of_time or flight.deadline.expired(now)
+            return self.respond(flight, "timeout" if late else "fail", None, info)
+        if verdict.outcome == "invalid_response":
+            logger.warning(
+                "request %s: invalid response from %s: %s",
+                flight.request.request_id,
+                flight.route.instance.instance_id,
+                last,
+            )
+        if out_of_time or verdict.outcome == "timeout" or flight.deadline.expired(now):
+            message = f"deadline reached after {flight.attempts} attempt(s) ({why}); last error: {last}"
+            return self.respond(flight, "timeout", None, ErrorInfo(type="timeout", message=message))
+        data = reply.data if reply is not None and verdict.outcome == "business" else None
+        error = verdict.error or ErrorInfo(type=verdict.outcome, message=why)
+        return self.respond(flight, "fail", data, error, reply)
+
+
+async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
+    """Admit, send, settle, then take the step :meth:`Engine.decide` names, until an answer is due."""
+    clock = engine.clock
+    last: tuple[Verdict, Reply | None] | None = None
+    while True:
+        flight.attempts += 1
+        admission = engine.admit_now(flight)
+        if admission is None:
+            try:
+                admission = await engine.admit(flight)
+            except ReachError as exc:
+                flight.attempts -= 1
+                if last is None:
+                    raise
+                return engine.give_up(flight, last[0], last[1], f"no instance could take the retry: {exc.message}")
+        started, tick = clock.now(), clock.monotonic()
+        try:
+            verdict, reply = await engine.send(flight)
+        except BaseException:
+            engine.abandon(admission)
+            raise
+        now, duration = clock.now(), clock.monotonic() - tick
+        flight.far_attempts += reply.attempts if reply is not None else 1
+        tried = flight.route
+        step = engine.decide(flight, verdict, admission, now)
+        again = step.action == "retry" and not verdict.unreachable
+        engine.settle(flight, admission, verdict, duration, again=again, answered=reply is not None)
+        engine.record_at(flight, tried, verdict, admission, started, now, step.plan.delay)
+        if step.action == "finish" and reply is not None:
+            return engine.respond(flight, "success", reply.data, None, reply)
+        if step.action == "give_up":
+            return engine.give_up(flight, verdict, reply, step.plan.why, out_of_time=step.plan.out_of_time)
+        last = (verdict, reply)
+        if step.action == "fail_over":
+            continue
+        delay = step.plan.delay or 0.0
+        flight.rec.event(EVENT_RETRY, now, attempt=flight.attempts, delay_ms=delay * 1000.0, outcome=verdict.outcome)
+        await clock.sleep(delay)
+        if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
+            try:
+                engine.fail_over(flight, f"{flight.route.instance.instance_id} is unreachable or its breaker opened")
+            except OutcomeUnknown:
+                return engine.give_up(flight, verdict, reply, "the pinned instance cannot take the retry")
+            except ReachError as exc:
+                if not admission.breaker.available(clock.monotonic()):
+                    return engine.give_up(flight, verdict, reply, f"no other instance to fail over to: {exc.message}")

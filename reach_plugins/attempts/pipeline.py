@@ -1,0 +1,425 @@
+"""The one async pipeline every transport goes through.
+
+Order of a call: loop guard -> route -> target loop check -> payload vs params_schema -> deadline ->
+dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
+breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
+retry (full jitter, budget) or fail over -> trace and span.
+
+Dedup comes before the limits (DESIGN.md lists it after them) so that a
+duplicate waiting for its in-flight twin neither burns a rate-limit token nor
+sits on a concurrency slot; limits are taken per attempt so that a retry
+counts as load and a backoff sleep holds no slot. Raise-vs-return follows
+:mod:`reach_plugins.errors`: raise when nothing was sent, return a
+``ReachResponse`` (``fail``/``timeout``, with its trace) once an agent was tried.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+
+from opentelemetry import trace as otel
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.util.types import AttributeValue
+
+from reach_plugins.attempts.engine import Engine, run_unary
+from reach_plugins.attempts.flight import Claim, Flight
+from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
+from reach_plugins.attempts.streaming import stream_attempts
+from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, OutcomeUnknown, ReachError
+from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.policy.batching import BatchPolicy
+from reach_plugins.policy.clock import Clock, as_clock
+from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
+from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
+from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
+from reach_plugins.policy.validation import check_payload
+from reach_plugins.telemetry.spans import (
+    ATTR_AGENT,
+    ATTR_ATTEMPTS,
+    ATTR_CAPABILITY,
+    ATTR_DEDUP_HIT,
+    ATTR_ERROR_TYPE,
+    ATTR_INSTANCE,
+    ATTR_REQUEST_ID,
+    ATTR_SESSION_ID,
+    ATTR_STATUS,
+    ATTR_STREAM_CHARS,
+    ATTR_STREAM_EVENTS,
+    ATTR_TENANT,
+    EVENT_DEDUP_HIT,
+    EVENT_DEDUP_UNAVAILABLE,
+    EVENT_DEDUP_WAIT,
+    EVENT_STREAMED,
+    get_tracer,
+    inject_context,
+    server_attributes,
+    span_name,
+    spans_are_noop,
+)
+from reach_plugins.telemetry.trace import TraceRecorder, TraceSink, emit_safely
+from reach_plugins.telemetry.usage import usage_of
+from reach_plugins.transport import StreamEvent, Transport
+from reach_plugins.wire.headers import (
+    HEADER_HOPS,
+    HEADER_IDEMPOTENCY_KEY,
+    HEADER_RETRY,
+    HEADER_SUMMARY,
+    HEADER_TENANT,
+    META_SUMMARY,
+    RETRY_UPSTREAM,
+    TARGET,
+)
+
+logger = logging.getLogger("reach_plugins.attempts")
+
+CLAIM_GRACE = 2.0
+"""Seconds a dedup claim outlives its request's deadline: a crashed owner blocks its key no longer than that."""
+
+_SPANS_RECHECK = 1.0
+"""Seconds between two looks at the global tracer provider while no SDK is installed (the look is not free)."""
+
+
+class Pipeline:
+    """Runs ReachRequests through the resilience core around one Transport."""
+
+    def __init__(
+        self,
+        *,
+        router: RouterLike,
+        transport: Transport,
+        store: DedupStore | None = None,
+        clock: Clock | Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        credentials: CredentialResolver | None = None,
+        sink: TraceSink | None = None,
+        tracer_provider: TracerProvider | None = None,
+        max_hops: int = DEFAULT_MAX_HOPS,
+        default_timeout: float = 30.0,
+        stream_batching: BatchPolicy | None = None,
+    ) -> None:
+        if max_hops < 1 or default_timeout <= 0:
+            raise ConfigError(f"max_hops must be >= 1 and default_timeout > 0, got {max_hops} and {default_timeout}")
+        self._clock = as_clock(clock)
+        self._owns_store = store is None
+        self._store: DedupStore = store if store is not None else MemoryDedupStore(clock=self._clock)
+        self._sink = sink
+        self._tracer_provider = tracer_provider
+        self._tracer = get_tracer(tracer_provider)
+        self._spans_on = False
+        self._spans_recheck = -math.inf
+        self._max_hops = max_hops
+        self._default_timeout = default_timeout
+        self._batching = stream_batching or BatchPolicy()
+        self._engine = Engine(
+            router=router,
+            transport=transport,
+            clock=self._clock,
+            rng=rng or random.Random(),
+            credentials=credentials,
+        )
+
+    def is_available(self, agent: str, instance_id: str) -> bool:
+        """Whether the instance's breaker would admit a call now and it is not ejected for inconsistent replies."""
+        engine = self._engine
+        breaker = engine.breakers.find(agent, instance_id)
+        if breaker is not None and not breaker.is_closed and not breaker.available(self._clock.monotonic()):
+            return False
+        consistency = engine.consistency
+        return consistency.healthy(agent, instance_id) or consistency.available(
+            agent, instance_id, self._clock.monotonic()
+        )
+
+    async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
+        """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
+        started = self._clock.now()
+        if self._spans_off(started):
+            return await self._run(request, otel.get_current_span(), started, trace)
+        with self._tracer.start_as_current_span(
+            span_name(request.capability),
+            kind=SpanKind.CLIENT,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            return await self._run(request, span, started, trace)
+
+    async def stream(self, request: ReachRequest) -> AsyncGenerator[StreamEvent, None]:
+        """Stream one request's events; retried only before the first event, never deduplicated."""
+        async with aclosing(self._stream(request)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    def stream_batches(self, request: ReachRequest) -> AsyncGenerator[list[StreamEvent], None]:
+        """:meth:`stream` as the batches the core hands on (write each as one frame to cut writes and wakeups)."""
+        return self._stream(request)
+
+    async def aclose(self) -> None:
+        """Close what the pipeline created itself (the default dedup store); the caller owns the transport."""
+        if self._owns_store:
+            await self._store.aclose()
+
+    # ------------------------------------------------------------------ internals
+
+    def _prepare(self, request: ReachRequest, rec: TraceRecorder, context: Context | None) -> Flight:
+        check_length(request.hops, self._max_hops)
+        engine = self._engine
+        route = engine.router.route(request)
+        rec.route = route
+        check_target(request.hops, route.agent.name, route.capability.name)
+        check_payload(route.capability, request.payload)
+        deadline = resolve_deadline(
+            request, route.agent, route.capability, started_at=rec.started_at, default_timeout=self._default_timeout
+        )
+        if deadline.expired(self._clock.now()):
+            raise DeadlineExceeded(f"request {request.request_id}: the deadline passed before anything was sent")
+        key = resolve_key(request, route.agent, route.capability)
+        owns_retries = engine.transport.owns_retries
+        headers = {HEADER_HOPS: hops_header(request.hops, route.agent.name, route.capability.name)}
+        if request.tenant:
+            headers[HEADER_TENANT] = request.tenant
+        if key:
+            headers[HEADER_IDEMPOTENCY_KEY] = key
+        summary = request.metadata.get(META_SUMMARY) if request.metadata else None
+        if summary:
+            headers[HEADER_SUMMARY] = summary
+        if request.retried_upstream or not owns_retries:
+            headers[HEADER_RETRY] = RETRY_UPSTREAM
+        if rec.span.get_span_context().is_valid:
+            inject_context(headers, context)
+        retries_here = not (request.retried_upstream or owns_retries)
+        return Flight(request, rec, route, deadline, key, retries_here, headers)
+
+    def _spans_off(self, now: float) -> bool:
+        """Whether spans would record nothing (no SDK): asked of OpenTelemetry at most once a second.
+
+        An installed SDK stays installed, so a yes is kept for good; a global
+        SDK installed while the client runs is picked up within a second.
+        """
+        if self._spans_on:
+            return False
+        if now < self._spans_recheck:
+            return True
+        off = spans_are_noop(self._tracer_provider)
+        self._spans_on = not off
+        self._spans_recheck = now + (_SPANS_RECHECK if self._tracer_provider is None else math.inf)
+        return off
+
+    async def _run(self, request: ReachRequest, span: Span, started: float, trace: bool) -> ReachResponse:
+        rec = TraceRecorder(request, started, span, keep=trace or self._sink is not None)
+        _start_span(span, request)
+        try:
+            flight = self._prepare(request, rec, None)
+            if flight.key is None:
+                response = await run_unary(self._engine, flight)
+            else:
+                response = await self._deduplicated(flight, flight.key)
+        except ReachError as exc:
+            self._refused(rec, exc)
+            raise
+        return self._finish(rec, response, trace)
+
+    async def _deduplicated(self, flight: Flight, idempotency_key: str) -> ReachResponse:
+        """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest.
+
+        The claim is settled by how the flight ended: ``done`` on success, ``unknown`` when an attempt may
+        have run and its answer was lost (or the caller went away mid-send), released otherwise.
+        """
+        request = flight.request
+        key = store_key(request, idempotency_key)
+        stored = await self._claim(flight, key, payload_hash(request))
+        if stored is not None:
+            return self._replay(flight, stored)
+        response: ReachResponse | None = None
+        try:
+            response = await run_unary(self._engine, flight)
+        finally:
+            if response is not None and response.ok:
+                await self._store.complete(key, response.model_copy(deep=True))
+            elif flight.pin is not None or (response is None and flight.ran_at is not None):
+                await self._store.unknown(key, flight.pin or flight.ran_at)
+            else:
+                await self._store.fail(key)
+        return response
+
+    async def _claim(self, flight: Flight, key: str, digest: str) -> ReachResponse | None:
+        """Own the key (None), or return the stored/in-flight twin's response once it is there.
+
+        The claim is a lease of the request's deadline plus :data:`CLAIM_GRACE`; a key left ``unknown`` (by
+        a lost answer or a crashed owner) is taken over pinned where it can be checked, never run as new.
+        """
+        clock = self._clock
+        waited = False
+        agent = flight.route.agent
+        while True:
+            now = clock.now()
+            lease = flight.deadline.remaining(now) + CLAIM_GRACE
+            where = f"{agent.name}/{flight.route.instance.instance_id}"
+            try:
+                begin = await self._store.begin(key, digest, lease, window=agent.idempotency.window, where=where)
+            except BackendUnavailable as exc:
+                if not agent.idempotency.shared:
+                    raise
+                logger.warning("dedup store unreachable; %s is guarded by %s's own store: %s", key, agent.name, exc)
+                flight.rec.event(EVENT_DEDUP_UNAVAILABLE, now, error=exc.message)
+                return None
+            if begin.state in ("new", "unknown"):
+                claimed_at = begin.where if begin.state == "unknown" else where
+                flight.claim = Claim(claimed_at, lambda moved: self._store.sent(key, moved))
+            if begin.state == "new":
+                return None
+            if begin.state == "unknown":
+                await self._take_over(flight, key, begin.where)
+                return None
+            if begin.state == "done" and begin.result is not None:
+                return begin.result
+            if flight.deadline.expired(now):
+                raise DeadlineExceeded(
+                    f"request {flight.request.request_id}: a request with the same idempotency key is still "
+                    "in flight and the deadline passed while waiting for it"
+                )
+            if not waited:
+                flight.rec.event(EVENT_DEDUP_WAIT, now)
+                waited = True
+            result = await self._store.wait(key, flight.deadline.remaining(now))
+            if result is not None:
+                return result
+
+    async def _take_over(self, flight: Flight, key: str, where: str | None) -> None:
+        """Own an ``unknown`` key: route only where it can be checked, else hand it back and raise OutcomeUnknown."""
+        engine = self._engine
+        agent, _, instance = (where or "").partition("/")
+        shared = flight.route.agent.idempotency.shared and (not agent or agent == flight.route.agent.name)
+        engine.pin(flight, where or f"{flight.route.agent.name}/{flight.route.instance.instance_id}", shared)
+        try:
+            if where is None and not shared:
+                raise engine.outcome_unknown(flight)
+            if where is not None and not shared and flight.route.instance.instance_id != instance:
+                flight.route = self._route_to(flight, where)
+                flight.rec.route = flight.route
+        except OutcomeUnknown:
+            await self._store.unknown(key, where)
+            raise
+
+    def _route_to(self, flight: Flight, where: str) -> RouteLike:
+        """The route to the pinned ``agent/instance`` (asked as a ``reach.target`` pin), or OutcomeUnknown."""
+        engine = self._engine
+        pinned = flight.request.model_copy(update={"metadata": {**flight.request.metadata, TARGET: where}})
+        passed: set[tuple[str, str]] = set()
+        while True:
+            try:
+                route = engine.router.route(pinned, exclude=passed)
+            except ReachError:
+                raise engine.outcome_unknown(flight) from None
+            if f"{route.agent.name}/{route.instance.instance_id}" == where:
+                return route
+            passed.add((route.agent.name, route.instance.instance_id))
+
+    def _replay(self, flight: Flight, stored: ReachResponse) -> ReachResponse:
+        rec = flight.rec
+        rec.dedup_hit = True
+        now = self._clock.now()
+        rec.event(EVENT_DEDUP_HIT, now, first_request_id=stored.request_id)
+        cost = (now - rec.started_at) * 1000.0
+        return stored.model_copy(
+            update={"request_id": flight.request.request_id, "attempts": 0, "cost_ms": cost, "trace": None},
+            deep=True,
+        )
+
+    def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:
+        failed = response.status != "success"
+        if trace or failed or self._sink is not None:
+            rec.usage = usage_of(response.data)
+            built = rec.build(response.status, response.error, self._clock.now())
+            if self._sink is not None:
+                emit_safely(self._sink, built)
+            if trace or failed:
+                response.trace = built
+        span = rec.span
+        if span.is_recording():
+            endpoint = (
+                rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.instance.endpoint if rec.route else ""
+            )
+            ended: dict[str, AttributeValue] = {ATTR_ATTEMPTS: response.attempts, **server_attributes(endpoint)}
+            if response.agent:
+                ended[ATTR_AGENT] = response.agent
+                ended[ATTR_INSTANCE] = response.instance or ""
+            _end_span(span, response.status, response.error, rec.dedup_hit, ended)
+        return response
+
+    def _refused(self, rec: TraceRecorder, exc: ReachError) -> None:
+        error = ErrorInfo(type=exc.error_type, message=exc.message)
+        if self._sink is not None:
+            emit_safely(self._sink, rec.build("error", error, self._clock.now()))
+        if rec.span.is_recording():
+            rec.span.record_exception(exc)
+            _end_span(rec.span, "error", error, rec.dedup_hit)
+
+    async def _stream(self, request: ReachRequest) -> AsyncGenerator[list[StreamEvent], None]:
+        started = self._clock.now()
+        owned = not self._spans_off(started)
+        span = self._tracer.start_span(span_name(request.capability), kind=SpanKind.CLIENT) if owned else None
+        span = span or otel.get_current_span()
+        rec = TraceRecorder(request, started, span, keep=self._sink is not None)
+        _start_span(span, request)
+        flight: Flight | None = None
+        try:
+            flight = self._prepare(request, rec, otel.set_span_in_context(span))
+            explicit = has_explicit_deadline(request)
+            attempts = stream_attempts(self._engine, flight, explicit_deadline=explicit, batching=self._batching)
+            async with aclosing(attempts) as batches:
+                async for batch in batches:
+                    yield batch
+        except ReachError as exc:
+            self._refused(rec, exc)
+            raise
+        finally:
+            if flight is not None:
+                self._streamed(rec, flight)
+            if owned:
+                span.end()
+
+    def _streamed(self, rec: TraceRecorder, flight: Flight) -> None:
+        """Close a stream's books: what it carried (span attributes and trace), its status, its trace line."""
+        status = flight.status if flight.status != "pending" else "cancelled"
+        now = self._clock.now()
+        rec.event(EVENT_STREAMED, now, events=flight.streamed_events, chars=flight.streamed_chars)
+        if self._sink is not None:
+            emit_safely(self._sink, rec.build(status, flight.error, now))
+        span = rec.span
+        if span.is_recording():
+            ended: dict[str, AttributeValue] = {
+                ATTR_ATTEMPTS: flight.attempts,
+                ATTR_AGENT: flight.route.agent.name,
+                ATTR_INSTANCE: flight.route.instance.instance_id,
+                ATTR_STREAM_EVENTS: flight.streamed_events,
+                ATTR_STREAM_CHARS: flight.streamed_chars,
+            }
+            _end_span(span, status, flight.error, False, ended)
+
+
+def _start_span(span: Span, request: ReachRequest) -> None:
+    if span.is_recording():
+        started: dict[str, AttributeValue] = {ATTR_CAPABILITY: request.capability, ATTR_REQUEST_ID: request.request_id}
+        if request.tenant:
+            started[ATTR_TENANT] = request.tenant
+        if request.session_id:
+            started[ATTR_SESSION_ID] = request.session_id
+        span.set_attributes(started)
+
+
+def _end_span(
+    span: Span, status: str, error: ErrorInfo | None, dedup_hit: bool, more: dict[str, AttributeValue] | None = None
+) -> None:
+    """The span's closing attributes (and error status), set in one call: the SDK locks once per call."""
+    ended: dict[str, AttributeValue] = {ATTR_STATUS: status, ATTR_DEDUP_HIT: dedup_hit}
+    if status != "success":
+        ended[ATTR_ERROR_TYPE] = error.type if error else status
+        span.set_status(Status(StatusCode.ERROR, error.message if error else status))
+    if more:
+        ended.update(more)
+    span.set_attributes(ended)

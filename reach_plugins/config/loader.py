@@ -1,0 +1,401 @@
+"""YAML configuration: agents, shared ``defaults:`` that each agent overrides key by key, tenants.
+
+A top-level ``agents:`` list uses the AgentDescriptor field names; ``defaults:``
+holds agent-level blocks (``retry``, ``timeouts``, ``pool``...) deep-merged
+under every agent; ``tenants:`` maps a tenant to its token, allow-list, source
+networks and its own per-agent credentials. ``examples/agents.yaml`` shows every
+field. The seeds' other dialects (``agent:``, ``connectors:``, ``base_url``,
+top-level ``tools:``...) are translated by :mod:`reach_plugins.config.shapes`.
+
+Secrets are references only (``value_env``). A literal secret, like every other
+mistake, is a :class:`~reach_plugins.errors.ConfigError` whose message names the
+file and the path of the key, e.g. ``agents.yaml: agents[2].capabilities[0].name: ...``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from reach_plugins.config.shapes import (
+    TOP_LEVEL_KEYS,
+    Problems,
+    Shaped,
+    apply_catalogue,
+    check_env_name,
+    check_literal_secrets,
+    check_secret_refs,
+    closest,
+    collect_agents,
+    merge_defaults,
+    read_yaml,
+    shape_blocks,
+    shape_capability,
+    validation_problems,
+)
+from reach_plugins.errors import ConfigError
+from reach_plugins.model import (
+    AgentDescriptor,
+    Auth,
+    Capability,
+    CircuitBreakerConfig,
+    HealthCheck,
+    Idempotency,
+    PoolConfig,
+    Protocol,
+    RetryPolicy,
+    Routing,
+    Strict,
+    Timeouts,
+)
+from reach_plugins.transport import Credential
+from reach_plugins.units import Duration
+
+
+def _env_name(value: str) -> str:
+    return check_env_name(value, "this field")
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+"""The name of an environment variable that holds a secret (never the secret itself)."""
+
+
+class CredentialRef(Strict):
+    """One tenant's own credential for one agent; ``type`` defaults to the agent's auth type."""
+
+    type: Literal["header", "query", "bearer", "cert"] | None = None
+    key: str | None = None
+    value_env: EnvName | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    client_cert_env: EnvName | None = None
+    client_key_env: EnvName | None = None
+
+    def gaps(self, auth: Auth) -> list[str]:
+        """What this credential lacks to authenticate to an agent whose own auth is ``auth``."""
+        kind = self.type or auth.type
+        if kind == "none":
+            return ["the agent uses no auth: give this credential a 'type' (header, query, bearer or cert)"]
+        gaps = []
+        if kind in ("header", "query") and not (self.key or auth.key):
+            gaps.append(f"a {kind} credential needs 'key' (the header or parameter name)")
+        if kind in ("header", "query", "bearer") and not self.value_env:
+            gaps.append(f"a {kind} credential needs 'value_env' naming the variable with this tenant's secret")
+        if kind == "cert" and not (self.client_cert or self.client_cert_env):
+            gaps.append("a cert credential needs 'client_cert' (a file) or 'client_cert_env'")
+        return gaps
+
+
+class TenantConfig(Strict):
+    """Who a tenant is, which agents it may reach, from where, and with which credentials."""
+
+    token_env: EnvName | None = None
+    """Variable holding the bearer token this tenant presents to a gateway or node."""
+    agents: list[str] | Literal["*"]
+    """Allow-list of agent names; ``"*"`` (alone or in the list) allows every agent."""
+    networks: list[str] = Field(default_factory=list)
+    """Source CIDRs allowed to reach ``internal_only`` agents."""
+    credentials: dict[str, CredentialRef] = Field(default_factory=dict)
+    """This tenant's own downstream credentials, by agent name: never shared with another tenant."""
+
+    @field_validator("agents", mode="before")
+    @classmethod
+    def _allow_list(cls, value: Any) -> Any:
+        if value == "*" or (isinstance(value, list) and "*" in value):
+            return "*"
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ValueError(f"agents must be a list of agent names, or '*' for all, got {value!r}")
+        return value
+
+    @field_validator("networks")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        return [_network(text) for text in value]
+
+    def allows(self, agent_name: str) -> bool:
+        """Whether this tenant may reach ``agent_name``."""
+        return self.agents == "*" or agent_name in self.agents
+
+    def allows_address(self, address: str) -> bool:
+        """Whether ``address`` lies in one of ``networks`` (no networks: no address qualifies)."""
+        ip = ipaddress.ip_address(address)
+        return any(ip in ipaddress.ip_network(net) for net in self.networks)
+
+
+def _network(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text))
+    except ValueError as exc:
+        try:
+            loose = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a CIDR network such as 10.0.0.0/8 ({exc})") from None
+        raise ValueError(f"{text!r} has host bits set; did you mean {loose}?") from None
+
+
+class AuthDefaults(Strict):
+    """A partial ``auth`` for ``defaults:``: each agent completes it (say, with its own ``value_env``)."""
+
+    type: Literal["none", "header", "query", "bearer", "cert"] | None = None
+    key: str | None = None
+    value_env: EnvName | None = None
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_cert_env: EnvName | None = None
+    client_key: str | None = None
+    client_key_env: EnvName | None = None
+
+
+class RateLimitDefaults(Strict):
+    """A partial ``rate_limit`` for ``defaults:`` (``qps`` may be left to each agent)."""
+
+    qps: float | None = Field(default=None, gt=0)
+    burst: int | None = Field(default=None, ge=1)
+    max_wait: Duration | None = None
+
+
+class AgentDefaults(Strict):
+    """Agent-level blocks shared by every agent; a block an agent gives overrides these key by key."""
+
+    namespace: str | None = None
+    protocol: Protocol | None = None
+    auth: AuthDefaults | None = None
+    pool: PoolConfig | None = None
+    routing: Routing | None = None
+    timeouts: Timeouts | None = None
+    retry: RetryPolicy | None = None
+    rate_limit: RateLimitDefaults | None = None
+    circuit_breaker: CircuitBreakerConfig | None = None
+    idempotency: Idempotency | None = None
+    internal_only: bool | None = None
+    tenants: list[str] | None = None
+    trust_level: Literal["L1", "L2", "L3"] | None = None
+    health_check: HealthCheck | None = None
+    protocol_options: dict[str, Any] | None = None
+
+
+class ReachConfig(BaseModel):
+    """A loaded configuration: the agents (defaults applied), the tenant table, the defaults themselves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agents: list[AgentDescriptor] = Field(default_factory=list)
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    defaults: AgentDefaults = Field(default_factory=AgentDefaults)
+    tools: dict[str, Capability] = Field(default_factory=dict)
+    """Top-level ``tools:`` catalogue: capability declarations merged into agents offering them."""
+    source: str = "<config>"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReachConfig:
+        problems = cross_check([(f"agents[{i}]", agent) for i, agent in enumerate(self.agents)], self.tenants)
+        if problems:
+            raise ValueError("; ".join(f"{path}: {message}" for path, message in problems))
+        return self
+
+    def agent(self, name: str) -> AgentDescriptor:
+        """The agent called ``name``; ``ConfigError`` (with the closest names) when there is none."""
+        for agent in self.agents:
+            if agent.name == name:
+                return agent
+        raise ConfigError(f"{self.source}: no agent named {name!r}{closest(name, [a.name for a in self.agents])}")
+
+    def tenant(self, name: str) -> TenantConfig:
+        """The tenant called ``name``; ``ConfigError`` when the tenant table has no such entry."""
+        if name in self.tenants:
+            return self.tenants[name]
+        raise ConfigError(f"{self.source}: no tenant named {name!r}{closest(name, list(self.tenants))}")
+
+
+def cross_check(agents: list[tuple[str, AgentDescriptor]], tenants: Mapping[str, TenantConfig]) -> Problems:
+    """References between records: unique agent names, tenants naming real agents, credentials that fit."""
+    problems: Problems = []
+    first: dict[str, str] = {}
+    for path, agent in agents:
+        if agent.name in first:
+            problems.append((f"{path}.name", f"agent name {agent.name!r} is already used by {first[agent.name]}"))
+        first.setdefault(agent.name, path)
+        for index, tenant_name in enumerate(agent.tenants or []):
+            if tenants and tenant_name not in tenants:
+                hint = closest(tenant_name, [*tenants])
+                problems.append((f"{path}.tenants[{index}]", f"unknown tenant {tenant_name!r}{hint}"))
+    by_name = {agent.name: agent for _, agent in agents}
+    for name, tenant in tenants.items():
+        for index, agent_name in enumerate(tenant.agents if tenant.agents != "*" else []):
+            if agent_name not in by_name:
+                hint = closest(agent_name, [*by_name])
+                problems.append((f"tenants.{name}.agents[{index}]", f"unknown agent {agent_name!r}{hint}"))
+        for agent_name, ref in tenant.credentials.items():
+            where = f"tenants.{name}.credentials.{agent_name}"
+            if agent_name not in by_name:
+                hint = closest(agent_name, [*by_name])
+                problems.append((where, f"credential for unknown agent {agent_name!r}{hint}"))
+            elif not tenant.allows(agent_name):
+                problems.append((where, f"tenant {name!r} has a credential for {agent_name!r} but may not reach it"))
+            else:
+                problems.extend((where, gap) for gap in ref.gaps(by_name[agent_name].auth))
+    return problems
+
+
+def load_config(path: str | os.PathLike[str]) -> ReachConfig:
+    """Read and validate a YAML config file; every problem is a ``ConfigError`` naming the file."""
+    source = os.fspath(path)
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read the config file: {exc}") from exc
+    return parse_config(text, source=source)
+
+
+def parse_config(data: str | Mapping[str, Any], *, source: str = "<string>") -> ReachConfig:
+    """Validate a config given as YAML text or as an already parsed mapping."""
+    doc = read_yaml(data, source) if isinstance(data, str) else data
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping with an 'agents:' list, got {type(doc).__name__}")
+    expected = f"unknown top-level key; expected {', '.join(TOP_LEVEL_KEYS)}"
+    problems: Problems = [(str(key), expected) for key in doc if key not in TOP_LEVEL_KEYS]
+    defaults_body, defaults = _defaults(doc.get("defaults", {}), problems)
+    catalogue_body, catalogue = _catalogue(doc.get("tools", []), problems)
+    shaped = collect_agents(doc, problems)
+    agents = [_agent(one, defaults_body, catalogue_body, problems) for one in shaped]
+    tenants = _tenants(doc.get("tenants", {}), problems)
+    _raise_if(problems, source)
+    placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
+    _raise_if(cross_check(placed, tenants), source)
+    return ReachConfig(
+        agents=[agent for _, agent in placed],
+        tenants=tenants,
+        defaults=defaults or AgentDefaults(),
+        tools=catalogue,
+        source=source,
+    )
+
+
+def _raise_if(problems: Problems, source: str) -> None:
+    if problems:
+        raise ConfigError("\n".join(f"{source}: {path}: {message}" for path, message in problems), problems=problems)
+
+
+_AUTH_KEYS = frozenset(Auth.model_fields)
+_CREDENTIAL_KEYS = frozenset(CredentialRef.model_fields)
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validate(model: type[_M], shaped: Shaped, problems: Problems) -> _M | None:
+    try:
+        return model.model_validate(shaped.body)
+    except ValidationError as exc:
+        problems.extend(validation_problems(exc, model, shaped))
+        return None
+
+
+def _defaults(raw: Any, problems: Problems) -> tuple[dict[str, Any], AgentDefaults | None]:
+    if not isinstance(raw, Mapping):
+        problems.append(("defaults", "expected a mapping of agent-level blocks (retry, timeouts, pool...)"))
+        return {}, None
+    shaped = Shaped("defaults", {})
+    shaped.body = shape_blocks(raw, "defaults", problems, shaped.renames)
+    if not check_secret_refs(shaped.body.get("auth"), "defaults.auth", _AUTH_KEYS, problems):
+        return {}, None
+    defaults = _validate(AgentDefaults, shaped, problems)
+    return (shaped.body, defaults) if defaults is not None else ({}, None)
+
+
+def _catalogue(raw: Any, problems: Problems) -> tuple[dict[str, dict[str, Any]], dict[str, Capability]]:
+    if not isinstance(raw, list):
+        problems.append(("tools", "expected a list of tool declarations ({name, idempotency_key, retryable...})"))
+        return {}, {}
+    bodies: dict[str, dict[str, Any]] = {}
+    tools: dict[str, Capability] = {}
+    for index, item in enumerate(raw):
+        shaped = shape_capability(item, f"tools[{index}]", problems)
+        tool = _validate(Capability, shaped, problems)
+        if tool is not None and tool.name in tools:
+            problems.append((f"tools[{index}].name", f"tool {tool.name!r} is declared twice"))
+        elif tool is not None:
+            bodies[tool.name], tools[tool.name] = shaped.body, tool
+    return bodies, tools
+
+
+def _agent(
+    shaped: Shaped, defaults: Mapping[str, Any], catalogue: Mapping[str, Mapping[str, Any]], problems: Problems
+) -> AgentDescriptor | None:
+    if not check_secret_refs(shaped.body.get("auth"), f"{shaped.path}.auth", _AUTH_KEYS, problems):
+        return None
+    shaped.body = apply_catalogue(merge_defaults(defaults, shaped.body), catalogue)
+    before = len(problems)
+    check_literal_secrets(shaped.body.get("protocol_options"), f"{shaped.path}.protocol_options", problems)
+    if len(problems) > before:
+        return None
+    return _validate(AgentDescriptor, shaped, problems)
+
+
+def _tenants(raw: Any, problems: Problems) -> dict[str, TenantConfig]:
+    if not isinstance(raw, Mapping):
+        problems.append(("tenants", "expected a mapping of tenant name to {token_env, agents, networks, credentials}"))
+        return {}
+    tenants: dict[str, TenantConfig] = {}
+    for name, body in raw.items():
+        path = f"tenants.{name}"
+        credentials = body.get("credentials") if isinstance(body, Mapping) else None
+        refs = credentials.items() if isinstance(credentials, Mapping) else ()
+        clean = [
+            check_secret_refs(ref, f"{path}.credentials.{agent}", _CREDENTIAL_KEYS, problems) for agent, ref in refs
+        ]
+        if not all(clean):
+            continue
+        tenant = _validate(TenantConfig, Shaped(path, body), problems)
+        if tenant is not None:
+            tenants[str(name)] = tenant
+    return tenants
+
+
+def resolve_credential(
+    agent: AgentDescriptor, tenant: TenantConfig | None, environ: Mapping[str, str] = os.environ
+) -> Credential:
+    """The credential to present to ``agent`` on behalf of ``tenant``.
+
+    The tenant's own credential for this agent wins; without one, the agent's
+    ``auth`` applies. Secrets are read from ``environ`` now, so a missing
+    variable is a ``ConfigError`` naming it. For certificates, ``*_env``
+    variables hold file paths.
+    """
+    ref = tenant.credentials.get(agent.name) if tenant is not None else None
+    auth = agent.auth
+    if ref is None:
+        whose = f"agent {agent.name!r}"
+        return Credential(
+            type=auth.type,
+            key=auth.key,
+            value=_env(environ, auth.value_env, whose),
+            cert_file=auth.client_cert or _env(environ, auth.client_cert_env, whose),
+            key_file=auth.client_key or _env(environ, auth.client_key_env, whose),
+            ca_file=auth.ca_file,
+        )
+    whose = f"this tenant's credential for agent {agent.name!r}"
+    kind = ref.type or auth.type
+    if kind == "none":
+        raise ConfigError(f"{whose} has no type and the agent uses no auth; give the credential a 'type'")
+    return Credential(
+        type=kind,
+        key=ref.key or auth.key,
+        value=_env(environ, ref.value_env, whose),
+        cert_file=ref.client_cert or _env(environ, ref.client_cert_env, whose),
+        key_file=ref.client_key or _env(environ, ref.client_key_env, whose),
+        ca_file=auth.ca_file,
+    )
+
+
+def _env(environ: Mapping[str, str], name: str | None, whose: str) -> str | None:
+    if name is None:
+        return None
+    value = environ.get(name)
+    if not value:
+        state = "is empty" if value == "" else "is not set"
+        raise ConfigError(f"environment variable {name} {state}: it holds the secret of {whose}", env=name)
+    return value

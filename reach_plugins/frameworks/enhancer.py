@@ -1,0 +1,471 @@
+"""ReachEnhancer: turn a framework's tool call into a reach, framework-neutral.
+
+A tool maps to a capability by, in order: the explicit ``capability_map``,
+the exact name, then a semantic match of its name and description (the
+:class:`~reach_plugins.matching.CapabilityMatcher`, which refuses ties). The
+policy then picks the side: ``remote_first`` reaches when a healthy agent
+offers the capability and runs the local tool otherwise, ``remote_only``
+always reaches, ``local_only`` never does.
+
+A reach runs through :class:`~reach_plugins.ReachClient` (session liveness,
+affinity on the conversation key, the resilience core) inside an
+``execute_tool {tool}`` span. Frameworks call tools both ways, so the enhancer
+holds a :class:`~reach_plugins.client.blocking.SyncReachClient`: its client lives on
+one private loop, ``reach`` blocks on it and ``areach`` awaits it from the
+caller's loop. One client on one loop means one conversation pin, one breaker
+table and single-flight idempotency across a framework's sync and async calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol, Self
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from pydantic_core import to_jsonable_python
+
+from reach_plugins.client.blocking import SyncReachClient
+from reach_plugins.client.client import ReachClient
+from reach_plugins.errors import (
+    ApprovalRequired,
+    ConfigError,
+    NoHealthyAgent,
+    ReachError,
+    RequestError,
+    SessionClosed,
+    UnknownCapability,
+    error_for_response,
+)
+from reach_plugins.frameworks.toolcalls import (
+    Approver,
+    Decision,
+    ExposeOption,
+    Exposure,
+    MatcherOption,
+    OnError,
+    PendingApproval,
+    Policy,
+    ProxySpec,
+    Resolution,
+    RouteInfo,
+    ServeSpec,
+    ToolCall,
+    ToolMapper,
+    ToolResult,
+    check_choice,
+    content_of,
+    error_text,
+)
+from reach_plugins.model import Capability, ReachRequest, ReachResponse
+from reach_plugins.security import context
+from reach_plugins.stores.urls import open_sessions
+from reach_plugins.telemetry.metrics import ReachMetrics, fan_out
+from reach_plugins.telemetry.spans import (
+    ATTR_CAPABILITY,
+    ATTR_ERROR_TYPE,
+    ATTR_FALLBACK,
+    ATTR_GEN_AI_CONVERSATION_ID,
+    ATTR_GEN_AI_OPERATION_NAME,
+    ATTR_GEN_AI_TOOL_CALL_ID,
+    ATTR_GEN_AI_TOOL_NAME,
+    ATTR_GEN_AI_TOOL_TYPE,
+    OPERATION_EXECUTE_TOOL,
+    TOOL_TYPE_EXTENSION,
+    TOOL_TYPE_FUNCTION,
+    get_tracer,
+    tool_span_name,
+)
+
+if TYPE_CHECKING:
+    from reach_plugins.registry import Registry
+    from reach_plugins.stores.sessions import SessionStore
+    from reach_plugins.transport import Transport
+
+
+class _ToolSpan:
+    """A tool call's span that remembers the error type it was given (the duration metric's ``error.type``)."""
+
+    __slots__ = ("error", "span")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.error: str | None = None
+
+    def set_attribute(self, key: str, value: str) -> None:
+        if key == ATTR_ERROR_TYPE:
+            self.error = value
+        self.span.set_attribute(key, value)
+
+    def set_status(self, status: Status) -> None:
+        self.span.set_status(status)
+
+
+class Stoppable(Protocol):
+    """Something served on this enhancer's behalf (:class:`~reach_plugins.agent.langgraph.ServedAgent`)."""
+
+    def stop(self) -> None: ...
+
+
+SessionKey = Callable[[Any], "str | None"]
+"""Derives the conversation key from the host framework's call (LangGraph: the ``ToolCallRequest``)."""
+
+
+class ReachEnhancer:
+    """Reach other agents from any framework's tool calls (keyword-only; ``registry`` an object or a URL).
+
+    Give it the client's settings (``registry``, ``transport``, ``tenant``,
+    ``sessions``, any other :class:`ReachClient` keyword) or a ready ``client``.
+    Session liveness is on by default (``sessions="memory://"``). A capability
+    with ``danger_level: high`` or ``require_approval`` is sent only when
+    ``approver`` says yes (LangGraph's adapter asks a human with ``interrupt``).
+    ``on_error="message"`` turns a failure into text for the model,
+    ``"raise"`` raises it. ``expose`` names the capabilities without a local
+    tool that the model may see as proxy tools (names or scope tags, or a
+    predicate; none by default; ``danger_level: high`` ones only by name).
+    ``metrics`` (:class:`~reach_plugins.telemetry.metrics.ReachMetrics`) records tool
+    calls and, as the client's trace sink, every reach (for a ready
+    ``client``, give it ``sink=metrics`` yourself).
+    ``serve_as`` names what this agent offers when it is
+    served itself (``auto_register=True``; the agent SDK serves it, see :meth:`adopt`).
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: Registry | str | None = None,
+        transport: Transport | None = None,
+        tenant: str | None = None,
+        capability_map: Mapping[str, str | None] | None = None,
+        policy: Policy = "remote_first",
+        auto_register: bool = False,
+        sessions: SessionStore | str | None = None,
+        approver: Approver | None = None,
+        matcher: MatcherOption = None,
+        on_error: OnError = "message",
+        client: ReachClient | None = None,
+        session_key: SessionKey | None = None,
+        serve_as: ServeSpec | None = None,
+        scope_tags: Sequence[str] = (),
+        expose: ExposeOption = None,
+        timeout_ms: int | None = None,
+        tracer_provider: TracerProvider | None = None,
+        metrics: ReachMetrics | None = None,
+        **client_options: Any,
+    ) -> None:
+        check_choice("policy", policy, Policy)
+        check_choice("on_error", on_error, OnError)
+        if auto_register and serve_as is None:
+            raise ConfigError("auto_register=True needs serve_as=ServeSpec(name=..., capabilities=[...])")
+        self.policy: Policy = policy
+        self.on_error: OnError = on_error
+        self.auto_register = auto_register
+        self.serve_as = serve_as
+        self.approver = approver
+        self.session_key = session_key
+        self.scope_tags = tuple(scope_tags)
+        self.exposure = Exposure.of(expose)
+        self.timeout_ms = timeout_ms
+        self.tracer_provider = tracer_provider
+        self._tracer = get_tracer(tracer_provider)
+        self.metrics = metrics
+        if metrics is not None and client is None:
+            client_options["sink"] = fan_out(client_options.get("sink"), metrics)
+        self._owns_client = client is None
+        self.blocking = SyncReachClient.wrap(
+            client
+            or ReachClient(
+                registry if registry is not None else "memory://",
+                transport,
+                tenant,
+                sessions=sessions if sessions is not None else "memory://",
+                tracer_provider=tracer_provider,
+                **client_options,
+            )
+        )
+        """The enhancer's client on its own loop: ``reach`` blocks on it, ``areach`` awaits it."""
+        self.client = self.blocking.client
+        self._opened = _adopt(client, sessions, (registry, transport, tenant, client_options)) if client else None
+        self.mapper = ToolMapper(
+            self.client.registry, capability_map=capability_map, matcher=matcher, scope_tags=scope_tags
+        )
+        self._probes: dict[str, ReachRequest] = {}
+        self.served: list[Stoppable] = []
+
+    # ------------------------------------------------------------------ mapping
+
+    def resolve(self, tool_name: str, description: str = "") -> str | None:
+        """The capability ``tool_name`` maps to, or ``None`` (it stays local); cached per tool."""
+        return self.mapper.explain(tool_name, description).capability
+
+    def explain(self, tool_name: str, description: str = "") -> Resolution:
+        """Like :meth:`resolve`, with the rule that decided and the matcher's evidence."""
+        return self.mapper.explain(tool_name, description)
+
+    def catalogue(self) -> Mapping[str, Capability]:
+        """Every capability the registry offers, by name."""
+        return self.mapper.catalogue()
+
+    def tools(self, local: Iterable[str | tuple[str, str]] = ()) -> list[ProxySpec]:
+        """Proxy tools for the exposed capabilities no local tool covers (``local``: names, or ``(name, description)``).
+
+        Only what ``expose`` lets through (nothing by default). Capabilities this
+        agent serves itself (``serve_as``) are left out: an agent does not reach itself.
+        """
+        if self.policy == "local_only":
+            return []
+        own = self.serve_as.capabilities if self.serve_as is not None else ()
+        return self.mapper.uncovered(
+            local, exclude=[c if isinstance(c, str) else c.name for c in own], exposed=self.exposure
+        )
+
+    def exposes(self, capability: str) -> bool:
+        """Whether the model may call ``capability`` without a local tool for it (``expose``)."""
+        found = self.catalogue().get(capability)
+        return found is not None and self.exposure(found)
+
+    # ------------------------------------------------------------------ deciding
+
+    def decide(self, call: ToolCall) -> Decision:
+        """Where ``call`` goes under the policy; ``remote_first`` checks that a healthy agent can take it."""
+        decision = self._decide(call)
+        if self.metrics is not None:
+            self.metrics.tool_route(call.name, decision.resolution.rule, decision.remote)
+        return decision
+
+    def _decide(self, call: ToolCall) -> Decision:
+        if self.policy == "local_only":
+            return Decision(False, None, Resolution(call.name, None, "off", "policy local_only"), "policy local_only")
+        resolution = self.mapper.explain(call.name, call.description, wait=False)
+        target = resolution.capability
+        capability = self.catalogue().get(target) if target is not None else None
+        if self.policy == "remote_only" or not call.has_local:
+            why = "policy remote_only" if call.has_local else "no local tool"
+            return Decision(True, capability, resolution, f"{why}; {resolution.detail}")
+        if capability is None:
+            why = f"no agent offers {target!r}" if target else f"not mapped ({resolution.detail})"
+            return Decision(False, None, resolution, f"{why}; running the local tool")
+        unavailable = self._unavailable(capability)
+        if unavailable is not None:
+            return Decision(False, capability, resolution, f"{unavailable}; running the local tool")
+        return Decision(True, capability, resolution, resolution.detail)
+
+    def _unavailable(self, capability: Capability) -> str | None:
+        """Why no agent can take ``capability`` now (the router's answer), or ``None`` when one can."""
+        probe = self._probes.get(capability.name)
+        if probe is None:
+            probe = ReachRequest(capability=capability.name, tenant=self.client.tenant, scope_tags=self.scope_tags)
+            self._probes[capability.name] = probe
+        try:
+            self.client.router.candidates(probe, limit=1)
+        except (NoHealthyAgent, RequestError) as exc:
+            return exc.message
+        return None
+
+    # ------------------------------------------------------------------ reaching
+
+    async def areach(
+        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+    ) -> ToolResult:
+        """Reach the capability of ``call`` (decided if not given); failures per ``on_error``."""
+        decision = decision if decision is not None else self.decide(call)
+        with self._span(call) as span:
+            try:
+                capability, answer = self._ask(call, decision, approver)
+                _approved(capability, await answer if inspect.isawaitable(answer) else answer)
+                reached = self.client.reach(capability.name, trace=True, **self._options(call))
+                response = await self.blocking.bridge.submit(reached)
+            except ReachError as exc:
+                return self._failed(span, call, decision.resolution.capability, exc, None)
+            return self._answered(span, call, capability.name, response)
+
+    def reach(
+        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+    ) -> ToolResult:
+        """Blocking :meth:`areach`, safe inside a running loop (the reach runs on the client's own loop)."""
+        decision = decision if decision is not None else self.decide(call)
+        with self._span(call) as span:
+            try:
+                capability, answer = self._ask(call, decision, approver)
+                _approved(capability, self.blocking.bridge.run(answer) if inspect.isawaitable(answer) else answer)
+                response = self.blocking.reach(capability.name, trace=True, **self._options(call))
+            except ReachError as exc:
+                return self._failed(span, call, decision.resolution.capability, exc, None)
+            return self._answered(span, call, capability.name, response)
+
+    def _ask(
+        self, call: ToolCall, decision: Decision, approver: Approver | None
+    ) -> tuple[Capability, bool | Awaitable[bool]]:
+        """The capability to reach, and the approver's answer (``True`` when it needs no approval)."""
+        capability = decision.capability
+        if capability is None:
+            wanted = decision.resolution.capability or decision.resolution.tool
+            raise UnknownCapability(wanted, sorted(self.catalogue())[:5] if decision.resolution.capability else ())
+        if not capability.needs_approval:
+            return capability, True
+        chosen = approver if approver is not None else self.approver
+        if chosen is None:
+            raise ApprovalRequired(
+                f"capability {capability.name!r} is danger_level {capability.danger_level!r} or require_approval "
+                "and no approver is configured (pass approver= to the enhancer)"
+            )
+        return capability, chosen(
+            PendingApproval(call.name, capability, dict(call.args), call.call_id, call.session_key)
+        )
+
+    def _options(self, call: ToolCall) -> dict[str, Any]:
+        """The request's fields: payload, conversation, the chain it continues, the time it may take."""
+        served = context.current()
+        budgets = [ms for ms in (self.timeout_ms, served.remaining_ms() if served else None) if ms is not None]
+        return {
+            "payload": to_jsonable_python(dict(call.args)),
+            "session_id": call.session_key,
+            "hops": call.hops if call.hops is not None else context.current_hops(),
+            "timeout_ms": min(budgets) if budgets else None,
+            "scope_tags": self.scope_tags,
+        }
+
+    def _answered(self, span: _ToolSpan, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
+        route = RouteInfo.of(response, capability)
+        if not response.ok:
+            return self._failed(span, call, capability, error_for_response(response), route)
+        span.set_attribute(ATTR_CAPABILITY, capability)
+        return ToolResult(call, capability, content_of(response.data), response.data, None, route)
+
+    def _failed(
+        self, span: _ToolSpan, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
+    ) -> ToolResult:
+        if capability:
+            span.set_attribute(ATTR_CAPABILITY, capability)
+        span.set_attribute(ATTR_ERROR_TYPE, type(error).__name__)
+        if self.metrics is not None and isinstance(error, SessionClosed) and error.details.get("in_flight"):
+            self.metrics.cancellation(capability or call.name)
+        fallback = self._fallback(call, capability, error, route)
+        if fallback is not None:
+            span.set_attribute(ATTR_FALLBACK, "local")
+            return ToolResult(call, capability, error_text(call.name, capability, error), None, error, fallback)
+        span.set_status(Status(StatusCode.ERROR, error.message))
+        if self.on_error == "raise":
+            raise error
+        return ToolResult(call, capability, error_text(call.name, capability, error), None, error, route)
+
+    def _fallback(
+        self, call: ToolCall, capability: str | None, error: ReachError, route: RouteInfo | None
+    ) -> RouteInfo | None:
+        """The route record of a call the local tool should take over, or ``None``.
+
+        Under ``remote_first`` a call with a local tool that reached no agent
+        (no healthy agent, every breaker open, every attempt refused before the
+        agent saw it) runs locally in the same tool call; the record says why.
+        """
+        if self.policy != "remote_first" or not call.has_local or capability is None:
+            return None
+        if isinstance(error, NoHealthyAgent):
+            route = RouteInfo(capability, None, delivered=False)
+        elif route is None or route.delivered:
+            return None
+        return replace(route, fallback=f"local tool ran: {error.message}")
+
+    @contextmanager
+    def _span(self, call: ToolCall) -> Iterator[_ToolSpan]:
+        attributes: dict[str, str] = {
+            ATTR_GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL,
+            ATTR_GEN_AI_TOOL_NAME: call.name,
+            ATTR_GEN_AI_TOOL_TYPE: TOOL_TYPE_FUNCTION if call.has_local else TOOL_TYPE_EXTENSION,
+        }
+        if call.call_id:
+            attributes[ATTR_GEN_AI_TOOL_CALL_ID] = call.call_id
+        if call.session_key:
+            attributes[ATTR_GEN_AI_CONVERSATION_ID] = call.session_key
+        with self._tracer.start_as_current_span(
+            tool_span_name(call.name),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            timed, started = _ToolSpan(span), time.perf_counter()
+            try:
+                yield timed
+            finally:
+                if self.metrics is not None:
+                    self.metrics.tool_call(call.name, time.perf_counter() - started, timed.error)
+
+    # ------------------------------------------------------------------ sessions
+
+    def close_session(self, key: str) -> None:
+        """End conversation ``key``: later reaches get ``SessionClosed``, calls in flight are cancelled."""
+        self.blocking.bridge.run(self.aclose_session(key))
+
+    async def aclose_session(self, key: str) -> None:
+        """Async :meth:`close_session` (the close runs on the client's loop, beside the calls it cancels)."""
+        sessions = self.client.sessions
+        if sessions is None:
+            raise ConfigError("this enhancer's client has no session store: build the client with sessions=")
+        await self.blocking.bridge.submit(sessions.close(key))
+        self.client.router.release(key)
+        if self.metrics is not None:
+            self.metrics.session_closed()
+
+    # ------------------------------------------------------------------ serving
+
+    def adopt(self, served: Stoppable) -> None:
+        """Stop ``served`` (an agent this enhancer's framework agent is served as) when the enhancer closes."""
+        self.served.append(served)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Stop served agents and close the client when the enhancer built it (after blocking use)."""
+        while self.served:
+            self.served.pop().stop()
+        if self._opened is not None:
+            self.blocking.bridge.run(self._opened.aclose())
+        if self._owns_client:
+            self.blocking.close()
+        else:
+            self.blocking.bridge.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close` from a running loop (the client closes on its own loop)."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _adopt(
+    client: ReachClient, sessions: SessionStore | str | None, settings: tuple[object, ...]
+) -> SessionStore | None:
+    """Check what came with a ready client; install ``sessions`` on it; return the store opened from a URL."""
+    if settings != (None, None, None, {}):
+        raise ConfigError("pass either client= or the client's settings (registry, transport, tenant...), not both")
+    if sessions is None:
+        return None
+    store = open_sessions(sessions)
+    if client.sessions is None:
+        client.sessions = store
+    elif client.sessions is not store:
+        raise ConfigError("the client already has a session store; pass sessions= to one of them only")
+    return store if isinstance(sessions, str) else None
+
+
+def _approved(capability: Capability, answer: object) -> None:
+    if answer is not True:
+        raise ApprovalRequired(
+            f"the call to {capability.name!r} was not approved (danger_level {capability.danger_level!r}); "
+            "nothing was sent"
+        )

@@ -1,0 +1,402 @@
+"""What the enhancer trades with framework adapters (a tool call in, a decision, a result out) and the tool mapper.
+
+None of it knows a framework. An adapter (LangChain, LlamaIndex, Dify) fills a
+:class:`ToolCall` from its host's call, asks the enhancer for a
+:class:`Decision`, runs the local tool or lets the enhancer reach, and turns
+the :class:`ToolResult` back into its host's message. Failures become
+:func:`error_text`: a sentence the model can act on, not a stack trace.
+:class:`ToolMapper` decides which capability, if any, a tool stands for.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from reach_plugins.errors import (
+    ApprovalRequired,
+    BusinessError,
+    ConfigError,
+    DeadlineExceeded,
+    InvalidPayload,
+    LoopDetected,
+    NoHealthyAgent,
+    PermissionDenied,
+    RateLimited,
+    ReachError,
+    SessionClosed,
+    UnknownCapability,
+)
+from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, default_embedder
+from reach_plugins.matching.matcher import DEFAULT_TIMEOUT
+from reach_plugins.model import NAME_PATTERN, Capability, Hop, ReachResponse
+from reach_plugins.registry.base import RegistryView
+
+Policy = Literal["remote_first", "remote_only", "local_only"]
+OnError = Literal["message", "raise"]
+Rule = Literal["map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off", "degraded"]
+"""How a tool was mapped: ``map`` (``capability_map``), ``exact`` name, ``semantic`` match; or why it was not."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call as the model made it, plus what the host framework knows about its context."""
+
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    call_id: str | None = None
+    description: str = ""
+    session_key: str | None = None
+    """The conversation (LangGraph ``thread_id``): affinity key, liveness key, ``gen_ai.conversation.id``."""
+    hops: tuple[Hop, ...] | None = None
+    """The chain this call continues; ``None`` takes it from the request being served (``security.context``)."""
+    has_local: bool = True
+    """Whether a local tool exists to run instead (``False`` for proxy tools of remote-only capabilities)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """Which capability a tool maps to, by which rule, and the matcher's evidence (users ask why)."""
+
+    tool: str
+    capability: str | None
+    rule: Rule
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where one call goes: ``remote`` to ``capability``, or the local tool; ``reason`` says why."""
+
+    remote: bool
+    capability: Capability | None
+    resolution: Resolution
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    """Where a remote call went and how it went (the adapters attach it to the tool's result)."""
+
+    capability: str
+    request_id: str | None
+    """``None`` when no request was made (no agent could take it)."""
+    agent: str | None = None
+    instance: str | None = None
+    attempts: int = 0
+    affinity: str = "none"
+    context_restore: bool = False
+    degraded: bool = False
+    cost_ms: float = 0.0
+    delivered: bool = True
+    """False when no attempt reached an agent (refused connection, no healthy agent, open breaker)."""
+    fallback: str | None = None
+    """Why the local tool ran instead of the agent (``remote_first``, nothing delivered), else ``None``."""
+
+    @classmethod
+    def of(cls, response: ReachResponse, capability: str) -> RouteInfo:
+        trace = response.trace
+        route = trace.route if trace is not None else None
+        attempts = trace.attempts if trace is not None else []
+        return cls(
+            capability=capability,
+            request_id=response.request_id,
+            agent=response.agent,
+            instance=response.instance,
+            attempts=response.attempts,
+            affinity=route.affinity if route is not None else "none",
+            context_restore=response.context_restore,
+            degraded=response.degraded,
+            cost_ms=round(response.cost_ms, 3),
+            delivered=response.ok or not attempts or any(attempt.delivered for attempt in attempts),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of a remote call: ``content`` is what the model reads, success or not."""
+
+    call: ToolCall
+    capability: str | None
+    content: str
+    data: Any = None
+    error: ReachError | None = None
+    route: RouteInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def fallback(self) -> str | None:
+        """Why the adapter should run the local tool now (the reach was not delivered), else ``None``."""
+        return self.route.fallback if self.route is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A call to a dangerous capability waiting for a human's yes or no."""
+
+    tool: str
+    capability: Capability
+    args: Mapping[str, Any]
+    call_id: str | None = None
+    session_key: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able summary to show the human (the LangGraph interrupt's value)."""
+        return {
+            "type": "reach_approval",
+            "tool": self.tool,
+            "capability": self.capability.name,
+            "description": self.capability.description,
+            "danger_level": self.capability.danger_level,
+            "args": dict(self.args),
+            "tool_call_id": self.call_id,
+            "conversation": self.session_key,
+            "resume_with": {"approved": True},
+        }
+
+
+Approver = Callable[[PendingApproval], "bool | Awaitable[bool]"]
+"""Decides whether a dangerous call may be sent; ``True`` sends it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSpec:
+    """How an agent built with ``auto_register=True`` is served: its name, what it offers, where it listens."""
+
+    name: str
+    capabilities: Sequence[Capability | str]
+    """What other agents may reach it for; a bare name takes one ``message`` string argument."""
+    description: str = ""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySpec:
+    """A capability no local tool covers, described so a framework can offer it to the model as a tool."""
+
+    name: str
+    description: str
+    params_schema: dict[str, Any]
+    capability: str
+
+
+ANY_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
+"""Arguments of a capability that declares no ``params_schema``: any JSON object."""
+
+
+def proxy_spec(capability: Capability) -> ProxySpec:
+    """The tool the model sees for ``capability``."""
+    description = capability.description or f"Reach another agent for {capability.name.replace('_', ' ')}."
+    schema = capability.params_schema if capability.params_schema is not None else ANY_OBJECT
+    return ProxySpec(capability.name, description, dict(schema), capability.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """Which capabilities without a local tool the model may see as proxy tools (opt-in: none by default).
+
+    ``names`` match a capability by name or by one of its scope tags;
+    ``predicate`` picks by any field. A capability with ``danger_level:
+    high`` is exposed only when its own name is listed: a tag or a predicate
+    never brings a dangerous tool to the model.
+    """
+
+    names: frozenset[str] = frozenset()
+    predicate: Callable[[Capability], bool] | None = None
+
+    @classmethod
+    def of(cls, option: ExposeOption) -> Exposure:
+        """The rule for ``expose=`` (a string alone is refused: it would be read letter by letter)."""
+        if option is None:
+            return cls()
+        if isinstance(option, Exposure):
+            return option
+        if isinstance(option, str):
+            raise ConfigError(f"expose= takes a list of capability names or scope tags, not a string: [{option!r}]")
+        if callable(option):
+            return cls(predicate=option)
+        names = frozenset(option)
+        if not all(isinstance(name, str) and name for name in names):
+            raise ConfigError("expose= items must be capability names or scope tags (non-empty strings)")
+        return cls(names=names)
+
+    def __call__(self, capability: Capability) -> bool:
+        """Whether the model may see ``capability`` as a tool."""
+        if capability.name in self.names:
+            return True
+        if capability.danger_level == "high":
+            return False
+        if not self.names.isdisjoint(capability.scope_tags):
+            return True
+        return self.predicate is not None and self.predicate(capability)
+
+
+ExposeOption = Iterable[str] | Callable[[Capability], bool] | Exposure | None
+"""``expose=``: capability names or scope tags, a predicate, or ``None`` (no proxy tools; the default)."""
+
+
+def content_of(data: Any) -> str:
+    """What the model reads from a reply: text as is, a chat agent's ``reply_content``, anything else as JSON."""
+    if isinstance(data, str):
+        return data
+    if isinstance(data, Mapping) and isinstance(data.get("reply_content"), str):
+        return str(data["reply_content"])
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
+_ADVICE: tuple[tuple[type[ReachError], str], ...] = (
+    (SessionClosed, "The conversation is closed, so nothing was sent; do not call other tools."),
+    (ApprovalRequired, "Nothing was sent; do not call it again unless the user approves it."),
+    (LoopDetected, "It would loop back through agents already in this chain; answer without it."),
+    (InvalidPayload, "Correct the arguments and call it again."),
+    (BusinessError, "The agent refused; check the arguments or ask the user for what is missing."),
+    (UnknownCapability, "No agent offers it; answer without it."),
+    (PermissionDenied, "This tenant may not use it; answer without it."),
+    (NoHealthyAgent, "No agent can take it right now; try again later or answer without it."),
+    (RateLimited, "Too many calls right now; wait before trying again."),
+    (DeadlineExceeded, "It did not answer in time; try again later or answer without it."),
+)
+
+
+def error_text(tool: str, capability: str | None, error: ReachError) -> str:
+    """A message the model can act on: what failed, why, and what to do next."""
+    advice = next((text for kind, text in _ADVICE if isinstance(error, kind)), "Try again later or answer without it.")
+    via = f" (capability {capability!r})" if capability and capability != tool else ""
+    return f"Error: tool {tool!r}{via} failed: {error.message.rstrip('. ')}. {advice}"
+
+
+MatcherOption = CapabilityMatcher | Embedder | EmbedFunction | Literal[False] | None
+"""A ready matcher, an embedder to build one with, ``None`` for the default one, ``False`` for exact names only."""
+_MAX_CACHED = 4096
+_NAME = re.compile(NAME_PATTERN)
+
+
+class ToolMapper:
+    """Which capability of a registry each tool reaches: ``capability_map``, then the exact name, then meaning.
+
+    The catalogue is rebuilt (and the decisions forgotten) when the registry's
+    revision moves, so an agent registered later is found; decisions are
+    cached per ``(tool, description)`` otherwise.
+    """
+
+    def __init__(
+        self,
+        view: RegistryView,
+        *,
+        capability_map: Mapping[str, str | None] | None = None,
+        matcher: MatcherOption = None,
+        scope_tags: Sequence[str] = (),
+    ) -> None:
+        capability_map = capability_map or {}
+        for tool, target in capability_map.items():
+            if target is not None and not _NAME.match(target):
+                raise ConfigError(
+                    f"capability_map[{tool!r}] = {target!r} is not a capability name (lowercase verb_object such "
+                    "as 'query_order'); map a tool to None to keep it local"
+                )
+        self.view = view
+        self.capability_map = dict(capability_map)
+        self.matcher = _matcher(matcher)
+        self.scope_tags = tuple(scope_tags)
+        self._lock = threading.Lock()
+        self._revision: int | None = None
+        self._catalogue: dict[str, Capability] = {}
+        self._resolved: dict[tuple[str, str], Resolution] = {}
+
+    def catalogue(self) -> Mapping[str, Capability]:
+        """Every capability the registry offers, by name; one several agents offer needs approval if any says so."""
+        if self.view.revision == self._revision:
+            return self._catalogue
+        with self._lock:
+            revision = self.view.revision
+            found: dict[str, Capability] = {}
+            for agent in list(self.view.agents().values()):
+                for capability in agent.capabilities:
+                    first = found.setdefault(capability.name, capability)
+                    if capability.needs_approval and not first.needs_approval:
+                        found[capability.name] = first.model_copy(update={"require_approval": True})
+            if self.matcher is not None:
+                self.matcher.update(found.values())
+            self._catalogue, self._resolved, self._revision = found, {}, revision
+            return found
+
+    def explain(self, tool: str, description: str = "", *, wait: bool = True) -> Resolution:
+        """The capability ``tool`` maps to (or ``None``), the rule that decided, and the evidence.
+
+        ``wait=False`` is the routing path: the model gets its time budget, then the decision degrades.
+        """
+        catalogue = self.catalogue()
+        resolved = self._resolved
+        found = resolved.get((tool, description))
+        if found is None:
+            found = self._resolve(tool, description, catalogue, wait)
+            if found.rule == "degraded":
+                return found  # the model was slow or failed: ask it again next time
+            with self._lock:
+                if len(resolved) >= _MAX_CACHED:
+                    resolved.clear()
+                resolved[tool, description] = found
+        return found
+
+    def uncovered(
+        self,
+        local: Iterable[str | tuple[str, str]],
+        *,
+        exclude: Iterable[str] = (),
+        exposed: Callable[[Capability], bool] = lambda capability: True,
+    ) -> list[ProxySpec]:
+        """Proxy specs for the ``exposed`` capabilities no ``local`` tool (name, or name and description) maps to."""
+        pairs = [(item, "") if isinstance(item, str) else item for item in local]
+        covered = {name for name, _ in pairs} | {self.explain(*pair).capability for pair in pairs} | set(exclude)
+        tags = set(self.scope_tags)
+        return [
+            proxy_spec(capability)
+            for name, capability in sorted(self.catalogue().items())
+            if name not in covered and tags <= set(capability.scope_tags) and exposed(capability)
+        ]
+
+    def _resolve(self, tool: str, description: str, catalogue: Mapping[str, Capability], wait: bool) -> Resolution:
+        if tool in self.capability_map:
+            target = self.capability_map[tool]
+            return Resolution(tool, target, "map", f"capability_map sends it to {target or 'the local tool'}")
+        if self.matcher is None:
+            exact = catalogue.get(tool)
+            if exact is not None and set(self.scope_tags) <= set(exact.scope_tags):
+                return Resolution(tool, tool, "exact", "same name")
+            return Resolution(tool, None, "unmapped", "no capability of that name (semantic matching is off)")
+        match = self.matcher.match(tool, description, scope_tags=self.scope_tags, wait=wait)
+        return Resolution(tool, match.capability, match.reason, str(match))
+
+
+def _matcher(option: MatcherOption) -> CapabilityMatcher | None:
+    if option is False:
+        return None
+    if isinstance(option, CapabilityMatcher):
+        return option
+    return CapabilityMatcher((), embedder=_shared_default() if option is None else option, timeout=DEFAULT_TIMEOUT)
+
+
+@functools.cache
+def _shared_default() -> Embedder:
+    """One default embedder per process: a sentence model's weights are loaded once, not once per enhancer."""
+    return default_embedder()
+
+
+def check_choice(what: str, value: str, allowed: Any) -> None:
+    """Refuse a ``value`` outside the ``Literal`` type ``allowed``, listing the choices."""
+    choices = get_args(allowed)
+    if value not in choices:
+        raise ConfigError(f"{what} must be one of {', '.join(map(repr, choices))}, got {value!r}")

@@ -1,0 +1,166 @@
+"""Turn what one attempt produced (a Reply or a transport error) into a verdict the pipeline acts on.
+
+The verdict answers the questions retry, breaker and limiter ask: may this be
+retried, could the agent have executed it already, is the instance unreachable
+or overloaded, and how long did it ask us to wait. Its :attr:`Verdict.stage`
+is the attempt's outcome in DESIGN 11.1's words: ``not_delivered`` (never ran:
+connect failure, explicit backpressure or "not executed"), ``unknown`` (sent,
+answer lost), ``failed`` (a transient answer), ``business``, ``success``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from reach_plugins.errors import (
+    WIRE_CODES,
+    Backpressure,
+    BusinessError,
+    ConnectError,
+    InvalidResponse,
+    OutcomeUnknown,
+    ReachError,
+    ReadTimeout,
+    RemoteError,
+    StreamIdle,
+    TransportError,
+)
+from reach_plugins.model import Capability, ErrorInfo
+from reach_plugins.policy.validation import check_reply
+from reach_plugins.transport import Reply
+
+Outcome = Literal["success", "business", "transient", "timeout", "invalid_response", "backpressure"]
+Delivery = Literal["not_delivered", "unknown", "answered"]
+Stage = Literal["not_delivered", "unknown", "failed", "business", "success"]
+
+OUTCOME_UNKNOWN = OutcomeUnknown.code
+"""The error type a hop answers with when it sent the call on and lost the answer."""
+
+_RETRYABLE: frozenset[str] = frozenset({"transient", "timeout", "backpressure"})
+_INSTANCE_FAULTS: frozenset[str] = frozenset({"transient", "timeout", "invalid_response"})
+"""Backpressure is not among them: an instance that answers "slow down" or "in progress elsewhere, not
+executed" is alive; the adaptive limit (``overload``) and failover handle it, a breaker would shut it out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The classified result of one attempt."""
+
+    outcome: Outcome
+    error: ErrorInfo | None = None
+    retry_after: float | None = None
+    delivery: Delivery = "answered"
+    """``not_delivered`` only when the agent certainly did not execute it; ``unknown`` when sent and unanswered."""
+    unreachable: bool = False
+    """The instance could not be reached at all: the next try should go elsewhere."""
+    overload: bool = False
+    """The downstream signalled overload (timeout, 429/503, backpressure): adaptive concurrency narrows."""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "success"
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the agent may have executed the request."""
+        return self.delivery != "not_delivered"
+
+    @property
+    def stage(self) -> Stage:
+        """The attempt's outcome as DESIGN 11.1 names it."""
+        if self.outcome in ("success", "business"):
+            return self.outcome
+        if self.delivery == "answered":
+            return "failed"
+        return self.delivery
+
+    @property
+    def retryable(self) -> bool:
+        """Transient by nature; whether a retry is actually made depends on policy, budget and deadline."""
+        return self.outcome in _RETRYABLE
+
+    @property
+    def instance_fault(self) -> bool:
+        """Counts against the instance's circuit breaker (a business refusal or backpressure does not)."""
+        return self.outcome in _INSTANCE_FAULTS
+
+
+SUCCESS = Verdict("success")
+
+
+def _info(kind: str, message: str, retry_after: float | None = None) -> ErrorInfo:
+    return ErrorInfo(type=kind, message=message, retry_after=retry_after)
+
+
+def _outcome_code(code: str) -> str:
+    """An agent reporting one of our transport errors (its own downstream call failed) reports a transient fault."""
+    kind = WIRE_CODES.get(code)
+    if kind is not None and issubclass(kind, TransportError):
+        return "timeout" if issubclass(kind, ReadTimeout | StreamIdle) else "transient"
+    return code
+
+
+def classify_reply(reply: Reply) -> Verdict:
+    """Classify an answer: error type first (the agent knows best), then the HTTP-style status code."""
+    code = reply.status_code
+    if reply.status == "success" and 200 <= code < 300:
+        return SUCCESS
+    error = reply.error
+    kind = _outcome_code(error.type) if error else None
+    retry_after = reply.retry_after if reply.retry_after is not None else (error.retry_after if error else None)
+    if kind == "business":
+        return Verdict("business", error)
+    if kind == "backpressure":
+        message = error.message if error else "agent asked to slow down"
+        info = _info("backpressure", message, retry_after)
+        return Verdict("backpressure", info, retry_after, delivery="not_delivered", overload=True)
+    if kind == "invalid_response":
+        return Verdict("invalid_response", error)
+    if kind == OUTCOME_UNKNOWN:
+        return Verdict("transient", error, retry_after, delivery="unknown")
+    if code in (429, 503):
+        error = error or _info("transient", f"agent answered HTTP {code}", retry_after)
+        return Verdict("transient", error, retry_after, overload=True)
+    if kind == "timeout":
+        return Verdict("timeout", error, retry_after, delivery="unknown", overload=True)
+    if code >= 500 or kind == "transient":
+        return Verdict("transient", error or _info("transient", f"agent answered HTTP {code}"), retry_after)
+    if reply.status == "success":
+        return Verdict("invalid_response", _info("invalid_response", f"a success reply with HTTP status {code}"))
+    return Verdict("business", error or _info("business", f"agent refused with HTTP {code}"))
+
+
+def classify_exception(exc: ReachError | TimeoutError) -> Verdict:
+    """Classify a transport failure; only a connect failure or backpressure proves the agent never saw it."""
+    message = str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError):
+        info = _info("timeout", "no answer within the attempt's time")
+        return Verdict("timeout", info, delivery="unknown", overload=True)
+    if isinstance(exc, ConnectError):
+        return Verdict("transient", _info("transient", message), delivery="not_delivered", unreachable=True)
+    if isinstance(exc, ReadTimeout | StreamIdle):
+        return Verdict("timeout", _info("timeout", message), delivery="unknown", overload=True)
+    if isinstance(exc, TransportError):
+        return Verdict("transient", _info("transient", message), delivery="unknown")
+    if isinstance(exc, Backpressure):
+        info = _info("backpressure", message, exc.retry_after)
+        return Verdict("backpressure", info, exc.retry_after, delivery="not_delivered", overload=True)
+    if isinstance(exc, InvalidResponse):
+        return Verdict("invalid_response", _info("invalid_response", message))
+    if isinstance(exc, BusinessError):
+        return Verdict("business", _info("business", message))
+    if isinstance(exc, RemoteError):
+        return Verdict("transient", _info("transient", message))
+    return Verdict("business", _info(exc.error_type, message))
+
+
+def check_return_schema(capability: Capability | None, data: Any) -> Verdict | None:
+    """An ``invalid_response`` verdict when ``data`` breaks the capability's ``return_schema``, else None."""
+    if capability is None or capability.return_schema is None:
+        return None
+    try:
+        check_reply(capability, data)
+    except InvalidResponse as exc:
+        return Verdict("invalid_response", _info("invalid_response", exc.message))
+    return None

@@ -1,0 +1,221 @@
+"""``mcp`` agents: an MCP server's tools (Streamable HTTP) reached as capabilities, one MCP session per conversation.
+
+A capability is a tool (``protocol_options.tools`` maps a capability to a
+tool of another name); the payload is the tool's arguments. Before the first
+call of a conversation (the request's ``session_id``; calls without one share
+a session per endpoint and tenant) the adapter asks its transport for the
+handshake: ``initialize``, then ``notifications/initialized`` carrying the
+``Mcp-Session-Id`` the server gave. A server that forgot the session (HTTP 404)
+did not run the tool: that is a :class:`~reach_plugins.errors.ConnectError`
+(safe to retry anything), and the next attempt opens a new session. :data:`LIST_TOOLS` as the request's
+``action`` lists the tools instead (see :mod:`reach_plugins.protocols.mcp_tools`).
+
+Replies (JSON or one SSE event) become ``reply_content`` (the text content),
+``structured_content`` (when the tool has an output schema), ``tool_calls``
+(empty) and ``raw_meta``; a tool error (``isError``) is a ``business`` failure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from reach_plugins.errors import ConnectError, RemoteError
+from reach_plugins.model import ErrorInfo
+from reach_plugins.protocols.base import (
+    HttpRequest,
+    HttpResponse,
+    NoDiscovery,
+    decode_json,
+    encode_json,
+    endpoint_url,
+    failure,
+    header,
+    http_failure,
+    invalid,
+    list_at,
+    reach_headers,
+    success,
+)
+from reach_plugins.transport import Call, Reply
+from reach_plugins.wire.sse import SseDecoder
+
+PROTOCOL_VERSION = "2025-06-18"
+"""A handshake revision that both ``mcp`` 1.x and 2.x servers speak."""
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+ACCEPT = "application/json, text/event-stream"
+LIST_TOOLS = "tools/list"
+SESSIONS_KEPT = 4096
+
+SessionKey = tuple[str, str | None, str | None]
+
+
+@dataclass(slots=True)
+class McpSession:
+    """One MCP session: the server's id (``None`` for a stateless server), its version, whether it is initialised."""
+
+    session_id: str | None
+    version: str
+    ready: bool = False
+
+
+class McpSessions:
+    """MCP sessions per (endpoint, tenant, conversation); bounded, the least recently used dropped first."""
+
+    def __init__(self, size: int = SESSIONS_KEPT) -> None:
+        self._size = size
+        self._sessions: OrderedDict[SessionKey, McpSession] = OrderedDict()
+        self._lock = threading.Lock()
+        """Blocking clients run their own loop in another thread: the map is shared across them."""
+
+    @staticmethod
+    def key(call: Call) -> SessionKey:
+        return (call.instance.endpoint, call.request.tenant, call.request.session_id)
+
+    def get(self, call: Call) -> McpSession | None:
+        key = self.key(call)
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is not None:
+                self._sessions.move_to_end(key)
+            return session
+
+    def put(self, call: Call, session: McpSession) -> None:
+        with self._lock:
+            self._sessions[self.key(call)] = session
+            while len(self._sessions) > self._size:
+                self._sessions.popitem(last=False)
+
+    def forget(self, call: Call) -> None:
+        with self._lock:
+            self._sessions.pop(self.key(call), None)
+
+
+def rpc_message(body: bytes, content_type: str) -> Any:
+    """The JSON-RPC message of a reply: the JSON body, or the last ``message`` event of an SSE body."""
+    if not content_type.startswith("text/event-stream"):
+        return None
+    events = [event for event in SseDecoder().feed(body + b"\n\n") if event.event == "message" and event.data]
+    return events[-1].data.encode() if events else None
+
+
+def _texts(result: Mapping[str, Any]) -> str:
+    return "".join(str(item.get("text", "")) for item in list_at(result, "content") if isinstance(item, Mapping))
+
+
+class McpAdapter(NoDiscovery):
+    """Client side of an MCP server over Streamable HTTP."""
+
+    protocol = "mcp"
+
+    def __init__(self) -> None:
+        self.sessions = McpSessions()
+
+    def _headers(self, call: Call, session: McpSession | None) -> dict[str, str]:
+        headers = reach_headers(call, accept=ACCEPT)
+        if session is not None:
+            headers[VERSION_HEADER] = session.version
+            if session.session_id:
+                headers[SESSION_HEADER] = session.session_id
+        return headers
+
+    def _url(self, call: Call) -> str:
+        """The endpoint itself (``http://host/mcp``), or ``protocol_options.path`` under it."""
+        path = call.agent.protocol_options.get("path")
+        return endpoint_url(call, str(path)) if path else call.instance.endpoint
+
+    def handshake(self, call: Call) -> HttpRequest | None:
+        """The next request of this conversation's MCP handshake, or ``None`` once its session is ready."""
+        session = self.sessions.get(call)
+        if session is None:
+            params = {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "reach-plugins", "version": "1"},
+            }
+            body = {"jsonrpc": "2.0", "id": f"init-{call.request.request_id}", "method": "initialize", "params": params}
+            return HttpRequest("POST", self._url(call), self._headers(call, None), encode_json(body))
+        if not session.ready:
+            body = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            return HttpRequest("POST", self._url(call), self._headers(call, session), encode_json(body))
+        return None
+
+    def handshaken(self, call: Call, response: HttpResponse) -> None:
+        """Learn from a handshake answer: the session opened (a result), then initialised (202, no body)."""
+        if response.status >= 500 or response.status in (408, 429):
+            raise RemoteError(
+                f"MCP server {call.instance.instance_id} answered HTTP {response.status} to the handshake"
+            )
+        if not 200 <= response.status < 300:
+            raise invalid(call, f"the MCP handshake was refused with HTTP {response.status}")
+        session = self.sessions.get(call)
+        if response.status == 202 or not response.body.strip():
+            if session is not None:
+                session.ready = True
+            return
+        if session is not None:
+            return  # another call of this conversation opened its session first: all use that one
+        message = self._message(call, response)
+        result = message.get("result") if isinstance(message, Mapping) else None
+        if not isinstance(result, Mapping):
+            raise invalid(call, f"the MCP initialize answer has no result: {str(message)[:120]!r}")
+        version = str(result.get("protocolVersion") or PROTOCOL_VERSION)
+        self.sessions.put(call, McpSession(header(response.headers, SESSION_HEADER), version))
+
+    def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
+        request = call.request
+        if request.action == LIST_TOOLS:
+            method, params = LIST_TOOLS, dict(request.payload)
+        else:
+            tools = call.agent.protocol_options.get("tools") or {}
+            name = (
+                tools.get(request.capability, request.capability) if isinstance(tools, Mapping) else request.capability
+            )
+            method, params = "tools/call", {"name": name, "arguments": dict(request.payload)}
+        body = {"jsonrpc": "2.0", "id": request.request_id, "method": method, "params": params}
+        return HttpRequest("POST", self._url(call), self._headers(call, self.sessions.get(call)), encode_json(body))
+
+    def _message(self, call: Call, response: HttpResponse) -> Any:
+        content_type = header(response.headers, "Content-Type") or ""
+        raw = rpc_message(response.body, content_type)
+        return decode_json(call, raw if raw is not None else response.body)
+
+    def parse(self, call: Call, response: HttpResponse) -> Reply:
+        session = self.sessions.get(call)
+        if response.status == 404 and session is not None and session.session_id:
+            self.sessions.forget(call)
+            raise ConnectError(
+                f"MCP server {call.instance.instance_id} no longer knows session {session.session_id}: the tool did "
+                "not run; the next attempt opens a new session",
+                agent=call.agent.name,
+            )
+        if not 200 <= response.status < 300:
+            return http_failure(call, response)
+        message = self._message(call, response)
+        if not isinstance(message, Mapping) or not ("result" in message or "error" in message):
+            raise invalid(call, "expected a JSON-RPC response with 'result' or 'error'")
+        if "error" in message:
+            error = message["error"] if isinstance(message["error"], Mapping) else {}
+            text = f"MCP error {error.get('code')}: {error.get('message') or 'no message'}"
+            return failure(call, ErrorInfo(type="business", message=text), response.status)
+        result = message["result"]
+        if not isinstance(result, Mapping):
+            raise invalid(call, "the MCP result is not an object")
+        if call.request.action == LIST_TOOLS:
+            return success(call, dict(result), response.status)
+        if result.get("isError") is True:
+            return failure(call, ErrorInfo(type="business", message=_texts(result) or "the MCP tool failed"))
+        data: dict[str, Any] = {"reply_content": _texts(result), "tool_calls": [], "raw_meta": {}}
+        if isinstance(result.get("structuredContent"), Mapping):
+            data["structured_content"] = result["structuredContent"]
+        if session is not None and session.session_id:
+            data["raw_meta"]["mcp_session_id"] = session.session_id
+        return success(call, data, response.status)
+
+    def decoder(self, call: Call) -> None:
+        """A tool call answers once: a stream is that one reply."""
+        return None

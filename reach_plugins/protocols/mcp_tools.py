@@ -1,0 +1,96 @@
+"""An MCP server's tools as capabilities: ``tools/list`` read once, the agent registered with them.
+
+    agent = AgentDescriptor(name="tools", protocol="mcp", endpoints=["http://127.0.0.1:8000/mcp"])
+    agent = await register_mcp_agent(registry, agent, DirectTransport())
+
+Each tool becomes a :class:`~reach_plugins.model.Capability` with its
+description and ``inputSchema`` as ``params_schema``. Tool names that are not
+capability names (``getWeather``) are lowercased and mapped back through
+``protocol_options.tools``. A tool is ``retryable`` only when its annotations
+say it is idempotent or read-only, and ``danger_level: medium`` when they say
+it is destructive.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from reach_plugins.errors import ConfigError, from_wire
+from reach_plugins.model import NAME_PATTERN, AgentDescriptor, Capability, ErrorInfo, ReachRequest
+from reach_plugins.protocols.base import list_at, mapping_at
+from reach_plugins.protocols.mcp import LIST_TOOLS
+from reach_plugins.registry.base import Registry
+from reach_plugins.transport import Call, Transport
+
+_NAME = re.compile(NAME_PATTERN)
+_INVALID = re.compile(r"[^a-z0-9_.\-]+")
+MAX_PAGES = 100
+
+
+def capability_name(tool: str) -> str | None:
+    """The capability name for a tool name, or ``None`` when nothing usable is left of it."""
+    name = _INVALID.sub("_", re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", tool).lower()).strip("_")
+    return name if _NAME.match(name) else None
+
+
+def capability_of(tool: Mapping[str, Any]) -> Capability | None:
+    """A tool of ``tools/list`` as a capability (``None`` for a tool without a usable name)."""
+    name = capability_name(str(tool.get("name", "")))
+    if name is None:
+        return None
+    hints = mapping_at(tool, "annotations")
+    schema = tool.get("inputSchema")
+    return Capability(
+        name=name,
+        description=str(tool.get("description") or tool.get("title") or ""),
+        params_schema=dict(schema) if isinstance(schema, Mapping) else None,
+        retryable=bool(hints.get("idempotentHint") or hints.get("readOnlyHint")),
+        danger_level="medium" if hints.get("destructiveHint") is True else "low",
+    )
+
+
+async def list_tools(agent: AgentDescriptor, transport: Transport, *, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Every tool of the agent's first endpoint (``tools/list``, following ``nextCursor``)."""
+    instance = agent.static_instances()[0]
+    tools: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        payload = {"cursor": cursor} if cursor else {}
+        request = ReachRequest(capability="mcp.tools_list", action=LIST_TOOLS, payload=payload)
+        reply = await transport.send(Call(request=request, agent=agent, instance=instance, timeout=timeout))
+        if reply.status != "success" or not isinstance(reply.data, Mapping):
+            raise from_wire(reply.error or ErrorInfo(type="invalid_response", message="tools/list gave no result"))
+        tools.extend(dict(tool) for tool in list_at(reply.data, "tools") if isinstance(tool, Mapping))
+        next_cursor = reply.data.get("nextCursor")
+        if not isinstance(next_cursor, str) or not next_cursor:
+            return tools
+        cursor = next_cursor
+    raise ConfigError(f"MCP server {instance.endpoint} listed more than {MAX_PAGES} pages of tools")
+
+
+async def mcp_agent(agent: AgentDescriptor, transport: Transport, *, timeout: float = 10.0) -> AgentDescriptor:
+    """``agent`` with its MCP server's tools as capabilities (and the renamed tools mapped back)."""
+    if agent.protocol != "mcp":
+        raise ConfigError(f"agent {agent.name!r} speaks {agent.protocol!r}; tools are listed only for protocol 'mcp'")
+    capabilities: list[Capability] = []
+    renamed: dict[str, str] = {}
+    for tool in await list_tools(agent, transport, timeout=timeout):
+        capability = capability_of(tool)
+        if capability is None:
+            continue
+        capabilities.append(capability)
+        if capability.name != tool.get("name"):
+            renamed[capability.name] = str(tool.get("name"))
+    options = {**agent.protocol_options, "tools": {**agent.protocol_options.get("tools", {}), **renamed}}
+    return agent.model_copy(update={"capabilities": capabilities, "protocol_options": options})
+
+
+async def register_mcp_agent(
+    registry: Registry, agent: AgentDescriptor, transport: Transport, *, timeout: float = 10.0
+) -> AgentDescriptor:
+    """List the MCP server's tools and register ``agent`` with them as capabilities; returns what was registered."""
+    described = await mcp_agent(agent, transport, timeout=timeout)
+    await registry.register_agent(described)
+    return described

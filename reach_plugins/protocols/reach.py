@@ -1,0 +1,87 @@
+"""The ``reach`` protocol (DESIGN.md section 4): ``POST /reach`` and ``POST /reach/stream`` (SSE).
+
+Stream frames are ``event: data`` (a JSON chunk), ``event: end`` and
+``event: error`` (``{"type", "message"}``); a stream that closes without
+``end`` was cut.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from reach_plugins.protocols.base import (
+    EndsOnce,
+    HttpRequest,
+    HttpResponse,
+    NoDiscovery,
+    decode_json,
+    encode_json,
+    endpoint_url,
+    error_info,
+    failure,
+    http_failure,
+    invalid,
+    reach_headers,
+    success,
+)
+from reach_plugins.transport import Call, Reply, StreamEvent
+from reach_plugins.wire.sse import SseEvent
+
+
+def reach_body(call: Call) -> dict[str, Any]:
+    """The wire body of DESIGN.md section 4; ``deadline_ms`` is the remaining budget, as in ``X-Reach-Deadline``."""
+    request = call.request
+    return {
+        "request_id": request.request_id,
+        "capability": request.capability,
+        "action": request.action,
+        "payload": request.payload,
+        "session_id": request.session_id,
+        "tenant": request.tenant,
+        "idempotency_key": request.idempotency_key,
+        "deadline_ms": max(0, int(call.timeout * 1000)),
+    }
+
+
+class ReachAdapter(NoDiscovery):
+    """Client side of the reach wire protocol."""
+
+    protocol = "reach"
+
+    def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
+        path = "/reach/stream" if stream else "/reach"
+        accept = "text/event-stream" if stream else "application/json"
+        body = encode_json(reach_body(call))
+        return HttpRequest("POST", endpoint_url(call, path), reach_headers(call, accept=accept), body)
+
+    def parse(self, call: Call, response: HttpResponse) -> Reply:
+        if not 200 <= response.status < 300:
+            return http_failure(call, response)
+        body = decode_json(call, response.body)
+        if not isinstance(body, dict) or body.get("status") not in ("success", "fail"):
+            raise invalid(call, 'expected {"status": "success"|"fail", "data", "error"}')
+        if body["status"] == "fail":
+            info = error_info(body.get("error"), "transient", "the agent replied fail without an error")
+            return failure(call, info, response.status, info.retry_after)
+        return success(call, body.get("data"), response.status)
+
+    def decoder(self, call: Call) -> ReachStreamDecoder:
+        return ReachStreamDecoder(call)
+
+
+class ReachStreamDecoder(EndsOnce):
+    """``data`` / ``end`` / ``error`` SSE frames into stream events."""
+
+    def feed(self, event: SseEvent) -> list[StreamEvent]:
+        if self._done:
+            return []
+        if event.event == "end":
+            return self._finish(StreamEvent("end"))
+        try:
+            value = json.loads(event.data) if event.data else None
+        except ValueError:
+            raise invalid(self._call, f"a stream frame is not JSON ({event.data[:80]!r})") from None
+        if event.event == "error":
+            return self._finish(StreamEvent("error", error=error_info(value, "transient", "the agent's stream failed")))
+        return [StreamEvent("data", value)]

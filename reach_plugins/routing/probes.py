@@ -1,0 +1,208 @@
+"""Active health probes (seed 003, section 5.2): see a dead or unready instance before a caller does.
+
+Heartbeats say a process is alive; breakers learn from failed calls. Between
+the two, an instance that stops accepting connections keeps receiving calls
+until a heartbeat expires or a breaker opens. A :class:`Prober` looks itself:
+
+* often (``health_check.probe_interval``, 5 s): a TCP connect to the endpoint —
+  ``refusals_to_down`` (2) consecutive refusals mark the instance down at once;
+* rarely (``health_check.ready_interval``, 30 s): ``GET {endpoint}{ready_path}``,
+  which runs the agent's own readiness callback — "alive" is not "can work".
+
+An instance is down until a connect succeeds and (if it answered readiness)
+readiness is back. Intervals are jittered (±20 %) so probes never march in
+step, and there is one prober per registry per process (:meth:`Prober.shared`),
+whatever the number of clients. :class:`ProbeBook` is the sans-IO part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from reach_plugins.model import HealthCheck, Instance
+from reach_plugins.registry.base import RegistryView
+
+if TYPE_CHECKING:
+    import aiohttp
+
+log = logging.getLogger("reach_plugins.routing.probes")
+
+JITTER = 0.2
+"""Each wait is the interval times U(1 - JITTER, 1 + JITTER)."""
+PROBE_TIMEOUT = 1.0
+"""Seconds a connect or a readiness check may take before it counts as failed."""
+
+
+@dataclass(slots=True)
+class _Health:
+    refusals: int = 0
+    connect_down: bool = False
+    unready: bool = False
+    next_connect: float = 0.0
+    next_ready: float = 0.0
+
+
+class ProbeBook:
+    """What the probes found, per instance (sans-IO: times are arguments)."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+        self._health: dict[tuple[str, str], _Health] = {}
+
+    def available(self, agent: str, instance: str) -> bool:
+        health = self._health.get((agent, instance))
+        return health is None or not (health.connect_down or health.unready)
+
+    def due(self, agent: str, instance: str, check: HealthCheck, now: float) -> tuple[bool, bool]:
+        """Whether a connect probe and a readiness probe are due now (and schedule the next ones)."""
+        health = self._health.setdefault((agent, instance), _Health(next_connect=now, next_ready=now))
+        connect = now >= health.next_connect
+        ready = now >= health.next_ready
+        if connect:
+            health.next_connect = now + self._jittered(check.probe_interval)
+        if ready:
+            health.next_ready = now + self._jittered(check.ready_interval)
+        return connect, ready
+
+    def connected(self, agent: str, instance: str, *, refused: bool, ok: bool, check: HealthCheck) -> None:
+        """A connect probe's result: ``refused`` counts toward down; a timeout neither counts nor clears."""
+        health = self._health.setdefault((agent, instance), _Health())
+        if ok:
+            if health.connect_down:
+                log.info("probe: %s/%s accepts connections again", agent, instance)
+            health.refusals, health.connect_down = 0, False
+        elif refused:
+            health.refusals += 1
+            if health.refusals >= check.refusals_to_down and not health.connect_down:
+                health.connect_down = True
+                log.warning("probe: %s/%s refused %d connections in a row: down", agent, instance, health.refusals)
+
+    def readiness(self, agent: str, instance: str, *, ready: bool) -> None:
+        health = self._health.setdefault((agent, instance), _Health())
+        if health.unready != (not ready):
+            log.log(logging.INFO if ready else logging.WARNING, "probe: %s/%s ready=%s", agent, instance, ready)
+        health.unready = not ready
+
+    def forget(self, keep: set[tuple[str, str]]) -> None:
+        """Drop instances that left the registry."""
+        for key in set(self._health) - keep:
+            del self._health[key]
+
+    def _jittered(self, interval: float) -> float:
+        return interval * self._rng.uniform(1 - JITTER, 1 + JITTER)
+
+
+_SHARED: weakref.WeakKeyDictionary[object, Prober] = weakref.WeakKeyDictionary()
+
+
+class Prober:
+    """Probes every instance of ``registry`` on the running loop; :meth:`available` is the routing hook."""
+
+    def __init__(self, registry: RegistryView, *, tick: float = 0.5, clock: Callable[[], float] | None = None) -> None:
+        self.registry = registry
+        self.book = ProbeBook()
+        self._tick = tick
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._users = 0
+
+    @classmethod
+    def shared(cls, registry: RegistryView) -> Prober:
+        """The one prober of ``registry`` in this process (created on first use)."""
+        prober = _SHARED.get(registry)
+        if prober is None:
+            prober = _SHARED[registry] = cls(registry)
+        return prober
+
+    def available(self, agent: str, instance_id: str) -> bool:
+        return self.book.available(agent, instance_id)
+
+    def start(self) -> None:
+        """Start probing on the running loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="reach-prober")
+
+    def acquire(self) -> None:
+        """One more user (a client, a gateway): probing starts with the first."""
+        self._users += 1
+        self.start()
+
+    async def release(self) -> None:
+        """One user fewer: probing stops with the last."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def probe_once(self) -> None:
+        """One round: every instance whose probes are due, concurrently."""
+        now = self._now()
+        jobs, present = [], set()
+        for name, descriptor in self.registry.agents().items():
+            check = descriptor.health_check
+            for instance in self.registry.instances(name).values():
+                present.add((name, instance.instance_id))
+                if not check.probe or instance.status != "ready" or not instance.endpoint.startswith("http"):
+                    continue
+                connect, ready = self.book.due(name, instance.instance_id, check, now)
+                if connect:
+                    jobs.append(self._connect(instance, check))
+                if ready:
+                    jobs.append(self._ready(instance, check))
+        self.book.forget(present)
+        await asyncio.gather(*jobs)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.probe_once()
+            except Exception:
+                log.exception("probe round failed; probing goes on")
+            await asyncio.sleep(self._tick)
+
+    async def _connect(self, instance: Instance, check: HealthCheck) -> None:
+        parts = urlsplit(instance.endpoint)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        refused = ok = False
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                _, writer = await asyncio.open_connection(parts.hostname, port)
+            writer.close()
+            ok = True
+        except ConnectionRefusedError:
+            refused = True
+        except (OSError, TimeoutError):
+            pass
+        self.book.connected(instance.agent, instance.instance_id, refused=refused, ok=ok, check=check)
+
+    async def _ready(self, instance: Instance, check: HealthCheck) -> None:
+        import aiohttp  # imported when probing starts: importing reach_plugins pulls in no HTTP client
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
+        url = instance.endpoint.rstrip("/") + check.ready_path
+        try:
+            async with self._session.get(url, allow_redirects=False) as answer:
+                ready = answer.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return  # unreachable: the connect probe decides
+        self.book.readiness(instance.agent, instance.instance_id, ready=ready)
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()

@@ -1,0 +1,153 @@
+"""Where a caller gets the token for its target: :class:`LocalTokens` (an in-process issuer) or :class:`RemoteTokens`.
+
+Both cache a token per (target, tenant, received token) until shortly before it
+expires, and share one fetch between concurrent misses. Inside a served
+handler (:func:`~reach_plugins.security.held.received`) they *exchange* the
+received token for one bound to the chain instead of asking as the tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from reach_plugins.errors import BackendUnavailable, ConfigError
+from reach_plugins.security.claims import DEFAULT_TTL, MAX_TTL
+from reach_plugins.security.held import received
+from reach_plugins.security.issuer import TokenIssuer
+from reach_plugins.security.token_errors import InvalidToken, TokenDenied
+
+_Key = tuple[str, str | None, str | None]
+
+
+class TokenSource(Protocol):
+    """``await tokens.token(agent, tenant)``: a token whose audience is ``agent``."""
+
+    async def token(self, audience: str, tenant: str | None) -> str: ...
+
+
+class TokenCache:
+    """Tokens by key, reused until ``margin`` before expiry (10 % of their life, at most 30 s); sans-IO."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, max_entries: int = 10_000) -> None:
+        self._clock = clock
+        self._max = max_entries
+        self._tokens: dict[_Key, tuple[str, float]] = {}
+
+    def get(self, key: _Key) -> str | None:
+        found = self._tokens.get(key)
+        if found is None or self._clock() >= found[1]:
+            return None
+        return found[0]
+
+    def put(self, key: _Key, token: str, expires_at: float) -> None:
+        now = self._clock()
+        margin = min(30.0, max(0.0, expires_at - now) * 0.1)
+        if len(self._tokens) >= self._max:
+            self._tokens = {k: v for k, v in self._tokens.items() if v[1] > now}
+            if len(self._tokens) >= self._max:
+                self._tokens.pop(next(iter(self._tokens)))
+        self._tokens[key] = (token, expires_at - margin)
+
+
+class _Cached(ABC):
+    """Cache + single flight around ``_fetch``."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._cache = TokenCache(clock=clock)
+        self._flights: dict[_Key, asyncio.Future[tuple[str, float]]] = {}
+
+    async def token(self, audience: str, tenant: str | None) -> str:
+        held = received()
+        key = (audience, tenant, held)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = self._flights[key] = asyncio.ensure_future(self._fetch(audience, tenant, held))
+            flight.add_done_callback(lambda _: self._flights.pop(key, None))
+        token, expires_at = await asyncio.shield(flight)
+        self._cache.put(key, token, expires_at)
+        return token
+
+    @abstractmethod
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
+        """A new token for ``audience`` and when it expires (wall clock): each source says where it comes from."""
+
+
+class LocalTokens(_Cached):
+    """Tokens from an issuer living in this process (the embedded default; the gateway's own role)."""
+
+    def __init__(self, issuer: TokenIssuer | None = None, *, via: str | None = None) -> None:
+        self.issuer = issuer or default_issuer()
+        self._via = via
+        super().__init__(self.issuer.clock)
+
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
+        if held is not None:
+            issued = await self.issuer.exchange(held, audience=audience)
+        else:
+            issued = self.issuer.for_tenant(tenant, audience, via=self._via)
+        return issued.token, issued.expires_at
+
+
+class RemoteTokens(_Cached):
+    """Tokens from a ``reach issuer`` (or a gateway's issuer role) at ``url``, asked with the tenant's bearer token."""
+
+    def __init__(self, url: str, *, bearer: str | None = None, timeout: float = 5.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"issuer URL {url!r}: write http(s)://host:port")
+        self.url = url.rstrip("/") + "/v1/tokens"
+        self._bearer = bearer
+        self._timeout = timeout
+        self._session: Any = None
+        super().__init__(time.time)
+
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
+        import aiohttp
+
+        body: dict[str, Any] = {"audience": audience}
+        headers = {"Authorization": f"Bearer {self._bearer}"} if self._bearer and held is None else {}
+        if held is not None:
+            body["subject_token"] = held
+        elif tenant is not None:
+            body["tenant"] = tenant
+        if self._session is None:
+            self._session = aiohttp.ClientSession(trust_env=False)
+        try:
+            async with self._session.post(
+                self.url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=self._timeout)
+            ) as reply:
+                answer = await reply.json(content_type=None)
+                status = reply.status
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise BackendUnavailable(f"the token issuer at {self.url} did not answer: {exc!r}") from None
+        if status != 200 or not isinstance(answer, dict) or "token" not in answer:
+            message = (answer.get("error") or {}).get("message") if isinstance(answer, dict) else None
+            refusal = InvalidToken if status == 401 else TokenDenied
+            raise refusal(f"the token issuer refused a token for {audience!r}: {message or f'HTTP {status}'}")
+        try:
+            lifetime = min(float(answer.get("expires_in", DEFAULT_TTL)), MAX_TTL)
+        except (TypeError, ValueError):
+            lifetime = DEFAULT_TTL
+        return str(answer["token"]), time.time() + lifetime
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+_DEFAULT: TokenIssuer | None = None
+
+
+def default_issuer() -> TokenIssuer:
+    """This process's in-process issuer (a fresh key per process): the embedded default, no setup."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = TokenIssuer(issuer="reach")
+    return _DEFAULT

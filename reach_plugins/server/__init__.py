@@ -1,0 +1,1 @@
+"""What every server of ours shares: inbound limits, uvicorn hardening, access rules, the forwarder, issuer routes."""

@@ -1,0 +1,63 @@
+"""Wiring of the issuer role into servers: the issuer a gateway or ``reach issuer`` runs, the tenant rule it applies,
+and the transport a gateway or node reaches agents with (token added, L3 audited).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from reach_plugins.security.audit import AuditTransport
+from reach_plugins.security.claims import DEFAULT_TTL
+from reach_plugins.security.issuer import MayReach, TokenIssuer
+from reach_plugins.security.keys import ENV_KEYS, KeyRing
+from reach_plugins.security.source import LocalTokens, default_issuer
+from reach_plugins.security.token_transport import TokenTransport
+
+if TYPE_CHECKING:
+    from reach_plugins.config.loader import TenantConfig
+    from reach_plugins.security.audit import AuditHook
+    from reach_plugins.transport import Transport
+
+
+def tenant_rule(tenants: Mapping[str, TenantConfig]) -> MayReach:
+    """The tenant allow-list as the issuer's rule (no tenant table: every tenant may ask)."""
+
+    def may_reach(tenant: str | None, agent: str) -> str | None:
+        if not tenants:
+            return None
+        config = tenants.get(tenant) if tenant is not None else None
+        if config is None:
+            return f"tenant {tenant!r} is not in the tenant table"
+        if config.agents != "*" and agent not in config.agents:
+            return f"tenant {tenant!r} may not reach agent {agent!r} (its allow-list: {', '.join(config.agents)})"
+        return None
+
+    return may_reach
+
+
+def build_issuer(
+    tenants: Mapping[str, TenantConfig],
+    *,
+    keys: Sequence[str | os.PathLike[str]] = (),
+    name: str = "reach",
+    ttl: float = DEFAULT_TTL,
+    environ: Mapping[str, str] = os.environ,
+) -> TokenIssuer:
+    """An issuer signing with ``keys`` (PEM files, else ``$REACH_ISSUER_KEYS``, else this process's in-process key,
+    so agents served in the same process with ``default_issuer().verifier()`` accept its tokens)."""
+    ring = KeyRing.load(keys, environ=environ) if keys or environ.get(ENV_KEYS) else default_issuer().keys
+    return TokenIssuer(ring, issuer=name, ttl=ttl, may_reach=tenant_rule(tenants))
+
+
+def agent_transport(
+    issuer: TokenIssuer, *, via: str | None, audit: AuditHook | str | None = None, inner: Transport | None = None
+) -> Transport:
+    """How a server reaches agents: DirectTransport with its own token per agent, L3 calls audited (else refused)."""
+    if inner is None:
+        from transports.direct import DirectTransport
+
+        inner = DirectTransport()
+    inner = AuditTransport(inner, audit)
+    return TokenTransport(inner, LocalTokens(issuer, via=via))

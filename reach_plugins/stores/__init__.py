@@ -1,0 +1,1 @@
+"""Shared state: dedup, session liveness, session tables and snapshots; in memory, or in Redis."""

@@ -1,0 +1,248 @@
+"""Session liveness in Redis: a conversation closed in one process stops its calls in every process.
+
+Each session is one key, ``{prefix}session:{id}``: its expiry time by the
+store's clock while open, ``closed`` once closed. Checking is one Lua script
+(closed? expired? else extend), so concurrent processes agree. Keys outlive the
+session by ``tombstone_ttl`` (a day unless told) so a closed or expired
+conversation is refused for that long, then forgotten.
+
+Each conversation's pins live in ``{prefix}pin:{id}`` (a hash: agent ->
+instance), written by the first process that routes it and adopted by the
+others (one Lua script: keep the stored pin unless it is the one being
+replaced), with the session's lifetime.
+
+``close`` cancels the calls in flight here at once (``InFlight`` from
+:mod:`reach_plugins.stores.sessions`) and publishes on ``{prefix}session:closed``;
+every other store listening there cancels its own calls and tells its
+``on_close`` listeners.
+
+While Redis is unreachable the store fails open by default: checks pass with a
+warning (a liveness guard is no reason to stop all traffic), ``is_alive`` says
+yes, and ``close`` raises ``BackendUnavailable`` after cancelling local calls,
+because the other processes did not hear it. ``on_outage="closed"`` makes
+checks raise instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Final
+
+from reach_plugins.errors import ConfigError, SessionClosed
+from reach_plugins.stores.redis import (
+    OUTAGE_ERRORS,
+    OnOutage,
+    Subscription,
+    connect,
+    describe,
+    on_outage,
+    unavailable,
+)
+from reach_plugins.stores.sessions import InFlight, Listener
+
+logger = logging.getLogger(__name__)
+
+_CLOSED: Final = "closed"
+_SEP: Final = "\x1f"
+
+_CHECK: Final = """
+local value = redis.call('GET', KEYS[1])
+if value == 'closed' then return 'closed' end
+if value and tonumber(value) <= tonumber(ARGV[1]) then return 'expired' end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 'open'
+"""
+"""KEYS: session. ARGV: now, new expiry, key lifetime in ms."""
+
+_CLAIM_PIN: Final = """
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if (not stored) or (ARGV[3] ~= '' and stored == ARGV[3]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  stored = ARGV[2]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return stored
+"""
+"""KEYS: the session's pins. ARGV: agent, instance, instance to replace ('' for none), key lifetime in ms."""
+
+
+class RedisSessions:
+    """:class:`~reach_plugins.stores.sessions.SessionStore` in Redis, shared by every process using the same prefix."""
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        ttl: float = 1800.0,
+        tombstone_ttl: float = 86_400.0,
+        prefix: str = "reach:",
+        clock: Callable[[], float] | None = None,
+        on_outage: OnOutage = "open",
+        owns_client: bool = False,
+    ) -> None:
+        if ttl <= 0 or tombstone_ttl <= 0:
+            raise ConfigError(f"session ttl and tombstone_ttl must be positive seconds, got {ttl!r}, {tombstone_ttl!r}")
+        self.redis = redis
+        self.ttl = ttl
+        self.tombstone_ttl = tombstone_ttl
+        self.on_outage = on_outage
+        self._prefix = prefix
+        self._clock = clock or time.time
+        self._owns_client = owns_client
+        self._check = redis.register_script(_CHECK)
+        self._claim_pin = redis.register_script(_CLAIM_PIN)
+        self._origin = uuid.uuid4().hex
+        self._inflight = InFlight()
+        self._listeners: list[Listener] = []
+        self._closes = Subscription(redis, f"{prefix}session:closed", self._on_remote_close, lambda: None)
+        self._outage = False
+
+    def _key(self, session_id: str) -> str:
+        return f"{self._prefix}session:{session_id}"
+
+    def _lifetime_ms(self, seconds: float) -> int:
+        return max(1, round((seconds + self.tombstone_ttl) * 1000))
+
+    async def open(self, session_id: str) -> None:
+        """Open (or reopen, even after a close) a session for ``ttl`` seconds."""
+        try:
+            await self._listen()
+            expires = self._clock() + self.ttl
+            await self.redis.set(self._key(session_id), repr(expires), px=self._lifetime_ms(self.ttl))
+        except OUTAGE_ERRORS as exc:
+            self._degraded(f"conversation {session_id!r} cannot be opened", exc)
+        else:
+            self._recovered()
+
+    async def touch(self, session_id: str) -> None:
+        await self.check(session_id)
+
+    async def check(self, session_id: str) -> None:
+        """Open an unknown session, extend a live one, raise ``SessionClosed`` for a closed or expired one."""
+        try:
+            await self._listen()
+            now = self._clock()
+            args = [repr(now), repr(now + self.ttl), self._lifetime_ms(self.ttl)]
+            state = await self._check(keys=[self._key(session_id)], args=args)
+        except OUTAGE_ERRORS as exc:
+            self._degraded(f"conversation {session_id!r} cannot be checked", exc)
+            return
+        self._recovered()
+        state = state.decode() if isinstance(state, bytes) else str(state)
+        if state == "closed":
+            raise SessionClosed(f"conversation {session_id!r} was closed; start a new one to reach agents again")
+        if state == "expired":
+            raise SessionClosed(
+                f"conversation {session_id!r} expired after {self.ttl:g}s without activity; start a new one"
+            )
+
+    async def close(self, session_id: str) -> None:
+        """End the session for good: cancel its calls here, then in every process listening."""
+        self._closed_here(session_id)
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.set(self._key(session_id), _CLOSED, px=self._lifetime_ms(0.0))
+                pipe.publish(self._closes.channel, f"{self._origin}{_SEP}{session_id}")
+                await pipe.execute()
+        except OUTAGE_ERRORS as exc:
+            raise unavailable(
+                self.redis,
+                f"closing conversation {session_id!r} reached only this process (its calls here were cancelled)",
+                exc,
+            ) from exc
+
+    async def claim_pin(self, session_id: str, agent: str, instance_id: str, *, replace: str | None = None) -> str:
+        """The session's pin on ``agent``: the stored one, else (or if it is ``replace``) ``instance_id``.
+
+        Redis unreachable: the local choice stands (with the outage warning); the
+        processes may then disagree until it is back, as they would without a store.
+        """
+        key = f"{self._prefix}pin:{session_id}"
+        args = [agent, instance_id, replace or "", self._lifetime_ms(self.ttl)]
+        try:
+            stored = await self._claim_pin(keys=[key], args=args)
+        except OUTAGE_ERRORS as exc:
+            self._degraded(f"the pin of conversation {session_id!r} cannot be shared", exc)
+            return instance_id
+        self._recovered()
+        return stored.decode() if isinstance(stored, bytes) else str(stored)
+
+    async def is_alive(self, session_id: str) -> bool:
+        try:
+            value = await self.redis.get(self._key(session_id))
+        except OUTAGE_ERRORS as exc:
+            self._degraded(f"liveness of conversation {session_id!r} is unknown", exc)
+            return True
+        if value is None:
+            return False
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        return text != _CLOSED and float(text) > self._clock()
+
+    def guard(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Cancel the enclosed work (raising ``SessionClosed``) if any process closes the session meanwhile."""
+        return self._guard(session_id)
+
+    @asynccontextmanager
+    async def _guard(self, session_id: str) -> AsyncIterator[None]:
+        try:
+            await self._listen()
+        except OUTAGE_ERRORS as exc:
+            self._degraded(f"closes of {session_id!r} from other processes will not be heard", exc)
+        async with self._inflight.guard(session_id):
+            yield
+
+    def on_close(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    async def aclose(self) -> None:
+        """Stop listening for closes; close the client if this store opened it."""
+        await self._closes.aclose()
+        if self._owns_client:
+            await self.redis.aclose()
+
+    async def _listen(self) -> None:
+        await self._closes.ensure()
+
+    def _closed_here(self, session_id: str) -> None:
+        self._inflight.cancel(session_id)
+        for listener in self._listeners:
+            listener(session_id)
+
+    def _on_remote_close(self, message: str) -> None:
+        origin, _, session_id = message.partition(_SEP)
+        if origin != self._origin:
+            self._closed_here(session_id)
+
+    def _degraded(self, what: str, exc: BaseException) -> None:
+        """Apply the outage policy: raise when failing closed, else warn once per outage and carry on."""
+        if self.on_outage == "closed":
+            raise unavailable(self.redis, f"{what} (sessions fail closed)", exc) from exc
+        if not self._outage:
+            logger.warning("redis at %s unreachable; %s, letting calls through: %s", describe(self.redis), what, exc)
+            self._outage = True
+
+    def _recovered(self) -> None:
+        if self._outage:
+            logger.warning("redis at %s reachable again; session liveness is enforced again", describe(self.redis))
+            self._outage = False
+
+
+def from_url(url: str, *, clock: Callable[[], float] | None = None) -> RedisSessions:
+    """``redis://host:port/db[?prefix=reach:&timeout=0.5&ttl=1800&on_outage=open]`` -> a store owning its client."""
+    client, options = connect(url, options=("ttl", "on_outage"))
+    try:
+        ttl = float(options.get("ttl", 1800.0))
+    except ValueError as exc:
+        raise ConfigError(f"Redis URL {url!r}: ttl must be seconds, got {options['ttl']!r}") from exc
+    return RedisSessions(
+        client,
+        ttl=ttl,
+        prefix=options["prefix"],
+        clock=clock,
+        on_outage=on_outage(options.get("on_outage", "open"), url),
+        owns_client=True,
+    )

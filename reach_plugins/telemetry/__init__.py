@@ -1,0 +1,1 @@
+"""Telemetry: attribute names and span helpers, the request trace and its sinks, metrics, usage."""

@@ -1,0 +1,305 @@
+"""Metrics through the OpenTelemetry metrics API: what operators chart (seed 001, section 4.1, step five).
+
+Like spans, metrics need ``opentelemetry-api`` only: instruments are no-ops
+until the application installs an SDK (or passes ``meter_provider``).
+:class:`ReachMetrics` is a :class:`~reach_plugins.telemetry.trace.TraceSink`, so
+every finished request's trace becomes request counts and durations per
+capability, agent and instance, attempts by outcome (``not_delivered``,
+``unknown``, ``failed``, ``business``, ``success``, ``cancelled``),
+retries, failovers, breaker transitions and state, dedup hits and route
+decisions (affinity ``new`` / ``pinned`` / ``restored``, degraded); nothing is
+added to the request path but the sink call. Registrations, heartbeat expiry
+(:meth:`ReachMetrics.watch`), session closes and the tool-mapping rule (the
+semantic route distribution) are recorded where they happen.
+
+    metrics = ReachMetrics(meter_provider=provider)
+    client = ReachClient(registry, sink=metrics)          # or sink=fan_out(JsonLinesSink(path), metrics)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation, get_meter
+
+from reach_plugins.telemetry.spans import (
+    _VERSION,
+    ATTR_AFFINITY,
+    ATTR_AGENT,
+    ATTR_BREAKER_FROM,
+    ATTR_BREAKER_TO,
+    ATTR_CAPABILITY,
+    ATTR_DEGRADED,
+    ATTR_ERROR_TYPE,
+    ATTR_GEN_AI_OPERATION_NAME,
+    ATTR_GEN_AI_TOOL_NAME,
+    ATTR_INSTANCE,
+    ATTR_OUTCOME,
+    ATTR_RESULT,
+    ATTR_RULE,
+    ATTR_SIDE,
+    ATTR_STATUS,
+    ATTR_TENANT,
+    ATTR_USAGE_SOURCE,
+    EVENT_BREAKER,
+    EVENT_CONSISTENCY,
+    EVENT_CONSISTENCY_STATE,
+    EVENT_FAILOVER,
+    EVENT_RETRY,
+    INSTRUMENTATION_NAME,
+    OPERATION_EXECUTE_TOOL,
+)
+from reach_plugins.telemetry.trace import TraceSink, emit_safely
+from reach_plugins.telemetry.usage import tokens_of
+
+if TYPE_CHECKING:
+    from reach_plugins.model import Attempt, ReachTrace
+    from reach_plugins.registry.base import Registry
+
+# --------------------------------------------------------------------------- instrument names
+GEN_AI_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+"""GenAI semantic conventions: one ``execute_tool`` call as the framework saw it, in seconds."""
+REQUESTS: Final = "reach.client.requests"
+REQUEST_DURATION: Final = "reach.client.request.duration"
+ATTEMPTS: Final = "reach.client.attempts"
+RETRIES: Final = "reach.client.retries"
+FAILOVERS: Final = "reach.client.failovers"
+DEDUP_HITS: Final = "reach.client.dedup.hits"
+ROUTE_DECISIONS: Final = "reach.route.decisions"
+BREAKER_TRANSITIONS: Final = "reach.breaker.transitions"
+BREAKER_STATE: Final = "reach.breaker.state"
+SESSIONS_CLOSED: Final = "reach.sessions.closed"
+CANCELLATIONS: Final = "reach.client.cancellations"
+TOOL_ROUTES: Final = "reach.tool.routes"
+REGISTRATIONS: Final = "reach.registry.registrations"
+HEARTBEAT_EXPIRATIONS: Final = "reach.registry.heartbeat.expirations"
+USAGE_CALLS: Final = "reach.usage.calls"
+"""Calls per tenant, agent and capability (seed 000, section 4.4)."""
+USAGE_TOKENS: Final = "reach.usage.tokens"
+"""Tokens per tenant, agent and capability; ``reach.usage.source`` says ``reported`` or ``estimated``."""
+CONSISTENCY_SCORES: Final = "reach.consistency.score"
+CONSISTENCY_EJECTIONS: Final = "reach.consistency.ejections"
+
+BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
+"""``reach.breaker.state`` values: 0 closed, 1 half-open, 2 open."""
+DURATION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def attempt_outcome(attempt: Attempt) -> str:
+    """DESIGN 11.1's name for how an attempt ended: ``not_delivered``, ``unknown``, ``failed``, ``business``, ..."""
+    if attempt.delivery != "answered":
+        return attempt.delivery
+    return {"timeout": "unknown", "transient": "failed", "backpressure": "not_delivered"}.get(
+        attempt.outcome, attempt.outcome
+    )
+
+
+_OVERFLOW: Final = (("otel.metric.overflow", "true"),)
+"""The attribute set of everything past a counter's limit of attribute sets (the SDK's own overflow name)."""
+
+
+class RunningTotals:
+    """A monotonic counter kept as running totals per attribute set, which the SDK observes when it collects.
+
+    An SDK ``Counter.add`` costs ~10 us (attribute hashing, aggregation,
+    exemplar sampling) and a finished reach adds to four of them; here an add
+    is a dict update under a lock (~1 us) and the totals reach the SDK as an
+    observable counter, so readers see the same cumulative sums. Attribute
+    sets past ``limit`` fold into one overflow set (``otel.metric.overflow``,
+    as the SDK does), so memory stays bounded with or without an SDK.
+    """
+
+    def __init__(self, meter: Meter, name: str, *, unit: str, description: str, limit: int = 2000) -> None:
+        self._lock = threading.Lock()
+        self._totals: dict[tuple[tuple[str, Any], ...], float] = {}
+        self._limit = limit
+        meter.create_observable_counter(name, [self._observe], unit=unit, description=description)
+
+    def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
+        key = tuple(attributes.items()) if attributes else ()
+        with self._lock:
+            try:
+                self._count(key, amount)
+            except TypeError:  # a sequence value (a list): kept as a tuple, as the SDK keeps it
+                self._count(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in key), amount)
+
+    def _count(self, key: tuple[tuple[str, Any], ...], amount: float) -> None:
+        totals = self._totals
+        if key not in totals and len(totals) >= self._limit:
+            key = _OVERFLOW
+        totals[key] = totals.get(key, 0) + amount
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            totals = list(self._totals.items())
+        return [Observation(value, dict(key)) for key, value in totals]
+
+
+class ReachMetrics:
+    """The instruments of reach-plugins on ``meter_provider`` (the global one by default); a trace sink."""
+
+    def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+        meter = get_meter(INSTRUMENTATION_NAME, _VERSION, meter_provider=meter_provider)
+        self.tool_duration = meter.create_histogram(
+            GEN_AI_OPERATION_DURATION, unit="s", description="GenAI operation duration (execute_tool).",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )  # fmt: skip
+        self.requests = RunningTotals(meter, REQUESTS, unit="{request}", description="Finished reaches.")
+        self.request_duration = meter.create_histogram(
+            REQUEST_DURATION, unit="s", description="Time to answer a reach, retries included.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )  # fmt: skip
+        self.attempts = RunningTotals(meter, ATTEMPTS, unit="{attempt}", description="Attempts by outcome.")
+        self.retries = meter.create_counter(RETRIES, unit="{retry}", description="Retries after a failed attempt.")
+        self.failovers = meter.create_counter(FAILOVERS, unit="{failover}", description="Moves to another instance.")
+        self.dedup_hits = meter.create_counter(DEDUP_HITS, unit="{request}", description="Answers replayed by key.")
+        self.route_decisions = RunningTotals(
+            meter, ROUTE_DECISIONS, unit="{decision}", description="Where reaches went: affinity and degradation."
+        )
+        self.breaker_transitions = meter.create_counter(
+            BREAKER_TRANSITIONS, unit="{transition}", description="Circuit breaker state changes per instance."
+        )
+        self.sessions_closed = meter.create_counter(SESSIONS_CLOSED, unit="{session}", description="Closed sessions.")
+        self.cancellations = meter.create_counter(
+            CANCELLATIONS, unit="{attempt}", description="Attempts cancelled (session closed, caller gone)."
+        )
+        self.tool_routes = meter.create_counter(
+            TOOL_ROUTES, unit="{call}", description="Tool calls by mapping rule (exact, semantic, map...) and side."
+        )
+        self.registrations = meter.create_counter(
+            REGISTRATIONS, unit="{registration}", description="Instance registrations by result."
+        )
+        self.heartbeat_expirations = meter.create_counter(
+            HEARTBEAT_EXPIRATIONS, unit="{instance}", description="Instances whose heartbeats stopped."
+        )
+        self.usage_calls = RunningTotals(meter, USAGE_CALLS, unit="{call}", description="Calls per tenant.")
+        self.usage_tokens = meter.create_counter(USAGE_TOKENS, unit="{token}", description="Tokens per tenant.")
+        self.consistency_scores = meter.create_histogram(
+            CONSISTENCY_SCORES, unit="1", description="Replies' similarity to their requests (opted-in capabilities)."
+        )
+        self.consistency_ejections = meter.create_counter(
+            CONSISTENCY_EJECTIONS, unit="{ejection}", description="Instances ejected for replies beside the question."
+        )
+        self._lock = threading.Lock()
+        self._breakers: dict[str, int] = {}
+        meter.create_observable_gauge(
+            BREAKER_STATE, [self._breaker_states], unit="1", description="Breaker state: 0 closed, 1 half-open, 2 open."
+        )
+
+    # ------------------------------------------------------------------ requests (a TraceSink)
+
+    def emit(self, trace: ReachTrace) -> None:
+        """Record one finished request (what :class:`~reach_plugins.ReachClient` hands its sink)."""
+        route = trace.route
+        agent = route.agent if route is not None else ""
+        instance = route.instance if route is not None else ""
+        where = {ATTR_CAPABILITY: trace.capability, ATTR_AGENT: agent, ATTR_INSTANCE: instance}
+        self.requests.add(1, {**where, ATTR_STATUS: trace.status})
+        self.request_duration.record(trace.duration_ms / 1000.0, {**where, ATTR_STATUS: trace.status})
+        if route is not None:
+            self.route_decisions.add(
+                1, {**where, ATTR_AFFINITY: route.affinity, ATTR_DEGRADED: str(route.degraded).lower()}
+            )
+        if trace.dedup_hit:
+            self.dedup_hits.add(1, {ATTR_CAPABILITY: trace.capability})
+        self._usage(trace, agent)
+        for attempt in trace.attempts:
+            outcome = attempt_outcome(attempt)
+            at = {ATTR_CAPABILITY: trace.capability, ATTR_AGENT: attempt.agent, ATTR_INSTANCE: attempt.instance}
+            self.attempts.add(1, {**at, ATTR_OUTCOME: outcome})
+            if outcome == "cancelled":
+                self.cancellations.add(1, at)
+        self._events(trace.capability, trace.events)
+
+    def _usage(self, trace: ReachTrace, agent: str) -> None:
+        """Calls and tokens per tenant, agent and capability (:mod:`reach_plugins.telemetry.usage`)."""
+        who = {ATTR_TENANT: trace.tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: trace.capability}
+        self.usage_calls.add(1, who)
+        reported, estimated = tokens_of(trace)
+        if reported:
+            self.usage_tokens.add(reported, {**who, ATTR_USAGE_SOURCE: "reported"})
+        if estimated:
+            self.usage_tokens.add(estimated, {**who, ATTR_USAGE_SOURCE: "estimated"})
+
+    def _events(self, capability: str, events: Iterable[Mapping[str, object]]) -> None:
+        for event in events:
+            name = event.get("event")
+            if name == EVENT_CONSISTENCY:
+                score = event.get("score")
+                if isinstance(score, int | float):
+                    self.consistency_scores.record(float(score), {ATTR_CAPABILITY: capability})
+            elif name == EVENT_CONSISTENCY_STATE and event.get(ATTR_BREAKER_TO) == "ejected":
+                self.consistency_ejections.add(
+                    1, {ATTR_CAPABILITY: capability, ATTR_INSTANCE: str(event.get("instance"))}
+                )
+            elif name == EVENT_RETRY:
+                self.retries.add(1, {ATTR_CAPABILITY: capability})
+            elif name == EVENT_FAILOVER:
+                self.failovers.add(1, {ATTR_CAPABILITY: capability})
+            elif name == EVENT_BREAKER:
+                before, after = str(event.get(ATTR_BREAKER_FROM)), str(event.get(ATTR_BREAKER_TO))
+                self.breaker(str(event.get("instance", "")), before, after)
+
+    def breaker(self, instance: str, before: str, after: str) -> None:
+        """A breaker moved from ``before`` to ``after``: counted, and the instance's state gauge set."""
+        self.breaker_transitions.add(1, {ATTR_INSTANCE: instance, ATTR_BREAKER_FROM: before, ATTR_BREAKER_TO: after})
+        with self._lock:
+            self._breakers[instance] = BREAKER_STATES.get(after, -1)
+
+    def _breaker_states(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            states = dict(self._breakers)
+        return [Observation(state, {ATTR_INSTANCE: instance}) for instance, state in sorted(states.items())]
+
+    # ------------------------------------------------------------------ framework calls, sessions, registry
+
+    def tool_route(self, tool: str, rule: str, remote: bool) -> None:
+        """Where a framework tool call went: the mapping rule (the semantic route distribution) and the side."""
+        side = "remote" if remote else "local"
+        self.tool_routes.add(1, {ATTR_GEN_AI_TOOL_NAME: tool, ATTR_RULE: rule, ATTR_SIDE: side})
+
+    def tool_call(self, tool: str, seconds: float, error: str | None = None) -> None:
+        """How long one reached tool call took as the framework saw it (GenAI ``execute_tool`` duration)."""
+        attributes = {ATTR_GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, ATTR_GEN_AI_TOOL_NAME: tool}
+        if error is not None:
+            attributes[ATTR_ERROR_TYPE] = error
+        self.tool_duration.record(seconds, attributes)
+
+    def session_closed(self) -> None:
+        """A conversation was closed (later reaches in it are refused, calls in flight cancelled)."""
+        self.sessions_closed.add(1)
+
+    def cancellation(self, capability: str) -> None:
+        """A call in flight was cancelled because its conversation closed."""
+        self.cancellations.add(1, {ATTR_CAPABILITY: capability})
+
+    def registration(self, agent: str, ok: bool) -> None:
+        """An instance of ``agent`` tried to register (the agent SDK's registration reports each try)."""
+        self.registrations.add(1, {ATTR_AGENT: agent, ATTR_RESULT: "success" if ok else "failure"})
+
+    async def watch(self, registry: Registry) -> None:
+        """Count heartbeat expiry (``instance_down``) from ``registry``'s watch stream until it ends."""
+        async for event in registry.watch():
+            if event.kind == "instance_down":
+                self.heartbeat_expirations.add(1, {ATTR_AGENT: event.agent})
+
+
+class FanOut:
+    """One trace sink feeding several (a JSON-lines file and metrics, say); a failing one never stops the rest."""
+
+    def __init__(self, *sinks: TraceSink) -> None:
+        self.sinks = sinks
+
+    def emit(self, trace: ReachTrace) -> None:
+        for sink in self.sinks:
+            emit_safely(sink, trace)
+
+
+def fan_out(*sinks: TraceSink | None) -> TraceSink | None:
+    """The sinks given (``None`` left out) as one: ``None``, the only one, or a :class:`FanOut`."""
+    present = [sink for sink in sinks if sink is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    return FanOut(*present)

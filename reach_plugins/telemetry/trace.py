@@ -1,0 +1,151 @@
+"""The trajectory of a request (ReachTrace) and where it goes: nowhere, a JSON-lines file, a logger.
+
+The recorder collects attempts and events as the pipeline runs and mirrors
+them as span events; the pydantic ``ReachTrace`` is built only when someone
+asked for it (``trace=True``), a sink is set, or the request did not succeed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, runtime_checkable
+
+from opentelemetry.trace import Span
+
+from reach_plugins.errors import ConfigError
+from reach_plugins.model import Attempt, ErrorInfo, ReachRequest, ReachTrace
+from reach_plugins.telemetry.spans import EVENT_ATTEMPT
+
+if TYPE_CHECKING:
+    from reach_plugins.attempts.ports import RouteLike
+
+logger = logging.getLogger("reach_plugins.trace")
+
+AttributeValue = str | bool | int | float
+
+
+@runtime_checkable
+class TraceSink(Protocol):
+    """Receives every finished request's trace; must not raise (errors are logged and dropped)."""
+
+    def emit(self, trace: ReachTrace) -> None: ...
+
+
+class JsonLinesSink:
+    """Appends one JSON line per request to ``path`` (opened lazily, flushed per line)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._file: TextIO | None = None
+        self._lock = threading.Lock()
+
+    def emit(self, trace: ReachTrace) -> None:
+        line = trace.model_dump_json(exclude_none=True) + "\n"
+        with self._lock:
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across emits
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class LoggingSink:
+    """Logs each trace as one JSON message on ``logger`` (default ``reach_plugins.trace``) at ``level``."""
+
+    def __init__(self, logger_: logging.Logger | None = None, level: int = logging.INFO) -> None:
+        self.logger = logger_ or logger
+        self.level = level
+
+    def emit(self, trace: ReachTrace) -> None:
+        if self.logger.isEnabledFor(self.level):
+            self.logger.log(self.level, "%s", trace.model_dump_json(exclude_none=True))
+
+
+def open_sink(spec: str | None) -> TraceSink | None:
+    """``None``/``"none"`` (no sink), ``"logging"``, or ``"file://path"`` / a path ending in ``.jsonl``."""
+    if spec is None or spec in ("", "none"):
+        return None
+    if spec == "logging":
+        return LoggingSink()
+    if spec.startswith("file://"):
+        return JsonLinesSink(spec.removeprefix("file://"))
+    if spec.endswith((".jsonl", ".json")):
+        return JsonLinesSink(spec)
+    raise ConfigError(f"unknown trace sink {spec!r}; use 'none', 'logging', 'file://traces.jsonl' or a .jsonl path")
+
+
+def emit_safely(sink: TraceSink, trace: ReachTrace) -> None:
+    """A broken sink must never break a request."""
+    try:
+        sink.emit(trace)
+    except Exception:
+        logger.exception("trace sink %r failed; trace of request %s dropped", sink, trace.request_id)
+
+
+_SCALARS = (str, bool, int, float)
+"""What a span attribute may hold (a tuple: ``isinstance`` checks it faster than a union)."""
+
+
+def _attributes(attrs: dict[str, Any]) -> dict[str, AttributeValue]:
+    return {key: value for key, value in attrs.items() if isinstance(value, _SCALARS)}
+
+
+class TraceRecorder:
+    """Collects one request's route, attempts and events; mirrors events onto its span.
+
+    ``keep`` says whether anyone will read a successful attempt (a trace was
+    asked for, a sink is set, or the span records): when nobody will, the
+    pipeline skips recording it — the common case, and a hot path.
+    """
+
+    __slots__ = ("attempts", "dedup_hit", "events", "keep", "request", "route", "span", "started_at", "usage")
+
+    def __init__(self, request: ReachRequest, started_at: float, span: Span, *, keep: bool = True) -> None:
+        self.request = request
+        self.started_at = started_at
+        self.span = span
+        self.keep = keep or span.is_recording()
+        self.route: RouteLike | None = None
+        """The latest route; its decision is read (and so built) only by :meth:`build`."""
+        self.attempts: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.dedup_hit = False
+        self.usage: dict[str, int] | None = None
+        """Tokens the answer reported (set when the request ends)."""
+
+    def event(self, name: str, at: float, **attrs: Any) -> None:
+        """A named moment of the request (retry, failover, breaker transition...), also as a span event."""
+        self.events.append({"event": name, "at": at, **attrs})
+        if self.span.is_recording():
+            self.span.add_event(name, attributes=_attributes(attrs))
+
+    def attempt(self, **fields: Any) -> None:
+        """One attempt with :class:`Attempt`'s fields; the model is built only if the trace is."""
+        self.attempts.append(fields)
+        if self.span.is_recording():
+            self.span.add_event(EVENT_ATTEMPT, attributes=_attributes(fields))
+
+    def build(self, status: str, error: ErrorInfo | None, now: float) -> ReachTrace:
+        request = self.request
+        return ReachTrace(
+            request_id=request.request_id,
+            capability=request.capability,
+            tenant=request.tenant,
+            session_id=request.session_id,
+            route=self.route.decision if self.route is not None else None,
+            attempts=[Attempt(**fields) for fields in self.attempts],
+            dedup_hit=self.dedup_hit,
+            events=list(self.events),
+            status=status,
+            error=error,
+            started_at=self.started_at,
+            duration_ms=(now - self.started_at) * 1000.0,
+            usage=self.usage,
+        )

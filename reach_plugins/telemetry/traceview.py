@@ -1,0 +1,152 @@
+"""Replay why a request went where it went: a trace file's records as a tree (``reach trace``).
+
+The JSON-lines sink (:class:`~reach_plugins.telemetry.trace.JsonLinesSink`) writes
+one :class:`~reach_plugins.model.ReachTrace` per request. :func:`find_trace`
+picks one by request id, :func:`follow` yields records as they are appended,
+and :func:`trace_tree` draws the route decision (candidates, scores, pick,
+reason), every attempt and every event with times from the request's start,
+rounded for people (seed 001, section 6: a replay of each routing decision).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import ValidationError
+from rich.markup import escape
+from rich.tree import Tree
+
+from reach_plugins.errors import ConfigError
+from reach_plugins.model import Attempt, ReachTrace
+
+_STATUS_STYLE = {"success": "green", "fail": "red", "timeout": "red", "error": "red", "cancelled": "yellow"}
+
+
+def rounded(value: Any) -> Any:
+    """A number as people read it: 1 decimal from 1 up, 3 significant digits below; other values as they are."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return value
+    return round(value, 1) if abs(value) >= 1 else float(f"{value:.3g}")
+
+
+def read_traces(lines: Iterator[str] | TextIO) -> Iterator[ReachTrace]:
+    """Every trace record in JSON lines; blank and unreadable lines are skipped (a file may end mid-write)."""
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            yield ReachTrace.model_validate_json(line)
+        except ValidationError:
+            continue
+
+
+def find_trace(path: Path, request_id: str) -> ReachTrace:
+    """The record of ``request_id`` (a unique prefix will do); ``ConfigError`` naming what was there otherwise."""
+    if not path.exists():
+        raise ConfigError(f"no trace file at {path}; write one with sink='file://{path}' (JsonLinesSink)")
+    with path.open(encoding="utf-8") as lines:
+        found = [trace for trace in read_traces(lines) if trace.request_id.startswith(request_id)]
+    exact = [trace for trace in found if trace.request_id == request_id]
+    if exact or len(found) == 1:
+        return (exact or found)[-1]
+    if found:
+        raise ConfigError(f"{request_id!r} matches {len(found)} requests; give more of the id")
+    raise ConfigError(f"no request {request_id!r} in {path}; `reach trace --file {path} --tail` lists new ones")
+
+
+def follow(
+    path: Path,
+    *,
+    ready: Callable[[], None] = lambda: None,
+    poll: float = 0.2,
+    stop: Callable[[], bool] = lambda: False,
+) -> Iterator[ReachTrace]:
+    """Records appended to ``path`` from now on (``tail -f``); ``ready`` is called once the end is found."""
+    path.touch(exist_ok=True)
+    with path.open(encoding="utf-8") as handle:
+        handle.seek(0, 2)
+        ready()
+        pending = ""
+        while not stop():
+            chunk = handle.readline()
+            if not chunk:
+                time.sleep(poll)
+                continue
+            pending += chunk
+            if pending.endswith("\n"):
+                yield from read_traces(iter([pending]))
+                pending = ""
+
+
+def summary(trace: ReachTrace) -> str:
+    """One line: id, capability, where it went, status, time."""
+    route = trace.route
+    where = f"{route.agent}/{route.instance}" if route is not None else "not routed"
+    style = _STATUS_STYLE.get(trace.status, "white")
+    return (
+        f"[bold]{escape(trace.request_id)}[/bold] {escape(trace.capability)} -> {escape(where)} "
+        f"[{style}]{escape(trace.status)}[/{style}] {rounded(trace.duration_ms)} ms"
+    )
+
+
+def trace_tree(trace: ReachTrace) -> Tree:
+    """The request as a tree: route decision (candidates, scores, pick, reason), attempts and events, timed."""
+    tree = Tree(summary(trace))
+    known = (("tenant", trace.tenant), ("session", trace.session_id))
+    context = [f"{label} {value}" for label, value in known if value]
+    if context:
+        tree.add("[dim]" + escape(", ".join(context)) + "[/dim]")
+    _route(tree, trace)
+    items: list[Attempt | dict[str, Any]] = [*trace.attempts, *trace.events]
+    timeline = [(item.started_at if isinstance(item, Attempt) else float(item.get("at", 0.0)), n, item)
+                for n, item in enumerate(items)]  # fmt: skip
+    for at, _, item in sorted(timeline, key=lambda entry: entry[:2]):
+        offset = rounded((at - trace.started_at) * 1000.0)
+        if isinstance(item, Attempt):
+            _attempt(tree, offset, item)
+        else:
+            details = {key: rounded(value) for key, value in item.items() if key not in ("event", "at")}
+            text = json.dumps(details, ensure_ascii=False, default=str) if details else ""
+            tree.add(f"+{offset} ms [yellow]{escape(str(item.get('event', '?')))}[/yellow] {escape(text)}")
+    if trace.error is not None:
+        tree.add(f"[red]{escape(trace.error.type)}: {escape(trace.error.message)}[/red]")
+    return tree
+
+
+def _attempt(tree: Tree, offset: float, attempt: Attempt) -> None:
+    style = "green" if attempt.outcome == "success" else "red"
+    delivered = "" if attempt.delivered else " [yellow]not delivered[/yellow]"
+    node = tree.add(
+        f"+{offset} ms attempt {attempt.number} -> {escape(attempt.agent)}/{escape(attempt.instance)} "
+        f"[{style}]{escape(attempt.outcome)}[/{style}]{delivered} {rounded(attempt.duration_ms)} ms"
+    )
+    if attempt.error:
+        node.add(f"[red]{escape(attempt.error)}[/red]")
+    if attempt.retry_delay_ms is not None:
+        node.add(f"retry after {rounded(attempt.retry_delay_ms)} ms")
+    if attempt.breaker_state:
+        node.add(f"breaker {escape(attempt.breaker_state)}")
+
+
+def _route(tree: Tree, trace: ReachTrace) -> None:
+    route = trace.route
+    if route is None:
+        tree.add("[dim]no route decision (refused before routing, or a replayed answer)[/dim]")
+        return
+    flags = [flag for flag, on in (("context_restore", route.context_restore), ("degraded", route.degraded)) if on]
+    node = tree.add(
+        f"route: [bold]{escape(route.agent)}/{escape(route.instance)}[/bold] affinity {escape(route.affinity)}"
+        + (f" [yellow]{', '.join(flags)}[/yellow]" if flags else "")
+        + f" [dim]({rounded(route.elapsed_us)} µs)[/dim]"
+    )
+    node.add(f"reason: {escape(route.reason)}")
+    for candidate in route.candidates:
+        name = candidate.agent + (f"/{candidate.instance}" if candidate.instance else "")
+        score = f" score {rounded(candidate.score)}" if candidate.score is not None else ""
+        skipped = f" [red]skipped: {escape(candidate.skipped)}[/red]" if candidate.skipped else ""
+        picked = " [green]<- picked[/green]" if candidate.instance == route.instance else ""
+        node.add(f"candidate {escape(name)}{score}{skipped}{picked}")

@@ -1,0 +1,1 @@
+"""The wire: headers, the request and reply bodies every server and transport share, SSE, JSON rules, the proto."""
