@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from reach_plugins.agent.outcome import Outcome
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import ReachResponse
 from reach_plugins.policy.clock import Clock, as_clock
 from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore
-
-if TYPE_CHECKING:
-    from reach_plugins.agent.agent import Outcome
 
 LEASE_GRACE = 2.0
 """Seconds a claim outlives the request's deadline."""
@@ -83,8 +81,6 @@ class Claims:
 
         Raises IdempotencyConflict (another payload) and BackendUnavailable (the store cannot be asked).
         """
-        from reach_plugins.agent.agent import Outcome
-
         while (twin := self._running.get(key)) is not None:
             result = await asyncio.shield(twin)
             if result is not None:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import grpc
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.gateway.serve import build_forwarder
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.service import NodeService
 from reach_plugins.node.tickets import Tickets
 from reach_plugins.registry import Registry
 from reach_plugins.server.access import Access
+from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import MAX_BODY
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
