@@ -19,15 +19,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
-from reach_plugins.errors import BodyTimeout, BodyTooLarge, ReachError
+from reach_plugins.errors import ReachError
 from reach_plugins.server.layer import JSON, OPEN, Inbound, ServerApp, ServerRoute, Stage
 from reach_plugins.wire.body import WireBody, http_status
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
 
-_CLOSE = {"Connection": "close"}
-"""Refused before the body was read whole: the connection ends, so the rest is never read."""
 _EXPECTED = 'the body must be a JSON object with "capability" and "payload"'
 
 
@@ -38,8 +36,7 @@ def _json(outcome: Outcome) -> Response:
 def _refuse(exc: ReachError, stage: Stage) -> Response:
     """A refusal of the server layer in the agent's reply shape (the parse problem says what the body must be)."""
     message = f"{exc.message}; {_EXPECTED}" if stage == "parse" else exc.message
-    unread = stage == "auth" or isinstance(exc, BodyTooLarge | BodyTimeout)
-    return _json(fail(None, http_status(exc), exc.error_type, message, dict(_CLOSE) if unread else None))
+    return _json(fail(None, http_status(exc), exc.error_type, message))
 
 
 def build_app(agent: ReachAgent) -> ServerApp:

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from reach_plugins.errors import Backpressure, BodyTimeout, BodyTooLarge, ConfigError, RateLimited, ReachError
+from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError
 from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.protocols import encode_sse
@@ -178,23 +178,16 @@ class Gateway:
         return to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
 
     def _refuser(self, endpoint: str) -> Callable[[ReachError, Stage], Response]:
-        """The layer's refusal for ``endpoint``: the connection ends when a body was left unread."""
+        """The layer's refusals for ``endpoint``, counted like every refusal of the gateway."""
+        return lambda exc, stage: self._refusal(endpoint, exc)
 
-        def refuse(exc: ReachError, stage: Stage) -> Response:
-            close = stage == "auth" or isinstance(exc, BodyTooLarge | BodyTimeout)
-            return self._refusal(endpoint, exc, close=close and endpoint != "agents")
-
-        return refuse
-
-    def _refusal(
-        self, endpoint: str, exc: ReachError, request_id: str | None = None, *, close: bool = False
-    ) -> Response:
-        """A 4xx/5xx JSON answer; ``close`` ends the connection (its unread body is never read)."""
+    def _refusal(self, endpoint: str, exc: ReachError, request_id: str | None = None) -> Response:
+        """A 4xx/5xx JSON answer (the server layer ends the connection when the body was left unread)."""
         status = http_status(exc)
         if isinstance(exc, ConfigError):
             log.error("request %s failed on the gateway's configuration: %s", request_id, exc.message)
             exc = ConfigError("the gateway's configuration cannot serve this request; its log names the problem")
-        headers = {"Connection": "close"} if close else {}
+        headers = {}
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(exc, Backpressure | RateLimited):
             headers["Retry-After"] = str(max(1, round(retry_after or self.retry_after)))

@@ -10,7 +10,8 @@ JSON naming the problem.
 Both routes go through the server layer. A bearer token is checked before a
 byte of the body is read. An exchange carries its credential in the body, so a
 caller without a bearer may send only a body the size of a token request
-(:data:`MAX_REQUEST`, declared up front), read within :data:`BODY_TIMEOUT`.
+(:data:`MAX_REQUEST`, its ``Content-Length`` declared up front: anything else
+is refused before the body), read within :data:`BODY_TIMEOUT`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ JWKS_PATH = "/.well-known/jwks.json"
 TOKENS_PATH = "/v1/tokens"
 _ANONYMOUS: Final = (
     "missing 'Authorization: Bearer <token>' header; a tenant presents its token, "
-    f"an agent exchanging a token sends it as subject_token in a body of at most {MAX_REQUEST} bytes"
+    f"an agent exchanging a token sends it as subject_token in a body of at most {MAX_REQUEST} bytes "
+    "with its Content-Length declared"
 )
 
 
@@ -70,8 +72,8 @@ def issuer_routes(
         authorization = headers.get("authorization")
         if authorization:
             return authenticate(authorization, headers.get("x-tenant"))
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_REQUEST:
+        declared = headers.get("content-length", "")
+        if not (declared.isascii() and declared.isdigit()) or int(declared) > MAX_REQUEST:
             raise Unauthenticated(_ANONYMOUS)
         return None
 

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Lifespan, Receive, Scope, Send
 
-from reach_plugins.errors import BodyTimeout, BodyTooLarge, ConfigError, ReachError
+from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.server.inbound import InputLimits, loads, read_body, require_json, single_headers
 from reach_plugins.wire.body import http_status, invalid
 
@@ -75,10 +75,8 @@ Handler = Callable[[Inbound], Awaitable[Response]]
 
 
 def refusal(exc: ReachError, stage: Stage) -> Response:
-    """The default refusal: the error's status and ``{"error": {type, message}}``; unread bodies end the connection."""
-    close = stage == "auth" or isinstance(exc, BodyTooLarge | BodyTimeout)
-    body = {"error": {"type": exc.error_type, "message": exc.message}}
-    return JSONResponse(body, status_code=http_status(exc), headers={"Connection": "close"} if close else None)
+    """The default refusal: the error's status and ``{"error": {type, message}}``."""
+    return JSONResponse({"error": {"type": exc.error_type, "message": exc.message}}, status_code=http_status(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +119,7 @@ class ServerRoute:
             if self.json_only:
                 require_json(headers)
         except ReachError as exc:
-            return self.refuse(exc, "auth")
+            return self._unread(self.refuse(exc, "auth"))
         if self.body is None:
             return await self._handle(Inbound(request, headers, caller, None))
         limits = self.limits
@@ -130,7 +128,7 @@ class ServerRoute:
                 request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self.large
             )
         except ReachError as exc:
-            return self.refuse(exc, "read")
+            return self._unread(self.refuse(exc, "read"))
         try:
             body = self._parse(raw)
         except ReachError as exc:
@@ -142,6 +140,12 @@ class ServerRoute:
             return await self.handler(inbound)
         except ReachError as exc:
             return self.refuse(exc, "serve")
+
+    def _unread(self, response: Response) -> Response:
+        """A refusal before the body was read whole ends the connection, so the rest is never read."""
+        if self.body is not None:
+            response.headers["Connection"] = "close"
+        return response
 
     def _parse(self, raw: bytes) -> Any:
         value = loads(raw, max_depth=self.limits.max_depth)
