@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from hop_support import TOKENS, demo_tenants, write_config
@@ -28,6 +29,7 @@ from starlette.routing import Route
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import ConfigError
 from reach_plugins.gateway import create_app
+from reach_plugins.node import build_node
 from reach_plugins.security import HEADER_TOKEN, SigningKey, TokenIssuer
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_server import create_issuer_app
@@ -197,3 +199,37 @@ def test_a_token_request_without_a_bearer_reads_only_a_token_sized_body(tmp_path
     assert chunked.status_code == declared.status_code == 401
     assert "Content-Length" in chunked.json()["error"]["message"]
     assert typo.status_code == 400 and "tenat" in typo.json()["error"]["message"]
+
+
+NODE_METHODS = {"Call": "unary_unary", "Stream": "unary_stream", "Submit": "unary_unary", "Result": "unary_unary"}
+"""The node's RPCs (reach.v1.ReachNode), each sent raw bytes that are no protobuf message."""
+
+
+async def test_the_node_refuses_a_caller_before_decoding_its_message(tmp_path: Path) -> None:
+    """Every node RPC without a token is UNAUTHENTICATED even when its message cannot be decoded; with a token the
+    same bytes are INVALID_ARGUMENT naming the RPC (never UNKNOWN with a traceback): the check ran first."""
+    config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
+    garbage = b"\xff" * 64
+    bearer = (("authorization", f"Bearer {TOKENS['DEMO_TOKEN']}"),)
+    async with build_node(config, environ=TOKENS) as node, grpc.aio.insecure_channel(node.target) as channel:
+        for method, kind in NODE_METHODS.items():
+            call = getattr(channel, kind)(f"/reach.v1.ReachNode/{method}")
+            for metadata, expected in ((), grpc.StatusCode.UNAUTHENTICATED), (bearer, grpc.StatusCode.INVALID_ARGUMENT):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    answer = call(garbage, metadata=metadata, timeout=5)
+                    if kind == "unary_stream":
+                        async for _ in answer:
+                            pass
+                    else:
+                        await answer
+                assert refused.value.code() == expected, (method, metadata, refused.value.details())
+                assert expected is grpc.StatusCode.UNAUTHENTICATED or method in refused.value.details()
+
+
+async def test_the_node_bounds_a_message_before_it_is_handled(tmp_path: Path) -> None:
+    """A message over the node's 1 MiB receive limit is RESOURCE_EXHAUSTED, whoever sends it."""
+    config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
+    async with build_node(config, environ=TOKENS) as node, grpc.aio.insecure_channel(node.target) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channel.unary_unary("/reach.v1.ReachNode/Call")(b"\x00" * (2 << 20), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import grpc
 
 from reach_plugins.errors import ConfigError
+from reach_plugins.node.gate import AuthFirst
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.service import NodeService
 from reach_plugins.node.tickets import Tickets
@@ -90,7 +91,8 @@ class NodeServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> Self:
-        server = grpc.aio.server(options=self._options)
+        gate = AuthFirst(self.service.access, self.service.refuse, node_id=self.node_id)
+        server = grpc.aio.server(options=self._options, interceptors=[gate])
         pb_grpc.add_ReachNodeServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
         bound = server.add_insecure_port(f"{self.host}:{self.port}")
         if bound == 0:
