@@ -37,7 +37,9 @@ def place(frame: FrameType | None, files: bool) -> str | None:
     if files:
         return str(rel)
     depth = 3 if rel.parts[0] == "transports" else 2
-    return "/".join(rel.parts[:depth]) if len(rel.parts) > depth - 1 and not rel.parts[depth - 1].endswith(".py") else str(rel)
+    if len(rel.parts) > depth - 1 and not rel.parts[depth - 1].endswith(".py"):
+        return "/".join(rel.parts[:depth])
+    return str(rel)
 
 
 class Node:
