@@ -32,6 +32,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.model import ReachResponse
 from reach_plugins.policy.clock import Clock, as_clock
 from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore
+from reach_plugins.stores.urls import open_store
 
 LEASE_GRACE = 2.0
 """Seconds a claim outlives the request's deadline."""
@@ -58,8 +59,6 @@ def open_key_store(
     if store.startswith("memory://"):
         return MemoryDedupStore(max_entries=max_entries, clock=as_clock(clock)), False
     if store.startswith(("redis://", "rediss://")):
-        from reach_plugins.stores.urls import open_store
-
         return open_store(store), True
     raise ConfigError(f"unsupported idempotency store {store!r}; use 'memory://' or 'redis://HOST:PORT/DB'")
 
