@@ -37,7 +37,6 @@ from reach_plugins.wire.redact import describe, safe_url
 log = logging.getLogger("reach_plugins.node")
 
 
-
 def check_callback(callback: str, allowed: Collection[str]) -> str:
     """``callback`` itself when the node may push there; ``RequestError`` naming the field and the rule otherwise.
 
