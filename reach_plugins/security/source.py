@@ -14,11 +14,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from reach_plugins.errors import BackendUnavailable, ConfigError
+from reach_plugins.errors import BackendUnavailable, ConfigError, InvalidToken, TokenDenied
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_TTL
 from reach_plugins.security.held import received
 from reach_plugins.security.issuer import TokenIssuer
-from reach_plugins.security.token_errors import InvalidToken, TokenDenied
 
 _Key = tuple[str, str | None, str | None]
 
