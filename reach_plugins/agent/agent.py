@@ -40,7 +40,6 @@ from reach_plugins.errors import (
     DeadlineExceeded,
     IdempotencyConflict,
     InvalidPayload,
-    PermissionDenied,
     ReachError,
     RemoteError,
     RequestError,
@@ -270,7 +269,7 @@ class ReachAgent:
         )
 
     async def authenticate(self, headers: Mapping[str, str]) -> Outcome | TokenClaims | None:
-        """The caller's token claims (``None`` with tokens off), or the 401/403 refusing the call.
+        """The caller's token claims (``None`` with tokens off), or the refusal (401/403) with the error's status.
 
         The app asks before reading the body; ``handle`` asks again (a verified token is cached: no second check).
         """
@@ -278,7 +277,7 @@ class ReachAgent:
             return None
         try:
             return await self._gate.admit(headers)
-        except PermissionDenied as exc:
+        except ReachError as exc:  # a refusal (401/403), or a verifier that cannot check now: its own status
             return _refused(None, exc)
 
     def _prepare(
