@@ -25,7 +25,9 @@ from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor, Capability, ErrorInfo
 from reach_plugins.node import build_node
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.security import RemoteTokens, TokenIssuer
 from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.issuer_server import create_issuer_app
 from reach_plugins.transport import Transport
 from reach_plugins.wire.body import error_body
 from reach_plugins.wire.headers import ERROR_TYPE, HTTP_STATUS
@@ -358,3 +360,32 @@ async def test_agent_sdk_refuses_with_the_class_status_and_the_client_reads_it(
         await transport.aclose()
     assert reply.status == "fail" and reply.status_code == kind.http_status
     assert reply.error is not None and type(errors.from_wire(reply.error)) is kind
+
+
+@pytest.fixture(scope="module")
+def issuer(config: Path) -> Iterator[str]:
+    """A ``reach issuer`` app on a thread of its own; its URL."""
+    with BackgroundServer(create_issuer_app(config, environ=TOKENS)) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize(("code", "kind"), ALL)
+async def test_issuer_refuses_with_the_class_status_and_remote_tokens_raise_it(
+    issuer: str, monkeypatch: pytest.MonkeyPatch, code: str, kind: type[errors.ReachError]
+) -> None:
+    """POST /v1/tokens refused: HTTP status = kind.http_status, error.type = its code; RemoteTokens raises kind."""
+
+    def refuse(self: TokenIssuer, tenant: str | None, audience: str, *, via: str | None = None) -> Any:
+        raise _instance(kind)
+
+    monkeypatch.setattr(TokenIssuer, "for_tenant", refuse)
+    async with httpx.AsyncClient(base_url=issuer) as http:
+        raw = await http.post("/v1/tokens", json={"audience": "orders"}, headers=DEMO)
+    assert raw.status_code == kind.http_status and raw.json()["error"]["type"] == code
+    tokens = RemoteTokens(issuer, bearer=TOKENS["DEMO_TOKEN"])
+    try:
+        with pytest.raises(kind) as raised:
+            await tokens.token("orders", "demo")
+    finally:
+        await tokens.aclose()
+    assert type(raised.value) is kind and f"{kind.__name__} happened" in raised.value.message
