@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from reach_plugins.endpoints import policy_problem
-from reach_plugins.errors import error_for_response
+from reach_plugins.errors import WIRE_CODES, DeadlineExceeded, OutcomeUnknown, ReachError, RemoteError
 from reach_plugins.ids import new_request_id
 from reach_plugins.jsonsafe import json_problem
 from reach_plugins.units import Duration, Ratio
@@ -497,3 +497,18 @@ class ReachResponse(BaseModel):
         if self.status != "success":
             raise error_for_response(self)
         return self
+
+
+def error_for_response(response: ReachResponse) -> ReachError:
+    """The exception that matches a failed response (``raise_for_status``): raising from a response lives here."""
+    info = response.error
+    if info is None:
+        kind = DeadlineExceeded.code if response.status == "timeout" else RemoteError.code
+        message = f"request {response.request_id} ended with status {response.status}"
+    else:
+        kind, message = info.type, info.message
+    if kind == OutcomeUnknown.code:  # may come with status "timeout": the answer is lost, not merely late
+        return OutcomeUnknown(message)
+    if kind == DeadlineExceeded.code or response.status == "timeout":
+        return DeadlineExceeded(message, response.trace.attempts if response.trace else ())
+    return WIRE_CODES.get(kind, RemoteError).from_wire(message, info.retry_after if info else None)

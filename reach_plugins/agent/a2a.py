@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from reach_plugins.errors import BodyTooLarge, ReachError
+from reach_plugins.errors import ReachError
 from reach_plugins.protocols.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
 from reach_plugins.server.layer import Inbound, Stage
-from reach_plugins.wire.body import WireBody, http_status, invalid
+from reach_plugins.wire.body import WireBody, invalid
 from reach_plugins.wire.sse import encode_sse
 
 if TYPE_CHECKING:
@@ -149,12 +149,8 @@ class A2AServer:
         return JSONResponse(self.card(str(inbound.request.base_url)))
 
     def refuse(self, exc: ReachError, stage: Stage) -> Response:
-        """The server layer's refusals as JSON-RPC errors under a 4xx: the caller (401/403), the body (413/400)."""
-        if stage == "auth":
-            return self._error(None, INVALID_REQUEST, exc.message, http_status(exc))
-        if stage == "read":
-            return self._error(None, INVALID_REQUEST, exc.message, 413 if isinstance(exc, BodyTooLarge) else 400)
-        return self._error(None, PARSE_ERROR, exc.message, 400)
+        """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 400)."""
+        return self._error(None, PARSE_ERROR if stage == "parse" else INVALID_REQUEST, exc.message, exc.http_status)
 
     async def rpc_route(self, inbound: Inbound) -> Response:
         body = inbound.body

@@ -33,14 +33,18 @@ from reach_plugins.agent.asgi import build_app
 from reach_plugins.agent.faults import concealed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
-from reach_plugins.agent.outcome import Outcome, fail
+from reach_plugins.agent.outcome import Outcome, fail, refused
 from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.errors import (
     BackendUnavailable,
+    Backpressure,
     ConfigError,
+    DeadlineExceeded,
     IdempotencyConflict,
     ReachError,
+    RemoteError,
+    RequestError,
     UnknownCapability,
 )
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
@@ -80,7 +84,7 @@ def _not_executed(request_id: Any, why: str) -> Outcome:
         "request_id": request_id,
         "status": "fail",
         "data": None,
-        "error": {"type": "backpressure", "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
+        "error": {"type": Backpressure.code, "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
     }
     return Outcome(503, body, {"Retry-After": str(IN_PROGRESS_RETRY)})
 
@@ -247,7 +251,8 @@ class ReachAgent:
         )
 
     async def authenticate(self, headers: Mapping[str, str]) -> TokenClaims | None:
-        """The caller's token claims (``None`` with tokens off); ``InvalidToken`` (401) or ``TokenDenied`` (403).
+        """The caller's token claims (``None`` with tokens off); else the ReachError refusing it (``InvalidToken``,
+        ``TokenDenied``, or a verifier that cannot check now), answered with its own status.
 
         The server layer asks before a byte of the body is read (:func:`~reach_plugins.agent.asgi.build_app`).
         """
@@ -257,31 +262,31 @@ class ReachAgent:
         """Check one parsed request: an early :class:`Outcome`, or what is needed to run it."""
         request_id, name = body.request_id, body.capability
         if self.draining:
-            return fail(request_id, 503, "backpressure", f"agent {self.name!r} is draining", {"Retry-After": "1"})
+            return fail(request_id, 503, Backpressure.code, f"agent {self.name!r} is draining", {"Retry-After": "1"})
         handler = self._handlers.get(name)
         if handler is None:
             offered = ", ".join(sorted(self._handlers)) or "nothing"
             return fail(
                 request_id,
-                404,
+                UnknownCapability.http_status,
                 UnknownCapability.code,
                 f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
         payload = body.payload or {}
         problem = check_session(body.session_id, _tenant(body, headers, claims))
         if problem is not None:
-            return fail(request_id, 400, "rejected", problem)
+            return refused(request_id, RequestError(problem))
         try:
             ctx = self._context(body, headers, name, claims)
         except ValueError as exc:
-            return fail(request_id, 400, "rejected", f"bad X-Reach-Hops header: {exc}")
+            return refused(request_id, RequestError(f"bad X-Reach-Hops header: {exc}"))
         remaining = ctx.remaining()
         if remaining is not None and remaining <= 0:
-            return fail(request_id, 504, "timeout", "the caller's deadline had passed on arrival; not executed")
+            return refused(request_id, DeadlineExceeded("the caller's deadline had passed on arrival; not executed"))
         try:
             kwargs = handler.arguments(payload, ctx)
         except ReachError as exc:
-            return fail(request_id, 400, exc.error_type, exc.message)
+            return refused(request_id, exc)
         return _Prepared(handler, payload, kwargs, ctx)
 
     async def handle(self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None) -> Outcome:
@@ -298,7 +303,7 @@ class ReachAgent:
             try:
                 claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
             except IdempotencyConflict as exc:
-                return fail(ctx.request_id, 409, exc.error_type, exc.message)
+                return refused(ctx.request_id, exc)
             except BackendUnavailable:
                 log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
                 return _not_executed(ctx.request_id, "its idempotency key cannot be checked now")
@@ -327,11 +332,11 @@ class ReachAgent:
         except ReachError as exc:
             return fail(ctx.request_id, 200, exc.error_type, exc.message)
         except TimeoutError:
-            return fail(
-                ctx.request_id, 504, "timeout", f"{ctx.capability!r} did not finish within the caller's deadline"
+            return refused(
+                ctx.request_id, DeadlineExceeded(f"{ctx.capability!r} did not finish within the caller's deadline")
             )
         except Exception as exc:
-            return fail(ctx.request_id, 500, "transient", concealed(exc, ctx.capability))
+            return refused(ctx.request_id, RemoteError(concealed(exc, ctx.capability)))
 
     async def open_stream(
         self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None

@@ -21,7 +21,7 @@ from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
 from reach_plugins.server.layer import JSON, OPEN, Inbound, ServerApp, ServerRoute, Stage
-from reach_plugins.wire.body import WireBody, http_status
+from reach_plugins.wire.body import WireBody
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -36,7 +36,7 @@ def _json(outcome: Outcome) -> Response:
 def _refuse(exc: ReachError, stage: Stage) -> Response:
     """A refusal of the server layer in the agent's reply shape (the parse problem says what the body must be)."""
     message = f"{exc.message}; {_EXPECTED}" if stage == "parse" else exc.message
-    return _json(fail(None, http_status(exc), exc.error_type, message))
+    return _json(fail(None, exc.http_status, exc.error_type, message))
 
 
 def build_app(agent: ReachAgent) -> ServerApp:

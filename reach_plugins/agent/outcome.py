@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reach_plugins.agent.handlers import dumps
+from reach_plugins.errors import ReachError
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +31,8 @@ def fail(request_id: Any, status: int, kind: str, message: str, headers: dict[st
     """A failed reply in the agent's wire shape: ``error.type`` is ``kind``, ``error.message`` says why."""
     body = {"request_id": request_id, "status": "fail", "data": None, "error": {"type": kind, "message": message}}
     return Outcome(status, body, headers or {})
+
+
+def refused(request_id: Any, exc: ReachError) -> Outcome:
+    """A fail answer carrying the error's own HTTP status and wire code (:mod:`reach_plugins.errors`)."""
+    return fail(request_id, exc.http_status, exc.error_type, exc.message)

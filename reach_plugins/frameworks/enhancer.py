@@ -39,7 +39,6 @@ from reach_plugins.errors import (
     RequestError,
     SessionClosed,
     UnknownCapability,
-    error_for_response,
 )
 from reach_plugins.frameworks.toolcalls import (
     Approver,
@@ -61,7 +60,7 @@ from reach_plugins.frameworks.toolcalls import (
     content_of,
     error_text,
 )
-from reach_plugins.model import Capability, ReachRequest, ReachResponse
+from reach_plugins.model import Capability, ReachRequest, ReachResponse, error_for_response
 from reach_plugins.security import context
 from reach_plugins.stores.urls import open_sessions
 from reach_plugins.telemetry.metrics import ReachMetrics, fan_out

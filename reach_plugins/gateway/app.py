@@ -50,7 +50,7 @@ from reach_plugins.telemetry.spans import (
     spans_are_noop,
 )
 from reach_plugins.transport import StreamEvent
-from reach_plugins.wire.body import WireBody, error_body, http_status, response_body, to_request
+from reach_plugins.wire.body import WireBody, error_body, response_body, to_request
 from reach_plugins.wire.headers import HEADER_TRACEPARENT
 
 log = logging.getLogger("reach_plugins.gateway")
@@ -183,7 +183,7 @@ class Gateway:
 
     def _refusal(self, endpoint: str, exc: ReachError, request_id: str | None = None) -> Response:
         """A 4xx/5xx JSON answer (the server layer ends the connection when the body was left unread)."""
-        status = http_status(exc)
+        status = exc.http_status
         if isinstance(exc, ConfigError):
             log.error("request %s failed on the gateway's configuration: %s", request_id, exc.message)
             exc = ConfigError("the gateway's configuration cannot serve this request; its log names the problem")
@@ -328,7 +328,7 @@ class Gateway:
         self.inflight += 1
         try:
             if self.inflight > self.max_inflight:
-                return Response(status_code=429, headers={"Retry-After": f"{self.retry_after:g}"})
+                return Response(status_code=Backpressure.http_status, headers={"Retry-After": f"{self.retry_after:g}"})
             answer = await serve()
         finally:
             self.inflight -= 1

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
 
-from reach_plugins.errors import BodyTooLarge, ReachError
+from reach_plugins.errors import ReachError
 from reach_plugins.model import ReachRequest
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.layer import JSON, Around, Authenticate, Inbound, ServerRoute, Stage
-from reach_plugins.wire.body import http_status
 from reach_plugins.wire.headers import SOURCE
 
 if TYPE_CHECKING:
@@ -48,12 +47,8 @@ def _error(rpc_id: Any, code: int, message: str, status: int = 200) -> Response:
 
 
 def _refuse(exc: ReachError, stage: Stage) -> Response:
-    """The server layer's refusals as JSON-RPC errors: 401/403 for the caller, 413/400 for the body."""
-    if stage == "auth":
-        return _error(None, INVALID_REQUEST, exc.message, http_status(exc))
-    if stage == "read":
-        return _error(None, INVALID_REQUEST, exc.message, 413 if isinstance(exc, BodyTooLarge) else 400)
-    return _error(None, PARSE_ERROR, exc.message, 400)
+    """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 400)."""
+    return _error(None, PARSE_ERROR if stage == "parse" else INVALID_REQUEST, exc.message, exc.http_status)
 
 
 def _result(rpc_id: Any, result: Mapping[str, Any], headers: dict[str, str] | None = None) -> Response:

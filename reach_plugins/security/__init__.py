@@ -13,12 +13,12 @@ Trust levels: endpoint policy, the client's L1/L3 guard (:mod:`.trust_guard`), t
 from __future__ import annotations
 
 from reach_plugins.endpoints import SCHEMES, allow_networks, endpoint_problem, parse_networks, policy_problem
-from reach_plugins.security.audit import AuditEvent, AuditHook, AuditRefused, AuditTransport, url_hook
+from reach_plugins.errors import AuditRefused, InvalidToken, TokenDenied
+from reach_plugins.security.audit import AuditEvent, AuditHook, AuditTransport, url_hook
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_TTL, Claims
 from reach_plugins.security.issuer import Issued, TokenIssuer
 from reach_plugins.security.keys import KeyRing, SigningKey
 from reach_plugins.security.source import LocalTokens, RemoteTokens, TokenCache, TokenSource, default_issuer
-from reach_plugins.security.token_errors import InvalidToken, TokenDenied
 from reach_plugins.security.token_transport import TokenTransport
 from reach_plugins.security.trust_guard import TrustGuard, trust_problem
 from reach_plugins.security.verifier import KeySource, RemoteJwks, TokenVerifier

@@ -29,7 +29,7 @@ from starlette.types import Lifespan, Receive, Scope, Send
 
 from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.server.inbound import InputLimits, loads, read_body, require_json, single_headers
-from reach_plugins.wire.body import http_status, invalid
+from reach_plugins.wire.body import invalid
 
 Stage = Literal["auth", "read", "parse", "serve"]
 """Where a refusal arose: before the body (``auth``), reading it (``read``), decoding it (``parse``), or in the
@@ -76,7 +76,7 @@ Handler = Callable[[Inbound], Awaitable[Response]]
 
 def refusal(exc: ReachError, stage: Stage) -> Response:
     """The default refusal: the error's status and ``{"error": {type, message}}``."""
-    return JSONResponse({"error": {"type": exc.error_type, "message": exc.message}}, status_code=http_status(exc))
+    return JSONResponse({"error": {"type": exc.error_type, "message": exc.message}}, status_code=exc.http_status)
 
 
 @dataclass(frozen=True, slots=True)
