@@ -10,6 +10,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── RequestError                 the request itself is refused; nothing is sent
     │   ├── UnknownCapability        nobody offers it (names the closest known ones)
     │   ├── InvalidPayload           payload does not fit params_schema (names the field)
+    │   ├── InputTooLong             estimated input tokens above every candidate's input_tokens_required
     │   ├── PermissionDenied         tenant not allowed, internal_only, bad token
     │   │   └── Unauthenticated      no credential, or one nobody holds (HTTP 401)
     │   ├── BodyTooLarge             a request body over the server's limit (HTTP 413)
@@ -115,6 +116,12 @@ class InvalidPayload(RequestError):
     """The payload does not fit the capability's ``params_schema``."""
 
     code = "invalid_payload"
+
+
+class InputTooLong(RequestError):
+    """The payload's estimated tokens exceed the ``input_tokens_required`` of every agent that could serve it."""
+
+    code = "input_too_long"
 
 
 class PermissionDenied(RequestError):
