@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from reach_plugins.endpoints import policy_problem
+from reach_plugins.endpoints import endpoint_problem
 from reach_plugins.errors import error_for_response
 from reach_plugins.ids import new_request_id
 from reach_plugins.jsonsafe import json_problem
@@ -247,9 +247,9 @@ class Capability(Strict):
 
 
 def _check_endpoint(url: str) -> str:
-    """The endpoint policy every record obeys, loaded or read (http/https/grpc, no userinfo, not link-local,
-    inside the allowed networks when configured)."""
-    problem = policy_problem(url)
+    """The structural endpoint rule every record obeys, built, loaded or read (http/https/grpc, no userinfo, not
+    link-local); the operator's allowed networks are an ``EndpointPolicy`` applied by whatever admits records."""
+    problem = endpoint_problem(url)
     if problem is not None:
         raise ValueError(problem)
     return url
