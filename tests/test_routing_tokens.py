@@ -58,6 +58,8 @@ def test_a_payload_over_a_limit_goes_to_an_agent_that_takes_it() -> None:
     r = router(registry)
     assert {r.route(sized(100)).agent.name for _ in range(20)} == {"small", "large"}
     assert {r.route(sized(101)).agent.name for _ in range(20)} == {"large"}
+    skipped = [(c.agent, c.skipped) for c in r.route(sized(101)).decision.candidates if c.skipped]
+    assert skipped == [("small", "estimated input over its input_tokens_required 100")]
     assert [route.agent.name for route in r.candidates(sized(5_000))] == ["large"]
 
 
@@ -66,7 +68,9 @@ def test_an_agent_without_a_limit_takes_any_size() -> None:
     registry = MemoryRegistry()
     registry.put_agent(limited("bounded", 10))
     registry.put_agent(limited("open", None))
-    assert {router(registry).route(sized(500)).agent.name for _ in range(10)} == {"open"}
+    r = router(registry)
+    assert {r.route(sized(5)).agent.name for _ in range(10)} == {"bounded", "open"}
+    assert {r.route(sized(500)).agent.name for _ in range(10)} == {"open"}
 
 
 def test_nobody_takes_it_refuses_with_the_estimate_the_limit_and_the_fix() -> None:
@@ -79,7 +83,7 @@ def test_nobody_takes_it_refuses_with_the_estimate_the_limit_and_the_fix() -> No
     message = str(caught.value)
     assert "about 301 tokens" in message and "largest input_tokens_required: 300" in message
     assert "shorten or split the payload to at most 300 tokens" in message
-    assert "small/*" in message and "medium/*" in message
+    assert "small/*: estimated input over its input_tokens_required 100" in message and "medium/*" in message
     assert (caught.value.details["tokens"], caught.value.details["limit"]) == (301, 300)
 
 

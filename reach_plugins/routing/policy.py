@@ -36,6 +36,9 @@ class Plan:
     by_agent: Mapping[str, Offer]
     priced: frozenset[int] = frozenset()
     """Priorities whose offers differ in cost (more than one tier)."""
+    oversized: tuple[tuple[str, str, str], ...] = ()
+    """Offers skipped because the payload is over their ``input_tokens_required`` (agent, ``*``, why): the route
+    decision lists them."""
 
 
 def payload_tokens(payload: Mapping[str, Any]) -> int:
@@ -54,12 +57,14 @@ def make_plan(
     fitting: list[Offer] = []
     refused: dict[str, str] = {}
     too_small: list[int] = []
+    oversized: list[tuple[str, str, str]] = []
     for offer in offers:
         reason = _misfit(offer, request)
         limit = offer.capability.input_tokens_required
         if reason is None and tokens is not None and limit is not None and tokens > limit:
-            reason = f"estimated input of {tokens} tokens exceeds its input_tokens_required {limit}"
+            reason = f"estimated input over its input_tokens_required {limit}"
             too_small.append(limit)
+            oversized.append((offer.name, "*", reason))
         if reason is None:
             fitting.append(offer)
         else:
@@ -102,6 +107,7 @@ def make_plan(
         tiers=tuple(tuple(tiers[tier]) for tier in sorted(tiers)),
         by_agent={offer.name: offer for offer in allowed},
         priced=frozenset(priority for priority in priorities if priorities.count(priority) > 1),
+        oversized=tuple(oversized),
     )
 
 

@@ -125,7 +125,7 @@ class Router:
         plan = self._pool(request).plan
         now = self._clock()
         ordered: list[tuple[float, Offer, Instance]] = []
-        skipped: list[Skip] = []
+        skipped: list[Skip] = list(plan.oversized)
         for tier in plan.tiers:
             usable = [entry for entry in self._judge(tier, now, (), skipped) if entry.weight > 0]
             if request.session_id is None:
@@ -363,7 +363,7 @@ class Router:
 
     def _look(self, plan: Plan, now: float, exclude: Collection[tuple[str, str]]) -> Look:
         """Judge every instance, tier by tier, up to the first tier with a usable one (O(n): on reloads only)."""
-        skipped: list[Skip] = []
+        skipped: list[Skip] = list(plan.oversized)
         judged: list[Entry] = []
         for tier in plan.tiers:
             entries = self._judge(tier, now, exclude, skipped)
