@@ -134,7 +134,6 @@ def _copies(request: ReachRequest, routes: list[Route], deadline: float) -> list
         key = resolve_key(request, route.agent, route.capability)
         update = {
             "request_id": f"{request.request_id}.{number}",
-            "mode": "broadcast",
             "deadline": deadline,
             "idempotency_key": f"{key}@{target}" if key else None,
             "metadata": {**request.metadata, TARGET: target},
