@@ -31,15 +31,13 @@ from reach_plugins.errors import NoHealthyAgent, ReachError, RequestError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.policy.dedup import resolve_key
 from reach_plugins.routing import Route
-from reach_plugins.routing.pinning import CandidateRouter
 from reach_plugins.wire.headers import META_SUMMARY, SUMMARY_BYTES, TARGET
 
 
 class Sender(Protocol):
     """What a broadcast needs of a client (:class:`~reach_plugins.ReachClient`): candidates, and a way to send."""
 
-    @property
-    def router(self) -> CandidateRouter: ...
+    async def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]: ...
 
     async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse: ...
 
@@ -197,7 +195,7 @@ async def broadcast(
     """
     if k < 1:
         raise RequestError(f"broadcast needs k >= 1 candidates, got {k}")
-    routes = client.router.candidates(request, limit=k)
+    routes = await client.candidates(request, limit=k)
     needed = _needed(aggregate, n, len(routes))
     started = clock()
     if request.deadline is not None:

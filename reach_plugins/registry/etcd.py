@@ -119,6 +119,11 @@ class EtcdRegistry:
     def clock(self, clock: Clock) -> None:
         self._mirror.clock.base = clock
 
+    @property
+    def tenants(self) -> None:
+        """etcd holds agents only: a client takes its tenant table from its own ``tenants=``."""
+        return None
+
     # ------------------------------------------------------------------ read side (sync, from the cache)
 
     @property

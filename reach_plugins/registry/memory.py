@@ -102,6 +102,11 @@ class MemoryRegistry:
     def revision(self) -> int:
         return self._revision
 
+    @property
+    def tenants(self) -> None:
+        """No tenant table comes with these agents: a client takes its own (``tenants=``)."""
+        return None
+
     def agents(self) -> Mapping[str, AgentDescriptor]:
         return self._agents
 

@@ -78,7 +78,8 @@ class Router:
             raise ConfigError(f"refresh must be a positive number of seconds (how stale a pool may get), got {refresh}")
         self.view = view
         self.tenants = tenants
-        self.is_available = is_available
+        self._is_available = is_available
+        """The health port (breaker, ejection, probes), fixed at construction: nobody swaps it under a live router."""
         self.refresh = refresh
         self._clock: Clock = clock or time.time
         self._rng = rng or random.Random()
@@ -411,7 +412,7 @@ class Router:
         if not self.view.is_alive(inst, now):
             seen = inst.last_heartbeat
             return "not alive" if seen is None else f"heartbeat missed: last one {now - seen:.0f}s ago"
-        hook = self.is_available
+        hook = self._is_available
         if hook is not None and not hook(inst.agent, inst.instance_id):
             return _CIRCUIT_OPEN
         return None
