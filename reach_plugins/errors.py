@@ -10,6 +10,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── RequestError                 the request itself is refused; nothing is sent
     │   ├── UnknownCapability        nobody offers it (names the closest known ones)
     │   ├── InvalidPayload           payload does not fit params_schema (names the field)
+    │   ├── InputTooLong             estimated input tokens above every candidate's input_tokens_required
     │   ├── PermissionDenied         tenant not allowed, internal_only (HTTP 403)
     │   │   ├── Unauthenticated      no credential, or one nobody holds (HTTP 401)
     │   │   │   └── InvalidToken     no X-Reach-Token, or not a valid unexpired one of the issuer
@@ -129,6 +130,12 @@ class InvalidPayload(RequestError):
     """The payload does not fit the capability's ``params_schema``."""
 
     code = "invalid_payload"
+
+
+class InputTooLong(RequestError):
+    """The payload's estimated tokens exceed the ``input_tokens_required`` of every agent that could serve it."""
+
+    code = "input_too_long"
 
 
 class PermissionDenied(RequestError):
