@@ -31,12 +31,13 @@ from pydantic import ValidationError
 from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.faults import concealed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
-from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
+from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, commit_key, open_key_store, scope
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.errors import (
     BackendUnavailable,
     BusinessError,
     ConfigError,
+    EntryTooLarge,
     IdempotencyConflict,
     PermissionDenied,
     ReachError,
@@ -48,6 +49,7 @@ from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
 from reach_plugins.security.token_errors import status_of
 from reach_plugins.server.inbound import InputLimits, loads
+from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.sessiontable import MAX_SESSIONS, SessionTable, check_session
 from reach_plugins.stores.snapshots import SnapshotStore
 
@@ -55,10 +57,10 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from reach_plugins.agent.registration import Registration
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.registry.base import Registry
     from reach_plugins.security.claims import Claims as TokenClaims
     from reach_plugins.security.verifier import TokenVerifier
+    from reach_plugins.stores.dedup import DedupStore
 
 log = logging.getLogger("reach_plugins.agent")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -146,10 +148,11 @@ class ReachAgent:
         self.readiness = readiness
         self.draining = False
         self.limits = limits or InputLimits()
-        self.sessions = SessionTable(max_sessions)
+        self.sessions = SessionTable(budget=Budget(max_entries=max_sessions, max_bytes=DEFAULT_BUDGET.max_bytes))
         self.snapshots = snapshots
         self._handlers: dict[str, CapabilityHandler] = {}
-        store, self.shared_idempotency = open_key_store(idempotency, clock, idempotency_max_entries)
+        budget = Budget(max_entries=idempotency_max_entries, max_bytes=DEFAULT_BUDGET.max_bytes)
+        store, self.shared_idempotency = open_key_store(idempotency, clock, budget)
         self._window = idempotency_window
         self._claims = Claims(store, window=idempotency_window, clock=as_clock(clock), committed=committed)
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
@@ -254,7 +257,7 @@ class ReachAgent:
             session_id=session_id,
             tenant=tenant,
             idempotency_key=key,
-            idempotency_scope=scope(tenant, self.name, capability, key) if key else None,
+            idempotency_scope=commit_key(scope(tenant, self.name, capability, key)) if key else None,
             deadline=_deadline(headers, body),
             hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
             headers=headers,
@@ -304,6 +307,8 @@ class ReachAgent:
             ctx = self._context(body, headers, name, claims)
         except ValueError as exc:
             return _fail(request_id, 400, "rejected", f"bad X-Reach-Hops header: {exc}")
+        except EntryTooLarge as exc:
+            return _fail(request_id, 413, exc.error_type, exc.message)
         remaining = ctx.remaining()
         if remaining is not None and remaining <= 0:
             return _fail(request_id, 504, "timeout", "the caller's deadline had passed on arrival; not executed")

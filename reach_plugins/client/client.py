@@ -23,6 +23,7 @@ from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.probes import Prober
 from reach_plugins.routing.sharedpins import agree_on_pin
 from reach_plugins.security.caller import caller_transport
+from reach_plugins.stores.sessions import session_key
 from reach_plugins.stores.urls import open_sessions, open_store
 from reach_plugins.telemetry.trace import TraceSink
 from reach_plugins.transport import Credential, StreamEvent, Transport
@@ -30,9 +31,9 @@ from reach_plugins.transport import Credential, StreamEvent, Transport
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.registry.base import Clock
     from reach_plugins.security.source import TokenSource
+    from reach_plugins.stores.dedup import DedupStore
     from reach_plugins.stores.sessions import SessionStore
 
 
@@ -225,9 +226,10 @@ class ReachClient:
         self._check_loop()
         if self.sessions is None or request.session_id is None:
             return await self.pipeline.run(request, trace=trace)
-        await self.sessions.check(request.session_id)
+        conversation = session_key(request.tenant, request.session_id)
+        await self.sessions.check(conversation)
         await agree_on_pin(self.router, self.sessions, request)
-        async with self.sessions.guard(request.session_id):
+        async with self.sessions.guard(conversation):
             return await self.pipeline.run(request, trace=trace)
 
     async def reach(
@@ -274,7 +276,7 @@ class ReachClient:
         self._check_loop()
         request = self.request(capability, payload, **options)
         if self.sessions is not None and request.session_id is not None:
-            await self.sessions.check(request.session_id)
+            await self.sessions.check(session_key(request.tenant, request.session_id))
         async with aclosing(self.pipeline.stream(request)) as events:
             async for event in events:
                 yield event

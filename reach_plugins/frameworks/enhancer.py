@@ -63,6 +63,7 @@ from reach_plugins.frameworks.toolcalls import (
 )
 from reach_plugins.model import Capability, ReachRequest, ReachResponse
 from reach_plugins.security import context
+from reach_plugins.stores.sessions import session_key
 from reach_plugins.stores.urls import open_sessions
 from reach_plugins.telemetry.metrics import ReachMetrics, fan_out
 from reach_plugins.telemetry.spans import (
@@ -398,7 +399,7 @@ class ReachEnhancer:
     # ------------------------------------------------------------------ sessions
 
     def close_session(self, key: str) -> None:
-        """End conversation ``key``: later reaches get ``SessionClosed``, calls in flight are cancelled."""
+        """End the client tenant's conversation ``key``: later reaches get ``SessionClosed``, calls in flight stop."""
         self.blocking.bridge.run(self.aclose_session(key))
 
     async def aclose_session(self, key: str) -> None:
@@ -406,8 +407,9 @@ class ReachEnhancer:
         sessions = self.client.sessions
         if sessions is None:
             raise ConfigError("this enhancer's client has no session store: build the client with sessions=")
-        await self.blocking.bridge.submit(sessions.close(key))
-        self.client.router.release(key)
+        conversation = session_key(self.client.tenant, key)
+        await self.blocking.bridge.submit(sessions.close(conversation))
+        self.client.router.release(conversation)
         if self.metrics is not None:
             self.metrics.session_closed()
 

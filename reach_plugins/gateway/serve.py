@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
     from starlette.applications import Starlette
 
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.security.audit import AuditHook
+    from reach_plugins.stores.dedup import DedupStore
     from reach_plugins.telemetry.trace import TraceSink
 
 
