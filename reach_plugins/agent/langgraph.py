@@ -8,9 +8,10 @@ calls), :func:`serve_langgraph` serves one in the foreground. A call's
 user turn; the caller's conversation (its tenant's session key,
 :func:`thread_id`) is the graph's ``thread_id``, so a checkpointer keeps each
 conversation and tenant B naming tenant A's session id gets a thread of its
-own; the reply is normalised like every chat-style agent's: ``reply_content``, ``tool_calls``, ``raw_meta``. The graph runs with
-``ainvoke`` on the agent's loop; reaches it makes continue the caller's hop chain
-and trace (:mod:`reach_plugins.security.context`). Nothing here imports LangGraph.
+own; the reply is normalised like every chat-style agent's: ``reply_content``,
+``tool_calls``, ``raw_meta``. The graph runs with ``ainvoke`` on the agent's
+loop; reaches it makes continue the caller's hop chain and trace
+(:mod:`reach_plugins.security.context`). Nothing here imports LangGraph.
 """
 
 from __future__ import annotations
