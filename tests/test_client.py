@@ -10,7 +10,8 @@ import pytest
 
 from reach_plugins import AgentDescriptor, ReachClient, SyncReachClient, errors
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.stores.sessions import MemorySessions
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.sessions import MemorySessions, session_key
 from reach_plugins.transport import Call, MockTransport
 
 ORDERS: dict[str, Any] = {
@@ -155,11 +156,11 @@ async def test_a_client_serves_one_event_loop(registry: MemoryRegistry) -> None:
 
 async def test_closed_session_sends_nothing(registry: MemoryRegistry) -> None:
     """A reach for a closed conversation raises SessionClosed and never reaches an agent."""
-    sessions = MemorySessions()
+    sessions = MemorySessions(budget=DEFAULT_BUDGET)
     transport = MockTransport(echo)
     client = ReachClient(registry, transport, sessions=sessions)
     assert (await client.reach("query_order", {"order_id": "A1"}, session_id="chat-1")).ok
-    await sessions.close("chat-1")
+    await sessions.close(session_key(None, "chat-1"))
     with pytest.raises(errors.SessionClosed, match="chat-1"):
         await client.reach("query_order", {"order_id": "A1"}, session_id="chat-1")
     assert len(transport.calls) == 1
@@ -167,7 +168,7 @@ async def test_closed_session_sends_nothing(registry: MemoryRegistry) -> None:
 
 async def test_closing_a_session_cancels_calls_in_flight(registry: MemoryRegistry) -> None:
     """A call in flight for a conversation that closes is cancelled with SessionClosed."""
-    sessions = MemorySessions()
+    sessions = MemorySessions(budget=DEFAULT_BUDGET)
     started = asyncio.Event()
 
     async def slow(call: Call) -> dict[str, Any]:
@@ -178,7 +179,7 @@ async def test_closing_a_session_cancels_calls_in_flight(registry: MemoryRegistr
     client = ReachClient(registry, MockTransport(slow), sessions=sessions)
     task = asyncio.create_task(client.reach("query_order", {"order_id": "A1"}, session_id="chat-2"))
     await started.wait()
-    await sessions.close("chat-2")
+    await sessions.close(session_key(None, "chat-2"))
     with pytest.raises(errors.SessionClosed, match="in flight"):
         await task
 
@@ -186,7 +187,7 @@ async def test_closing_a_session_cancels_calls_in_flight(registry: MemoryRegistr
 async def test_expired_session_is_refused(registry: MemoryRegistry) -> None:
     """A conversation idle past its TTL is expired: SessionClosed, nothing sent."""
     now = [1000.0]
-    sessions = MemorySessions(ttl=60, clock=lambda: now[0])
+    sessions = MemorySessions(budget=DEFAULT_BUDGET, ttl=60, clock=lambda: now[0])
     transport = MockTransport(echo)
     client = ReachClient(registry, transport, sessions=sessions)
     await client.reach("query_order", {"order_id": "A1"}, session_id="chat-3")

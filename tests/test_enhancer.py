@@ -25,6 +25,7 @@ from reach_plugins.matching import CapabilityMatcher, LexicalEmbedder
 from reach_plugins.model import ErrorInfo, Hop, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.security.context import chain, current_hops, serving
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.transport import Call, MockTransport, Reply
 
@@ -301,20 +302,20 @@ def test_sessions_given_with_a_ready_client_are_installed_on_it(
 ) -> None:
     """sessions= next to a client without a store becomes that client's store, so closing a session works."""
     client = ReachClient(registry, transport)
-    sessions = MemorySessions()
+    sessions = MemorySessions(budget=DEFAULT_BUDGET)
     with ReachEnhancer(client=client, sessions=sessions) as e:
         e.close_session("t-1")
         assert isinstance(e.reach(ToolCall("query_order", session_key="t-1")).error, SessionClosed)
     assert client.sessions is sessions and transport.calls == []
     with pytest.raises(ConfigError, match="already has a session store"):
-        ReachEnhancer(client=client, sessions=MemorySessions())
+        ReachEnhancer(client=client, sessions=MemorySessions(budget=DEFAULT_BUDGET))
     asyncio.run(client.aclose())
 
 
 def test_expired_session_is_refused(registry: MemoryRegistry, transport: MockTransport) -> None:
     """A conversation silent for longer than the store's TTL is refused like a closed one."""
     now = [1000.0]
-    sessions = MemorySessions(ttl=60, clock=lambda: now[0])
+    sessions = MemorySessions(budget=DEFAULT_BUDGET, ttl=60, clock=lambda: now[0])
     with ReachEnhancer(registry=registry, transport=transport, sessions=sessions) as e:
         assert e.reach(ToolCall("query_order", session_key="t-1")).ok
         now[0] += 61

@@ -84,7 +84,7 @@ def connect(url: str, *, options: Collection[str] = ()) -> tuple[Any, dict[str, 
         max_value_bytes = int(query.get("max_value_bytes", MAX_VALUE_BYTES))
     except ValueError as exc:
         raise ConfigError(
-            f"Redis URL {url!r}: {exc}; port, db and max_value_bytes are integers, timeout is seconds"
+            f"Redis URL {url!r}: {exc}; port and db are integers (so is max_value_bytes), timeout is seconds"
         ) from exc
     if timeout <= 0 or max_value_bytes < 1:
         raise ConfigError(
