@@ -162,18 +162,21 @@ class SessionTable(BoundedStore):
 
     def pin(self, key: ScopedKey, capability: str, agent: str, instance_id: str) -> None:
         """Pin a session's ``capability`` to an instance of ``agent``, dropping a pin nothing uses any more."""
-        pins = self.table.peek(key) or Pins()
+        before = self.table.peek(key)
+        held = before.instances if before is not None else {}
+        pins = Pins(dict(held), dict(before.groups)) if before is not None else Pins()
         former = pins.groups.get(capability)
         pins.groups[capability] = agent
-        old = pins.instances.get(agent)
-        if old != instance_id:
-            if old is not None:
-                self._count((agent, old), -1)
-            pins.instances[agent] = instance_id
-            self._count((agent, instance_id), +1)
+        pins.instances[agent] = instance_id
         if former is not None and former != agent and former not in pins.groups.values():
-            self._count((former, pins.instances.pop(former)), -1)
-        self.table.put(key, pins, pins.size())
+            del pins.instances[former]
+        self.table.put(key, pins, pins.size())  # refuses an oversized entry before any count moves
+        for name, instance in held.items():
+            if pins.instances.get(name) != instance:
+                self._count((name, instance), -1)
+        for name, instance in pins.instances.items():
+            if held.get(name) != instance:
+                self._count((name, instance), +1)
 
     def release(self, key: ScopedKey) -> bool:
         """Forget a session (it was closed); return whether it was pinned."""

@@ -48,7 +48,7 @@ def conflict(key: ScopedKey) -> IdempotencyConflict:
 def too_large(key: ScopedKey, size: int, limit: int) -> EntryTooLarge:
     """The error for a response over the store's byte bound (its key is then kept ``unknown``)."""
     return EntryTooLarge(
-        f"the response to idempotency key {shown(key)!r} is {size} bytes, over the dedup store's limit of {limit}; "
+        f"the response to idempotency key {shown(key)!r} is {size} bytes, over the dedup store's max_bytes={limit}; "
         "it ran but cannot be replayed (its key stays unknown for the window): return less data or raise the bound"
     )
 

@@ -144,10 +144,12 @@ class MemorySessions(BoundedStore):
     async def claim_pin(self, key: ScopedKey, agent: str, instance_id: str, *, replace: str | None = None) -> str:
         conversation = self._conversation(key)
         stored = conversation.pins.get(agent)
-        if stored is None or stored == replace:
-            stored = conversation.pins[agent] = instance_id
-        self._keep(key, conversation)
-        return stored
+        if stored is not None and stored != replace:
+            self._keep(key, conversation)
+            return stored
+        pins = {**conversation.pins, agent: instance_id}
+        self._keep(key, _Conversation(conversation.expires, conversation.closed, pins))
+        return instance_id
 
     async def open(self, key: ScopedKey) -> None:
         conversation = self._conversation(key)
