@@ -159,6 +159,11 @@ REDIS: dict[type, Driver] = {
 }
 
 
+def name_of(kind: type) -> str:
+    """``module.Class`` (two classes are named SessionTable: the router's pins and the agent's states)."""
+    return f"{kind.__module__.rsplit('.', 1)[-1]}.{kind.__qualname__}"
+
+
 def fresh_prefix() -> str:
     return f"reach-test:{uuid.uuid4().hex}:"
 
@@ -169,14 +174,14 @@ def test_every_store_class_has_a_driver() -> None:
     assert discovered(RedisStore) == set(REDIS)
 
 
-@pytest.mark.parametrize("kind", list(MEMORY), ids=lambda kind: kind.__qualname__)
+@pytest.mark.parametrize("kind", list(MEMORY), ids=name_of)
 def test_a_memory_store_cannot_be_built_without_a_budget(kind: type) -> None:
     """No bound, no store: the constructor requires budget=Budget(max_entries=..., max_bytes=...)."""
     with pytest.raises(TypeError, match="budget"):
         kind()
 
 
-@pytest.mark.parametrize("kind", list(MEMORY), ids=lambda kind: kind.__qualname__)
+@pytest.mark.parametrize("kind", list(MEMORY), ids=name_of)
 async def test_memory_store_keeps_tenants_apart(kind: type) -> None:
     """Tenant B asking for tenant A's id finds nothing; A finds its own."""
     driver = MEMORY[kind]
@@ -186,7 +191,7 @@ async def test_memory_store_keeps_tenants_apart(kind: type) -> None:
     assert not await driver.seen(store, "globex", "same")
 
 
-@pytest.mark.parametrize("kind", list(MEMORY), ids=lambda kind: kind.__qualname__)
+@pytest.mark.parametrize("kind", list(MEMORY), ids=name_of)
 async def test_memory_store_is_bounded_in_entries(kind: type) -> None:
     """Past max_entries the least recently used entries go: 50 writes keep 5, the latest among them."""
     driver = MEMORY[kind]
@@ -198,7 +203,7 @@ async def test_memory_store_is_bounded_in_entries(kind: type) -> None:
     assert not await driver.seen(store, "acme", "id-0")
 
 
-@pytest.mark.parametrize("kind", list(MEMORY), ids=lambda kind: kind.__qualname__)
+@pytest.mark.parametrize("kind", list(MEMORY), ids=name_of)
 async def test_memory_store_is_bounded_in_bytes(kind: type) -> None:
     """A flood of 4 KiB values into a 64 KiB budget stays under 64 KiB, counted and measured entry by entry."""
     driver = MEMORY[kind]
@@ -212,7 +217,7 @@ async def test_memory_store_is_bounded_in_bytes(kind: type) -> None:
     assert kept[-1] == 199
 
 
-@pytest.mark.parametrize("kind", list(MEMORY), ids=lambda kind: kind.__qualname__)
+@pytest.mark.parametrize("kind", list(MEMORY), ids=name_of)
 async def test_memory_store_refuses_an_entry_over_its_byte_bound(kind: type) -> None:
     """An entry larger than max_bytes alone is refused with EntryTooLarge; the store stays within its bound."""
     driver = MEMORY[kind]
@@ -232,7 +237,7 @@ async def redis_client(redis_url: str) -> AsyncIterator[Any]:
     await client.aclose()
 
 
-@pytest.mark.parametrize("kind", list(REDIS), ids=lambda kind: kind.__qualname__)
+@pytest.mark.parametrize("kind", list(REDIS), ids=name_of)
 async def test_redis_store_keeps_tenants_apart(kind: type, redis_client: Any) -> None:
     """On the real Redis too, tenant B never sees tenant A's entry for the same id."""
     driver = REDIS[kind]
@@ -243,7 +248,7 @@ async def test_redis_store_keeps_tenants_apart(kind: type, redis_client: Any) ->
     await store.aclose()
 
 
-@pytest.mark.parametrize("kind", list(REDIS), ids=lambda kind: kind.__qualname__)
+@pytest.mark.parametrize("kind", list(REDIS), ids=name_of)
 async def test_redis_store_refuses_a_value_over_its_byte_bound(kind: type, redis_client: Any) -> None:
     """A value longer than max_value_bytes is refused with EntryTooLarge, and nothing of it is readable."""
     driver = REDIS[kind]
