@@ -35,6 +35,7 @@ from reach_plugins.policy.clock import Clock, as_clock
 from reach_plugins.stores.budget import Budget
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.stores.keys import SEP, ScopedKey
+from reach_plugins.stores.urls import open_store
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import Outcome
@@ -70,8 +71,6 @@ def open_key_store(store: DedupStore | str, clock: Callable[[], float], budget: 
     if store.startswith("memory://"):
         return MemoryDedupStore(budget=budget, clock=as_clock(clock)), False
     if store.startswith(("redis://", "rediss://")):
-        from reach_plugins.stores.urls import open_store
-
         return open_store(store), True
     raise ConfigError(f"unsupported idempotency store {store!r}; use 'memory://' or 'redis://HOST:PORT/DB'")
 
