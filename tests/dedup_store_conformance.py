@@ -126,8 +126,8 @@ class DedupStoreConformance:
 
     async def test_keys_are_independent(self, store: DedupStore) -> None:
         """Claims on one key say nothing about another."""
-        await store.begin("a", "h1", 60)
-        assert (await store.begin("b", "h2", 60)).state == "new"
+        await store.begin(key("a"), "h1", 60)
+        assert (await store.begin(key("b"), "h2", 60)).state == "new"
 
     async def test_wait_returns_the_result_completed_meanwhile(self, store: DedupStore) -> None:
         """A waiter gets the response as soon as the owner completes."""

@@ -162,7 +162,9 @@ class SessionTable(BoundedStore):
 
     def pin(self, key: ScopedKey, capability: str, agent: str, instance_id: str) -> None:
         """Pin a session's ``capability`` to an instance of ``agent``, dropping a pin nothing uses any more."""
-        before = self.table.peek(key)
+        before = self.table.get(key)
+        if before is not None and before.groups.get(capability) == agent and before.instances.get(agent) == instance_id:
+            return  # pinned there already (the common case): refreshed as most recently used
         held = before.instances if before is not None else {}
         pins = Pins(dict(held), dict(before.groups)) if before is not None else Pins()
         former = pins.groups.get(capability)

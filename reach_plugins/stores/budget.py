@@ -94,7 +94,7 @@ class LruTable(Generic[V]):
 
         Raises :class:`EntryTooLarge` (and keeps nothing new) when the entry alone is over ``max_bytes``.
         """
-        total = len(key.encode()) + (json_size(value) if size is None else size)
+        total = len(key[0]) + len(key[1]) + len(key[2]) + 2 + (json_size(value) if size is None else size)
         if total > self.budget.max_bytes:
             raise EntryTooLarge(
                 f"{self.what} entry {key.id!r} of tenant {key.tenant!r} is {total} bytes, over the store's "

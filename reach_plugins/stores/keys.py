@@ -12,7 +12,6 @@ the tenant leads every key after the prefix).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 from reach_plugins.errors import ConfigError
@@ -23,23 +22,38 @@ SEP: Final = "\x1f"
 """Joins the parts of an encoded key (the unit separator: no tenant or kind may hold it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ScopedKey:
-    """A store entry's address: whose (``tenant``), what (``kind``, e.g. ``"dedup"``) and which (``id``)."""
+class ScopedKey(tuple[str, str, str]):
+    """A store entry's address: whose (``tenant``), what (``kind``, e.g. ``"dedup"``) and which (``id``).
 
-    tenant: str
-    kind: str
-    id: str
+    An immutable, slotted triple (a tuple underneath, so hashing and comparing run in C: the router builds one
+    per routed conversation).
+    """
 
-    def __post_init__(self) -> None:
-        for field, value in (("tenant", self.tenant), ("kind", self.kind)):
-            if not isinstance(value, str) or not value or not value.isprintable():
-                raise ConfigError(
-                    f"a store key's {field} must be a non-empty printable string, got {value!r}; "
-                    f"a request without a tenant is scoped to {DEFAULT_TENANT!r} (ScopedKey.of)"
-                )
-        if not isinstance(self.id, str):
-            raise ConfigError(f"a store key's id must be a string, got {type(self.id).__name__}")
+    __slots__ = ()
+
+    def __new__(cls, tenant: str, kind: str, id: str) -> ScopedKey:
+        if type(tenant) is not str or not tenant or not tenant.isprintable():
+            raise _refused("tenant", tenant)
+        if type(kind) is not str or not kind or not kind.isprintable():
+            raise _refused("kind", kind)
+        if type(id) is not str:
+            raise ConfigError(f"a store key's id must be a string, got {type(id).__name__}")
+        return tuple.__new__(cls, (tenant, kind, id))
+
+    @property
+    def tenant(self) -> str:
+        return self[0]
+
+    @property
+    def kind(self) -> str:
+        return self[1]
+
+    @property
+    def id(self) -> str:
+        return self[2]
+
+    def __repr__(self) -> str:
+        return f"ScopedKey(tenant={self[0]!r}, kind={self[1]!r}, id={self[2]!r})"
 
     @classmethod
     def of(cls, tenant: str | None, kind: str, id: str) -> ScopedKey:
@@ -48,10 +62,17 @@ class ScopedKey:
 
     def encode(self) -> str:
         """The canonical text form ``tenant<US>kind<US>id`` (memory tables, Redis keys, pub/sub messages)."""
-        return f"{self.tenant}{SEP}{self.kind}{SEP}{self.id}"
+        return SEP.join(self)
 
     @classmethod
     def decode(cls, text: str) -> ScopedKey:
         """The key :meth:`encode` wrote."""
         tenant, kind, id = text.split(SEP, 2)
         return cls(tenant, kind, id)
+
+
+def _refused(field: str, value: object) -> ConfigError:
+    return ConfigError(
+        f"a store key's {field} must be a non-empty printable string, got {value!r}; "
+        f"a request without a tenant is scoped to {DEFAULT_TENANT!r} (ScopedKey.of)"
+    )

@@ -30,7 +30,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from reach_plugins.errors import SessionClosed
 from reach_plugins.stores.budget import BoundedStore, Budget, LruTable
-from reach_plugins.stores.keys import ScopedKey
+from reach_plugins.stores.keys import DEFAULT_TENANT, ScopedKey
 
 KIND: Final = "session"
 
@@ -40,7 +40,7 @@ Listener = Callable[[ScopedKey], None]
 
 def session_key(tenant: str | None, session_id: str) -> ScopedKey:
     """The address of one tenant's conversation (the default tenant's when the request names none)."""
-    return ScopedKey.of(tenant, KIND, session_id)
+    return ScopedKey(DEFAULT_TENANT if tenant is None else tenant, KIND, session_id)
 
 
 @runtime_checkable
