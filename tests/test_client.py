@@ -193,9 +193,9 @@ async def test_close_session_refuses_later_calls_and_drops_the_pins(registry: Me
     transport = MockTransport(echo)
     client = ReachClient(registry, transport, sessions=MemorySessions(budget=DEFAULT_BUDGET))
     assert (await client.reach("query_order", {"order_id": "A1"}, session_id="chat-9")).ok
-    assert client.router.sessions.get("chat-9") is not None
+    assert client.router.sessions.get(session_key(None, "chat-9")) is not None
     await client.close_session("chat-9")
-    assert client.router.sessions.get("chat-9") is None
+    assert client.router.sessions.get(session_key(None, "chat-9")) is None
     with pytest.raises(errors.SessionClosed, match="chat-9"):
         await client.reach("query_order", {"order_id": "A1"}, session_id="chat-9")
     assert len(transport.calls) == 1
