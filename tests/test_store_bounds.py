@@ -34,6 +34,7 @@ from reach_plugins.stores.redis_snapshots import RedisSnapshotStore
 from reach_plugins.stores.sessions import MemorySessions, session_key
 from reach_plugins.stores.sessiontable import SessionTable, snapshot_name
 from reach_plugins.stores.snapshots import MemorySnapshotStore
+from reach_plugins.stores.urls import open_store
 
 Put = Callable[[Any, str, str, int], Awaitable[None]]
 Seen = Callable[[Any, str, str], Awaitable[bool]]
@@ -283,3 +284,25 @@ def test_a_key_cannot_be_built_without_a_tenant() -> None:
 def test_json_size_counts_a_model_as_its_json() -> None:
     """The size estimate of a response is the length of its JSON dump."""
     assert json_size(answer(100)) == len(answer(100).model_dump_json())
+
+
+async def test_a_response_too_large_to_replay_leaves_its_key_unknown(redis_client: Any) -> None:
+    """A keyed call ran but its response is over the bound: the key stays unknown, never free to run again."""
+    for store in (
+        MemoryDedupStore(budget=Budget(max_entries=10, max_bytes=4096), clock=FakeClock()),
+        RedisDedupStore(redis_client, prefix=fresh_prefix(), max_value_bytes=4096),
+    ):
+        key = dedup_key("acme", "order-1")
+        assert (await store.begin(key, "h", 300)).state == "new"
+        with pytest.raises(EntryTooLarge):
+            await store.complete(key, answer(8192))
+        assert (await store.begin(key, "h", 300)).state == "unknown"
+        await store.aclose()
+
+
+def test_a_redis_url_sets_the_value_bound(redis_url: str) -> None:
+    """?max_value_bytes= in a store URL bounds that store's values; a bad one is a ConfigError naming it."""
+    store = open_store(f"{redis_url}?max_value_bytes=1000")
+    assert isinstance(store, RedisDedupStore) and store.max_value_bytes == 1000
+    with pytest.raises(ConfigError, match="max_value_bytes"):
+        open_store(f"{redis_url}?max_value_bytes=0")

@@ -107,12 +107,6 @@ class LruTable(Generic[V]):
         self.bytes += total
         self._shrink()
 
-    def measure(self, key: ScopedKey, size: int | None = None) -> None:
-        """Size an entry again after its value changed in place (may evict others, or refuse it)."""
-        found = self._entries.get(key)
-        if found is not None:
-            self.put(key, found[0], size)
-
     def pop(self, key: ScopedKey) -> V | None:
         """Remove and return an entry (no eviction hook: its owner took it)."""
         found = self._entries.pop(key, None)
