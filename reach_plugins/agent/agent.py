@@ -32,7 +32,7 @@ from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.asgi import build_app
 from reach_plugins.agent.faults import concealed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
-from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
+from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, commit_key, open_key_store, scope
 from reach_plugins.agent.outcome import Outcome, fail, refused
 from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
@@ -41,6 +41,7 @@ from reach_plugins.errors import (
     Backpressure,
     ConfigError,
     DeadlineExceeded,
+    EntryTooLarge,
     IdempotencyConflict,
     ReachError,
     RemoteError,
@@ -53,15 +54,16 @@ from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.layer import ServerApp
+from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.sessiontable import MAX_SESSIONS, SessionTable, check_session
 from reach_plugins.stores.snapshots import SnapshotStore
 from reach_plugins.wire.body import WireBody
 
 if TYPE_CHECKING:
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.registry.base import Registry
     from reach_plugins.security.claims import Claims as TokenClaims
     from reach_plugins.security.verifier import TokenVerifier
+    from reach_plugins.stores.dedup import DedupStore
 
 log = logging.getLogger("reach_plugins.agent")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -135,10 +137,11 @@ class ReachAgent:
         self.readiness = readiness
         self.draining = False
         self.limits = limits or InputLimits()
-        self.sessions = SessionTable(max_sessions)
+        self.sessions = SessionTable(budget=Budget(max_entries=max_sessions, max_bytes=DEFAULT_BUDGET.max_bytes))
         self.snapshots = snapshots
         self._handlers: dict[str, CapabilityHandler] = {}
-        store, self.shared_idempotency = open_key_store(idempotency, clock, idempotency_max_entries)
+        budget = Budget(max_entries=idempotency_max_entries, max_bytes=DEFAULT_BUDGET.max_bytes)
+        store, self.shared_idempotency = open_key_store(idempotency, clock, budget)
         self._window = idempotency_window
         self._claims = Claims(store, window=idempotency_window, clock=as_clock(clock), committed=committed)
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
@@ -243,7 +246,7 @@ class ReachAgent:
             session_id=session_id,
             tenant=tenant,
             idempotency_key=key,
-            idempotency_scope=scope(tenant, self.name, capability, key) if key else None,
+            idempotency_scope=commit_key(scope(tenant, self.name, capability, key)) if key else None,
             deadline=_deadline(headers, body),
             hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
             headers=headers,
@@ -280,6 +283,8 @@ class ReachAgent:
             ctx = self._context(body, headers, name, claims)
         except ValueError as exc:
             return refused(request_id, RequestError(f"bad X-Reach-Hops header: {exc}"))
+        except EntryTooLarge as exc:
+            return refused(request_id, exc)
         remaining = ctx.remaining()
         if remaining is not None and remaining <= 0:
             return refused(request_id, DeadlineExceeded("the caller's deadline had passed on arrival; not executed"))

@@ -36,6 +36,7 @@ from reach_plugins.frameworks.langchain import create_agent
 from reach_plugins.matching import CapabilityMatcher
 from reach_plugins.model import ReachTrace
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.telemetry.metrics import fan_out
 from reach_plugins.telemetry.spans import EVENT_ATTEMPT, EVENT_FAILOVER
@@ -147,7 +148,11 @@ async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None =
     # The demo waits for the sentence model (no routing budget), so even a cold first run maps tools by meaning.
     matcher = CapabilityMatcher((), timeout=None)
     enhancer = ReachEnhancer(
-        client=client, sessions=MemorySessions(), tracer_provider=provider, matcher=matcher, expose=["search_knowledge"]
+        client=client,
+        sessions=MemorySessions(budget=DEFAULT_BUDGET),
+        tracer_provider=provider,
+        matcher=matcher,
+        expose=["search_knowledge"],
     )
     front_desk = create_agent(
         demo_model(RULES),

@@ -24,8 +24,8 @@ from reach_plugins.telemetry.prometheus import Metrics
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.security.audit import AuditHook
+    from reach_plugins.stores.dedup import DedupStore
 
 
 def create_app(

@@ -22,6 +22,7 @@ from reach_plugins.server.access import Access
 from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import MAX_BODY
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class NodeServer:
             forwarder,
             access,
             queue=self.queue,
-            tickets=Tickets(callback_hosts=callback_hosts),
+            tickets=Tickets(budget=DEFAULT_BUDGET, callback_hosts=callback_hosts),
             node_id=self.node_id,
             tracer_provider=tracer_provider,
         )

@@ -235,7 +235,7 @@ class NodeService:
         except ReachError as exc:
             error = ErrorInfo(type=exc.error_type, message=exc.message)
             response = ReachResponse(request_id=request.request_id, status="fail", error=error)
-        await self.tickets.complete(ticket, response)
+        await self.tickets.complete(ticket, response, request.tenant)
 
     async def aclose(self) -> None:
         for task in list(self._background):

@@ -19,8 +19,8 @@ from reach_plugins.server.issuer_role import agent_transport, build_issuer
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.security.audit import AuditHook
+    from reach_plugins.stores.dedup import DedupStore
     from reach_plugins.telemetry.trace import TraceSink
 
 
