@@ -141,6 +141,7 @@ async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None =
     client = ReachClient(
         registry,  # over the default transport: DirectTransport, real HTTP to the agents
         tenant="demo",
+        sessions=MemorySessions(budget=DEFAULT_BUDGET),
         sink=fan_out(sink, lines),
         tracer_provider=provider,
         rng=random.Random(seed),
@@ -149,7 +150,6 @@ async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None =
     matcher = CapabilityMatcher((), timeout=None)
     enhancer = ReachEnhancer(
         client=client,
-        sessions=MemorySessions(budget=DEFAULT_BUDGET),
         tracer_provider=provider,
         matcher=matcher,
         expose=["search_knowledge"],
