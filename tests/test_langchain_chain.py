@@ -26,6 +26,7 @@ from reach_plugins.frameworks.toolcalls import ServeSpec
 from reach_plugins.langchain import create_agent
 from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.stores.sessions import session_key
 from transports.direct import DirectTransport
 
 
@@ -160,9 +161,10 @@ def test_a_cycle_stops_on_the_first_repeat(world: World) -> None:
     state = desk.invoke({"messages": [("user", "use SAVE10 on A1")]}, {"configurable": {"thread_id": "conv-2"}})
 
     assert state["messages"][-1].content == "Sorry, the coupon failed."
-    coupon_turn = coupon_graph.get_state({"configurable": {"thread_id": "conv-2"}}).values["messages"]
+    served_thread = session_key(None, "conv-2").encode()  # serve_graph keeps the tenant's conversation as the thread
+    coupon_turn = coupon_graph.get_state({"configurable": {"thread_id": served_thread}}).values["messages"]
     refused = next(m for m in coupon_turn if isinstance(m, ToolMessage))
     assert refused.status == "error" and "loop detected" in str(refused.content)
     assert "order-agent/handle_order -> coupon-agent/apply_coupon -> order-agent/handle_order" in str(refused.content)
-    order_turn = order_graph.get_state({"configurable": {"thread_id": "conv-2"}}).values["messages"]
+    order_turn = order_graph.get_state({"configurable": {"thread_id": served_thread}}).values["messages"]
     assert [m.content for m in order_turn if m.type == "human"] == ["Use SAVE10 on A1"]

@@ -337,12 +337,16 @@ class ReachEnhancer:
         )
 
     def _options(self, call: ToolCall) -> dict[str, Any]:
-        """The request's fields: payload, conversation, the chain it continues, the time it may take."""
+        """The request's fields: payload, conversation, the chain it continues, the time it may take.
+
+        While an agent serves a request, its reaches continue that request's conversation: the served graph's
+        ``thread_id`` is the tenant-scoped key of it (``agent.langgraph.thread_id``), never an id to send on.
+        """
         served = context.current()
         budgets = [ms for ms in (self.timeout_ms, served.remaining_ms() if served else None) if ms is not None]
         return {
             "payload": to_jsonable_python(dict(call.args)),
-            "session_id": call.session_key,
+            "session_id": served.session_id if served is not None else call.session_key,
             "hops": call.hops if call.hops is not None else context.current_hops(),
             "timeout_ms": min(budgets) if budgets else None,
             "scope_tags": self.scope_tags,
