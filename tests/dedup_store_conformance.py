@@ -17,8 +17,8 @@ import pytest
 
 from reach_plugins.errors import IdempotencyConflict
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.policy.dedup import DedupStore
+from reach_plugins.testing.clock import FakeClock
 
 StoreFactory = Callable[[FakeClock], DedupStore]
 

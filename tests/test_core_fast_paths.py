@@ -28,9 +28,9 @@ from reach_plugins.model import (
     Timeouts,
 )
 from reach_plugins.policy.breaker import CircuitBreaker
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.policy.validation import check_payload, compiled
 from reach_plugins.registry.memory import MemoryRegistry
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import BaseTransport, Call, MockTransport, Reply
 
 

@@ -11,9 +11,9 @@ from core_fakes import FakeAgent, FakeRouter, make_agent
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import OutcomeUnknown
 from reach_plugins.model import AgentDescriptor, Idempotency, ReachRequest, RetryPolicy
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.policy.dedup import MemoryDedupStore, payload_hash, store_key
 from reach_plugins.telemetry.spans import EVENT_RETRY
+from reach_plugins.testing.clock import FakeClock
 
 
 def setup(

@@ -33,6 +33,7 @@ from reach_plugins.agent.faults import concealed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
+from reach_plugins.clock import as_clock
 from reach_plugins.errors import (
     BackendUnavailable,
     BusinessError,
@@ -43,7 +44,6 @@ from reach_plugins.errors import (
     UnknownCapability,
 )
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
-from reach_plugins.policy.clock import as_clock
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
 from reach_plugins.security.token_errors import status_of

@@ -36,7 +36,7 @@ from reach_plugins.routing.policy import tenant_denial
 from reach_plugins.routing.probes import Prober
 from reach_plugins.server.access import SourceRule
 from reach_plugins.stores.urls import open_store
-from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent, Transport
+from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, StreamEvent, Transport
 from reach_plugins.wire.headers import HEADER_SOURCE, PREFER, SOURCE, TARGET, UNKNOWN_SOURCE, VIA
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class HopTransport(BaseTransport):
         transport, call = self._next(call)
         return await transport.send(call)
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         transport, call = self._next(call)
         async for event in transport.stream(call):
             yield event
