@@ -54,7 +54,7 @@ from reach_plugins.telemetry.spans import (
     get_tracer,
     spans_are_noop,
 )
-from reach_plugins.transport import StreamEvent
+from reach_plugins.transport import EventStream, StreamEvent
 from reach_plugins.wire.body import (
     error_body,
     http_status,
@@ -76,12 +76,6 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
-async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
-    close = getattr(events, "aclose", None)
-    if close is not None:
-        await close()
-
-
 def _headers(request: Request) -> dict[str, str]:
     """The request's headers as a plain dict, computed once; ``RequestError`` if an auth header comes twice."""
     cached: dict[str, str] | None = request.scope.get("reach.headers")
@@ -100,7 +94,7 @@ class _Stream:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.span: Span | None = None
-        self.events: AsyncIterator[StreamEvent] | None = None
+        self.events: EventStream | None = None
         self.status = "fail"
         self.handed_over = False
         self._released = False
@@ -111,7 +105,7 @@ class _Stream:
         self._released = True
         try:
             if self.events is not None:
-                await _aclose(self.events)
+                await self.events.aclose()
         finally:
             if self.span is not None:
                 self.span.end()
