@@ -14,8 +14,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ReachError
 from reach_plugins.registry import Registry, open_registry
+from reach_plugins.security.keys import SigningKey
+from reach_plugins.telemetry.traceview import find_trace, follow, trace_tree
+from reach_plugins.telemetry.usage import read_traces, summarise
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
 console = Console()
@@ -65,8 +69,6 @@ def usage(
     until: Annotated[str | None, typer.Option(help="Up to this time, excluded (ISO 8601).")] = None,
 ) -> None:
     """Calls and tokens per tenant, agent and capability, summed from a trace file over a time range."""
-    from reach_plugins.telemetry.usage import read_traces, summarise
-
     try:
         rows = summarise(read_traces(traces), since=_epoch(since), until=_epoch(until))
     except (OSError, ValueError) as exc:
@@ -165,8 +167,6 @@ def issuer(
     new_key: Annotated[Path | None, typer.Option(help="Write a fresh Ed25519 key (PEM) here and exit.")] = None,
 ) -> None:
     """Serve the token issuer: POST /v1/tokens (tenants and agents), GET /.well-known/jwks.json."""
-    from reach_plugins.security.keys import SigningKey
-
     if new_key is not None:
         new_key.write_bytes(SigningKey.generate().pem())
         new_key.chmod(0o600)
@@ -189,8 +189,6 @@ def trace(
     count: Annotated[int | None, typer.Option(help="With --tail: stop after this many requests.")] = None,
 ) -> None:
     """Replay one request's route decision (candidates, scores, pick, reason) and attempts as a timed tree."""
-    from reach_plugins.telemetry.traceview import find_trace, follow, trace_tree
-
     if tail == (request_id is not None):
         console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests")
         raise typer.Exit(2)
@@ -209,8 +207,6 @@ async def _agents(url: str, load: Path | None) -> None:
     reg = open_registry(url)
     try:
         if load is not None:
-            from reach_plugins.config.loader import load_config
-
             for descriptor in load_config(load).agents:
                 await reg.register_agent(descriptor)
             console.print(f"loaded {load} into {url}")

@@ -17,6 +17,66 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("reach_plugins", "transports")
 
+FLOORS: dict[str, int] = {
+    # the house from the ground up (DESIGN.md section 2): a room imports only rooms on lower floors
+    **dict.fromkeys(["reach_plugins.errors", "reach_plugins.ids", "reach_plugins.jsonsafe", "reach_plugins.units"], 0),
+    "reach_plugins.endpoints": 1,
+    "reach_plugins.model": 2,
+    **dict.fromkeys(["reach_plugins.transport", "reach_plugins.matching", "reach_plugins.telemetry"], 3),
+    **dict.fromkeys(["reach_plugins.policy", "reach_plugins.config"], 4),
+    **dict.fromkeys(["reach_plugins.wire", "reach_plugins.registry", "reach_plugins.stores"], 5),
+    **dict.fromkeys(
+        [
+            "reach_plugins.routing",
+            "reach_plugins.security",
+            "reach_plugins.protocols",
+            "reach_plugins.attempts",
+            "transports.grpcnode",
+        ],
+        6,
+    ),
+    "transports.direct": 7,
+    **dict.fromkeys(["reach_plugins.client", "reach_plugins.server", "transports.gateway"], 8),
+    **dict.fromkeys(["reach_plugins.agent", "reach_plugins.gateway"], 9),
+    **dict.fromkeys(["reach_plugins.frameworks", "reach_plugins.node"], 10),
+    **dict.fromkeys(
+        [
+            "reach_plugins",
+            "reach_plugins.demo",
+            "reach_plugins.langchain",
+            "reach_plugins.llamaindex",
+            "reach_plugins.dify",
+        ],
+        11,
+    ),
+    "reach_plugins.cli": 12,
+}
+"""Each room's floor. A new room gets a floor here (the layout test refuses an unplaced room)."""
+
+LAZY_EXTRAS: frozenset[tuple[str, str]] = frozenset(
+    {
+        # an optional extra loaded on first use: the demo, the server stack, grpc, NumPy, dify-plugin
+        ("reach_plugins.cli", "reach_plugins.demo"),
+        ("reach_plugins.cli", "reach_plugins.gateway"),
+        ("reach_plugins.cli", "reach_plugins.gateway.workers"),
+        ("reach_plugins.cli", "reach_plugins.node"),
+        ("reach_plugins.cli", "reach_plugins.server.issuer_server"),
+        ("reach_plugins.frameworks.dify", "reach_plugins.frameworks.dify.plugin"),
+        ("reach_plugins.matching", "reach_plugins.matching.minilm"),
+        ("reach_plugins.matching.embedders", "reach_plugins.matching.minilm"),
+        ("reach_plugins.node.server", "reach_plugins.telemetry.prometheus"),
+        # a transport, chosen when a constructor is given none (DESIGN.md 2.1), or the next hop's
+        ("reach_plugins.client.client", "transports.direct"),
+        ("reach_plugins.frameworks.dify.hook", "transports.gateway"),
+        ("reach_plugins.server.forwarder", "transports.direct"),
+        ("reach_plugins.server.forwarder", "transports.grpcnode"),
+        ("reach_plugins.server.issuer_role", "transports.direct"),
+        # the alternative HTTP engine, imported only by who asks for it
+        ("transports.direct.engine", "transports.direct.engine_httpx"),
+    }
+)
+"""Function-level imports of our own that are allowed: each loads an optional extra or a chosen transport."""
+
 
 @dataclass(frozen=True, slots=True)
 class Import:
@@ -151,6 +211,21 @@ def circles(arrows: set[tuple[str, str]]) -> list[list[str]]:
     for node in sorted(edges):
         if node not in index:
             visit(node)
+    return found
+
+
+def foreign_imports(prefixes: tuple[str, ...], root: Path = ROOT) -> set[str]:
+    """Our modules that import a foreign top-level package named in ``prefixes`` (anywhere in the file)."""
+    found = set()
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node, _lazy in _walk(tree, False):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if not (isinstance(node, ast.ImportFrom) and node.level) and any(
+                    name.split(".")[0] in prefixes for name in names
+                ):
+                    found.add(module_name(path))
     return found
 
 

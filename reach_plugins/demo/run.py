@@ -41,7 +41,6 @@ from reach_plugins.telemetry.metrics import fan_out
 from reach_plugins.telemetry.spans import EVENT_ATTEMPT, EVENT_FAILOVER
 from reach_plugins.telemetry.trace import JsonLinesSink
 from reach_plugins.telemetry.traceview import rounded
-from transports.direct import DirectTransport
 
 CONVERSATION = "conv-42"
 TURNS = [
@@ -139,8 +138,7 @@ async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None =
         trace_file.write_text("", encoding="utf-8")
         lines = JsonLinesSink(trace_file)
     client = ReachClient(
-        registry,
-        DirectTransport(),
+        registry,  # over the default transport: DirectTransport, real HTTP to the agents
         tenant="demo",
         sink=fan_out(sink, lines),
         tracer_provider=provider,

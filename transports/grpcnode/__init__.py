@@ -1,7 +1,7 @@
-"""gRPC node transport: reach agents through a Reach node (``reach node``); the protocol is in ``protos/reach.proto``.
+"""gRPC node transport: reach agents through a Reach node (``reach node``).
 
-``reach_pb2.py``, ``reach_pb2.pyi`` and ``reach_pb2_grpc.py`` are generated
-and checked in; regenerate them after editing the proto (README.md here).
+The protocol is ``reach_plugins/wire/proto/reach.proto``; its generated modules are checked in beside it
+(regenerate them after editing the proto: README.md here).
 Needs the ``grpc`` extra: ``pip install "reach-plugins[grpc]"``.
 """
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from reach_plugins.wire.proto import reach_pb2 as transports_dot_grpcnode_dot_reach__pb2
+from reach_plugins.wire.proto import reach_pb2 as reach__plugins_dot_wire_dot_proto_dot_reach__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -36,23 +36,23 @@ class ReachNodeStub:
         """
         self.Call = channel.unary_unary(
                 '/reach.v1.ReachNode/Call',
-                request_serializer=transports_dot_grpcnode_dot_reach__pb2.ReachCall.SerializeToString,
-                response_deserializer=transports_dot_grpcnode_dot_reach__pb2.CallReply.FromString,
+                request_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ReachCall.SerializeToString,
+                response_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.CallReply.FromString,
                 _registered_method=True)
         self.Stream = channel.unary_stream(
                 '/reach.v1.ReachNode/Stream',
-                request_serializer=transports_dot_grpcnode_dot_reach__pb2.ReachCall.SerializeToString,
-                response_deserializer=transports_dot_grpcnode_dot_reach__pb2.StreamReply.FromString,
+                request_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ReachCall.SerializeToString,
+                response_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.StreamReply.FromString,
                 _registered_method=True)
         self.Submit = channel.unary_unary(
                 '/reach.v1.ReachNode/Submit',
-                request_serializer=transports_dot_grpcnode_dot_reach__pb2.SubmitRequest.SerializeToString,
-                response_deserializer=transports_dot_grpcnode_dot_reach__pb2.SubmitReply.FromString,
+                request_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.SubmitRequest.SerializeToString,
+                response_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.SubmitReply.FromString,
                 _registered_method=True)
         self.Result = channel.unary_unary(
                 '/reach.v1.ReachNode/Result',
-                request_serializer=transports_dot_grpcnode_dot_reach__pb2.ResultRequest.SerializeToString,
-                response_deserializer=transports_dot_grpcnode_dot_reach__pb2.ResultReply.FromString,
+                request_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ResultRequest.SerializeToString,
+                response_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ResultReply.FromString,
                 _registered_method=True)
 
 
@@ -92,23 +92,23 @@ def add_ReachNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Call': grpc.unary_unary_rpc_method_handler(
                     servicer.Call,
-                    request_deserializer=transports_dot_grpcnode_dot_reach__pb2.ReachCall.FromString,
-                    response_serializer=transports_dot_grpcnode_dot_reach__pb2.CallReply.SerializeToString,
+                    request_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ReachCall.FromString,
+                    response_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.CallReply.SerializeToString,
             ),
             'Stream': grpc.unary_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=transports_dot_grpcnode_dot_reach__pb2.ReachCall.FromString,
-                    response_serializer=transports_dot_grpcnode_dot_reach__pb2.StreamReply.SerializeToString,
+                    request_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ReachCall.FromString,
+                    response_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.StreamReply.SerializeToString,
             ),
             'Submit': grpc.unary_unary_rpc_method_handler(
                     servicer.Submit,
-                    request_deserializer=transports_dot_grpcnode_dot_reach__pb2.SubmitRequest.FromString,
-                    response_serializer=transports_dot_grpcnode_dot_reach__pb2.SubmitReply.SerializeToString,
+                    request_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.SubmitRequest.FromString,
+                    response_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.SubmitReply.SerializeToString,
             ),
             'Result': grpc.unary_unary_rpc_method_handler(
                     servicer.Result,
-                    request_deserializer=transports_dot_grpcnode_dot_reach__pb2.ResultRequest.FromString,
-                    response_serializer=transports_dot_grpcnode_dot_reach__pb2.ResultReply.SerializeToString,
+                    request_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ResultRequest.FromString,
+                    response_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ResultReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,8 +136,8 @@ class ReachNode:
             request,
             target,
             '/reach.v1.ReachNode/Call',
-            transports_dot_grpcnode_dot_reach__pb2.ReachCall.SerializeToString,
-            transports_dot_grpcnode_dot_reach__pb2.CallReply.FromString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ReachCall.SerializeToString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.CallReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -163,8 +163,8 @@ class ReachNode:
             request,
             target,
             '/reach.v1.ReachNode/Stream',
-            transports_dot_grpcnode_dot_reach__pb2.ReachCall.SerializeToString,
-            transports_dot_grpcnode_dot_reach__pb2.StreamReply.FromString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ReachCall.SerializeToString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.StreamReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -190,8 +190,8 @@ class ReachNode:
             request,
             target,
             '/reach.v1.ReachNode/Submit',
-            transports_dot_grpcnode_dot_reach__pb2.SubmitRequest.SerializeToString,
-            transports_dot_grpcnode_dot_reach__pb2.SubmitReply.FromString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.SubmitRequest.SerializeToString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.SubmitReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -217,8 +217,8 @@ class ReachNode:
             request,
             target,
             '/reach.v1.ReachNode/Result',
-            transports_dot_grpcnode_dot_reach__pb2.ResultRequest.SerializeToString,
-            transports_dot_grpcnode_dot_reach__pb2.ResultReply.FromString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ResultRequest.SerializeToString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.ResultReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -242,8 +242,8 @@ class ReachCallbackStub:
         """
         self.Deliver = channel.unary_unary(
                 '/reach.v1.ReachCallback/Deliver',
-                request_serializer=transports_dot_grpcnode_dot_reach__pb2.Delivery.SerializeToString,
-                response_deserializer=transports_dot_grpcnode_dot_reach__pb2.DeliveryAck.FromString,
+                request_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.Delivery.SerializeToString,
+                response_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.DeliveryAck.FromString,
                 _registered_method=True)
 
 
@@ -262,8 +262,8 @@ def add_ReachCallbackServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Deliver': grpc.unary_unary_rpc_method_handler(
                     servicer.Deliver,
-                    request_deserializer=transports_dot_grpcnode_dot_reach__pb2.Delivery.FromString,
-                    response_serializer=transports_dot_grpcnode_dot_reach__pb2.DeliveryAck.SerializeToString,
+                    request_deserializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.Delivery.FromString,
+                    response_serializer=reach__plugins_dot_wire_dot_proto_dot_reach__pb2.DeliveryAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -292,8 +292,8 @@ class ReachCallback:
             request,
             target,
             '/reach.v1.ReachCallback/Deliver',
-            transports_dot_grpcnode_dot_reach__pb2.Delivery.SerializeToString,
-            transports_dot_grpcnode_dot_reach__pb2.DeliveryAck.FromString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.Delivery.SerializeToString,
+            reach__plugins_dot_wire_dot_proto_dot_reach__pb2.DeliveryAck.FromString,
             options,
             channel_credentials,
             insecure,
