@@ -1,9 +1,14 @@
-"""The real clock: epoch and monotonic time, the event loop's sleeping and timeouts.
+"""Time, injected: what a clock offers, and the real one (epoch and monotonic time, the event loop's sleeping).
 
-It implements :class:`reach_plugins.policy.clock.Clock` on asyncio; a room
-of its own at the bottom of the house, so that every room that needs real
-time (the attempt driver, the stores, the agent SDK) can import it while
-``policy/`` stays free of the event loop.
+Every state machine in ``policy/`` takes ``now`` as an argument and imports no
+clock; only the attempt driver (and the stores and agent SDK that wait) read a
+:class:`Clock`, sleep on it and bound awaits with ``timeout_at``. Two
+readings: ``now()`` is epoch time, for what crosses processes (a request's
+absolute deadline, trace stamps); ``monotonic()`` is for local intervals (rate
+limiter, breaker windows and open time), so a step of the wall clock neither
+blocks calls nor reopens breakers (STYLE 15). The virtual clock for tests and
+simulations is :class:`reach_plugins.testing.clock.FakeClock`. A room on the
+ground floor: it imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -12,8 +17,28 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from typing import Protocol, runtime_checkable
 
-from reach_plugins.policy.clock import Clock
+
+@runtime_checkable
+class Clock(Protocol):
+    """Seconds since the epoch, sleeping, and a timeout bound on an absolute epoch deadline.
+
+    Both clocks here are also plain time functions (``clock()`` is ``clock.now()``),
+    so one object can drive the registry, the router and the pipeline.
+    """
+
+    def now(self) -> float: ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps back: only differences between two readings mean anything."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def timeout_at(self, deadline: float) -> AbstractAsyncContextManager[object]:
+        """Cancel the enclosed block at ``deadline`` and raise :class:`TimeoutError`, as ``asyncio.timeout`` does."""
+        ...
 
 
 class SystemClock:

@@ -27,10 +27,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from reach_plugins.clock import as_clock
+from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.clock import Clock
 from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore
 
 if TYPE_CHECKING:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reach_plugins.attempts.limiter import ConcurrencyLimiter
+from reach_plugins.clock import Clock
 from reach_plugins.errors import RateLimited
 from reach_plugins.model import AgentDescriptor, Capability
 from reach_plugins.policy.budget import RetryBudget
-from reach_plugins.policy.clock import Clock
 from reach_plugins.policy.deadline import Deadline
 from reach_plugins.policy.limits import AdaptiveLimit, TokenBucket
 

@@ -23,12 +23,12 @@ from reach_plugins.attempts.flight import Admission, Flight, Pin, Plan, Step, wh
 from reach_plugins.attempts.hooks import AttemptHooks, AttemptRecord, Moved
 from reach_plugins.attempts.lifecycle import after
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
+from reach_plugins.clock import Clock
 from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.policy.backoff import retry_delay
 from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.policy.classify import Verdict, check_return_schema, classify_exception, classify_reply
-from reach_plugins.policy.clock import Clock
 from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 from reach_plugins.policy.deadline import per_attempt_timeout
 from reach_plugins.policy.loopguard import check_target, hops_header

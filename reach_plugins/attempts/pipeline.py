@@ -33,11 +33,10 @@ from reach_plugins.attempts.flight import Flight
 from reach_plugins.attempts.hooks import AttemptHooks
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.attempts.streaming import StreamTally, stream_attempts
-from reach_plugins.clock import as_clock
+from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
-from reach_plugins.policy.clock import Clock
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
 from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header

@@ -25,10 +25,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from reach_plugins.clock import SystemClock
+from reach_plugins.clock import Clock, SystemClock
 from reach_plugins.errors import ConfigError, IdempotencyConflict, InvalidPayload
 from reach_plugins.model import AgentDescriptor, Capability, ReachRequest, ReachResponse
-from reach_plugins.policy.clock import Clock
 
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 _REQUEST_FIELDS = ("tenant", "session_id", "action", "capability")

@@ -22,10 +22,9 @@ import logging
 import uuid
 from typing import Any, Final
 
-from reach_plugins.clock import SystemClock
+from reach_plugins.clock import Clock, SystemClock
 from reach_plugins.errors import IdempotencyConflict
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.clock import Clock
 from reach_plugins.policy.dedup import Begin
 from reach_plugins.stores.redis import (
     OUTAGE_ERRORS,

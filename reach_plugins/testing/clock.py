@@ -1,4 +1,4 @@
-"""Virtual time for tests and simulations: :class:`FakeClock`, a :class:`~reach_plugins.policy.clock.Clock`.
+"""Virtual time for tests and simulations: :class:`FakeClock`, a :class:`~reach_plugins.clock.Clock`.
 
 ``sleep`` returns as soon as every other task is idle, with the clock moved to
 the moment the sleep ends, so a 40-second outage is simulated in
