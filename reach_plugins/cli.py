@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from reach_plugins.config.loader import load_config
+from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ReachError
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
@@ -204,10 +206,11 @@ def trace(
 
 
 async def _agents(url: str, load: Path | None) -> None:
-    reg = open_registry(url)
+    endpoints = EndpointPolicy.from_environ(os.environ)
+    reg = open_registry(url, endpoints=endpoints)
     try:
         if load is not None:
-            for descriptor in load_config(load).agents:
+            for descriptor in load_config(load, endpoints=endpoints).agents:
                 await reg.register_agent(descriptor)
             console.print(f"loaded {load} into {url}")
         console.print(_agents_table(reg))

@@ -1,32 +1,40 @@
 """Endpoint policy (DESIGN.md 11.4): where the reach layer may send a tenant's request and credentials.
 
-An endpoint is ``http``, ``https`` or ``grpc``, names no userinfo
-(``user:pass@``), and never a link-local address (cloud metadata services
-live there). Operators may also limit endpoints to networks
-(``$REACH_ENDPOINT_NETWORKS="10.0.0.0/8,127.0.0.0/8"`` or
-:func:`allow_networks`): then only literal addresses inside them pass. The
-models check every endpoint with :func:`policy_problem`, so the rule is the
-same on load (``reach agents --load``, YAML) and on read (registry records
-that break it are ignored with a warning).
+Two parts, applied in two places:
+
+* the structural rule, a pure check every record applies when it is built
+  (:func:`endpoint_problem`, called by the models' validators): ``http``,
+  ``https`` or ``grpc``, no userinfo (``user:pass@``), never a link-local
+  address (cloud metadata services live there);
+* the operator's allowed networks, an :class:`EndpointPolicy` value given to
+  whatever admits records — the registries on write and on read, the config
+  loader, ``reach agents --load``, gateway and node startup. With networks
+  set, only literal addresses inside them pass. The environment
+  (``$REACH_ENDPOINT_NETWORKS="10.0.0.0/8,127.0.0.0/8"``) is read once, at the
+  edge (the CLI, server startup), by :meth:`EndpointPolicy.from_environ`; no
+  module keeps a policy of its own.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from reach_plugins.errors import ConfigError
+
+if TYPE_CHECKING:
+    from reach_plugins.model import AgentDescriptor, Instance
 
 SCHEMES: Final = frozenset({"http", "https", "grpc"})
 ENV_NETWORKS: Final = "REACH_ENDPOINT_NETWORKS"
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-def endpoint_problem(url: str, networks: Iterable[Network] | None = None) -> str | None:
-    """Why ``url`` may not be an agent endpoint, or ``None`` when it may."""
+def endpoint_problem(url: str) -> str | None:
+    """Why ``url`` may never be an agent endpoint (scheme, userinfo, host, link-local), or ``None`` when it may."""
     try:
         parts = urlsplit(url)
         host = parts.hostname
@@ -40,21 +48,13 @@ def endpoint_problem(url: str, networks: Iterable[Network] | None = None) -> str
         return f"endpoint {shown!r} carries userinfo; credentials belong in auth (value_env), never in the URL"
     if not host:
         return f"endpoint {url!r} names no host"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
+    address = _address(host)
     if address is not None and address.is_link_local:
         return f"endpoint {url!r} is link-local ({address}); agents never live there (metadata services do)"
-    if networks is not None:
-        allowed = list(networks)
-        if address is None or not any(address in network for network in allowed):
-            listed = ", ".join(str(n) for n in allowed) or "none"
-            return f"endpoint {url!r} is outside the allowed networks ({listed}); name an address inside them"
     return None
 
 
-def parse_networks(text: str | Iterable[str]) -> list[Network]:
+def parse_networks(text: str | Iterable[str]) -> tuple[Network, ...]:
     """``"10.0.0.0/8,127.0.0.0/8"`` (or a list) -> networks; ``ConfigError`` naming a bad entry."""
     items = text.split(",") if isinstance(text, str) else list(text)
     networks = []
@@ -65,22 +65,57 @@ def parse_networks(text: str | Iterable[str]) -> list[Network]:
             networks.append(ipaddress.ip_network(item, strict=False))
         except ValueError as exc:
             raise ConfigError(f"allowed network {item!r} is not a CIDR block ({exc})") from None
-    return networks
+    return tuple(networks)
 
 
-_allowed: list[Network] | None = None
-_loaded = False
+@dataclass(frozen=True, slots=True)
+class EndpointPolicy:
+    """The networks agent endpoints must lie in (``None``: any address the structural rule admits)."""
+
+    networks: tuple[Network, ...] | None = None
+
+    @classmethod
+    def limited_to(cls, networks: str | Iterable[str] | None) -> EndpointPolicy:
+        """A policy from CIDR text (``"10.0.0.0/8,127.0.0.0/8"`` or a list); ``None`` admits any network."""
+        return cls(None if networks is None else parse_networks(networks))
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> EndpointPolicy:
+        """The policy ``$REACH_ENDPOINT_NETWORKS`` names (unset or empty: any network); read once, at the edge."""
+        return cls.limited_to(environ.get(ENV_NETWORKS) or None)
+
+    def problem(self, url: str) -> str | None:
+        """Why ``url`` may not be an endpoint under this policy, or ``None`` when it may."""
+        problem = endpoint_problem(url)
+        if problem is not None or self.networks is None:
+            return problem
+        address = _address(urlsplit(url).hostname or "")
+        if address is None or not any(address in network for network in self.networks):
+            listed = ", ".join(str(n) for n in self.networks) or "none"
+            return f"endpoint {url!r} is outside the allowed networks ({listed}); name an address inside them"
+        return None
+
+    def admit_agent(self, descriptor: AgentDescriptor) -> None:
+        """Raise ``ConfigError`` unless every endpoint of ``descriptor`` (listed or registered) passes."""
+        for instance in descriptor.static_instances():
+            self._admit(instance.endpoint, f"agent {descriptor.name!r}")
+
+    def admit_instance(self, instance: Instance) -> None:
+        """Raise ``ConfigError`` unless the instance's endpoint passes."""
+        self._admit(instance.endpoint, f"instance {instance.agent}/{instance.instance_id}")
+
+    def _admit(self, url: str, whose: str) -> None:
+        problem = self.problem(url)
+        if problem is not None:
+            raise ConfigError(f"{whose}: {problem}")
 
 
-def allow_networks(networks: str | Iterable[str] | None) -> None:
-    """Limit every endpoint of this process to ``networks`` (``None``: any address, the default)."""
-    global _allowed, _loaded
-    _allowed = None if networks is None else parse_networks(networks)
-    _loaded = True
+ANY_NETWORK: Final = EndpointPolicy()
+"""The policy of a library call that was given none: the structural rule alone."""
 
 
-def policy_problem(url: str) -> str | None:
-    """:func:`endpoint_problem` under this process's allowed networks (read from the environment once)."""
-    if not _loaded:
-        allow_networks(os.environ.get(ENV_NETWORKS) or None)
-    return endpoint_problem(url, _allowed)
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None

@@ -10,8 +10,12 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── RequestError                 the request itself is refused; nothing is sent
     │   ├── UnknownCapability        nobody offers it (names the closest known ones)
     │   ├── InvalidPayload           payload does not fit params_schema (names the field)
-    │   ├── PermissionDenied         tenant not allowed, internal_only, bad token
-    │   │   └── Unauthenticated      no credential, or one nobody holds (HTTP 401)
+    │   ├── InputTooLong             estimated input tokens above every candidate's input_tokens_required
+    │   ├── PermissionDenied         tenant not allowed, internal_only (HTTP 403)
+    │   │   ├── Unauthenticated      no credential, or one nobody holds (HTTP 401)
+    │   │   │   └── InvalidToken     no X-Reach-Token, or not a valid unexpired one of the issuer
+    │   │   ├── TokenDenied          a valid token that does not entitle this call
+    │   │   └── AuditRefused         the content audit refused an L3 exchange
     │   ├── BodyTooLarge             a request body over the server's limit (HTTP 413)
     │   ├── BodyTimeout              a body that did not arrive in time (HTTP 408)
     │   ├── UnsupportedMediaType     a POST that is not application/json (HTTP 415)
@@ -37,9 +41,13 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     └── OutcomeUnknown               a keyed call's answer was lost where its key cannot be checked now
 
 Every class carries its own wire code (``code``, also ``error_type``): the
-``error.type`` a gateway, node or agent sends. :data:`WIRE_CODES` is the one
-table from code to class; :func:`from_wire` rebuilds the error a hop reported,
-so a refusal raises the same class on the client over every transport. The
+``error.type`` a gateway, node or agent sends; and how a server refuses with
+it: ``http_status`` and ``grpc_code`` (the name of a ``grpc.StatusCode``, so
+this module imports no grpc), inherited where a subclass is its parent on the
+wire. Every server (gateway, node, agent SDK, issuer) reads these two and maps
+nothing itself. :data:`WIRE_CODES` is the one table from code to class, built
+from the classes; :func:`from_wire` rebuilds the error a hop reported, so a
+refusal raises the same class on the client over every transport. The
 codes an agent itself sends (``business``, ``transient``, ``timeout``,
 ``backpressure``, ``invalid_response``) keep their DESIGN.md section 4 meaning.
 :func:`is_retryable` tells a framework's retry hook (LangChain's
@@ -50,10 +58,7 @@ request, which no retry can fix, from a transient failure.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Final
-
-if TYPE_CHECKING:
-    from reach_plugins.model import Attempt, ErrorInfo, ReachResponse
+from typing import Any, ClassVar, Final, Protocol
 
 
 class ReachError(Exception):
@@ -61,6 +66,10 @@ class ReachError(Exception):
 
     code: ClassVar[str] = "error"
     """This class's wire code (``error.type``); unique per class, see :data:`WIRE_CODES`."""
+    http_status: ClassVar[int] = 502
+    """The HTTP status a server refuses with (4xx: the caller's to fix, 429: slow down, 5xx: nobody can now)."""
+    grpc_code: ClassVar[str] = "UNKNOWN"
+    """The name of the ``grpc.StatusCode`` the node aborts with."""
     refused: bool = False
     """True when a hop (gateway, node) refused the request before any agent saw it: the core raises it as is."""
 
@@ -84,18 +93,24 @@ class ConfigError(ReachError):
     """The configuration cannot be used; the message names the file, the field and the fix."""
 
     code = "config_error"
+    http_status = 500
+    grpc_code = "INTERNAL"
 
 
 class RequestError(ReachError):
     """The request was refused before anything was sent."""
 
     code = "rejected"
+    http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class UnknownCapability(RequestError):
     """No agent offers this capability."""
 
     code = "unknown_capability"
+    http_status = 404
+    grpc_code = "NOT_FOUND"
 
     def __init__(self, capability: str, known: Sequence[str] = ()) -> None:
         hint = f"; closest known: {', '.join(known)}" if known else ""
@@ -117,64 +132,107 @@ class InvalidPayload(RequestError):
     code = "invalid_payload"
 
 
+class InputTooLong(RequestError):
+    """The payload's estimated tokens exceed the ``input_tokens_required`` of every agent that could serve it."""
+
+    code = "input_too_long"
+
+
 class PermissionDenied(RequestError):
     """The tenant (or the source address) may not reach this agent."""
 
     code = "permission_denied"
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
 
 
 class Unauthenticated(PermissionDenied):
     """No credential, or a credential no tenant or agent holds."""
 
     code = "unauthenticated"
+    http_status = 401
+    grpc_code = "UNAUTHENTICATED"
+
+
+class InvalidToken(Unauthenticated):
+    """No token, or one that is not a valid, unexpired token of the trusted issuer: the token proves nothing."""
+
+    code = "invalid_token"
+
+
+class TokenDenied(PermissionDenied):
+    """A valid token that does not entitle this call: another audience, a refused chain or trust level."""
+
+    code = "token_denied"
+
+
+class AuditRefused(PermissionDenied):
+    """The content audit refused a request or a reply of an L3 agent."""
+
+    code = "audit_refused"
 
 
 class BodyTooLarge(RequestError):
     """The body is longer than the server accepts (HTTP 413)."""
 
     code = "body_too_large"
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class BodyTimeout(RequestError):
     """The body did not arrive in time (HTTP 408): a slow or stalled client."""
 
     code = "body_timeout"
+    http_status = 408
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class UnsupportedMediaType(RequestError):
     """A POST without ``Content-Type: application/json`` (HTTP 415)."""
 
     code = "unsupported_media_type"
+    http_status = 415
 
 
 class LoopDetected(RequestError):
     """The target is already in the hop chain, or the chain is too long."""
 
     code = "loop_detected"
+    http_status = 409
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class SessionClosed(RequestError):
     """The conversation was closed or its liveness TTL expired."""
 
     code = "session_closed"
+    http_status = 410
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class ApprovalRequired(RequestError):
     """A dangerous capability needs approval, and none was given."""
 
     code = "approval_required"
+    http_status = 403
+    grpc_code = "PERMISSION_DENIED"
 
 
 class IdempotencyConflict(RequestError):
     """The idempotency key was already used with a different payload."""
 
     code = "idempotency_conflict"
+    http_status = 409
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class NoHealthyAgent(ReachError):
     """Agents offer the capability but none can take work now."""
 
     code = "no_healthy_agent"
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
 
     def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:
         super().__init__(message, reasons=reasons or {})
@@ -191,12 +249,15 @@ class RateLimited(ReachError):
     """The local rate limit or concurrency limit did not free a slot in time."""
 
     code = "rate_limited"
+    http_status = 429
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class TransportError(ReachError):
     """A transport failed; always transient."""
 
     code = "transport_error"
+    grpc_code = "UNAVAILABLE"
     reached_agent: bool = True
     """Whether the request may have been executed (only a connect failure says no)."""
 
@@ -218,18 +279,24 @@ class ReadTimeout(TransportError):
     """No answer within the attempt's time."""
 
     code = "read_timeout"
+    http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class StreamIdle(TransportError):
     """A stream stayed silent longer than ``stream_idle``."""
 
     code = "stream_idle"
+    http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class Backpressure(ReachError):
     """The downstream asked the caller to slow down and try again after ``retry_after`` seconds."""
 
     code = "backpressure"
+    http_status = 429
+    grpc_code = "RESOURCE_EXHAUSTED"
 
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message, retry_after=retry_after)
@@ -250,12 +317,16 @@ class RemoteError(ReachError):
     """The agent answered with an error."""
 
     code = "transient"
+    http_status = 500
+    grpc_code = "INTERNAL"
 
 
 class BusinessError(RemoteError):
     """The agent refused on business grounds; retrying cannot help."""
 
     code = "business"
+    http_status = 422
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class Refused(BusinessError):
@@ -265,11 +336,13 @@ class Refused(BusinessError):
 
 
 class DeadlineExceeded(ReachError):
-    """The request's deadline passed; ``attempts`` lists what was tried."""
+    """The request's deadline passed; ``attempts`` lists what was tried (the ``Attempt`` records of its trace)."""
 
     code = "timeout"
+    http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
 
-    def __init__(self, message: str, attempts: Sequence[Attempt] = ()) -> None:
+    def __init__(self, message: str, attempts: Sequence[object] = ()) -> None:
         super().__init__(message, attempts=list(attempts))
         self.attempts = list(attempts)
 
@@ -278,6 +351,8 @@ class BackendUnavailable(ReachError):
     """A shared backend (etcd registry, Redis store) could not be reached; names the backend and the fix."""
 
     code = "backend_unavailable"
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
 
 
 class OutcomeUnknown(ReachError):
@@ -313,25 +388,22 @@ WIRE_CODES: Final[dict[str, type[ReachError]]] = _wire_codes()
 """The one table of wire codes: ``error.type`` -> the class a client raises for it."""
 
 
-def from_wire(info: ErrorInfo) -> ReachError:
+class WireError(Protocol):
+    """An error as it travels (``model.ErrorInfo`` is one): ``{"type", "message", "retry_after"}``."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def retry_after(self) -> float | None: ...
+
+
+def from_wire(info: WireError) -> ReachError:
     """The error a hop or agent reported (an unknown code is a :class:`RemoteError` that keeps the message)."""
     return WIRE_CODES.get(info.type, RemoteError).from_wire(info.message, info.retry_after)
-
-
-def error_for_response(response: ReachResponse) -> ReachError:
-    """Build the exception that matches a failed response (used by ``raise_for_status``)."""
-    info = response.error
-    if info is None:
-        kind = "timeout" if response.status == "timeout" else "transient"
-        message = f"request {response.request_id} ended with status {response.status}"
-    else:
-        kind, message = info.type, info.message
-    if kind == OutcomeUnknown.code:  # may come with status "timeout": the answer is lost, not merely late
-        return OutcomeUnknown(message)
-    if kind == "timeout" or response.status == "timeout":
-        return DeadlineExceeded(message, response.trace.attempts if response.trace else ())
-    kind_class = WIRE_CODES.get(kind, RemoteError)
-    return kind_class.from_wire(message, info.retry_after if info else None)
 
 
 _PERMANENT: Final = (RequestError, ConfigError, BusinessError, InvalidResponse)

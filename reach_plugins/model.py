@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from reach_plugins.endpoints import policy_problem
-from reach_plugins.errors import error_for_response
+from reach_plugins.endpoints import endpoint_problem
+from reach_plugins.errors import WIRE_CODES, DeadlineExceeded, OutcomeUnknown, ReachError, RemoteError
 from reach_plugins.ids import new_request_id
 from reach_plugins.jsonsafe import json_problem
 from reach_plugins.units import Duration, Ratio
@@ -26,6 +26,9 @@ docs recommend: the semantic matcher ranks on them.
 """
 _NAME = re.compile(NAME_PATTERN)
 
+HealthPath = Annotated[str, StringConstraints(pattern=r"^/[^\x00-\x20\x7f?#]*$", max_length=256)]
+"""A URL path probed on an agent's endpoint: starts with ``/``, no spaces, control characters, query or fragment."""
+
 HeaderText = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=1024)]
 """Text that travels in a header (session, tenant, intent, idempotency key): no control characters."""
 
@@ -33,7 +36,6 @@ Protocol = Literal["reach", "openai-compatible", "raw-http", "a2a", "mcp"]
 DangerLevel = Literal["low", "medium", "high"]
 InstanceStatus = Literal["ready", "draining", "down"]
 Priority = Literal["online", "batch"]
-Mode = Literal["request", "broadcast", "callback"]
 ErrorType = Literal[
     "business",
     "transient",
@@ -144,7 +146,8 @@ class PoolConfig(Strict):
 
 
 class Routing(Strict):
-    """Static routing preferences; ``priority`` 1 is tried before 2."""
+    """Static routing preferences: ``priority`` 1 is tried before 2; within a priority the cheapest ``cost`` with a
+    healthy instance takes new work; offers of equal priority and cost share it by ``weight`` (and load)."""
 
     weight: int = Field(default=100, ge=0)
     priority: int = Field(default=1, ge=0)
@@ -155,16 +158,17 @@ class HealthCheck(Strict):
     """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``; active probes.
 
     Active probes (:mod:`reach_plugins.routing.probes`, seed 003 section 5.2): a cheap connect every
-    ``probe_interval``, the agent's own readiness (``ready_path``) every ``ready_interval``;
+    ``probe_interval``, ``GET {endpoint}{path}`` every ``ready_interval``;
     ``refusals_to_down`` consecutive refused connections mark an instance down at once.
     """
 
-    path: str = "/healthz"
+    path: HealthPath = "/readyz"
+    """What the probes GET: the agent's readiness (DESIGN section 4: ``/readyz`` can take work, ``/healthz`` is
+    only alive); any path that answers 200 while the agent can take work will do."""
     interval: Duration = 10.0
     missed_heartbeats: int = Field(default=3, ge=1)
     probe: bool = True
     probe_interval: Duration = 5.0
-    ready_path: str = "/readyz"
     ready_interval: Duration = 30.0
     refusals_to_down: int = Field(default=2, ge=1)
 
@@ -223,7 +227,10 @@ class Capability(Strict):
     retryable: bool = True
     max_concurrency: int | None = Field(default=None, ge=1)
     cost: float | None = Field(default=None, ge=0)
-    input_tokens_required: int | None = Field(default=None, ge=0)
+    """Relative cost of a call; overrides the agent's ``routing.cost``: cheapest healthy first within a tier."""
+    input_tokens_required: int | None = Field(default=None, ge=1)
+    """The largest input this capability takes, in estimated tokens (the payload's JSON at about four characters
+    a token): the router skips it for a larger request and refuses with ``InputTooLong`` when nobody is left."""
     retry: RetryPolicy | None = None
     timeouts: Timeouts | None = None
     consistency: ConsistencyPolicy | None = None
@@ -240,9 +247,9 @@ class Capability(Strict):
 
 
 def _check_endpoint(url: str) -> str:
-    """The endpoint policy every record obeys, loaded or read (http/https/grpc, no userinfo, not link-local,
-    inside the allowed networks when configured)."""
-    problem = policy_problem(url)
+    """The structural endpoint rule every record obeys, built, loaded or read (http/https/grpc, no userinfo, not
+    link-local); the operator's allowed networks are an ``EndpointPolicy`` applied by whatever admits records."""
+    problem = endpoint_problem(url)
     if problem is not None:
         raise ValueError(problem)
     return url
@@ -375,7 +382,6 @@ class ReachRequest(BaseModel):
     timeout_ms: int | None = Field(default=None, gt=0)
     hops: list[Hop] = Field(default_factory=list)
     priority: Priority = "online"
-    mode: Mode = "request"
     retried_upstream: bool = False
     """Set when a layer above owns retries for this request: this layer must not retry it."""
     scope_tags: list[str] = Field(default_factory=list)
@@ -497,3 +503,18 @@ class ReachResponse(BaseModel):
         if self.status != "success":
             raise error_for_response(self)
         return self
+
+
+def error_for_response(response: ReachResponse) -> ReachError:
+    """The exception that matches a failed response (``raise_for_status``): raising from a response lives here."""
+    info = response.error
+    if info is None:
+        kind = DeadlineExceeded.code if response.status == "timeout" else RemoteError.code
+        message = f"request {response.request_id} ended with status {response.status}"
+    else:
+        kind, message = info.type, info.message
+    if kind == OutcomeUnknown.code:  # may come with status "timeout": the answer is lost, not merely late
+        return OutcomeUnknown(message)
+    if kind == DeadlineExceeded.code or response.status == "timeout":
+        return DeadlineExceeded(message, response.trace.attempts if response.trace else ())
+    return WIRE_CODES.get(kind, RemoteError).from_wire(message, info.retry_after if info else None)

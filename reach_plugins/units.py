@@ -1,15 +1,27 @@
-"""Human units in configuration: durations (``90s``, ``1000ms``) and ratios (``50%``).
+"""Human units in configuration: durations (``90s``, ``1000ms``) and ratios (``50%``); tokens from characters.
 
 Config files are written by people; they write ``90s`` and ``30%``. The model
 stores plain floats (seconds, fractions) so the code never parses units twice.
+Tokens are estimated from characters in one place (:func:`estimate_tokens`):
+usage figures and the router's ``input_tokens_required`` check agree.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
+
+CHARS_PER_TOKEN = 4.0
+"""The usual estimate for English-like text, used where no tokenizer's count is at hand."""
+
+
+def estimate_tokens(chars: int) -> int:
+    """Tokens in ``chars`` characters of text, estimated."""
+    return math.ceil(chars / CHARS_PER_TOKEN) if chars > 0 else 0
+
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from reach_plugins.config.loader import TenantConfig
 from reach_plugins.errors import RequestError
 from reach_plugins.model import AgentDescriptor, HealthCheck, Instance
 from reach_plugins.registry import Registry, RegistryEvent
@@ -91,6 +92,11 @@ class RegistryConformance:
         assert await registry.get("orders") == orders
         assert [a.name for a in await registry.list()] == ["orders"]
         assert registry.agents()["orders"] == orders
+
+    async def test_says_whether_a_tenant_table_comes_with_it(self, registry: Registry) -> None:
+        """The tenants port is part of the contract: a mapping of tenant configs, or None when none comes along."""
+        tenants = registry.tenants
+        assert tenants is None or all(isinstance(config, TenantConfig) for config in tenants.values())
 
     async def test_unknown_agent_is_none(self, registry: Registry) -> None:
         """get() of a name nobody registered returns None."""

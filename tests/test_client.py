@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from reach_plugins import AgentDescriptor, ReachClient, SyncReachClient, errors
-from reach_plugins.registry import MemoryRegistry
+from reach_plugins.config.loader import TenantConfig
+from reach_plugins.registry import FileRegistry, MemoryRegistry
 from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.transport import Call, MockTransport
 
@@ -151,6 +152,72 @@ async def test_a_client_serves_one_event_loop(registry: MemoryRegistry) -> None:
     message = await asyncio.to_thread(elsewhere)
     assert "serves another event loop" in message and "SyncReachClient" in message
     await client.aclose()
+
+
+async def test_candidates_lists_healthy_instances_and_sends_nothing(registry: MemoryRegistry) -> None:
+    """candidates() answers who could take a request now, best first, bounded by limit, without sending."""
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport)
+    request = client.request("query_order", {"order_id": "A1"})
+    assert sorted(route.instance.instance_id for route in await client.candidates(request)) == [
+        "orders-0",
+        "orders-1",
+    ]
+    assert len(await client.candidates(request, limit=1)) == 1
+    with pytest.raises(errors.UnknownCapability):
+        await client.candidates(client.request("query_ordr"))
+    assert transport.calls == []
+    await client.aclose()
+
+
+async def test_candidates_from_another_loop_are_refused(registry: MemoryRegistry) -> None:
+    """The router is asked on the client's loop only: candidates() from a second loop is a ConfigError."""
+    client = ReachClient(registry, MockTransport(echo))
+    await client.reach("query_order", {"order_id": "A5"})
+
+    async def other_loop() -> str:
+        try:
+            await client.candidates(client.request("query_order", {"order_id": "A6"}))
+        except errors.ConfigError as exc:
+            return exc.message
+        return "no error"
+
+    message = await asyncio.to_thread(asyncio.run, other_loop())
+    assert "serves another event loop" in message
+    await client.aclose()
+
+
+async def test_close_session_refuses_later_calls_and_drops_the_pins(registry: MemoryRegistry) -> None:
+    """close_session() closes the conversation in the store and forgets its pins in the router."""
+    transport = MockTransport(echo)
+    client = ReachClient(registry, transport, sessions=MemorySessions())
+    assert (await client.reach("query_order", {"order_id": "A1"}, session_id="chat-9")).ok
+    assert client.router.sessions.get("chat-9") is not None
+    await client.close_session("chat-9")
+    assert client.router.sessions.get("chat-9") is None
+    with pytest.raises(errors.SessionClosed, match="chat-9"):
+        await client.reach("query_order", {"order_id": "A1"}, session_id="chat-9")
+    assert len(transport.calls) == 1
+    await client.aclose()
+
+
+async def test_close_session_without_a_store_names_the_fix(registry: MemoryRegistry) -> None:
+    """A client built without sessions= cannot close a conversation: the ConfigError says to pass sessions=."""
+    client = ReachClient(registry, MockTransport(echo))
+    with pytest.raises(errors.ConfigError, match="sessions="):
+        await client.close_session("chat-1")
+    await client.aclose()
+
+
+def test_a_registry_with_tenants_gives_them_unless_the_client_has_its_own(tmp_path: Path) -> None:
+    """The registry's tenants port (a YAML file's tenants:) is the client's table; tenants= overrides it."""
+    config = tmp_path / "agents.yaml"
+    config.write_text("agents: []\ntenants:\n  demo:\n    agents: '*'\n")
+    registry = FileRegistry(config)
+    assert ReachClient(registry, MockTransport(echo)).tenants is registry.tenants
+    assert ReachClient(MemoryRegistry(), MockTransport(echo)).tenants is None
+    own: dict[str, TenantConfig] = {}
+    assert ReachClient(registry, MockTransport(echo), tenants=own).tenants is own
 
 
 async def test_closed_session_sends_nothing(registry: MemoryRegistry) -> None:

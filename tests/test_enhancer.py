@@ -296,18 +296,26 @@ def test_closed_session_sends_nothing(enhancer: ReachEnhancer, transport: MockTr
     assert enhancer.reach(ToolCall("query_order", {"order_id": "A3"}, session_key="t-2")).ok
 
 
-def test_sessions_given_with_a_ready_client_are_installed_on_it(
-    registry: MemoryRegistry, transport: MockTransport
-) -> None:
-    """sessions= next to a client without a store becomes that client's store, so closing a session works."""
-    client = ReachClient(registry, transport)
+def test_a_ready_client_brings_its_session_store(registry: MemoryRegistry, transport: MockTransport) -> None:
+    """A ready client's own sessions= store is the one the enhancer closes; sessions= beside client= is refused."""
     sessions = MemorySessions()
-    with ReachEnhancer(client=client, sessions=sessions) as e:
+    client = ReachClient(registry, transport, sessions=sessions)
+    with ReachEnhancer(client=client) as e:
         e.close_session("t-1")
         assert isinstance(e.reach(ToolCall("query_order", session_key="t-1")).error, SessionClosed)
     assert client.sessions is sessions and transport.calls == []
-    with pytest.raises(ConfigError, match="already has a session store"):
+    with pytest.raises(ConfigError, match=r"either client=.*sessions"):
         ReachEnhancer(client=client, sessions=MemorySessions())
+    asyncio.run(client.aclose())
+
+
+def test_closing_a_session_of_a_client_without_a_store_names_the_fix(
+    registry: MemoryRegistry, transport: MockTransport
+) -> None:
+    """close_session on a ready client built without sessions= raises a ConfigError naming sessions=."""
+    client = ReachClient(registry, transport)
+    with ReachEnhancer(client=client) as e, pytest.raises(ConfigError, match="sessions="):
+        e.close_session("t-1")
     asyncio.run(client.aclose())
 
 

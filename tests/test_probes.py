@@ -86,6 +86,33 @@ async def test_a_prober_finds_a_closed_port_and_an_unready_agent() -> None:
         await prober.aclose()
 
 
+async def test_the_readiness_probe_gets_the_configured_path() -> None:
+    """health_check.path is what the prober GETs on a real server: 200 there is ready, whatever /readyz says."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append(scope["path"])
+        status = 200 if scope["path"] == "/ops/ready" else 503
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    with BackgroundServer(app, lifespan="off") as server:
+        clock = [0.0]
+        registry = MemoryRegistry()
+        for name, check in (("custom", HealthCheck(path="/ops/ready")), ("default", HealthCheck())):
+            registry.put_agent(
+                AgentDescriptor(name=name, endpoints=[server.url], capabilities=["query_order"], health_check=check)
+            )
+        prober = Prober(registry, clock=lambda: clock[0])
+        await prober.probe_once()
+        await prober.aclose()
+    assert prober.available("custom", "custom-0"), "the configured path answered 200: ready"
+    assert not prober.available("default", "default-0"), "the default path is /readyz, which answered 503"
+    assert sorted(seen) == ["/ops/ready", "/readyz"]
+
+
 def test_one_prober_per_registry() -> None:
     """Every caller of Prober.shared gets the same prober for one registry (bounded cost)."""
     registry = MemoryRegistry()

@@ -389,14 +389,15 @@ def test_candidates_lists_every_healthy_instance_best_first(registry: MemoryRegi
     registry.put_agent(agent("light", "query_order", endpoints=1, routing={"weight": 10}))
     registry.put_agent(agent("heavy", "query_order", endpoints=1, routing={"weight": 90}))
     registry.put_agent(agent("backup", "query_order", endpoints=1, routing={"priority": 2}))
-    r = router(registry)
+    tripped: set[str] = set()
+    r = router(registry, is_available=lambda agent, instance: agent not in tripped)
     listed = r.candidates(ask())
     assert [route.agent.name for route in listed] == ["heavy", "light", "backup"]
     assert [route.agent.name for route in r.candidates(ask(), limit=2)] == ["heavy", "light"]
     with_session = r.candidates(ask(session_id="conv"))
     assert [route.agent.name for route in with_session][-1] == "backup"
     assert len(r.sessions) == 0
-    r.is_available = lambda agent, instance: False
+    tripped.update({"light", "heavy", "backup"})
     with pytest.raises(CircuitOpen):
         r.candidates(ask())
 

@@ -131,10 +131,11 @@ def test_router_keeps_sessions_when_an_instance_dies() -> None:
     """Through the router, sessions on surviving instances stay put; those on the dead one are restored."""
     registry = MemoryRegistry(clock=FakeClock())
     registry.put_agent(agent("orders", "query_order", endpoints=6))
-    router = Router(registry, clock=registry.clock)
+    down: set[str] = set()
+    router = Router(registry, clock=registry.clock, is_available=lambda agent_name, instance: instance not in down)
     placed = {f"s-{i}": router.route(ReachRequest(capability="query_order", session_id=f"s-{i}")) for i in range(600)}
     broken = "orders-2"
-    router.is_available = lambda agent_name, instance: instance != broken
+    down.add(broken)
     for session, first in placed.items():
         route = router.route(ReachRequest(capability="query_order", session_id=session))
         if first.instance.instance_id == broken:

@@ -36,17 +36,19 @@ from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.clock import as_clock
 from reach_plugins.errors import (
     BackendUnavailable,
-    BusinessError,
+    Backpressure,
     ConfigError,
+    DeadlineExceeded,
     IdempotencyConflict,
-    PermissionDenied,
+    InvalidPayload,
     ReachError,
+    RemoteError,
+    RequestError,
     UnknownCapability,
 )
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
-from reach_plugins.security.token_errors import status_of
 from reach_plugins.server.inbound import InputLimits, loads
 from reach_plugins.stores.sessiontable import MAX_SESSIONS, SessionTable, check_session
 from reach_plugins.stores.snapshots import SnapshotStore
@@ -94,13 +96,18 @@ def _fail(request_id: Any, status: int, kind: str, message: str, headers: dict[s
     return Outcome(status, body, headers or {})
 
 
+def _refused(request_id: Any, exc: ReachError) -> Outcome:
+    """A fail answer carrying the error's own HTTP status and wire code (:mod:`reach_plugins.errors`)."""
+    return _fail(request_id, exc.http_status, exc.error_type, exc.message)
+
+
 def _not_executed(request_id: Any, why: str) -> Outcome:
     """A retryable "not executed" answer: callers fail over or retry after ``Retry-After`` (DESIGN 11.1)."""
     body = {
         "request_id": request_id,
         "status": "fail",
         "data": None,
-        "error": {"type": "backpressure", "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
+        "error": {"type": Backpressure.code, "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
     }
     return Outcome(503, body, {"Retry-After": str(IN_PROGRESS_RETRY)})
 
@@ -262,7 +269,7 @@ class ReachAgent:
         )
 
     async def authenticate(self, headers: Mapping[str, str]) -> Outcome | TokenClaims | None:
-        """The caller's token claims (``None`` with tokens off), or the 401/403 refusing the call.
+        """The caller's token claims (``None`` with tokens off), or the refusal (401/403) with the error's status.
 
         The app asks before reading the body; ``handle`` asks again (a verified token is cached: no second check).
         """
@@ -270,8 +277,8 @@ class ReachAgent:
             return None
         try:
             return await self._gate.admit(headers)
-        except PermissionDenied as exc:
-            return _fail(None, status_of(exc), exc.error_type, exc.message)
+        except ReachError as exc:  # a refusal (401/403), or a verifier that cannot check now: its own status
+            return _refused(None, exc)
 
     def _prepare(
         self, raw: bytes, headers: Mapping[str, str], claims: TokenClaims | None = None
@@ -280,18 +287,18 @@ class ReachAgent:
         try:
             body = loads(raw, max_depth=self.limits.max_depth)
         except ReachError as exc:
-            return _fail(None, 400, "rejected", f'{exc.message}; the body must be a JSON object with "capability"')
+            return _refused(None, RequestError(f'{exc.message}; the body must be a JSON object with "capability"'))
         if not isinstance(body, dict) or not isinstance(body.get("capability"), str):
-            return _fail(None, 400, "rejected", 'the body must be a JSON object with "capability" and "payload"')
+            return _refused(None, RequestError('the body must be a JSON object with "capability" and "payload"'))
         request_id, name = body.get("request_id"), body["capability"]
         if self.draining:
-            return _fail(request_id, 503, "backpressure", f"agent {self.name!r} is draining", {"Retry-After": "1"})
+            return _fail(request_id, 503, Backpressure.code, f"agent {self.name!r} is draining", {"Retry-After": "1"})
         handler = self._handlers.get(name)
         if handler is None:
             offered = ", ".join(sorted(self._handlers)) or "nothing"
             return _fail(
                 request_id,
-                404,
+                UnknownCapability.http_status,
                 UnknownCapability.code,
                 f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
@@ -299,20 +306,20 @@ class ReachAgent:
         tenant = claims.tenant if claims is not None else body.get("tenant") or headers.get("x-tenant")
         problem = check_session(body.get("session_id"), tenant)
         if problem is not None:
-            return _fail(request_id, 400, "rejected", problem)
+            return _refused(request_id, RequestError(problem))
         try:
             ctx = self._context(body, headers, name, claims)
         except ValueError as exc:
-            return _fail(request_id, 400, "rejected", f"bad X-Reach-Hops header: {exc}")
+            return _refused(request_id, RequestError(f"bad X-Reach-Hops header: {exc}"))
         remaining = ctx.remaining()
         if remaining is not None and remaining <= 0:
-            return _fail(request_id, 504, "timeout", "the caller's deadline had passed on arrival; not executed")
+            return _refused(request_id, DeadlineExceeded("the caller's deadline had passed on arrival; not executed"))
         try:
             if not isinstance(payload, dict):
-                raise BusinessError("the payload must be a JSON object")
+                raise InvalidPayload("the payload must be a JSON object")
             kwargs = handler.arguments(payload, ctx)
         except ReachError as exc:
-            return _fail(request_id, 400, exc.error_type, exc.message)
+            return _refused(request_id, exc)
         return _Prepared(handler, payload, kwargs, ctx)
 
     async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
@@ -332,7 +339,7 @@ class ReachAgent:
             try:
                 claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
             except IdempotencyConflict as exc:
-                return _fail(ctx.request_id, 409, exc.error_type, exc.message)
+                return _refused(ctx.request_id, exc)
             except BackendUnavailable:
                 log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
                 return _not_executed(ctx.request_id, "its idempotency key cannot be checked now")
@@ -361,11 +368,11 @@ class ReachAgent:
         except ReachError as exc:
             return _fail(ctx.request_id, 200, exc.error_type, exc.message)
         except TimeoutError:
-            return _fail(
-                ctx.request_id, 504, "timeout", f"{ctx.capability!r} did not finish within the caller's deadline"
+            return _refused(
+                ctx.request_id, DeadlineExceeded(f"{ctx.capability!r} did not finish within the caller's deadline")
             )
         except Exception as exc:
-            return _fail(ctx.request_id, 500, "transient", concealed(exc, ctx.capability))
+            return _refused(ctx.request_id, RemoteError(concealed(exc, ctx.capability)))
 
     async def open_stream(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | AsyncIterator[bytes]:
         """Answer one ``POST /reach/stream`` body: an early :class:`Outcome`, or the SSE frames to send."""

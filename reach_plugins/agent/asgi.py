@@ -17,7 +17,6 @@ from reach_plugins.agent.agent import Outcome
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.errors import ReachError
 from reach_plugins.server.inbound import read_body
-from reach_plugins.wire.body import http_status
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -40,7 +39,7 @@ async def _body(agent: ReachAgent, request: Request, large: asyncio.Semaphore) -
         )
     except ReachError as exc:
         error = {"type": exc.error_type, "message": exc.message}
-        return Outcome(http_status(exc), {"request_id": None, "status": "fail", "data": None, "error": error}, _CLOSE)
+        return Outcome(exc.http_status, {"request_id": None, "status": "fail", "data": None, "error": error}, _CLOSE)
 
 
 def build_app(agent: ReachAgent) -> Starlette:

@@ -12,10 +12,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Literal
 
+from reach_plugins.errors import TokenDenied
 from reach_plugins.security.claims import VIA_GATEWAY, Claims
 from reach_plugins.security.context import Served
 from reach_plugins.security.held import holding
-from reach_plugins.security.token_errors import TokenDenied
 from reach_plugins.security.verifier import TokenVerifier
 from reach_plugins.wire.headers import HEADER_TOKEN
 

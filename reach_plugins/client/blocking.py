@@ -18,6 +18,7 @@ from reach_plugins.client.broadcast import BroadcastResult
 from reach_plugins.client.client import BroadcastOptions, ReachClient, ReachOptions
 from reach_plugins.client.syncbridge import SyncBridge
 from reach_plugins.model import ReachRequest, ReachResponse
+from reach_plugins.routing.route import Route
 from reach_plugins.transport import StreamEvent
 
 
@@ -67,6 +68,14 @@ class SyncReachClient:
     ) -> BroadcastResult:
         """Blocking :meth:`ReachClient.broadcast`."""
         return self._bridge.run(self.client.broadcast(capability, payload, **options))
+
+    def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
+        """Blocking :meth:`ReachClient.candidates`: asked on the private loop, where the router lives."""
+        return self._bridge.run(self.client.candidates(request, limit=limit))
+
+    def close_session(self, session_id: str) -> None:
+        """Blocking :meth:`ReachClient.close_session`."""
+        self._bridge.run(self.client.close_session(session_id))
 
     def stream(
         self, capability: str, payload: Mapping[str, Any] | None = None, **options: Unpack[ReachOptions]

@@ -31,15 +31,13 @@ from reach_plugins.errors import NoHealthyAgent, ReachError, RequestError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.policy.dedup import resolve_key
 from reach_plugins.routing import Route
-from reach_plugins.routing.pinning import CandidateRouter
 from reach_plugins.wire.headers import META_SUMMARY, SUMMARY_BYTES, TARGET
 
 
 class Sender(Protocol):
     """What a broadcast needs of a client (:class:`~reach_plugins.ReachClient`): candidates, and a way to send."""
 
-    @property
-    def router(self) -> CandidateRouter: ...
+    async def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]: ...
 
     async def send(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse: ...
 
@@ -134,7 +132,6 @@ def _copies(request: ReachRequest, routes: list[Route], deadline: float) -> list
         key = resolve_key(request, route.agent, route.capability)
         update = {
             "request_id": f"{request.request_id}.{number}",
-            "mode": "broadcast",
             "deadline": deadline,
             "idempotency_key": f"{key}@{target}" if key else None,
             "metadata": {**request.metadata, TARGET: target},
@@ -198,7 +195,7 @@ async def broadcast(
     """
     if k < 1:
         raise RequestError(f"broadcast needs k >= 1 candidates, got {k}")
-    routes = client.router.candidates(request, limit=k)
+    routes = await client.candidates(request, limit=k)
     needed = _needed(aggregate, n, len(routes))
     started = clock()
     if request.deadline is not None:

@@ -21,6 +21,7 @@ from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
 from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.probes import Prober
+from reach_plugins.routing.route import Route
 from reach_plugins.routing.sharedpins import agree_on_pin
 from reach_plugins.security.caller import caller_transport
 from reach_plugins.stores.urls import open_sessions, open_store
@@ -116,9 +117,7 @@ class ReachClient:
             transport = DirectTransport()
         self.transport = transport
         self.tenant = tenant
-        self.tenants: Mapping[str, TenantConfig] | None = (
-            tenants if tenants is not None else getattr(self.registry, "tenants", None)
-        )
+        self.tenants: Mapping[str, TenantConfig] | None = tenants if tenants is not None else self.registry.tenants
         self.sessions = open_sessions(sessions, clock=clock) if sessions is not None else None
         dedup = open_store(store) if store is not None else None
         self._opened += [
@@ -126,6 +125,8 @@ class ReachClient:
         ]
         self._environ = environ if environ is not None else os.environ
         self._plain_auth: dict[int, tuple[Auth, bool]] = {}
+        self._prober = Prober.shared(self.registry) if probes else None
+        """Active health probes (:mod:`reach_plugins.routing.probes`), one prober per registry in the process."""
         self.router = Router(
             self.registry,
             tenants=self.tenants,
@@ -145,10 +146,6 @@ class ReachClient:
             default_timeout=default_timeout,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._prober = Prober.shared(self.registry) if probes else None
-        """Active health probes (:mod:`reach_plugins.routing.probes`), one prober per registry in the process."""
-        if self._prober is None:
-            self.router.is_available = self.pipeline.is_available  # nothing to add: the router asks the core directly
 
     def _available(self, agent: str, instance_id: str) -> bool:
         """The router's health port: the breaker admits calls, no ejection, and the probes (if on) found it up."""
@@ -278,6 +275,26 @@ class ReachClient:
         async with aclosing(self.pipeline.stream(request)) as events:
             async for event in events:
                 yield event
+
+    async def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
+        """The healthy instances that could take ``request`` now, best first, without sending anything.
+
+        It asks the router on this client's loop (the router is not thread-safe, 11.8);
+        ``NoHealthyAgent`` or a ``RequestError`` says why nobody could.
+        """
+        self._check_loop()
+        return self.router.candidates(request, limit=limit)
+
+    async def close_session(self, session_id: str) -> None:
+        """End conversation ``session_id``: later reaches get ``SessionClosed``, calls in flight stop, its pins go.
+
+        It runs on this client's loop, beside the calls it cancels.
+        """
+        self._check_loop()
+        if self.sessions is None:
+            raise ConfigError("this client has no session store: build the ReachClient with sessions=")
+        await self.sessions.close(session_id)
+        self.router.release(session_id)
 
     def _check_loop(self) -> None:
         """Bind the client to the loop of its first call; refuse any other (its waits belong to that loop)."""

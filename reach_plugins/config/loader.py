@@ -38,6 +38,7 @@ from reach_plugins.config.shapes import (
     shape_capability,
     validation_problems,
 )
+from reach_plugins.endpoints import ANY_NETWORK, EndpointPolicy
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import (
     AgentDescriptor,
@@ -242,18 +243,31 @@ def cross_check(agents: list[tuple[str, AgentDescriptor]], tenants: Mapping[str,
     return problems
 
 
-def load_config(path: str | os.PathLike[str]) -> ReachConfig:
-    """Read and validate a YAML config file; every problem is a ``ConfigError`` naming the file."""
+def outside(agents: list[tuple[str, AgentDescriptor]], endpoints: EndpointPolicy) -> Problems:
+    """Endpoints the policy refuses (the records already obey the structural rule: this is the networks limit)."""
+    problems: Problems = []
+    for path, agent in agents:
+        found = [(f"{path}.endpoints[{n}]", url) for n, url in enumerate(agent.endpoints)]
+        found += [(f"{path}.instances[{n}].endpoint", inst.endpoint) for n, inst in enumerate(agent.instances)]
+        problems += [(where, problem) for where, url in found if (problem := endpoints.problem(url)) is not None]
+    return problems
+
+
+def load_config(path: str | os.PathLike[str], *, endpoints: EndpointPolicy = ANY_NETWORK) -> ReachConfig:
+    """Read and validate a YAML config file, its agents' endpoints under ``endpoints``; every problem is a
+    ``ConfigError`` naming the file."""
     source = os.fspath(path)
     try:
         text = Path(source).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot read the config file: {exc}") from exc
-    return parse_config(text, source=source)
+    return parse_config(text, source=source, endpoints=endpoints)
 
 
-def parse_config(data: str | Mapping[str, Any], *, source: str = "<string>") -> ReachConfig:
-    """Validate a config given as YAML text or as an already parsed mapping."""
+def parse_config(
+    data: str | Mapping[str, Any], *, source: str = "<string>", endpoints: EndpointPolicy = ANY_NETWORK
+) -> ReachConfig:
+    """Validate a config given as YAML text or as an already parsed mapping (endpoints under ``endpoints``)."""
     doc = read_yaml(data, source) if isinstance(data, str) else data
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping with an 'agents:' list, got {type(doc).__name__}")
@@ -266,7 +280,7 @@ def parse_config(data: str | Mapping[str, Any], *, source: str = "<string>") -> 
     tenants = _tenants(doc.get("tenants", {}), problems)
     _raise_if(problems, source)
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
-    _raise_if(cross_check(placed, tenants), source)
+    _raise_if(cross_check(placed, tenants) + outside(placed, endpoints), source)
     return ReachConfig(
         agents=[agent for _, agent in placed],
         tenants=tenants,

@@ -14,6 +14,10 @@ holds a :class:`~reach_plugins.client.blocking.SyncReachClient`: its client live
 one private loop, ``reach`` blocks on it and ``areach`` awaits it from the
 caller's loop. One client on one loop means one conversation pin, one breaker
 table and single-flight idempotency across a framework's sync and async calls.
+Whatever touches the client's router (the health check of :meth:`ReachEnhancer.decide`,
+closing a session) runs on that loop too, never in the framework's thread
+(DESIGN.md 11.8); mapping a tool (:meth:`ReachEnhancer.resolve`) reads only the
+registry's view and works from any thread.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ from reach_plugins.errors import (
     RequestError,
     SessionClosed,
     UnknownCapability,
-    error_for_response,
 )
 from reach_plugins.frameworks.toolcalls import (
     Approver,
@@ -61,9 +64,8 @@ from reach_plugins.frameworks.toolcalls import (
     content_of,
     error_text,
 )
-from reach_plugins.model import Capability, ReachRequest, ReachResponse
+from reach_plugins.model import Capability, ReachRequest, ReachResponse, error_for_response
 from reach_plugins.security import context
-from reach_plugins.stores.urls import open_sessions
 from reach_plugins.telemetry.metrics import ReachMetrics, fan_out
 from reach_plugins.telemetry.spans import (
     ATTR_CAPABILITY,
@@ -119,7 +121,8 @@ class ReachEnhancer:
     """Reach other agents from any framework's tool calls (keyword-only; ``registry`` an object or a URL).
 
     Give it the client's settings (``registry``, ``transport``, ``tenant``,
-    ``sessions``, any other :class:`ReachClient` keyword) or a ready ``client``.
+    ``sessions``, any other :class:`ReachClient` keyword) or a ready ``client``
+    (which brings its own ports: its session store is the one ``close_session`` closes).
     Session liveness is on by default (``sessions="memory://"``). A capability
     with ``danger_level: high`` or ``require_approval`` is sent only when
     ``approver`` says yes (LangGraph's adapter asks a human with ``interrupt``).
@@ -159,6 +162,12 @@ class ReachEnhancer:
     ) -> None:
         check_choice("policy", policy, Policy)
         check_choice("on_error", on_error, OnError)
+        settings = (registry, transport, tenant, sessions)
+        if client is not None and (client_options or any(setting is not None for setting in settings)):
+            raise ConfigError(
+                "pass either client= or the client's settings (registry, transport, tenant, sessions...), not both: "
+                "a ready client brings its own ports (build it with sessions= if its conversations should close)"
+            )
         if auto_register and serve_as is None:
             raise ConfigError("auto_register=True needs serve_as=ServeSpec(name=..., capabilities=[...])")
         self.policy: Policy = policy
@@ -189,7 +198,6 @@ class ReachEnhancer:
         )
         """The enhancer's client on its own loop: ``reach`` blocks on it, ``areach`` awaits it."""
         self.client = self.blocking.client
-        self._opened = _adopt(client, sessions, (registry, transport, tenant, client_options)) if client else None
         self.mapper = ToolMapper(
             self.client.registry, capability_map=capability_map, matcher=matcher, scope_tags=scope_tags
         )
@@ -231,13 +239,27 @@ class ReachEnhancer:
     # ------------------------------------------------------------------ deciding
 
     def decide(self, call: ToolCall) -> Decision:
-        """Where ``call`` goes under the policy; ``remote_first`` checks that a healthy agent can take it."""
-        decision = self._decide(call)
+        """Where ``call`` goes under the policy; ``remote_first`` checks that a healthy agent can take it.
+
+        The mapping runs in the caller's thread; the router is asked on the client's loop (11.8).
+        """
+        mapped = self._mapped(call)
+        decision = mapped if isinstance(mapped, Decision) else self.blocking.bridge.run(self._checked(*mapped))
+        return self._counted(call, decision)
+
+    async def adecide(self, call: ToolCall) -> Decision:
+        """:meth:`decide` from a running loop: the router is asked on the client's loop, not on this one."""
+        mapped = self._mapped(call)
+        decision = mapped if isinstance(mapped, Decision) else await self.blocking.bridge.submit(self._checked(*mapped))
+        return self._counted(call, decision)
+
+    def _counted(self, call: ToolCall, decision: Decision) -> Decision:
         if self.metrics is not None:
             self.metrics.tool_route(call.name, decision.resolution.rule, decision.remote)
         return decision
 
-    def _decide(self, call: ToolCall) -> Decision:
+    def _mapped(self, call: ToolCall) -> Decision | tuple[Capability, Resolution]:
+        """The decision the policy and the mapping settle alone, or the capability whose health must settle it."""
         if self.policy == "local_only":
             return Decision(False, None, Resolution(call.name, None, "off", "policy local_only"), "policy local_only")
         resolution = self.mapper.explain(call.name, call.description, wait=False)
@@ -249,22 +271,19 @@ class ReachEnhancer:
         if capability is None:
             why = f"no agent offers {target!r}" if target else f"not mapped ({resolution.detail})"
             return Decision(False, None, resolution, f"{why}; running the local tool")
-        unavailable = self._unavailable(capability)
-        if unavailable is not None:
-            return Decision(False, capability, resolution, f"{unavailable}; running the local tool")
-        return Decision(True, capability, resolution, resolution.detail)
+        return capability, resolution
 
-    def _unavailable(self, capability: Capability) -> str | None:
-        """Why no agent can take ``capability`` now (the router's answer), or ``None`` when one can."""
+    async def _checked(self, capability: Capability, resolution: Resolution) -> Decision:
+        """Remote when an agent can take ``capability`` now (the router's answer, on the client's loop), else local."""
         probe = self._probes.get(capability.name)
         if probe is None:
             probe = ReachRequest(capability=capability.name, tenant=self.client.tenant, scope_tags=self.scope_tags)
             self._probes[capability.name] = probe
         try:
-            self.client.router.candidates(probe, limit=1)
+            await self.client.candidates(probe, limit=1)
         except (NoHealthyAgent, RequestError) as exc:
-            return exc.message
-        return None
+            return Decision(False, capability, resolution, f"{exc.message}; running the local tool")
+        return Decision(True, capability, resolution, resolution.detail)
 
     # ------------------------------------------------------------------ reaching
 
@@ -272,7 +291,7 @@ class ReachEnhancer:
         self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
     ) -> ToolResult:
         """Reach the capability of ``call`` (decided if not given); failures per ``on_error``."""
-        decision = decision if decision is not None else self.decide(call)
+        decision = decision if decision is not None else await self.adecide(call)
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
@@ -403,11 +422,7 @@ class ReachEnhancer:
 
     async def aclose_session(self, key: str) -> None:
         """Async :meth:`close_session` (the close runs on the client's loop, beside the calls it cancels)."""
-        sessions = self.client.sessions
-        if sessions is None:
-            raise ConfigError("this enhancer's client has no session store: build the client with sessions=")
-        await self.blocking.bridge.submit(sessions.close(key))
-        self.client.router.release(key)
+        await self.blocking.bridge.submit(self.client.close_session(key))
         if self.metrics is not None:
             self.metrics.session_closed()
 
@@ -423,8 +438,6 @@ class ReachEnhancer:
         """Stop served agents and close the client when the enhancer built it (after blocking use)."""
         while self.served:
             self.served.pop().stop()
-        if self._opened is not None:
-            self.blocking.bridge.run(self._opened.aclose())
         if self._owns_client:
             self.blocking.close()
         else:
@@ -445,22 +458,6 @@ class ReachEnhancer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _adopt(
-    client: ReachClient, sessions: SessionStore | str | None, settings: tuple[object, ...]
-) -> SessionStore | None:
-    """Check what came with a ready client; install ``sessions`` on it; return the store opened from a URL."""
-    if settings != (None, None, None, {}):
-        raise ConfigError("pass either client= or the client's settings (registry, transport, tenant...), not both")
-    if sessions is None:
-        return None
-    store = open_sessions(sessions)
-    if client.sessions is None:
-        client.sessions = store
-    elif client.sessions is not store:
-        raise ConfigError("the client already has a session store; pass sessions= to one of them only")
-    return store if isinstance(sessions, str) else None
 
 
 def _approved(capability: Capability, answer: object) -> None:

@@ -112,7 +112,8 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolOutput]) -> ToolOutput:
         """Run the local tool, or the same call swapped onto a tool that reaches the remote agent."""
-        call, decision = self._decide(request)
+        call = self._call(request)
+        decision = self._remote(request, self.enhancer.decide(call))
         if decision is None:
             return handler(request)
         return handler(request.override(tool=self._swapped(request, call, decision)))
@@ -121,15 +122,16 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolOutput]]
     ) -> ToolOutput:
         """Async :meth:`wrap_tool_call` (``ainvoke``, ``astream``)."""
-        call, decision = self._decide(request)
+        call = self._call(request)
+        decision = self._remote(request, await self.enhancer.adecide(call))
         if decision is None:
             return await handler(request)
         return await handler(request.override(tool=self._swapped(request, call, decision)))
 
-    def _decide(self, request: ToolCallRequest) -> tuple[ToolCall, Decision | None]:
-        """The call, and its remote decision (``None`` to let the framework run it as it would)."""
+    def _call(self, request: ToolCallRequest) -> ToolCall:
+        """The framework's tool call as the enhancer sees it."""
         tool, raw = request.tool, request.tool_call
-        call = ToolCall(
+        return ToolCall(
             name=raw["name"],
             args=raw["args"],
             call_id=raw.get("id"),
@@ -137,10 +139,12 @@ class ReachMiddleware(AgentMiddleware[Any, Any, Any]):
             session_key=self._session_key(request),
             has_local=tool is not None and tool.name not in self._proxies,
         )
-        decision = self.enhancer.decide(call)
-        if not decision.remote or (tool is None and not self._exposed(decision)):
-            return call, None
-        return call, decision
+
+    def _remote(self, request: ToolCallRequest, decision: Decision) -> Decision | None:
+        """The decision if the call goes remote, ``None`` to let the framework run it as it would."""
+        if not decision.remote or (request.tool is None and not self._exposed(decision)):
+            return None
+        return decision
 
     def _exposed(self, decision: Decision) -> bool:
         """Whether a call to a tool the agent does not have may reach its capability (only an exposed one)."""

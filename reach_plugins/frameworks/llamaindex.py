@@ -93,7 +93,7 @@ class ReachTool(AsyncBaseTool):
             call = self._call(args, kwargs, await _session(ctx))
         except InvalidPayload as exc:
             return self._refused(args, kwargs, exc)
-        decision = self.enhancer.decide(call)
+        decision = await self.enhancer.adecide(call)
         if decision.remote or self.inner is None:
             result = await self.enhancer.areach(call, decision)
             if result.fallback is None or self.inner is None:

@@ -57,7 +57,6 @@ from reach_plugins.telemetry.spans import (
 from reach_plugins.transport import EventStream, StreamEvent
 from reach_plugins.wire.body import (
     error_body,
-    http_status,
     parse_body,
     response_body,
     to_request,
@@ -197,7 +196,7 @@ class Gateway:
         self, endpoint: str, exc: ReachError, request_id: str | None = None, *, close: bool = False
     ) -> Response:
         """A 4xx/5xx JSON answer; ``close`` ends the connection (its unread body is never read)."""
-        status = http_status(exc)
+        status = exc.http_status
         if isinstance(exc, ConfigError):
             log.error("request %s failed on the gateway's configuration: %s", request_id, exc.message)
             exc = ConfigError("the gateway's configuration cannot serve this request; its log names the problem")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from reach_plugins.errors import BodyTooLarge, ReachError
+from reach_plugins.errors import Backpressure, ReachError
 from reach_plugins.model import ReachRequest
 from reach_plugins.server.inbound import loads, read_body
 from reach_plugins.wire.headers import SOURCE
@@ -64,7 +64,7 @@ class McpEndpoint:
         try:
             if gateway.inflight > gateway.max_inflight:
                 headers = {"Retry-After": f"{gateway.retry_after:g}"}
-                return Response(status_code=429, headers=headers)
+                return Response(status_code=Backpressure.http_status, headers=headers)
             answer = await self._handle(request)
         finally:
             gateway.inflight -= 1
@@ -77,7 +77,7 @@ class McpEndpoint:
         try:
             tenant = self.gateway.access.authenticate(request.headers.get("authorization"), None)
         except ReachError as exc:
-            return _error(None, INVALID_REQUEST, exc.message, 401)
+            return _error(None, INVALID_REQUEST, exc.message, exc.http_status)
         if request.method == "GET":
             return Response(status_code=405, headers={"Allow": "POST, DELETE"})
         session = request.headers.get(SESSION_HEADER)
@@ -96,11 +96,11 @@ class McpEndpoint:
                 large=self.gateway.large,
             )
         except ReachError as exc:
-            return _error(None, INVALID_REQUEST, exc.message, 413 if isinstance(exc, BodyTooLarge) else 400)
+            return _error(None, INVALID_REQUEST, exc.message, exc.http_status)
         try:
             message = loads(raw, max_depth=limits.max_depth)
         except ReachError as exc:
-            return _error(None, PARSE_ERROR, exc.message, 400)
+            return _error(None, PARSE_ERROR, exc.message, exc.http_status)
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             return _error(None, INVALID_REQUEST, "expected one JSON-RPC request or notification", 400)
         if "id" not in message:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reach_plugins.config.loader import load_config
+from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError
 from reach_plugins.registry import FileRegistry, Registry, open_registry
 from reach_plugins.security.claims import VIA_GATEWAY
@@ -52,16 +53,21 @@ def build_forwarder(
     default one signing with ``$REACH_ISSUER_KEYS``, else a key of this
     process), marked ``via``; L3 agents only with ``audit`` set. Idempotency
     keys are held in ``store`` (a ``redis://`` URL shares them between processes).
+    Agent endpoints obey the networks ``$REACH_ENDPOINT_NETWORKS`` in ``environ`` names (read here, once), in the
+    file and in a registry opened from a URL.
     """
     path = Path(config)
-    tenants = load_config(path).tenants
+    endpoints = EndpointPolicy.from_environ(environ)
+    tenants = load_config(path, endpoints=endpoints).tenants
     if not tenants and not allow_open:
         raise ConfigError(
             f"{path}: no 'tenants:' section, so the server would serve anyone as any tenant it names; "
             "add tenants with token_env, or start it open on purpose with --allow-open (allow_open=True)"
         )
     access = Access(tenants, environ)
-    source = FileRegistry(path) if registry is None else open_registry(registry)
+    source = (
+        FileRegistry(path, endpoints=endpoints) if registry is None else open_registry(registry, endpoints=endpoints)
+    )
     forwarder = Forwarder(
         source,
         tenants=tenants,

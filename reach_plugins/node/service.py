@@ -28,7 +28,7 @@ from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import loads, single_headers
 from reach_plugins.telemetry.spans import ATTR_CAPABILITY, ATTR_REQUEST_ID, ATTR_TENANT, get_tracer, spans_are_noop
 from reach_plugins.transport import EventStream, StreamEvent
-from reach_plugins.wire.body import http_status, to_request
+from reach_plugins.wire.body import to_request
 from reach_plugins.wire.headers import (
     CALLBACK_ERROR,
     CALLBACK_STATUS,
@@ -55,18 +55,6 @@ _DEADLINE: Final = HEADER_DEADLINE.lower()
 _TRACEPARENT: Final = HEADER_TRACEPARENT.lower()
 _NO_SPAN: Final = nullcontext()
 """Where there is no span to make current (no SDK, no caller's trace)."""
-
-_CODES: Final[dict[int, grpc.StatusCode]] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    410: grpc.StatusCode.FAILED_PRECONDITION,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 
 
 def peer_address(peer: str) -> str | None:
@@ -139,14 +127,13 @@ class NodeService:
         return request, metadata
 
     async def _refuse(self, context: Context, exc: ReachError) -> NoReturn:
-        status = http_status(exc)
         message = exc.message
         if isinstance(exc, ConfigError):
             log.error("the node's configuration cannot serve a request: %s", exc.message)
             message = "the node's configuration cannot serve this request; its log names the problem"
-        trailers = ((ERROR_TYPE, exc.error_type), (HTTP_STATUS, str(status)))
+        trailers = ((ERROR_TYPE, exc.error_type), (HTTP_STATUS, str(exc.http_status)))
         abort: Callable[..., Awaitable[NoReturn]] = context.abort
-        await abort(_CODES.get(status, grpc.StatusCode.UNKNOWN), message, trailers)
+        await abort(grpc.StatusCode[exc.grpc_code], message, trailers)
 
     def _span(self, metadata: Mapping[str, str], request: ReachRequest, name: str) -> Span | None:
         """A server span, child of the caller's ``traceparent`` when there is one.

@@ -9,8 +9,10 @@
   needs the ``etcd`` extra.
 
 A backend module lives in this package and exposes
-``from_url(url, *, clock) -> Registry``; adding a scheme is one line in
-``_SCHEMES``. Every backend passes ``tests/registry_conformance.py``.
+``from_url(url, *, clock, endpoints) -> Registry``; adding a scheme is one line in
+``_SCHEMES``. Every backend passes ``tests/registry_conformance.py``. Every
+backend admits records (written, loaded or read back) under the
+:class:`~reach_plugins.endpoints.EndpointPolicy` it is given (any network by default).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Final
 
+from reach_plugins.endpoints import ANY_NETWORK, EndpointPolicy
 from reach_plugins.errors import ConfigError
 from reach_plugins.registry.base import Clock, Registry, RegistryEvent, RegistryView
 from reach_plugins.registry.file import FileRegistry
@@ -33,13 +36,16 @@ _SCHEMES: Final[dict[str, tuple[str, str | None]]] = {
 _FORMS: Final = "memory://, file://PATH.yaml (or a bare PATH.yaml), etcd://HOST:PORT[/PREFIX]"
 
 
-def open_registry(url: str | Registry, *, clock: Clock | None = None) -> Registry:
-    """Return ``url`` itself when it is already a registry, else open the backend its scheme names."""
+def open_registry(
+    url: str | Registry, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK
+) -> Registry:
+    """Return ``url`` itself when it is already a registry (it keeps its own policy), else open the backend its
+    scheme names, admitting records under ``endpoints``."""
     if not isinstance(url, str):
         return url
     scheme, sep, _ = url.partition("://")
     if not sep and url.endswith((".yaml", ".yml")):
-        return FileRegistry(url, clock=clock)
+        return FileRegistry(url, clock=clock, endpoints=endpoints)
     if not sep or scheme not in _SCHEMES:
         raise ConfigError(f"unknown registry URL {url!r}; supported forms: {_FORMS}")
     module_name, extra = _SCHEMES[scheme]
@@ -51,7 +57,7 @@ def open_registry(url: str | Registry, *, clock: Clock | None = None) -> Registr
             if extra
             else f"registry backend {module_name} failed to import: {exc}"
         ) from exc
-    registry: Registry = module.from_url(url, clock=clock)
+    registry: Registry = module.from_url(url, clock=clock, endpoints=endpoints)
     return registry
 
 

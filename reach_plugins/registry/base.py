@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
+
+if TYPE_CHECKING:
+    from reach_plugins.config.loader import TenantConfig
 
 Clock = Callable[[], float]
 """Seconds since the epoch; ``time.time`` unless a test injects a fake."""
@@ -54,6 +57,15 @@ class Registry(RegistryView, Protocol):
     """Async write side plus the watch stream. Every backend passes ``tests/registry_conformance.py``."""
 
     clock: Clock
+
+    @property
+    def tenants(self) -> Mapping[str, TenantConfig] | None:
+        """The tenant table that comes with the agents (a YAML file's ``tenants:``), or ``None`` when none does.
+
+        The tenants port: a client built without ``tenants=`` takes this one, so
+        a registry that carries tenants says so here rather than being probed for it.
+        """
+        ...
 
     async def register_agent(self, descriptor: AgentDescriptor) -> None:
         """Insert or replace an agent; its ``endpoints`` become static instances."""

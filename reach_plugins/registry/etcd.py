@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
+from reach_plugins.endpoints import ANY_NETWORK, EndpointPolicy
 from reach_plugins.errors import BackendUnavailable, ConfigError, PermissionDenied, RequestError
 from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent, default_clock
@@ -84,6 +85,7 @@ class EtcdRegistry:
         timeout: float = 5.0,
         clock: Clock | None = None,
         access: EtcdAccess | None = None,
+        endpoints: EndpointPolicy = ANY_NETWORK,
     ) -> None:
         if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int) or lease_ttl < MIN_LEASE_TTL:
             raise ConfigError(
@@ -96,7 +98,8 @@ class EtcdRegistry:
         self.address = f"{host}:{port}"
         self.prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
         self._keys = Keys(self.prefix)
-        self._mirror = EtcdMirror(self._keys, clock or default_clock)
+        self.endpoints = endpoints
+        self._mirror = EtcdMirror(self._keys, clock or default_clock, endpoints)
         self._cache = self._mirror.cache
         self._reach = Reachability()
         """When the watch was lost: heartbeat age does not count then (fail static, DESIGN 11.3)."""
@@ -115,6 +118,11 @@ class EtcdRegistry:
     @clock.setter
     def clock(self, clock: Clock) -> None:
         self._mirror.clock.base = clock
+
+    @property
+    def tenants(self) -> None:
+        """etcd holds agents only: a client takes its tenant table from its own ``tenants=``."""
+        return None
 
     # ------------------------------------------------------------------ read side (sync, from the cache)
 
@@ -155,6 +163,7 @@ class EtcdRegistry:
     # ------------------------------------------------------------------ writes
 
     async def register_agent(self, descriptor: AgentDescriptor) -> None:
+        self.endpoints.admit_agent(descriptor)
         client = await self._ready()
         key = self._keys.agent(descriptor.name)
         put = await self._call("register an agent", client.put(key, descriptor.model_dump_json().encode()))
@@ -174,6 +183,7 @@ class EtcdRegistry:
 
     async def register_instance(self, instance: Instance) -> None:
         """Write the instance under this registry's lease; refused unless its agent is registered."""
+        self.endpoints.admit_instance(instance)
         await self._ready()
         guard, key = self._keys.agent(instance.agent), self._keys.instance(instance.agent, instance.instance_id)
         revision = None
@@ -415,7 +425,7 @@ class EtcdRegistry:
         return await self._cache.list()
 
 
-def from_url(url: str, *, clock: Clock | None = None) -> EtcdRegistry:
+def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> EtcdRegistry:
     """``etcd://host:port[/prefix][?lease_ttl=10&timeout=5]`` -> a registry holding the current snapshot."""
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
@@ -440,7 +450,14 @@ def from_url(url: str, *, clock: Clock | None = None) -> EtcdRegistry:
     prefix = parts.path if parts.path.strip("/") else DEFAULT_PREFIX
     access = EtcdAccess.from_options(options)
     registry = EtcdRegistry(
-        parts.hostname, port, prefix=prefix, lease_ttl=lease_ttl, timeout=timeout, clock=clock, access=access
+        parts.hostname,
+        port,
+        prefix=prefix,
+        lease_ttl=lease_ttl,
+        timeout=timeout,
+        clock=clock,
+        access=access,
+        endpoints=endpoints,
     )
     registry._preload()
     return registry

@@ -23,6 +23,8 @@ from urllib.parse import quote, unquote
 
 from pydantic import ValidationError
 
+from reach_plugins.endpoints import EndpointPolicy
+from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Instance
 from reach_plugins.registry.base import Clock
 from reach_plugins.registry.memory import MemoryRegistry
@@ -88,8 +90,10 @@ def _is_beat(current: Instance, new: Instance) -> bool:
 class EtcdMirror:
     """A MemoryRegistry (``cache``) that mirrors etcd, plus the lease of each instance key and the applied revision."""
 
-    def __init__(self, keys: Keys, clock: Clock) -> None:
+    def __init__(self, keys: Keys, clock: Clock, endpoints: EndpointPolicy) -> None:
         self.keys = keys
+        self.endpoints = endpoints
+        """Records read back are admitted under it: one that breaks it is ignored with a warning."""
         self.clock = PinnableClock(clock)
         self.cache = MemoryRegistry(clock=self.clock)
         self.applied = 0
@@ -173,9 +177,13 @@ class EtcdMirror:
             if parsed is None:
                 return None
             if parsed[1] is None:
-                return AgentDescriptor.model_validate_json(value)
-            return Instance.model_validate_json(value)
-        except ValidationError as exc:
+                agent = AgentDescriptor.model_validate_json(value)
+                self.endpoints.admit_agent(agent)
+                return agent
+            instance = Instance.model_validate_json(value)
+            self.endpoints.admit_instance(instance)
+            return instance
+        except (ValidationError, ConfigError) as exc:
             logger.warning("etcd key %r holds no valid registry record, ignored: %s", key, exc)
             return None
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from reach_plugins.config.loader import ReachConfig, TenantConfig, load_config
+from reach_plugins.endpoints import ANY_NETWORK, EndpointPolicy
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent
@@ -33,18 +34,26 @@ class FileRegistry:
     The constructor loads the file (a broken file raises :class:`ConfigError`).
     ``reload()`` re-reads it when its size, mtime or content changed;
     ``start()`` runs a poller that reloads and sweeps liveness every
-    ``poll_interval`` seconds until ``aclose()``.
+    ``poll_interval`` seconds until ``aclose()``. Every load and every write
+    obeys ``endpoints`` (a file naming an endpoint outside it does not load).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, clock: Clock | None = None, poll_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock | None = None,
+        poll_interval: float = 1.0,
+        endpoints: EndpointPolicy = ANY_NETWORK,
+    ) -> None:
         if poll_interval <= 0:
             raise ConfigError(f"poll_interval must be positive seconds, got {poll_interval!r}")
         self.path = Path(path)
         self.poll_interval = poll_interval
         self.last_error: ConfigError | None = None
-        self._memory = MemoryRegistry(clock=clock)
+        self._memory = MemoryRegistry(clock=clock, endpoints=endpoints)
         self._stamp, self._digest = self._fingerprint()
-        self._config = load_config(self.path)
+        self._config = load_config(self.path, endpoints=endpoints)
         self._from_file: set[str] = set()
         self._poller: asyncio.Task[None] | None = None
         self._apply(self._config.agents)
@@ -68,7 +77,7 @@ class FileRegistry:
             if digest == self._digest:
                 self.last_error = None
                 return False
-            config = load_config(self.path)
+            config = load_config(self.path, endpoints=self._memory.endpoints)
         except ConfigError as exc:
             if self.last_error is None or str(exc) != str(self.last_error):
                 logger.error("registry file %s not applied, keeping the last good state: %s", self.path, exc)
@@ -189,9 +198,9 @@ class FileRegistry:
         return await self._memory.list()
 
 
-def from_url(url: str, *, clock: Clock | None = None) -> FileRegistry:
+def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> FileRegistry:
     """``file://agents.yaml`` (relative) or ``file:///etc/reach/agents.yaml`` (absolute) -> a file registry."""
     path = url.removeprefix("file://")
     if not path:
         raise ConfigError(f"registry URL {url!r} names no file; write file://agents.yaml or file:///abs/agents.yaml")
-    return FileRegistry(path, clock=clock)
+    return FileRegistry(path, clock=clock, endpoints=endpoints)

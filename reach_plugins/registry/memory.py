@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from types import MappingProxyType
 from typing import Final
 
+from reach_plugins.endpoints import ANY_NETWORK, EndpointPolicy
 from reach_plugins.errors import ConfigError, RequestError
 from reach_plugins.model import AgentDescriptor, HealthCheck, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, EventKind, RegistryEvent, default_clock
@@ -75,12 +76,17 @@ class MemoryRegistry:
     ``health_check.missed_heartbeats`` x ``health_check.interval`` passed
     without a heartbeat, and alive again as soon as one arrives. ``sweep()``
     turns those transitions into ``instance_down`` / ``instance_up`` events.
+    ``endpoints`` is the policy every written agent and instance must pass
+    (a ``ConfigError`` names the endpoint and the rule otherwise).
     """
 
-    def __init__(self, *, clock: Clock | None = None, watch_buffer: int = 1024) -> None:
+    def __init__(
+        self, *, clock: Clock | None = None, watch_buffer: int = 1024, endpoints: EndpointPolicy = ANY_NETWORK
+    ) -> None:
         if watch_buffer < 1:
             raise ConfigError(f"watch_buffer must be at least 1 event, got {watch_buffer}")
         self.clock: Clock = clock or default_clock
+        self.endpoints = endpoints
         self._watch_buffer = watch_buffer
         self._agents: dict[str, AgentDescriptor] = {}
         self._instances: dict[str, dict[str, Instance]] = {}
@@ -95,6 +101,11 @@ class MemoryRegistry:
     @property
     def revision(self) -> int:
         return self._revision
+
+    @property
+    def tenants(self) -> None:
+        """No tenant table comes with these agents: a client takes its own (``tenants=``)."""
+        return None
 
     def agents(self) -> Mapping[str, AgentDescriptor]:
         return self._agents
@@ -120,6 +131,7 @@ class MemoryRegistry:
         name = descriptor.name
         if self._agents.get(name) == descriptor:
             return False
+        self.endpoints.admit_agent(descriptor)
         self._agents[name] = descriptor
         check = descriptor.health_check
         self._grace[name] = check.interval * check.missed_heartbeats
@@ -178,6 +190,7 @@ class MemoryRegistry:
         instances = self._instances[agent]
         if instances.get(instance.instance_id) == instance:
             return
+        self.endpoints.admit_instance(instance)
         instances[instance.instance_id] = instance
         self._static.get(agent, set()).discard(instance.instance_id)
         self._emit("instance_put", agent, instance.instance_id)
@@ -277,8 +290,8 @@ class MemoryRegistry:
         return list(self._agents.values())
 
 
-def from_url(url: str, *, clock: Clock | None = None) -> MemoryRegistry:
+def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> MemoryRegistry:
     """``memory://`` -> a fresh, empty in-process registry."""
     if url != "memory://":
         raise ConfigError(f"registry URL {url!r}: memory:// takes no host or path; write exactly 'memory://'")
-    return MemoryRegistry(clock=clock)
+    return MemoryRegistry(clock=clock, endpoints=endpoints)

@@ -50,10 +50,24 @@ class Look:
     entries: list[Entry]
     priority: int
     skipped: list[Skip]
+    cost: float = 0.0
+    """The cost of the tier the usable entries belong to: the cheapest with a healthy instance in ``priority``."""
+    priced: bool = False
+    """Whether offers of ``priority`` differ in cost (then the reason says cost chose among them)."""
 
     @property
     def usable(self) -> list[Entry]:
         return [entry for entry in self.entries if entry.weight > 0]
+
+    @property
+    def tier(self) -> tuple[int, float]:
+        return (self.priority, self.cost)
+
+    @property
+    def where(self) -> str:
+        """The tier in words, for a route's reason."""
+        where = f"priority tier {self.priority}"
+        return f"{where}, cost {self.cost:g}: the cheapest with a healthy instance" if self.priced else where
 
 
 class Pool:
@@ -100,13 +114,11 @@ class Pool:
         self._rechecked = 0
         self.shown = None
         self.seeds = None
-        self.reason = (
-            f"smooth weighted round robin over {len(self.usable)} healthy instance(s) in priority tier {look.priority}"
-        )
+        self.reason = f"smooth weighted round robin over {len(self.usable)} healthy instance(s) in {look.where}"
 
     @property
-    def priority(self) -> int:
-        return self.look.priority if self.look is not None else 0
+    def where(self) -> str:
+        return self.look.where if self.look is not None else "no tier yet"
 
     @property
     def skipped(self) -> list[Skip]:

@@ -6,8 +6,8 @@ until a heartbeat expires or a breaker opens. A :class:`Prober` looks itself:
 
 * often (``health_check.probe_interval``, 5 s): a TCP connect to the endpoint —
   ``refusals_to_down`` (2) consecutive refusals mark the instance down at once;
-* rarely (``health_check.ready_interval``, 30 s): ``GET {endpoint}{ready_path}``,
-  which runs the agent's own readiness callback — "alive" is not "can work".
+* rarely (``health_check.ready_interval``, 30 s): ``GET {endpoint}{health_check.path}``
+  (``/readyz`` by default), which runs the agent's own readiness callback — "alive" is not "can work".
 
 An instance is down until a connect succeeds and (if it answered readiness)
 readiness is back. Intervals are jittered (±20 %) so probes never march in
@@ -196,7 +196,7 @@ class Prober:
 
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
-        url = instance.endpoint.rstrip("/") + check.ready_path
+        url = instance.endpoint.rstrip("/") + check.path
         try:
             async with self._session.get(url, allow_redirects=False) as answer:
                 ready = answer.status == 200

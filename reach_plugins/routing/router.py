@@ -1,10 +1,18 @@
 """The capability router: which instance of which agent serves a request, and why (DESIGN.md section 6).
 
-Steps: capability index -> intents and scope tags -> tenant allow-list and
-``internal_only`` (cached per registry revision in a :class:`Plan`) -> health
-(heartbeat fresh, ``ready``, breaker closed, not excluded) -> best priority
-tier with a healthy instance -> session affinity (rendezvous hashing with
-bounded load) or smooth weighted round robin with load-aware weights.
+Steps: capability index -> intents, scope tags and ``input_tokens_required``
+-> tenant allow-list and ``internal_only`` (cached per registry revision in a
+:class:`Plan`) -> health (heartbeat fresh, ``ready``, breaker closed, not
+excluded) -> best ``(priority, cost)`` tier with a healthy instance -> session
+affinity (rendezvous hashing with bounded load) or smooth weighted round robin
+with load-aware weights.
+
+How cost composes with the rest: priority first, then cost (within a priority
+tier the cheapest offer with a healthy instance takes every new placement, as
+LiteLLM's cost-based routing), then weight and load (smooth weighted round robin
+among equal-cost offers, each weight scaled by ``1 - load``). A session already
+pinned stays where it is even when a cheaper instance appears: cost orders new
+placements, affinity keeps a conversation's context.
 
 Draining instances take no new work, but a session already pinned to one stays
 there: draining exists to let open conversations finish. A pinned session also
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import random
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Mapping
 from time import perf_counter_ns
 from typing import Final
@@ -34,7 +43,7 @@ from reach_plugins.model import CandidateScore, Instance, ReachRequest, RouteDec
 from reach_plugins.registry.base import Clock, RegistryView
 from reach_plugins.routing.affinity import InstanceKey, Placement, Rendezvous, SessionTable
 from reach_plugins.routing.index import CapabilityIndex, Offer
-from reach_plugins.routing.policy import Plan, make_plan
+from reach_plugins.routing.policy import Plan, make_plan, payload_tokens
 from reach_plugins.routing.pool import Entry, Look, Pool, Skip
 from reach_plugins.routing.route import Affinity, AvailabilityHook, Route, TenantLike
 
@@ -69,7 +78,8 @@ class Router:
             raise ConfigError(f"refresh must be a positive number of seconds (how stale a pool may get), got {refresh}")
         self.view = view
         self.tenants = tenants
-        self.is_available = is_available
+        self._is_available = is_available
+        """The health port (breaker, ejection, probes), fixed at construction: nobody swaps it under a live router."""
         self.refresh = refresh
         self._clock: Clock = clock or time.time
         self._rng = rng or random.Random()
@@ -116,7 +126,7 @@ class Router:
         plan = self._pool(request).plan
         now = self._clock()
         ordered: list[tuple[float, Offer, Instance]] = []
-        skipped: list[Skip] = []
+        skipped: list[Skip] = list(plan.oversized)
         for tier in plan.tiers:
             usable = [entry for entry in self._judge(tier, now, (), skipped) if entry.weight > 0]
             if request.session_id is None:
@@ -194,7 +204,7 @@ class Router:
             skipped: list[Skip] = [(pinned_agent, pinned_id, trouble or "unusable")]
             entries = self._judge((offer,), now, exclude, skipped)
             if any(entry.weight > 0 for entry in entries):
-                look = Look(entries, offer.priority, skipped)
+                look = Look(entries, offer.priority, skipped, offer.cost)
                 reason = f"pinned instance {pinned_agent}/{pinned_id} unusable ({trouble}); context restore"
                 return self._place(request, session_id, look.usable, look, "restored", reason, started)
             why = f"no usable instance of pinned agent {pinned_agent}"
@@ -221,7 +231,7 @@ class Router:
         if not self._usable_now(pool, pool.by_key[placed.key], now):
             self._reload(pool, now)
             placed = self._place_over(session_id, pool)
-        seen = (pool.keys, pool.priority, pool.skipped)
+        seen = (pool.keys, pool.where, pool.skipped)
         return self._pin(request, session_id, placed, pool.by_key, seen, affinity, why, started)
 
     def _place_over(self, session_id: str, pool: Pool) -> Placement:
@@ -244,7 +254,7 @@ class Router:
         by_key = {entry.key: entry for entry in usable}
         keys = list(by_key)
         placed = self._hrw.place(session_id, keys, self._sessions.active)
-        seen = (keys, look.priority, look.skipped)
+        seen = (keys, look.where, look.skipped)
         return self._pin(request, session_id, placed, by_key, seen, affinity, why, started)
 
     def _pin(
@@ -253,7 +263,7 @@ class Router:
         session_id: str,
         placed: Placement,
         by_key: Mapping[InstanceKey, Entry],
-        seen: tuple[list[InstanceKey], int, list[Skip]],
+        seen: tuple[list[InstanceKey], str, list[Skip]],
         affinity: Affinity,
         why: str,
         started: int,
@@ -264,10 +274,10 @@ class Router:
         self._sessions.pin(session_id, request.capability, agent, instance_id)
 
         def told() -> tuple[list[CandidateScore], str]:
-            keys, priority, skipped = seen
+            keys, where, skipped = seen
             ranked = self._hrw.scores(session_id, keys)[:MAX_RECORDED]
             reason = (
-                f"{why}: rendezvous hash over {len(keys)} instance(s) in priority tier {priority} "
+                f"{why}: rendezvous hash over {len(keys)} instance(s) in {where} "
                 f"(bounded load: at most {placed.cap} sessions each) picked {agent}/{instance_id}"
             )
             return self._cards([(*key, score) for score, key in ranked], skipped), reason
@@ -290,13 +300,13 @@ class Router:
         usable = {entry.key: entry for entry in look.usable}
         self._keep_fresh(pool, now)
         entry = None
-        if pool.look is not None and pool.look.priority == look.priority:
+        if pool.look is not None and pool.look.tier == look.tier:
             entry = usable.get(pool.rr.pick_where(usable.__contains__) or ("", ""))
         if entry is None:
             entry = max(look.usable, key=lambda candidate: candidate.weight)
         shown = self._cards([(*key, float(found.weight)) for key, found in usable.items()], look.skipped)
         reason = (
-            f"smooth weighted round robin over {len(usable)} healthy instance(s) in priority tier {look.priority}, "
+            f"smooth weighted round robin over {len(usable)} healthy instance(s) in {look.where}, "
             f"{len(exclude)} excluded"
         )
         return self._answer(request, entry.offer, entry.instance, "none", started, _told(shown, reason))
@@ -304,12 +314,18 @@ class Router:
     # ------------------------------------------------------------------ filtering
 
     def _pool(self, request: ReachRequest) -> Pool:
-        """The pool of the request's plan (capability, tenant, intent, scope tags), for this registry revision."""
+        """The pool of the request's plan (capability, tenant, intent, scope tags, token limits its payload exceeds),
+        for this registry revision. The payload's tokens are estimated only when an offer of the capability has a
+        limit; plans differ only by how many of the distinct limits it exceeds, so they stay few."""
         index = self._index
         if index.revision != self.view.revision:
             index = self._index = CapabilityIndex.build(self.view)
             self._pools.clear()
-        key = (request.capability, request.tenant, request.intent, tuple(request.scope_tags), id(self.tenants))
+        limits = index.token_limits.get(request.capability)
+        tokens = payload_tokens(request.payload) if limits else None
+        exceeded = 0 if limits is None or tokens is None else bisect_left(limits, tokens)
+        tags = tuple(request.scope_tags)
+        key = (request.capability, request.tenant, request.intent, tags, id(self.tenants), exceeded)
         pool = self._pools.get(key)
         if pool is None:
             offers = index.offers.get(request.capability)
@@ -317,7 +333,7 @@ class Router:
                 raise UnknownCapability(request.capability, known=index.closest(request.capability))
             if len(self._pools) >= _MAX_PLANS:
                 self._pools.clear()
-            pool = self._pools[key] = Pool(make_plan(offers, request, self.tenants), self._rng)
+            pool = self._pools[key] = Pool(make_plan(offers, request, self.tenants, tokens), self._rng)
         return pool
 
     def _keep_fresh(self, pool: Pool, now: float) -> None:
@@ -348,13 +364,14 @@ class Router:
 
     def _look(self, plan: Plan, now: float, exclude: Collection[tuple[str, str]]) -> Look:
         """Judge every instance, tier by tier, up to the first tier with a usable one (O(n): on reloads only)."""
-        skipped: list[Skip] = []
+        skipped: list[Skip] = list(plan.oversized)
         judged: list[Entry] = []
         for tier in plan.tiers:
             entries = self._judge(tier, now, exclude, skipped)
             judged += entries
             if any(entry.weight > 0 for entry in entries):
-                return Look(judged, tier[0].priority, skipped)
+                best = tier[0]
+                return Look(judged, best.priority, skipped, best.cost, best.priority in plan.priced)
         raise _nobody(plan.tiers[0][0].capability.name, skipped)
 
     def _judge(
@@ -395,7 +412,7 @@ class Router:
         if not self.view.is_alive(inst, now):
             seen = inst.last_heartbeat
             return "not alive" if seen is None else f"heartbeat missed: last one {now - seen:.0f}s ago"
-        hook = self.is_available
+        hook = self._is_available
         if hook is not None and not hook(inst.agent, inst.instance_id):
             return _CIRCUIT_OPEN
         return None

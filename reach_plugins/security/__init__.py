@@ -7,24 +7,26 @@ Per-hop tokens are Ed25519-signed JWTs (PyJWT), 5 minutes by default and 15 at m
     client = ReachClient(registry=..., tokens=LocalTokens(issuer))          # or RemoteTokens("https://issuer")
     agent = ReachAgent("orders", tokens=issuer.verifier())                  # or TokenVerifier(keys=RemoteJwks(...))
 
-Trust levels: endpoint policy, the client's L1/L3 guard (:mod:`.trust_guard`), the L3 content audit (:mod:`.audit`).
+Trust levels: endpoint policy (:class:`EndpointPolicy`, a value passed to whatever admits records), the
+client's L1/L3 guard (:mod:`.trust_guard`), the L3 content audit (:mod:`.audit`).
 """
 
 from __future__ import annotations
 
-from reach_plugins.endpoints import SCHEMES, allow_networks, endpoint_problem, parse_networks, policy_problem
-from reach_plugins.security.audit import AuditEvent, AuditHook, AuditRefused, AuditTransport, url_hook
+from reach_plugins.endpoints import ANY_NETWORK, SCHEMES, EndpointPolicy, endpoint_problem, parse_networks
+from reach_plugins.errors import AuditRefused, InvalidToken, TokenDenied
+from reach_plugins.security.audit import AuditEvent, AuditHook, AuditTransport, url_hook
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_TTL, Claims
 from reach_plugins.security.issuer import Issued, TokenIssuer
 from reach_plugins.security.keys import KeyRing, SigningKey
 from reach_plugins.security.source import LocalTokens, RemoteTokens, TokenCache, TokenSource, default_issuer
-from reach_plugins.security.token_errors import InvalidToken, TokenDenied
 from reach_plugins.security.token_transport import TokenTransport
 from reach_plugins.security.trust_guard import TrustGuard, trust_problem
 from reach_plugins.security.verifier import KeySource, RemoteJwks, TokenVerifier
 from reach_plugins.wire.headers import HEADER_TOKEN
 
 __all__ = [
+    "ANY_NETWORK",
     "DEFAULT_TTL",
     "HEADER_TOKEN",
     "MAX_TTL",
@@ -34,6 +36,7 @@ __all__ = [
     "AuditRefused",
     "AuditTransport",
     "Claims",
+    "EndpointPolicy",
     "InvalidToken",
     "Issued",
     "KeyRing",
@@ -49,11 +52,9 @@ __all__ = [
     "TokenTransport",
     "TokenVerifier",
     "TrustGuard",
-    "allow_networks",
     "default_issuer",
     "endpoint_problem",
     "parse_networks",
-    "policy_problem",
     "trust_problem",
     "url_hook",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from reach_plugins.errors import PermissionDenied
+from reach_plugins.errors import AuditRefused
 from reach_plugins.security.wrapping import Wrapping
 from reach_plugins.transport import Call, EventStream, Reply, Transport
 
@@ -44,10 +44,6 @@ class AuditEvent:
 
 
 AuditHook = Callable[[AuditEvent], "bool | Awaitable[bool | None] | None"]
-
-
-class AuditRefused(PermissionDenied):
-    """The content audit refused a request or a reply of an L3 agent."""
 
 
 def url_hook(url: str, *, timeout: float = 5.0) -> AuditHook:

@@ -18,10 +18,9 @@ from typing import Any
 
 import jwt
 
-from reach_plugins.errors import ConfigError
+from reach_plugins.errors import ConfigError, TokenDenied
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_CHAIN, MAX_TTL, TENANT_PREFIX, Claims
 from reach_plugins.security.keys import ALGORITHM, KeyRing
-from reach_plugins.security.token_errors import TokenDenied
 from reach_plugins.security.verifier import KeySource, TokenVerifier
 
 MayReach = Callable[[str | None, str], "str | None"]

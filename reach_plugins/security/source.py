@@ -14,11 +14,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from reach_plugins.errors import BackendUnavailable, ConfigError
+from reach_plugins.errors import WIRE_CODES, BackendUnavailable, ConfigError, InvalidToken, ReachError, TokenDenied
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_TTL
 from reach_plugins.security.held import received
 from reach_plugins.security.issuer import TokenIssuer
-from reach_plugins.security.token_errors import InvalidToken, TokenDenied
 
 _Key = tuple[str, str | None, str | None]
 
@@ -95,6 +94,13 @@ class LocalTokens(_Cached):
         return issued.token, issued.expires_at
 
 
+def _refusal(code: Any, status: int) -> type[ReachError]:
+    """The class an issuer's refusal names by its code; a code-less answer is read from the HTTP status."""
+    if isinstance(code, str) and code in WIRE_CODES:
+        return WIRE_CODES[code]
+    return InvalidToken if status == InvalidToken.http_status else TokenDenied
+
+
 class RemoteTokens(_Cached):
     """Tokens from a ``reach issuer`` (or a gateway's issuer role) at ``url``, asked with the tenant's bearer token."""
 
@@ -127,9 +133,10 @@ class RemoteTokens(_Cached):
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise BackendUnavailable(f"the token issuer at {self.url} did not answer: {exc!r}") from None
         if status != 200 or not isinstance(answer, dict) or "token" not in answer:
-            message = (answer.get("error") or {}).get("message") if isinstance(answer, dict) else None
-            refusal = InvalidToken if status == 401 else TokenDenied
-            raise refusal(f"the token issuer refused a token for {audience!r}: {message or f'HTTP {status}'}")
+            error = answer.get("error") if isinstance(answer, dict) else None
+            error = error if isinstance(error, dict) else {}
+            message = f"the token issuer refused a token for {audience!r}: {error.get('message') or f'HTTP {status}'}"
+            raise _refusal(error.get("type"), status).from_wire(message, None)
         try:
             lifetime = min(float(answer.get("expires_in", DEFAULT_TTL)), MAX_TTL)
         except (TypeError, ValueError):

@@ -20,10 +20,9 @@ from typing import Any, Final, Protocol
 
 import jwt
 
-from reach_plugins.errors import ConfigError
+from reach_plugins.errors import ConfigError, InvalidToken, TokenDenied
 from reach_plugins.security.claims import MAX_CHAIN, Claims
 from reach_plugins.security.keys import ALGORITHM
-from reach_plugins.security.token_errors import InvalidToken, TokenDenied
 
 LEEWAY: Final = 5.0
 """Seconds of clock skew tolerated on ``exp`` (checked here, on the verifier's clock, not by PyJWT's)."""

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reach_plugins.errors import PermissionDenied, ReachError, Unauthenticated
+from reach_plugins.errors import ReachError, RequestError
 from reach_plugins.security.issuer import TokenIssuer
 
 Authenticate = Callable[[str | None, str | None], "str | None"]
@@ -30,11 +30,8 @@ TOKENS_PATH = "/v1/tokens"
 
 
 def _refusal(exc: ReachError) -> Response:
-    status = 401 if isinstance(exc, Unauthenticated) else 403
-    if not isinstance(exc, PermissionDenied):
-        status = 400
     body = {"error": {"type": exc.error_type, "message": exc.message}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=exc.http_status)
 
 
 def issuer_routes(issuer: TokenIssuer, authenticate: Authenticate) -> list[Route]:
@@ -48,8 +45,7 @@ def issuer_routes(issuer: TokenIssuer, authenticate: Authenticate) -> list[Route
             body = None
         audience = body.get("audience") if isinstance(body, dict) else None
         if not isinstance(audience, str) or not audience:
-            problem = {"type": "rejected", "message": 'the body must be a JSON object with "audience" (an agent name)'}
-            return JSONResponse({"error": problem}, status_code=400)
+            return _refusal(RequestError('the body must be a JSON object with "audience" (an agent name)'))
         subject_token, tenant = body.get("subject_token"), body.get("tenant")
         try:
             if isinstance(subject_token, str):

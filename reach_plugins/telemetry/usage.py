@@ -9,7 +9,6 @@ time range; ``reach usage`` prints it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,7 @@ from pydantic import ValidationError
 
 from reach_plugins.model import ReachTrace
 from reach_plugins.telemetry.spans import EVENT_STREAMED
-
-CHARS_PER_TOKEN = 4.0
-"""The usual estimate for English-like text; only used when the agent reported no usage."""
+from reach_plugins.units import estimate_tokens
 
 
 def usage_of(data: Any) -> dict[str, int] | None:
@@ -34,11 +31,6 @@ def usage_of(data: Any) -> dict[str, int] | None:
         return None
     counts = {key: value for key, value in usage.items() if isinstance(value, int) and not isinstance(value, bool)}
     return counts or None
-
-
-def estimate_tokens(chars: int) -> int:
-    """Tokens in ``chars`` characters of text, estimated."""
-    return math.ceil(chars / CHARS_PER_TOKEN) if chars > 0 else 0
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The wire of the gateway and the node: the reach body, the header names, and errors as HTTP statuses.
+"""The wire of the gateway and the node: the reach body, and refusals as bodies (their statuses are the errors').
 
 The body is DESIGN.md section 4's (``request_id``, ``capability``, ``action``,
 ``payload``, ``session_id``, ``tenant``, ``idempotency_key``, ``deadline_ms``)
@@ -16,26 +16,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from reach_plugins.errors import (
-    ApprovalRequired,
-    Backpressure,
-    BodyTimeout,
-    BodyTooLarge,
-    ConfigError,
-    DeadlineExceeded,
-    IdempotencyConflict,
-    LoopDetected,
-    NoHealthyAgent,
-    PermissionDenied,
-    RateLimited,
-    ReachError,
-    RequestError,
-    SessionClosed,
-    Unauthenticated,
-    UnknownCapability,
-    UnsupportedMediaType,
-    from_wire,
-)
+from reach_plugins.errors import Backpressure, DeadlineExceeded, ReachError, RequestError, from_wire
 from reach_plugins.ids import new_request_id
 from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.policy.loopguard import parse_hops_header
@@ -207,38 +188,15 @@ def response_body(response: ReachResponse) -> dict[str, Any]:
     }
 
 
-_STATUSES: Final[tuple[tuple[type[ReachError], int], ...]] = (
-    (Unauthenticated, 401),
-    (PermissionDenied, 403),
-    (ApprovalRequired, 403),
-    (UnknownCapability, 404),
-    (IdempotencyConflict, 409),
-    (LoopDetected, 409),
-    (SessionClosed, 410),
-    (BodyTooLarge, 413),
-    (BodyTimeout, 408),
-    (UnsupportedMediaType, 415),
-    (RequestError, 400),
-    (RateLimited, 429),
-    (Backpressure, 429),
-    (NoHealthyAgent, 503),
-    (DeadlineExceeded, 504),
-    (ConfigError, 500),
-)
-
-
-def http_status(exc: ReachError) -> int:
-    """The HTTP status of a refusal: 4xx for the caller's mistakes, 429 to slow down, 503/504 when nobody can."""
-    return next((status for kind, status in _STATUSES if isinstance(exc, kind)), 502)
-
-
 def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]:
     """A refusal on the wire, shaped like a failed agent reply and marked ``refused``: no agent saw it.
 
-    Backpressure is not marked: it asks the caller to come back (the core retries or fails over).
+    It is sent with the error's own ``exc.http_status`` (a class attribute, like its code).
 
-    ``error.type`` is the error's own code (:data:`reach_plugins.errors.WIRE_CODES`), so the client
-    raises the same class as when it refuses a request itself (:func:`raise_refusal`).
+        Backpressure is not marked: it asks the caller to come back (the core retries or fails over).
+
+        ``error.type`` is the error's own code (:data:`reach_plugins.errors.WIRE_CODES`), so the client
+        raises the same class as when it refuses a request itself (:func:`raise_refusal`).
     """
     error: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
     retry_after = getattr(exc, "retry_after", None)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import Any, Final
 
-from reach_plugins.errors import InvalidResponse
+from reach_plugins.errors import Backpressure, DeadlineExceeded, InvalidResponse, RemoteError
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.body import WireBody, check_headers, parse_body
@@ -90,7 +90,8 @@ def call_metadata(call: Call, token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 def error_info(message: pb.Error) -> ErrorInfo:
-    return ErrorInfo(type=message.type or "transient", message=message.message, retry_after=message.retry_after or None)
+    kind = message.type or RemoteError.code
+    return ErrorInfo(type=kind, message=message.message, retry_after=message.retry_after or None)
 
 
 def reply_from_result(call: Call, result: pb.Result) -> Reply:
@@ -103,15 +104,15 @@ def reply_from_result(call: Call, result: pb.Result) -> Reply:
     }
     if result.status == pb.SUCCESS:
         return Reply(status="success", data=data, **common)
-    error = error_info(result.error) if result.HasField("error") else ErrorInfo(type="transient", message="failed")
-    if result.status == pb.TIMEOUT and error.type == "transient":
-        error = error.model_copy(update={"type": "timeout"})
+    error = error_info(result.error) if result.HasField("error") else ErrorInfo(type=RemoteError.code, message="failed")
+    if result.status == pb.TIMEOUT and error.type == RemoteError.code:
+        error = error.model_copy(update={"type": DeadlineExceeded.code})
     return Reply(status="fail", data=data, error=error, retry_after=error.retry_after, **common)
 
 
 def backpressure_reply(message: pb.Backpressure) -> Reply:
     reason = message.reason or "the node's queue is full"
-    error = ErrorInfo(type="backpressure", message=reason, retry_after=message.retry_after or None)
+    error = ErrorInfo(type=Backpressure.code, message=reason, retry_after=message.retry_after or None)
     return Reply(status="fail", error=error, retry_after=error.retry_after)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from reach_plugins.errors import WIRE_CODES, ConfigError, InvalidResponse
+from reach_plugins.errors import WIRE_CODES, ConfigError, DeadlineExceeded, InvalidResponse, RemoteError, RequestError
 from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols import HttpRequest, SseDecoder
 from reach_plugins.protocols.reach import ReachStreamDecoder
@@ -85,11 +85,12 @@ def _error(raw: Any, status: int) -> ErrorInfo:
         message = raw.get("message")
         retry_after = raw.get("retry_after")
         return ErrorInfo(
-            type=kind if isinstance(kind, str) and kind in WIRE_CODES else "transient",
+            type=kind if isinstance(kind, str) and kind in WIRE_CODES else RemoteError.code,
             message=str(message) if message else f"the gateway answered HTTP {status}",
             retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
         )
-    return ErrorInfo(type="transient" if status >= 500 or status == 429 else "rejected", message=f"HTTP {status}")
+    kind = RemoteError.code if status >= 500 or status == 429 else RequestError.code
+    return ErrorInfo(type=kind, message=f"HTTP {status}")
 
 
 def parse_reply(call: Call, status: int, body: bytes) -> Reply:
@@ -114,8 +115,8 @@ def parse_reply(call: Call, status: int, body: bytes) -> Reply:
     error = _error(decoded.get("error"), status)
     if decoded.get(REFUSED) is True:
         raise refusal(error.type, error.message, error.retry_after)
-    if kind == "timeout" and error.type == "transient":
-        error = error.model_copy(update={"type": "timeout"})
+    if kind == "timeout" and error.type == RemoteError.code:
+        error = error.model_copy(update={"type": DeadlineExceeded.code})
     data = decoded.get("data")
     return Reply(status="fail", data=data, error=error, status_code=status, retry_after=error.retry_after, **common)
 
