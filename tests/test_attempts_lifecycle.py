@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from core_fakes import FakeRouter, make_agent
 
+from reach_plugins.attempts.bounded import within
 from reach_plugins.attempts.claims import ON_BEGIN, on_begin, on_end
 from reach_plugins.attempts.hooks import AttemptRecord, Moved
 from reach_plugins.attempts.lifecycle import AFTER, PHASES, ImpossibleMove, moved
@@ -153,3 +154,26 @@ async def test_ttfbt_bounds_the_wait_for_a_streams_first_event() -> None:
     events = [event async for event in pipeline.stream(ReachRequest(capability="query_order"))]
     assert events[-1].kind == "error"
     assert transport.closed_at[0] - start == pytest.approx(2.0)
+
+
+async def test_within_cuts_a_waiting_coroutine_at_its_deadline_and_lets_a_quick_one_through() -> None:
+    """within() returns what a coroutine that never waits returns, and cuts one that waits at the deadline."""
+    clock = FakeClock()
+
+    async def quick() -> str:
+        return "at once"
+
+    async def slow() -> str:
+        await clock.sleep(10)
+        return "too late"
+
+    async def brief() -> str:
+        await clock.sleep(1)
+        return "in time"
+
+    start = clock.now()
+    assert await within(clock, start + 5, quick()) == "at once"
+    assert await within(clock, start + 5, brief()) == "in time"
+    with pytest.raises(TimeoutError):
+        await within(clock, start + 5, slow())
+    assert clock.now() - start == pytest.approx(5.0)

@@ -12,7 +12,7 @@ stream once it has relayed its events.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Admission, Flight
@@ -23,8 +23,7 @@ from reach_plugins.telemetry.spans import EVENT_RETRY
 from reach_plugins.transport import EventStream, Reply, StreamEvent
 
 
-@dataclass(frozen=True, slots=True)
-class Tried:
+class Tried(NamedTuple):
     """What one attempt brought back: its verdict, the reply (unary) or the opened stream and its first event."""
 
     verdict: Verdict
@@ -35,8 +34,7 @@ class Tried:
     first: StreamEvent | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Won:
+class Won(NamedTuple):
     """A successful attempt, not settled yet: its admission, what it brought, and when it started and ended."""
 
     admission: Admission

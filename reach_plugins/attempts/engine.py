@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from reach_plugins.attempts.admission import GuardTable
+from reach_plugins.attempts.bounded import within
 from reach_plugins.attempts.flight import Admission, Flight, Pin, Plan, Step, where_of
 from reach_plugins.attempts.hooks import AttemptHooks, AttemptRecord, Moved
 from reach_plugins.attempts.lifecycle import after
@@ -257,8 +258,7 @@ class Engine:
         if flight.claim is not None and flight.claim.where != flight.ran_at:
             await flight.claim.moved(flight.ran_at)
         try:
-            async with self.clock.timeout_at(now + timeout):
-                reply = await self.transport.send(call)
+            reply = await within(self.clock, now + timeout, self.transport.send(call))
         except (ReachError, TimeoutError) as exc:
             if isinstance(exc, ReachError) and exc.refused:
                 flight.ran_at = before

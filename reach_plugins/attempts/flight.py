@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from reach_plugins.attempts.admission import AgentGuards, Slot
 from reach_plugins.attempts.claims import Claim
-from reach_plugins.attempts.lifecycle import Action, Move, Phase, moved
+from reach_plugins.attempts.lifecycle import PHASES, Action, Move, Phase, moved
 from reach_plugins.attempts.ports import RouteLike
 from reach_plugins.model import ReachRequest
 from reach_plugins.policy.breaker import CircuitBreaker, Permit
@@ -53,7 +53,8 @@ class Flight:
 
     def move(self, move: Move) -> None:
         """Take one move of the lifecycle (raises ImpossibleMove when the phase has none such)."""
-        self.phase = moved(self.phase, move)
+        phase = PHASES[self.phase].get(move)
+        self.phase = moved(self.phase, move) if phase is None else phase
 
 
 @dataclass(frozen=True, slots=True)
