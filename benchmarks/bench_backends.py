@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from reach_plugins.model import AgentDescriptor, Instance, ReachResponse
-from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.registry import open_registry
 from reach_plugins.registry.etcd import EtcdRegistry
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.urls import open_store
 
 RESULTS = Path(__file__).parent / "results" / "backends.json"
@@ -105,7 +107,7 @@ async def dedup_latency(store: DedupStore, count: int) -> dict[str, dict[str, fl
     response = ReachResponse(request_id="r", status="success", data={"ticket": 1}, agent=AGENT, instance="b-0")
     run = uuid.uuid4().hex
     for i in range(count):
-        key = f"-\x1fbench_op\x1f{run}-{i}"
+        key = ScopedKey.of(None, "dedup", f"bench_op\x1f{run}-{i}")
         await timed(lambda key=key: store.begin(key, "h", 300), claim)  # type: ignore[misc]
         await timed(lambda key=key: store.complete(key, response), complete)  # type: ignore[misc]
         await timed(lambda key=key: store.begin(key, "h", 300), replay)  # type: ignore[misc]
@@ -118,7 +120,7 @@ async def run(etcd: str, redis: str, quick: bool) -> dict[str, Any]:
     return {
         "watch_propagation_ms": await watch_propagation(etcd, events),
         "dedup_us": {
-            "memory": await dedup_latency(MemoryDedupStore(), ops),
+            "memory": await dedup_latency(MemoryDedupStore(budget=DEFAULT_BUDGET), ops),
             "redis": await dedup_latency(open_store(f"redis://{redis}/0?prefix=reach-bench:{uuid.uuid4().hex}:"), ops),
         },
     }

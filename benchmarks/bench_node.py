@@ -48,6 +48,7 @@ from reach_plugins.registry import FileRegistry
 from reach_plugins.server.access import Access
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.issuer_role import agent_transport, build_issuer
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.headers import SOURCE
 from reach_plugins.wire.proto import reach_pb2 as pb
@@ -161,7 +162,8 @@ async def in_process(directory: Path) -> dict[str, float]:
     agents = agent_transport(build_issuer(tenants, environ=ENV), via=None, inner=CannedAgents())
     forwarder = Forwarder(FileRegistry(config), tenants=tenants, environ=ENV, direct=agents, owns_registry=True)
     canned = CannedForwarder(FileRegistry(config), tenants=tenants, environ=ENV, owns_registry=True)
-    service = NodeService(canned, Access(tenants, ENV), queue=WorkQueue(), tickets=Tickets(), node_id="bench")
+    tickets = Tickets(budget=DEFAULT_BUDGET)
+    service = NodeService(canned, Access(tenants, ENV), queue=WorkQueue(), tickets=tickets, node_id="bench")
     message = pb.ReachCall(request_id="r", capability="echo", payload=b'{"order_id":"A1"}', deadline_ms=10_000)
     context = Context()
     request = ReachRequest(

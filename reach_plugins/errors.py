@@ -22,7 +22,8 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     │   ├── LoopDetected             target already in the hop chain, or too many hops
     │   ├── SessionClosed            the conversation was closed or expired
     │   ├── ApprovalRequired         danger_level high without approval
-    │   └── IdempotencyConflict      same key, different payload
+    │   ├── IdempotencyConflict      same key, different payload
+    │   └── EntryTooLarge            one entry over a store's max_bytes (nothing kept)
     ├── NoHealthyAgent               candidates exist, none can take work (says why each)
     │   └── CircuitOpen              every candidate's breaker is open
     ├── RateLimited                  the local rate limit did not free up within max_wait
@@ -225,6 +226,14 @@ class IdempotencyConflict(RequestError):
     code = "idempotency_conflict"
     http_status = 409
     grpc_code = "FAILED_PRECONDITION"
+
+
+class EntryTooLarge(RequestError):
+    """One entry (a response, a session's state) is larger than its store's ``max_bytes``; nothing was kept."""
+
+    code = "entry_too_large"
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class NoHealthyAgent(ReachError):

@@ -21,7 +21,8 @@ from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.agent.cancellation import cancelled
 from reach_plugins.errors import SessionClosed
 from reach_plugins.registry.memory import MemoryRegistry
-from reach_plugins.stores.sessions import MemorySessions
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.sessions import MemorySessions, session_key
 
 IN_FLIGHT = 11
 HOLD = 30.0
@@ -87,14 +88,14 @@ async def test_closing_a_conversation_stops_its_handlers_at_the_agent(
     url, running, agent = served
     registry = MemoryRegistry()
     registry.put_agent(agent.descriptor(url))
-    async with asyncio.timeout(20), ReachClient(registry, sessions=MemorySessions()) as client:
+    async with asyncio.timeout(20), ReachClient(registry, sessions=MemorySessions(budget=DEFAULT_BUDGET)) as client:
         calls = [
             asyncio.create_task(client.reach(capability, {"n": n}, session_id="s-1", timeout_ms=60_000))
             for n in range(IN_FLIGHT)
         ]
         await until(lambda: running.now == IN_FLIGHT, 10)
         assert client.sessions is not None
-        await client.sessions.close("s-1")
+        await client.sessions.close(session_key(None, "s-1"))
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
         closed = time.monotonic()
         await asyncio.sleep(1.0 - (time.monotonic() - closed))

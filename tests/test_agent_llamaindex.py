@@ -20,6 +20,7 @@ from llama_index.core.workflow import Context
 from reach_plugins.agent import MemorySnapshotStore, ReachAgent
 from reach_plugins.agent.llamaindex import STATE_KEY, add_llamaindex
 from reach_plugins.errors import ConfigError
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 
 
 def add(a: int, b: int) -> int:
@@ -123,7 +124,7 @@ async def test_concurrent_calls_of_one_session_keep_every_turn(http: httpx.Async
 
 async def test_sessions_survive_a_restart_through_snapshots() -> None:
     """History and workflow state are JSON in the session state, so a snapshot store restores them."""
-    store = MemorySnapshotStore()
+    store = MemorySnapshotStore(budget=DEFAULT_BUDGET)
     before = assistant(store)
     async with before.lifespan(), client_of(before) as http:
         await reply(http, "hello", "s7")

@@ -10,6 +10,7 @@ from test_agent_sdk import body, build_agent
 
 from reach_plugins.agent import BackgroundServer, MemorySnapshotStore, ReachAgent, Registration
 from reach_plugins.registry.memory import MemoryRegistry
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 
 
 async def test_registration_heartbeats_with_sequence_numbers() -> None:
@@ -64,7 +65,7 @@ async def test_heartbeat_loop_waits_the_interval_and_reregisters() -> None:
 async def test_serving_registers_drains_and_restores_sessions() -> None:
     """Under uvicorn the app registers on start, deregisters on stop, and keeps session state across restarts."""
     registry = MemoryRegistry()
-    store = MemorySnapshotStore()
+    store = MemorySnapshotStore(budget=DEFAULT_BUDGET)
     for expected in (1, 2):
         agent, _ = build_agent(snapshots=store)
         agent.register_on_startup(registry, "http://127.0.0.1:8103", instance_id="orders-c")

@@ -24,7 +24,8 @@ from reach_plugins.model import AgentDescriptor, Capability
 from reach_plugins.registry.memory import MemoryRegistry
 from reach_plugins.routing.affinity import Rendezvous
 from reach_plugins.routing.sharedpins import agree_on_pin
-from reach_plugins.stores.sessions import MemorySessions
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.sessions import MemorySessions, session_key
 from reach_plugins.transport import MockTransport, Reply
 
 SESSIONS = 1000
@@ -120,13 +121,13 @@ async def test_two_processes_pin_every_conversation_alike(
 
 async def test_a_stored_pin_that_cannot_serve_here_is_replaced_once() -> None:
     """A pin to an instance gone from this process's view is replaced by the local pick; others then adopt it."""
-    store = MemorySessions()
-    await store.claim_pin("s-1", "orders", "orders-gone")
+    store = MemorySessions(budget=DEFAULT_BUDGET)
+    await store.claim_pin(session_key(None, "s-1"), "orders", "orders-gone")
     registry = two_instances()
     client = ReachClient(registry, MockTransport(lambda call: Reply(status="success", data=call.instance.instance_id)))
     request = client.request("query_order", {}, session_id="s-1")
     await agree_on_pin(client.router, store, request)
-    replaced = await store.claim_pin("s-1", "orders", "anything")
+    replaced = await store.claim_pin(session_key(None, "s-1"), "orders", "anything")
     assert replaced != "orders-gone"
     assert (await client.pipeline.run(request)).data == replaced
     await client.aclose()

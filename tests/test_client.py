@@ -11,7 +11,8 @@ import pytest
 from reach_plugins import AgentDescriptor, ReachClient, SyncReachClient, errors
 from reach_plugins.config.loader import TenantConfig
 from reach_plugins.registry import FileRegistry, MemoryRegistry
-from reach_plugins.stores.sessions import MemorySessions
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.sessions import MemorySessions, session_key
 from reach_plugins.transport import Call, MockTransport
 
 ORDERS: dict[str, Any] = {
@@ -190,11 +191,11 @@ async def test_candidates_from_another_loop_are_refused(registry: MemoryRegistry
 async def test_close_session_refuses_later_calls_and_drops_the_pins(registry: MemoryRegistry) -> None:
     """close_session() closes the conversation in the store and forgets its pins in the router."""
     transport = MockTransport(echo)
-    client = ReachClient(registry, transport, sessions=MemorySessions())
+    client = ReachClient(registry, transport, sessions=MemorySessions(budget=DEFAULT_BUDGET))
     assert (await client.reach("query_order", {"order_id": "A1"}, session_id="chat-9")).ok
-    assert client.router.sessions.get("chat-9") is not None
+    assert client.router.sessions.get(session_key(None, "chat-9")) is not None
     await client.close_session("chat-9")
-    assert client.router.sessions.get("chat-9") is None
+    assert client.router.sessions.get(session_key(None, "chat-9")) is None
     with pytest.raises(errors.SessionClosed, match="chat-9"):
         await client.reach("query_order", {"order_id": "A1"}, session_id="chat-9")
     assert len(transport.calls) == 1
@@ -222,11 +223,11 @@ def test_a_registry_with_tenants_gives_them_unless_the_client_has_its_own(tmp_pa
 
 async def test_closed_session_sends_nothing(registry: MemoryRegistry) -> None:
     """A reach for a closed conversation raises SessionClosed and never reaches an agent."""
-    sessions = MemorySessions()
+    sessions = MemorySessions(budget=DEFAULT_BUDGET)
     transport = MockTransport(echo)
     client = ReachClient(registry, transport, sessions=sessions)
     assert (await client.reach("query_order", {"order_id": "A1"}, session_id="chat-1")).ok
-    await sessions.close("chat-1")
+    await sessions.close(session_key(None, "chat-1"))
     with pytest.raises(errors.SessionClosed, match="chat-1"):
         await client.reach("query_order", {"order_id": "A1"}, session_id="chat-1")
     assert len(transport.calls) == 1
@@ -234,7 +235,7 @@ async def test_closed_session_sends_nothing(registry: MemoryRegistry) -> None:
 
 async def test_closing_a_session_cancels_calls_in_flight(registry: MemoryRegistry) -> None:
     """A call in flight for a conversation that closes is cancelled with SessionClosed."""
-    sessions = MemorySessions()
+    sessions = MemorySessions(budget=DEFAULT_BUDGET)
     started = asyncio.Event()
 
     async def slow(call: Call) -> dict[str, Any]:
@@ -245,7 +246,7 @@ async def test_closing_a_session_cancels_calls_in_flight(registry: MemoryRegistr
     client = ReachClient(registry, MockTransport(slow), sessions=sessions)
     task = asyncio.create_task(client.reach("query_order", {"order_id": "A1"}, session_id="chat-2"))
     await started.wait()
-    await sessions.close("chat-2")
+    await sessions.close(session_key(None, "chat-2"))
     with pytest.raises(errors.SessionClosed, match="in flight"):
         await task
 
@@ -253,7 +254,7 @@ async def test_closing_a_session_cancels_calls_in_flight(registry: MemoryRegistr
 async def test_expired_session_is_refused(registry: MemoryRegistry) -> None:
     """A conversation idle past its TTL is expired: SessionClosed, nothing sent."""
     now = [1000.0]
-    sessions = MemorySessions(ttl=60, clock=lambda: now[0])
+    sessions = MemorySessions(budget=DEFAULT_BUDGET, ttl=60, clock=lambda: now[0])
     transport = MockTransport(echo)
     client = ReachClient(registry, transport, sessions=sessions)
     await client.reach("query_order", {"order_id": "A1"}, session_id="chat-3")

@@ -6,12 +6,14 @@ import asyncio
 
 import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
-from dedup_store_conformance import DedupStoreConformance, StoreFactory, answer
+from dedup_store_conformance import DedupStoreConformance, StoreFactory, answer, key
 
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConfigError, IdempotencyConflict, InvalidPayload
 from reach_plugins.model import Capability, Idempotency, ReachRequest
-from reach_plugins.policy.dedup import MemoryDedupStore, payload_hash, render_key, resolve_key
+from reach_plugins.policy.dedup import payload_hash, render_key, resolve_key
+from reach_plugins.stores.budget import DEFAULT_BUDGET, MIB, Budget
+from reach_plugins.stores.dedup import MemoryDedupStore
 from reach_plugins.testing.clock import FakeClock
 
 
@@ -20,35 +22,35 @@ class TestMemoryDedupStore(DedupStoreConformance):
 
     @pytest.fixture
     def make_store(self) -> StoreFactory:
-        return lambda clock: MemoryDedupStore(clock=clock)
+        return lambda clock: MemoryDedupStore(budget=DEFAULT_BUDGET, clock=clock)
 
 
 async def test_memory_store_is_bounded_by_size() -> None:
     """Past max_entries the oldest keys are dropped; the store never grows beyond its bound."""
-    store = MemoryDedupStore(max_entries=50, clock=FakeClock())
+    store = MemoryDedupStore(budget=Budget(max_entries=50, max_bytes=MIB), clock=FakeClock())
     for i in range(500):
-        await store.begin(f"k{i}", "h", 300)
-        await store.complete(f"k{i}", answer(i))
+        await store.begin(key(f"k{i}"), "h", 300)
+        await store.complete(key(f"k{i}"), answer(i))
     assert len(store) == 50
-    assert (await store.begin("k499", "h", 300)).state == "done"
-    assert (await store.begin("k0", "h", 300)).state == "new"
+    assert (await store.begin(key("k499"), "h", 300)).state == "done"
+    assert (await store.begin(key("k0"), "h", 300)).state == "new"
 
 
 async def test_memory_store_drops_expired_entries_to_make_room() -> None:
     """Expired keys leave first, so live keys are kept when room is needed."""
     clock = FakeClock()
-    store = MemoryDedupStore(max_entries=10, clock=clock)
+    store = MemoryDedupStore(budget=Budget(max_entries=10, max_bytes=MIB), clock=clock)
     for i in range(10):
-        await store.begin(f"old{i}", "h", 1)
+        await store.begin(key(f"old{i}"), "h", 1)
     clock.advance(2)
-    await store.begin("fresh", "h", 300)
+    await store.begin(key("fresh"), "h", 300)
     assert len(store) == 1
 
 
 def test_memory_store_refuses_a_zero_bound() -> None:
     """A store that could hold no key is a configuration error."""
     with pytest.raises(ConfigError, match="max_entries"):
-        MemoryDedupStore(max_entries=0)
+        MemoryDedupStore(budget=Budget(max_entries=0, max_bytes=MIB))
 
 
 # --------------------------------------------------------------------------- key resolution

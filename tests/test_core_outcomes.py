@@ -11,7 +11,9 @@ from core_fakes import FakeAgent, FakeRouter, make_agent
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import OutcomeUnknown
 from reach_plugins.model import AgentDescriptor, Idempotency, ReachRequest, RetryPolicy
-from reach_plugins.policy.dedup import MemoryDedupStore, payload_hash, store_key
+from reach_plugins.policy.dedup import payload_hash
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.dedup import MemoryDedupStore, store_key
 from reach_plugins.telemetry.spans import EVENT_RETRY
 from reach_plugins.testing.clock import FakeClock
 
@@ -23,7 +25,7 @@ def setup(
     fake = FakeAgent(clock, honours_idempotency=honours_idempotency)
     fake.transport.owns_retries = owns_retries
     router = FakeRouter(list(agents) or [make_agent()])
-    store = MemoryDedupStore(clock=clock)
+    store = MemoryDedupStore(budget=DEFAULT_BUDGET, clock=clock)
     pipeline = Pipeline(router=router, transport=fake.transport, store=store, clock=clock, rng=random.Random(3))
     router.is_available = pipeline.is_available
     return clock, fake, pipeline, store

@@ -25,6 +25,7 @@ from reach_plugins.matching import CapabilityMatcher, LexicalEmbedder
 from reach_plugins.model import ErrorInfo, Hop, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.security.context import chain, current_hops, serving
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.transport import Call, MockTransport, Reply
 
@@ -298,14 +299,14 @@ def test_closed_session_sends_nothing(enhancer: ReachEnhancer, transport: MockTr
 
 def test_a_ready_client_brings_its_session_store(registry: MemoryRegistry, transport: MockTransport) -> None:
     """A ready client's own sessions= store is the one the enhancer closes; sessions= beside client= is refused."""
-    sessions = MemorySessions()
+    sessions = MemorySessions(budget=DEFAULT_BUDGET)
     client = ReachClient(registry, transport, sessions=sessions)
     with ReachEnhancer(client=client) as e:
         e.close_session("t-1")
         assert isinstance(e.reach(ToolCall("query_order", session_key="t-1")).error, SessionClosed)
     assert client.sessions is sessions and transport.calls == []
     with pytest.raises(ConfigError, match=r"either client=.*sessions"):
-        ReachEnhancer(client=client, sessions=MemorySessions())
+        ReachEnhancer(client=client, sessions=MemorySessions(budget=DEFAULT_BUDGET))
     asyncio.run(client.aclose())
 
 
@@ -322,7 +323,7 @@ def test_closing_a_session_of_a_client_without_a_store_names_the_fix(
 def test_expired_session_is_refused(registry: MemoryRegistry, transport: MockTransport) -> None:
     """A conversation silent for longer than the store's TTL is refused like a closed one."""
     now = [1000.0]
-    sessions = MemorySessions(ttl=60, clock=lambda: now[0])
+    sessions = MemorySessions(budget=DEFAULT_BUDGET, ttl=60, clock=lambda: now[0])
     with ReachEnhancer(registry=registry, transport=transport, sessions=sessions) as e:
         assert e.reach(ToolCall("query_order", session_key="t-1")).ok
         now[0] += 61

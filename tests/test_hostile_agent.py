@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.server.inbound import InputLimits
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.snapshots import MemorySnapshotStore
 
 HERE = Path(__file__).parent
@@ -84,7 +85,7 @@ async def test_a_bad_session_key_is_a_400_naming_the_field(
 
 async def test_snapshots_keep_sessions_apart_by_tenant() -> None:
     """A restarted agent restores each tenant's state under that tenant only."""
-    store = MemorySnapshotStore()
+    store = MemorySnapshotStore(budget=DEFAULT_BUDGET)
     first = ReachAgent("notes", snapshots=store)
     first.capability("note")(agent._handlers["note"].fn)
     async with first.lifespan():

@@ -16,22 +16,25 @@ from typing import Any
 import fakeredis
 import pytest
 import redis.asyncio as aioredis
-from dedup_store_conformance import DedupStoreConformance, StoreFactory, answer
+from dedup_store_conformance import DedupStoreConformance, K, StoreFactory, answer, key
 from faultproxy import FaultProxy
 from servers import Server, free_port
 
 from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.errors import BackendUnavailable, ConfigError, InvalidPayload, SessionClosed
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.redis import connect
 from reach_plugins.stores.redis_dedup import RedisDedupStore
 from reach_plugins.stores.redis_sessions import RedisSessions
 from reach_plugins.stores.redis_snapshots import RedisSnapshotStore
-from reach_plugins.stores.sessions import SessionStore
+from reach_plugins.stores.sessions import SessionStore, session_key
 from reach_plugins.stores.urls import open_sessions, open_store
 from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import MockTransport
 
+S1 = session_key(None, "s-1")
+"""Conversation ``s-1`` of a request that names no tenant."""
 OUTAGE_BOUND = 2.0
 """Seconds an operation may take to notice a dead Redis (socket timeout 0.5 s, one quick retry)."""
 
@@ -106,12 +109,12 @@ async def test_waiter_in_another_process_gets_the_result(clients: Callable[[], A
     """A duplicate waiting in a second process is woken by pub/sub when the first process completes."""
     shared = fresh_prefix()
     first, second = RedisDedupStore(clients(), prefix=shared), RedisDedupStore(clients(), prefix=shared)
-    assert (await first.begin("k", "h", 60)).state == "new"
-    assert (await second.begin("k", "h", 60)).state == "inflight"
-    waiter = asyncio.create_task(second.wait("k", 5))
+    assert (await first.begin(K, "h", 60)).state == "new"
+    assert (await second.begin(K, "h", 60)).state == "inflight"
+    waiter = asyncio.create_task(second.wait(K, 5))
     await subscribed(first.redis, shared)
     started = time.monotonic()
-    await first.complete("k", answer({"ticket": 9}))
+    await first.complete(K, answer({"ticket": 9}))
     result = await waiter
     assert result is not None and result.data == {"ticket": 9}
     assert time.monotonic() - started < 1.0
@@ -123,12 +126,12 @@ async def test_remote_failure_wakes_waiter_with_none(clients: Callable[[], Any])
     """When the owning process fails, the other process's waiter gets None and may claim the key."""
     shared = fresh_prefix()
     first, second = RedisDedupStore(clients(), prefix=shared), RedisDedupStore(clients(), prefix=shared)
-    await first.begin("k", "h", 60)
-    waiter = asyncio.create_task(second.wait("k", 5))
+    await first.begin(K, "h", 60)
+    waiter = asyncio.create_task(second.wait(K, 5))
     await subscribed(first.redis, shared)
-    await first.fail("k")
+    await first.fail(K)
     assert await waiter is None
-    assert (await second.begin("k", "h", 60)).state == "new"
+    assert (await second.begin(K, "h", 60)).state == "new"
     await first.aclose()
     await second.aclose()
 
@@ -140,14 +143,14 @@ async def test_late_owner_cannot_overwrite_a_newer_claim(client: Any) -> None:
         RedisDedupStore(client, prefix=shared, clock=clock),
         RedisDedupStore(client, prefix=shared, clock=clock),
     )
-    await late.begin("k", "h", 30)
+    await late.begin(K, "h", 30)
     clock.advance(31)
-    assert (await newer.begin("k", "h", 30)).state == "new"
-    await late.complete("k", answer("stale"))
-    await late.fail("k")
-    assert (await newer.begin("k", "h", 30)).state == "inflight"
-    await newer.complete("k", answer("fresh"))
-    done = await late.begin("k", "h", 30)
+    assert (await newer.begin(K, "h", 30)).state == "new"
+    await late.complete(K, answer("stale"))
+    await late.fail(K)
+    assert (await newer.begin(K, "h", 30)).state == "inflight"
+    await newer.complete(K, answer("fresh"))
+    done = await late.begin(K, "h", 30)
     assert done.result is not None and done.result.data == "fresh"
 
 
@@ -156,7 +159,7 @@ async def test_dedup_fails_closed_when_redis_is_down() -> None:
     store = RedisDedupStore(dead_redis())
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="fails closed"):
-        await store.begin("tenant\x1fcap\x1fwo-7", "h", 60)
+        await store.begin(key("wo-7", tenant="tenant"), "h", 60)
     assert time.monotonic() - started < OUTAGE_BOUND
     await store.aclose()
 
@@ -165,10 +168,10 @@ async def test_dedup_fails_open_on_request(caplog: pytest.LogCaptureFixture) -> 
     """With on_outage='open' the call runs unguarded, with a warning; complete/fail/wait never raise."""
     store = RedisDedupStore(dead_redis(), on_outage="open")
     with caplog.at_level(logging.WARNING):
-        assert (await store.begin("k", "h", 60)).state == "new"
-        await store.complete("k", answer())
-        await store.fail("k")
-        assert await store.wait("k", 1) is None
+        assert (await store.begin(K, "h", 60)).state == "new"
+        await store.complete(K, answer())
+        await store.fail(K)
+        assert await store.wait(K, 1) is None
     assert "without dedup" in caplog.text
     await store.aclose()
 
@@ -179,11 +182,11 @@ async def test_dead_link_is_noticed_within_the_bound(redis_url: str) -> None:
     async with FaultProxy((host, int(port))) as proxy:
         store = open_store(f"redis://127.0.0.1:{proxy.port}/0?prefix={fresh_prefix()}")
         assert isinstance(store, RedisDedupStore)
-        assert (await store.begin("k", "h", 60)).state == "new"
+        assert (await store.begin(K, "h", 60)).state == "new"
         proxy.mode = "blackhole"
         started = time.monotonic()
         with pytest.raises(BackendUnavailable):
-            await store.begin("k2", "h", 60)
+            await store.begin(key("k2"), "h", 60)
         assert time.monotonic() - started < OUTAGE_BOUND
         await store.aclose()
 
@@ -193,12 +196,12 @@ async def test_stored_result_survives_redis_restart(private_redis: Server, crash
     """A result acknowledged before Redis restarts, or is killed, is returned after (append-only file, fsync always)."""
     store = open_store(f"redis://127.0.0.1:{private_redis.port}/0")
     assert isinstance(store, RedisDedupStore)
-    await store.begin("k", "h", 300)
-    await store.complete("k", answer("kept"))
+    await store.begin(K, "h", 300)
+    await store.complete(K, answer("kept"))
     private_redis.restart(crash=crash)
-    done = await store.begin("k", "h", 300)
+    done = await store.begin(K, "h", 300)
     assert done.state == "done" and done.result is not None and done.result.data == "kept"
-    assert (await store.begin("other", "h", 300)).state == "new"
+    assert (await store.begin(key("other"), "h", 300)).state == "new"
     await store.aclose()
 
 
@@ -221,55 +224,55 @@ async def test_sessions_satisfy_the_protocol(sessions: tuple[RedisSessions, Fake
 async def test_session_lives_while_touched_and_expires_after_ttl(sessions: tuple[RedisSessions, FakeClock]) -> None:
     """A checked session stays alive while touched within the TTL and is refused once the TTL passes."""
     store, clock = sessions
-    await store.check("s-1")
+    await store.check(S1)
     clock.advance(50)
-    await store.touch("s-1")
+    await store.touch(S1)
     clock.advance(50)
-    assert await store.is_alive("s-1")
+    assert await store.is_alive(S1)
     clock.advance(11)
-    assert not await store.is_alive("s-1")
+    assert not await store.is_alive(S1)
     with pytest.raises(SessionClosed, match="expired after 60s"):
-        await store.check("s-1")
+        await store.check(S1)
 
 
 async def test_closed_session_is_refused_until_reopened(sessions: tuple[RedisSessions, FakeClock]) -> None:
     """close() makes every check raise SessionClosed; open() starts the conversation again."""
     store, _ = sessions
-    await store.open("s-1")
-    await store.close("s-1")
-    assert not await store.is_alive("s-1")
+    await store.open(S1)
+    await store.close(S1)
+    assert not await store.is_alive(S1)
     with pytest.raises(SessionClosed, match="was closed"):
-        await store.check("s-1")
-    await store.open("s-1")
-    await store.check("s-1")
-    assert await store.is_alive("s-1")
+        await store.check(S1)
+    await store.open(S1)
+    await store.check(S1)
+    assert await store.is_alive(S1)
 
 
 async def test_close_in_one_process_cancels_calls_in_another(clients: Callable[[], Any]) -> None:
     """A guarded call in process B ends with SessionClosed when process A closes the session; listeners hear once."""
     shared = fresh_prefix()
     here, there = RedisSessions(clients(), prefix=shared), RedisSessions(clients(), prefix=shared)
-    heard_here: list[str] = []
-    heard_there: list[str] = []
+    heard_here: list[ScopedKey] = []
+    heard_there: list[ScopedKey] = []
     here.on_close(heard_here.append)
     there.on_close(heard_there.append)
-    await there.check("s-1")
+    await there.check(S1)
     entered = asyncio.Event()
 
     async def call() -> None:
-        async with there.guard("s-1"):
+        async with there.guard(S1):
             entered.set()
             await asyncio.Event().wait()
 
     task = asyncio.create_task(call())
     await entered.wait()
     started = time.monotonic()
-    await here.close("s-1")
+    await here.close(S1)
     with pytest.raises(SessionClosed, match="closed while the call was in flight"):
         await asyncio.wait_for(task, 2.0)
     assert time.monotonic() - started < 1.0
-    await until_true(lambda: heard_there == ["s-1"], 1.0)
-    assert heard_here == ["s-1"]
+    await until_true(lambda: heard_there == [S1], 1.0)
+    assert heard_here == [S1]
     await here.aclose()
     await there.aclose()
 
@@ -278,21 +281,21 @@ async def test_sessions_fail_open_when_redis_is_down(caplog: pytest.LogCaptureFi
     """By default checks pass (one warning) while Redis is down; close cancels local calls, then raises."""
     store = RedisSessions(dead_redis())
     with caplog.at_level(logging.WARNING):
-        await store.check("s-1")
-        await store.touch("s-1")
-        assert await store.is_alive("s-1")
+        await store.check(S1)
+        await store.touch(S1)
+        assert await store.is_alive(S1)
     assert caplog.text.count("letting calls through") == 1
     entered = asyncio.Event()
 
     async def call() -> None:
-        async with store.guard("s-1"):
+        async with store.guard(S1):
             entered.set()
             await asyncio.Event().wait()
 
     task = asyncio.create_task(call())
     await entered.wait()
     with pytest.raises(BackendUnavailable, match="reached only this process"):
-        await store.close("s-1")
+        await store.close(S1)
     with pytest.raises(SessionClosed):
         await task
     await store.aclose()
@@ -303,7 +306,7 @@ async def test_sessions_fail_closed_on_request() -> None:
     store = RedisSessions(dead_redis(), on_outage="closed")
     started = time.monotonic()
     with pytest.raises(BackendUnavailable, match="sessions fail closed"):
-        await store.check("s-1")
+        await store.check(S1)
     assert time.monotonic() - started < OUTAGE_BOUND
     await store.aclose()
 
@@ -389,7 +392,7 @@ async def test_clients_share_redis_sessions(redis_url: str) -> None:
     second = ReachClient(registry=registry, transport=MockTransport(lambda call: {"ok": True}), sessions=url)
     assert (await first.reach("query_order", {}, session_id="s-1")).ok
     assert first.sessions is not None and second.sessions is not None
-    await second.sessions.close("s-1")
+    await second.sessions.close(S1)
     with pytest.raises(SessionClosed):
         await first.reach("query_order", {}, session_id="s-1")
     for client in (first, second):

@@ -18,6 +18,7 @@ from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing import Route, Router, TenantLike
 from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.router import MAX_RECORDED
+from reach_plugins.stores.sessions import session_key
 from reach_plugins.wire.headers import PREFER, TARGET
 
 
@@ -347,8 +348,8 @@ def test_release_forgets_the_session(registry: MemoryRegistry) -> None:
     registry.put_agent(agent("orders", "query_order", endpoints=3))
     r = router(registry)
     r.route(ask(session_id="conv"))
-    assert r.release("conv") is True
-    assert r.forget("conv") is False
+    assert r.release(session_key(None, "conv")) is True
+    assert r.forget(session_key(None, "conv")) is False
     assert r.route(ask(session_id="conv")).decision.affinity == "new"
     assert len(r.sessions) == 1
 

@@ -11,10 +11,11 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('the agent SDK needs the server extra: pip install "reach-plugins[server]"') from exc
 
-from reach_plugins.agent.agent import Outcome, ReachAgent
+from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, WebhookApprover
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.agent.langgraph import ServedAgent, add_langgraph, serve_graph, serve_langgraph
+from reach_plugins.agent.outcome import Outcome
 from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.server import serve
 from reach_plugins.server.uvicorn import BackgroundServer, mtls, uvicorn_config

@@ -26,12 +26,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from starlette.requests import Request
+from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reach_plugins.errors import ReachError
 from reach_plugins.protocols.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
-from reach_plugins.server.inbound import loads, read_body
+from reach_plugins.server.layer import Inbound, Stage
+from reach_plugins.wire.body import WireBody, invalid
 from reach_plugins.wire.sse import encode_sse
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 CARD_PATH = "/.well-known/agent-card.json"
 RPC_PATH = "/a2a"
 TASKS_KEPT = 1024
-INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32600, -32601, -32602, -32603
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32700, -32600, -32601, -32602, -32603
 TASK_NOT_FOUND, NOT_CANCELABLE = -32001, -32002
 _METHOD: dict[str, tuple[Dialect, str]] = {
     method: (dialect, kind) for dialect, methods in METHODS.items() for kind, method in methods.items()
@@ -118,7 +119,6 @@ class A2AServer:
 
     def __init__(self, agent: ReachAgent) -> None:
         self.agent = agent
-        self._large = agent.limits.places()
         self.tasks: OrderedDict[str, Finished] = OrderedDict()
         """The tasks answered, by id; bounded, the oldest dropped."""
 
@@ -145,21 +145,15 @@ class A2AServer:
             "preferredTransport": "JSONRPC",
         }
 
-    async def card_route(self, request: Request) -> Response:
-        return JSONResponse(self.card(str(request.base_url)))
+    async def card_route(self, inbound: Inbound) -> Response:
+        return JSONResponse(self.card(str(inbound.request.base_url)))
 
-    async def rpc_route(self, request: Request) -> Response:
-        limits = self.agent.limits
-        try:
-            raw = await read_body(
-                request.stream(), request.headers, limit=limits.max_body, timeout=limits.body_timeout, large=self._large
-            )
-        except ReachError as exc:
-            return self._error(None, INVALID_REQUEST, exc.message)
-        try:
-            body = loads(raw, max_depth=limits.max_depth)
-        except ReachError as exc:
-            return self._error(None, -32700, exc.message)
+    def refuse(self, exc: ReachError, stage: Stage) -> Response:
+        """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 400)."""
+        return self._error(None, PARSE_ERROR if stage == "parse" else INVALID_REQUEST, exc.message, exc.http_status)
+
+    async def rpc_route(self, inbound: Inbound) -> Response:
+        body = inbound.body
         if not isinstance(body, dict) or not isinstance(body.get("method"), str):
             return self._error(None, INVALID_REQUEST, "expected a JSON-RPC request")
         rpc_id, method = body.get("id"), body["method"]
@@ -168,14 +162,13 @@ class A2AServer:
         if method not in _METHOD:
             return self._error(rpc_id, METHOD_NOT_FOUND, f"method {method!r} is not served")
         dialect, kind = _METHOD[method]
-        headers = {name.lower(): value for name, value in request.headers.items()}
         try:
             if kind == "get":
                 return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": self._known(params).shaped(dialect)})
             if kind == "cancel":
                 self._known(params)
                 raise RpcError(NOT_CANCELABLE, "the task has finished: it can no longer be cancelled")
-            task = await self._run(params, headers)
+            task = await self._run(params, inbound)
         except RpcError as exc:
             return self._error(rpc_id, exc.code, exc.message)
         if kind == "send":
@@ -221,14 +214,17 @@ class A2AServer:
         parameters = handler.signature.parameters.values()
         return [p.name for p in parameters if p.name != "ctx" and p.default is inspect.Parameter.empty]
 
-    async def _run(self, params: Mapping[str, Any], headers: Mapping[str, str]) -> Finished:
+    async def _run(self, params: Mapping[str, Any], inbound: Inbound) -> Finished:
         name, payload, message = self._payload(params)
         given = message.get("contextId")
         context_id = given if isinstance(given, str) and given else uuid.uuid4().hex
         task_id = uuid.uuid4().hex
         request_id = str(message.get("messageId") or task_id)
-        body = {"request_id": request_id, "capability": name, "payload": payload, "session_id": context_id}
-        outcome = await self.agent.handle(json.dumps(body).encode(), headers)
+        try:
+            body = WireBody(request_id=request_id, capability=name, payload=payload, session_id=context_id)
+        except ValidationError as exc:
+            raise RpcError(INVALID_PARAMS, invalid(exc, "message").message) from None
+        outcome = await self.agent.handle(body, inbound.headers, inbound.caller)
         error = _mapping(outcome.body.get("error"))
         if outcome.body.get("status") == "success":
             task = Finished(task_id, context_id, name, "completed", result=outcome.body.get("data"))
@@ -265,5 +261,6 @@ class A2AServer:
         return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": self._wrap(item, kind, dialect)})
 
     @staticmethod
-    def _error(rpc_id: Any, code: int, message: str) -> Response:
-        return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}})
+    def _error(rpc_id: Any, code: int, message: str, status: int = 200) -> Response:
+        body = {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}
+        return JSONResponse(body, status_code=status)

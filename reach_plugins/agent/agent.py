@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,9 +29,12 @@ from opentelemetry import propagate, trace
 from pydantic import ValidationError
 
 from reach_plugins.agent.approval import ApprovalGate, Approver
+from reach_plugins.agent.asgi import build_app
 from reach_plugins.agent.faults import concealed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
-from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, open_key_store, scope
+from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, commit_key, open_key_store, scope
+from reach_plugins.agent.outcome import Outcome, fail, refused
+from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.clock import as_clock
 from reach_plugins.errors import (
@@ -39,8 +42,8 @@ from reach_plugins.errors import (
     Backpressure,
     ConfigError,
     DeadlineExceeded,
+    EntryTooLarge,
     IdempotencyConflict,
-    InvalidPayload,
     ReachError,
     RemoteError,
     RequestError,
@@ -49,36 +52,22 @@ from reach_plugins.errors import (
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
-from reach_plugins.server.inbound import InputLimits, loads
+from reach_plugins.server.inbound import InputLimits
+from reach_plugins.server.layer import ServerApp
+from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.sessiontable import MAX_SESSIONS, SessionTable, check_session
 from reach_plugins.stores.snapshots import SnapshotStore
+from reach_plugins.wire.body import WireBody
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
-    from reach_plugins.agent.registration import Registration
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.registry.base import Registry
     from reach_plugins.security.claims import Claims as TokenClaims
     from reach_plugins.security.verifier import TokenVerifier
+    from reach_plugins.stores.dedup import DedupStore
 
 log = logging.getLogger("reach_plugins.agent")
 F = TypeVar("F", bound=Callable[..., Any])
 Readiness = Callable[[], "bool | Awaitable[bool]"]
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """One HTTP answer of the agent: status code, JSON body, extra headers."""
-
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-    encoded: bytes = field(init=False, repr=False, compare=False)
-    """The JSON body, encoded once when the outcome is made (a value that cannot be encoded fails right there)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "encoded", dumps(self.body).encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,16 +78,6 @@ class _Prepared:
     payload: dict[str, Any]
     kwargs: dict[str, Any]
     ctx: ReachContext
-
-
-def _fail(request_id: Any, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> Outcome:
-    body = {"request_id": request_id, "status": "fail", "data": None, "error": {"type": kind, "message": message}}
-    return Outcome(status, body, headers or {})
-
-
-def _refused(request_id: Any, exc: ReachError) -> Outcome:
-    """A fail answer carrying the error's own HTTP status and wire code (:mod:`reach_plugins.errors`)."""
-    return _fail(request_id, exc.http_status, exc.error_type, exc.message)
 
 
 def _not_executed(request_id: Any, why: str) -> Outcome:
@@ -112,13 +91,18 @@ def _not_executed(request_id: Any, why: str) -> Outcome:
     return Outcome(503, body, {"Retry-After": str(IN_PROGRESS_RETRY)})
 
 
-def _deadline(headers: Mapping[str, str], body: Mapping[str, Any]) -> float | None:
+def _deadline(headers: Mapping[str, str], body: WireBody) -> float | None:
     """Monotonic deadline from ``X-Reach-Deadline`` (remaining ms), else the body's ``deadline_ms``."""
-    raw = headers.get("x-reach-deadline", body.get("deadline_ms"))
+    raw = headers.get("x-reach-deadline", body.deadline_ms)
     try:
         return None if raw is None else time.monotonic() + float(raw) / 1000
     except (TypeError, ValueError):
         return None
+
+
+def _tenant(body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None) -> str | None:
+    """The caller's tenant: the token's with tokens on, else the body's, else ``X-Tenant``."""
+    return claims.tenant if claims is not None else body.tenant or headers.get("x-tenant")
 
 
 class ReachAgent:
@@ -153,10 +137,11 @@ class ReachAgent:
         self.readiness = readiness
         self.draining = False
         self.limits = limits or InputLimits()
-        self.sessions = SessionTable(max_sessions)
+        self.sessions = SessionTable(budget=Budget(max_entries=max_sessions, max_bytes=DEFAULT_BUDGET.max_bytes))
         self.snapshots = snapshots
         self._handlers: dict[str, CapabilityHandler] = {}
-        store, self.shared_idempotency = open_key_store(idempotency, clock, idempotency_max_entries)
+        budget = Budget(max_entries=idempotency_max_entries, max_bytes=DEFAULT_BUDGET.max_bytes)
+        store, self.shared_idempotency = open_key_store(idempotency, clock, budget)
         self._window = idempotency_window
         self._claims = Claims(store, window=idempotency_window, clock=as_clock(clock), committed=committed)
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
@@ -248,86 +233,70 @@ class ReachAgent:
     # ------------------------------------------------------------------ serving
 
     def _context(
-        self, body: Mapping[str, Any], headers: Mapping[str, str], capability: str, claims: TokenClaims | None
+        self, body: WireBody, headers: Mapping[str, str], capability: str, claims: TokenClaims | None
     ) -> ReachContext:
-        session_id = body.get("session_id")
+        session_id = body.session_id
         hops = headers.get("x-reach-hops")
-        tenant = claims.tenant if claims is not None else body.get("tenant") or headers.get("x-tenant")
-        key = headers.get("idempotency-key") or body.get("idempotency_key")
+        tenant = _tenant(body, headers, claims)
+        key = headers.get("idempotency-key") or body.idempotency_key
         return ReachContext(
-            request_id=str(body.get("request_id") or ""),
+            request_id=body.request_id or "",
             capability=capability,
-            action=body.get("action"),
+            action=body.action,
             session_id=session_id,
             tenant=tenant,
             idempotency_key=key,
-            idempotency_scope=scope(tenant, self.name, capability, key) if key else None,
+            idempotency_scope=commit_key(scope(tenant, self.name, capability, key)) if key else None,
             deadline=_deadline(headers, body),
             hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
             headers=headers,
             state=self.sessions.state(tenant, session_id) if session_id else {},
         )
 
-    async def authenticate(self, headers: Mapping[str, str]) -> Outcome | TokenClaims | None:
-        """The caller's token claims (``None`` with tokens off), or the refusal (401/403) with the error's status.
+    async def authenticate(self, headers: Mapping[str, str]) -> TokenClaims | None:
+        """The caller's token claims (``None`` with tokens off); else the ReachError refusing it (``InvalidToken``,
+        ``TokenDenied``, or a verifier that cannot check now), answered with its own status.
 
-        The app asks before reading the body; ``handle`` asks again (a verified token is cached: no second check).
+        The server layer asks before a byte of the body is read (:func:`~reach_plugins.agent.asgi.build_app`).
         """
-        if self._gate is None:
-            return None
-        try:
-            return await self._gate.admit(headers)
-        except ReachError as exc:  # a refusal (401/403), or a verifier that cannot check now: its own status
-            return _refused(None, exc)
+        return None if self._gate is None else await self._gate.admit(headers)
 
-    def _prepare(
-        self, raw: bytes, headers: Mapping[str, str], claims: TokenClaims | None = None
-    ) -> Outcome | _Prepared:
-        """Parse and check one request body: an early :class:`Outcome`, or what is needed to run it."""
-        try:
-            body = loads(raw, max_depth=self.limits.max_depth)
-        except ReachError as exc:
-            return _refused(None, RequestError(f'{exc.message}; the body must be a JSON object with "capability"'))
-        if not isinstance(body, dict) or not isinstance(body.get("capability"), str):
-            return _refused(None, RequestError('the body must be a JSON object with "capability" and "payload"'))
-        request_id, name = body.get("request_id"), body["capability"]
+    def _prepare(self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None) -> Outcome | _Prepared:
+        """Check one parsed request: an early :class:`Outcome`, or what is needed to run it."""
+        request_id, name = body.request_id, body.capability
         if self.draining:
-            return _fail(request_id, 503, Backpressure.code, f"agent {self.name!r} is draining", {"Retry-After": "1"})
+            return fail(request_id, 503, Backpressure.code, f"agent {self.name!r} is draining", {"Retry-After": "1"})
         handler = self._handlers.get(name)
         if handler is None:
             offered = ", ".join(sorted(self._handlers)) or "nothing"
-            return _fail(
+            return fail(
                 request_id,
                 UnknownCapability.http_status,
                 UnknownCapability.code,
                 f"agent {self.name!r} has no capability {name!r}; it offers: {offered}",
             )
-        payload = body.get("payload") or {}
-        tenant = claims.tenant if claims is not None else body.get("tenant") or headers.get("x-tenant")
-        problem = check_session(body.get("session_id"), tenant)
+        payload = body.payload or {}
+        problem = check_session(body.session_id, _tenant(body, headers, claims))
         if problem is not None:
-            return _refused(request_id, RequestError(problem))
+            return refused(request_id, RequestError(problem))
         try:
             ctx = self._context(body, headers, name, claims)
         except ValueError as exc:
-            return _refused(request_id, RequestError(f"bad X-Reach-Hops header: {exc}"))
+            return refused(request_id, RequestError(f"bad X-Reach-Hops header: {exc}"))
+        except EntryTooLarge as exc:
+            return refused(request_id, exc)
         remaining = ctx.remaining()
         if remaining is not None and remaining <= 0:
-            return _refused(request_id, DeadlineExceeded("the caller's deadline had passed on arrival; not executed"))
+            return refused(request_id, DeadlineExceeded("the caller's deadline had passed on arrival; not executed"))
         try:
-            if not isinstance(payload, dict):
-                raise InvalidPayload("the payload must be a JSON object")
             kwargs = handler.arguments(payload, ctx)
         except ReachError as exc:
-            return _refused(request_id, exc)
+            return refused(request_id, exc)
         return _Prepared(handler, payload, kwargs, ctx)
 
-    async def handle(self, raw: bytes, headers: Mapping[str, str]) -> Outcome:
-        """Answer one ``POST /reach`` body (``headers`` with lowercase names)."""
-        claims = await self.authenticate(headers)
-        if isinstance(claims, Outcome):
-            return claims
-        prepared = self._prepare(raw, headers, claims)
+    async def handle(self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None) -> Outcome:
+        """Answer one ``POST /reach`` body of a caller the server layer admitted (``headers`` with lowercase names)."""
+        prepared = self._prepare(body, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
         ctx = prepared.ctx
@@ -339,7 +308,7 @@ class ReachAgent:
             try:
                 claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
             except IdempotencyConflict as exc:
-                return _refused(ctx.request_id, exc)
+                return refused(ctx.request_id, exc)
             except BackendUnavailable:
                 log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
                 return _not_executed(ctx.request_id, "its idempotency key cannot be checked now")
@@ -366,26 +335,25 @@ class ReachAgent:
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
             return Outcome(200, body)
         except ReachError as exc:
-            return _fail(ctx.request_id, 200, exc.error_type, exc.message)
+            return fail(ctx.request_id, 200, exc.error_type, exc.message)
         except TimeoutError:
-            return _refused(
+            return refused(
                 ctx.request_id, DeadlineExceeded(f"{ctx.capability!r} did not finish within the caller's deadline")
             )
         except Exception as exc:
-            return _refused(ctx.request_id, RemoteError(concealed(exc, ctx.capability)))
+            return refused(ctx.request_id, RemoteError(concealed(exc, ctx.capability)))
 
-    async def open_stream(self, raw: bytes, headers: Mapping[str, str]) -> Outcome | AsyncIterator[bytes]:
+    async def open_stream(
+        self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None
+    ) -> Outcome | AsyncIterator[bytes]:
         """Answer one ``POST /reach/stream`` body: an early :class:`Outcome`, or the SSE frames to send."""
-        claims = await self.authenticate(headers)
-        if isinstance(claims, Outcome):
-            return claims
-        prepared = self._prepare(raw, headers, claims)
+        prepared = self._prepare(body, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
         try:
             await self._approve(prepared)
         except ReachError as exc:
-            return _fail(prepared.ctx.request_id, 200, exc.error_type, exc.message)
+            return fail(prepared.ctx.request_id, 200, exc.error_type, exc.message)
         return self._frames(prepared)
 
     async def _frames(self, prepared: _Prepared) -> AsyncIterator[bytes]:
@@ -453,8 +421,6 @@ class ReachAgent:
 
     async def register(self, registry: Registry, endpoint: str, **options: Any) -> Registration:
         """Register now and keep heartbeats going; ``await registration.stop()`` drains and deregisters."""
-        from reach_plugins.agent.registration import Registration
-
         registration = Registration(self, registry, endpoint, **options)
         await registration.start()
         return registration
@@ -478,8 +444,6 @@ class ReachAgent:
                 await self.snapshots.save(self.name, self.sessions)
 
     @cached_property
-    def app(self) -> Starlette:
-        """The Starlette app: ``POST /reach``, ``POST /reach/stream``, ``GET /healthz``, ``GET /readyz``."""
-        from reach_plugins.agent.asgi import build_app
-
+    def app(self) -> ServerApp:
+        """The Starlette app: ``POST /reach``, ``POST /reach/stream``, ``GET /healthz``, ``GET /readyz``, A2A."""
         return build_app(self)

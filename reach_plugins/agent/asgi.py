@@ -1,78 +1,69 @@
-"""The agent's Starlette app: thin HTTP glue around :class:`~reach_plugins.agent.agent.ReachAgent`."""
+"""The agent's app: its routes declared through the server layer, thin HTTP glue around a ReachAgent.
+
+The layer asks the agent's token gate before a byte of the body is read,
+reads the body within the agent's byte and time budgets and parses it into
+the shared :class:`~reach_plugins.wire.body.WireBody` (the gateway's and the
+node's body model too); the handlers only run checked requests.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
-from reach_plugins.agent.agent import Outcome
 from reach_plugins.agent.cancellation import while_connected
+from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
-from reach_plugins.server.inbound import read_body
+from reach_plugins.server.layer import JSON, OPEN, Inbound, ServerApp, ServerRoute, Stage
+from reach_plugins.wire.body import WireBody
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
 
-
-_CLOSE = {"Connection": "close"}
-"""Refused before the body was read whole: the connection ends, so the rest is never read."""
+_EXPECTED = 'the body must be a JSON object with "capability" and "payload"'
 
 
 def _json(outcome: Outcome) -> Response:
     return Response(outcome.encoded, outcome.status, outcome.headers, media_type="application/json")
 
 
-async def _body(agent: ReachAgent, request: Request, large: asyncio.Semaphore) -> bytes | Outcome:
-    """The body, read within the agent's byte and time budgets; a refusal (413/408) past them."""
-    limits = agent.limits
-    try:
-        return await read_body(
-            request.stream(), request.headers, limit=limits.max_body, timeout=limits.body_timeout, large=large
-        )
-    except ReachError as exc:
-        error = {"type": exc.error_type, "message": exc.message}
-        return Outcome(exc.http_status, {"request_id": None, "status": "fail", "data": None, "error": error}, _CLOSE)
+def _refuse(exc: ReachError, stage: Stage) -> Response:
+    """A refusal of the server layer in the agent's reply shape (the parse problem says what the body must be)."""
+    message = f"{exc.message}; {_EXPECTED}" if stage == "parse" else exc.message
+    return _json(fail(None, exc.http_status, exc.error_type, message))
 
 
-def build_app(agent: ReachAgent) -> Starlette:
+def build_app(agent: ReachAgent) -> ServerApp:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work).
 
     A2A too (:mod:`reach_plugins.agent.a2a`): the agent card and ``POST /a2a``.
     """
     large = agent.limits.places()
 
-    async def reach(request: Request) -> Response:
-        refused = await agent.authenticate(request.headers)
-        if isinstance(refused, Outcome):  # authenticated before the body is read (DESIGN.md 11.5)
-            return _json(refused)
-        raw = await _body(agent, request, large)
-        if isinstance(raw, Outcome):
-            return _json(raw)
-        outcome = await while_connected(request.receive, agent.handle(raw, request.headers))
+    async def caller(request: Request, headers: Mapping[str, str]) -> Any:
+        return await agent.authenticate(headers)
+
+    async def reach(inbound: Inbound) -> Response:
+        handled = agent.handle(inbound.body, inbound.headers, inbound.caller)
+        outcome = await while_connected(inbound.request.receive, handled)
         return _json(outcome) if outcome is not None else Response(status_code=499)
 
-    async def reach_stream(request: Request) -> Response:
-        refused = await agent.authenticate(request.headers)
-        if isinstance(refused, Outcome):
-            return _json(refused)
-        raw = await _body(agent, request, large)
-        answer = raw if isinstance(raw, Outcome) else await agent.open_stream(raw, request.headers)
+    async def reach_stream(inbound: Inbound) -> Response:
+        answer = await agent.open_stream(inbound.body, inbound.headers, inbound.caller)
         if isinstance(answer, Outcome):
             return _json(answer)
         return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(inbound: Inbound) -> Response:
         return JSONResponse({"status": "alive", "agent": agent.name})
 
-    async def readyz(request: Request) -> Response:
+    async def readyz(inbound: Inbound) -> Response:
         if await agent.is_ready():
             return JSONResponse({"status": "ready", "agent": agent.name})
         state = "draining" if agent.draining else "not ready"
@@ -84,12 +75,24 @@ def build_app(agent: ReachAgent) -> Starlette:
             yield
 
     a2a = A2AServer(agent)
+    limits = agent.limits
     routes = [
-        Route("/reach", reach, methods=["POST"]),
-        Route(CARD_PATH, a2a.card_route, methods=["GET"]),
-        Route(RPC_PATH, a2a.rpc_route, methods=["POST"]),
-        Route("/reach/stream", reach_stream, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
+        ServerRoute("/reach", ("POST",), reach, auth=caller, body=WireBody, limits=limits, large=large, refuse=_refuse),
+        ServerRoute(CARD_PATH, ("GET",), a2a.card_route, auth=OPEN),
+        ServerRoute(
+            RPC_PATH, ("POST",), a2a.rpc_route, auth=caller, body=JSON, limits=limits, large=large, refuse=a2a.refuse
+        ),
+        ServerRoute(
+            "/reach/stream",
+            ("POST",),
+            reach_stream,
+            auth=caller,
+            body=WireBody,
+            limits=limits,
+            large=large,
+            refuse=_refuse,
+        ),
+        ServerRoute("/healthz", ("GET",), healthz, auth=OPEN),
+        ServerRoute("/readyz", ("GET",), readyz, auth=OPEN),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return ServerApp(routes, lifespan=lifespan)

@@ -13,7 +13,9 @@ lets callers retry a lost answer on any of its instances (DESIGN 11.1/11.2).
   as never delivered.
 * Results with status < 500 are kept for the window (a business refusal is
   an answer too); failures a retry may cure release the key.
-* Keys are namespaced by tenant, agent and capability (:func:`scope`).
+* Keys are namespaced by tenant, agent and capability (:func:`scope`, a
+  :class:`~reach_plugins.stores.keys.ScopedKey`; a request without a tenant
+  is the default tenant's), and the memory store is bounded in entries and bytes.
 * A handler that commits its effect and its key in one transaction of its
   own passes ``committed`` (the lookup of that key in its store): when a
   claim lapsed because an instance died after committing but before the
@@ -25,15 +27,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from reach_plugins.agent.outcome import Outcome
 from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore
-
-if TYPE_CHECKING:
-    from reach_plugins.agent.agent import Outcome
+from reach_plugins.stores.budget import Budget
+from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
+from reach_plugins.stores.keys import SEP, ScopedKey
+from reach_plugins.stores.urls import open_store
 
 LEASE_GRACE = 2.0
 """Seconds a claim outlives the request's deadline."""
@@ -46,22 +49,26 @@ Committed = Callable[[str], Awaitable[Any | None]]
 """``scope -> result | None``: the result a handler committed with this key in its own transaction, if any."""
 
 
-def scope(tenant: str | None, agent: str, capability: str, key: str) -> str:
+KIND = "idempotency"
+
+
+def scope(tenant: str | None, agent: str, capability: str, key: str) -> ScopedKey:
     """The namespaced key: one tenant's, agent's or capability's key never answers another's."""
-    return "\x1f".join((tenant or "-", agent, capability, key))
+    return ScopedKey.of(tenant, KIND, SEP.join((agent, capability, key)))
 
 
-def open_key_store(
-    store: DedupStore | str, clock: Callable[[], float], max_entries: int = 10_000
-) -> tuple[DedupStore, bool]:
+def commit_key(key: ScopedKey) -> str:
+    """The text a handler commits its effect with (``tenant<US>agent<US>capability<US>key``)."""
+    return f"{key.tenant}{SEP}{key.id}"
+
+
+def open_key_store(store: DedupStore | str, clock: Callable[[], float], budget: Budget) -> tuple[DedupStore, bool]:
     """The store named by ``store`` and whether it is shared by several processes (anything but memory)."""
     if not isinstance(store, str):
         return store, not isinstance(store, MemoryDedupStore)
     if store.startswith("memory://"):
-        return MemoryDedupStore(max_entries=max_entries, clock=as_clock(clock)), False
+        return MemoryDedupStore(budget=budget, clock=as_clock(clock)), False
     if store.startswith(("redis://", "rediss://")):
-        from reach_plugins.stores.urls import open_store
-
         return open_store(store), True
     raise ConfigError(f"unsupported idempotency store {store!r}; use 'memory://' or 'redis://HOST:PORT/DB'")
 
@@ -74,17 +81,15 @@ class Claims:
         self._window = window
         self._clock = clock
         self._committed = committed
-        self._running: dict[str, asyncio.Future[Outcome | None]] = {}
+        self._running: dict[ScopedKey, asyncio.Future[Outcome | None]] = {}
 
     async def run(
-        self, key: str, fingerprint: str, lease: float | None, execute: Callable[[], Awaitable[Outcome]]
+        self, key: ScopedKey, fingerprint: str, lease: float | None, execute: Callable[[], Awaitable[Outcome]]
     ) -> tuple[Outcome | None, bool]:
         """``(outcome, replayed)``, or ``(None, False)`` when another instance holds the key (in progress).
 
         Raises IdempotencyConflict (another payload) and BackendUnavailable (the store cannot be asked).
         """
-        from reach_plugins.agent.agent import Outcome
-
         while (twin := self._running.get(key)) is not None:
             result = await asyncio.shield(twin)
             if result is not None:
@@ -96,7 +101,7 @@ class Claims:
         if begin.state == "inflight":
             return None, False
         if self._committed is not None:
-            saved = await self._committed(key)
+            saved = await self._committed(commit_key(key))
             if saved is not None:
                 kept = Outcome(200, {"request_id": None, "status": "success", "data": saved, "error": None})
                 await self.store.complete(key, _stored(kept))

@@ -5,11 +5,13 @@ The one way to serve a graph: :func:`add_langgraph` adds its capabilities to a
 background (what ``create_agent(..., enhanced_by=ReachEnhancer(auto_register=True))``
 calls), :func:`serve_langgraph` serves one in the foreground. A call's
 ``messages`` (or ``input`` / ``message`` text, else its payload as JSON) is the
-user turn; the caller's session is the graph's ``thread_id``, so a checkpointer
-keeps each conversation; the reply is normalised like every chat-style
-agent's: ``reply_content``, ``tool_calls``, ``raw_meta``. The graph runs with
-``ainvoke`` on the agent's loop; reaches it makes continue the caller's hop chain
-and trace (:mod:`reach_plugins.security.context`). Nothing here imports LangGraph.
+user turn; the caller's conversation (its tenant's session key,
+:func:`thread_id`) is the graph's ``thread_id``, so a checkpointer keeps each
+conversation and tenant B naming tenant A's session id gets a thread of its
+own; the reply is normalised like every chat-style agent's: ``reply_content``,
+``tool_calls``, ``raw_meta``. The graph runs with ``ainvoke`` on the agent's
+loop; reaches it makes continue the caller's hop chain and trace
+(:mod:`reach_plugins.security.context`). Nothing here imports LangGraph.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from reach_plugins.agent.server import serve
 from reach_plugins.errors import BusinessError, InvalidPayload
 from reach_plugins.model import Capability
 from reach_plugins.server.uvicorn import BackgroundServer
+from reach_plugins.stores.sessions import session_key
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -83,6 +86,11 @@ def _turn(capability: str, payload: Mapping[str, Any]) -> list[Any]:
     return [{"role": "user", "content": json.dumps(dict(payload), ensure_ascii=False)}]
 
 
+def thread_id(ctx: ReachContext) -> str:
+    """The graph thread of the caller's conversation: its tenant's session key (a call without a session: its own)."""
+    return session_key(ctx.tenant, ctx.session_id or ctx.request_id).encode()
+
+
 def add_langgraph(
     agent: ReachAgent,
     graph: ChatGraph,
@@ -93,7 +101,7 @@ def add_langgraph(
     """Add ``capabilities`` to ``agent``, each answered by one graph run per call."""
 
     async def run(ctx: ReachContext, **payload: Any) -> dict[str, Any]:
-        config = {"configurable": {"thread_id": ctx.session_id or ctx.request_id}}
+        config = {"configurable": {"thread_id": thread_id(ctx)}}
         state = await graph.ainvoke({"messages": _turn(ctx.capability, payload)}, config=config)
         if isinstance(state, Mapping) and state.get("__interrupt__"):
             raise BusinessError(f"{ctx.capability!r} paused for human approval; it cannot finish unattended")

@@ -38,9 +38,12 @@ from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceed
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
-from reach_plugins.policy.dedup import DedupStore, MemoryDedupStore, payload_hash, resolve_key, store_key
+from reach_plugins.policy.dedup import payload_hash, resolve_key
 from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
 from reach_plugins.policy.validation import check_payload
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.telemetry.spans import (
     ATTR_AGENT,
     ATTR_ATTEMPTS,
@@ -111,7 +114,9 @@ class Pipeline:
             raise ConfigError(f"max_hops must be >= 1 and default_timeout > 0, got {max_hops} and {default_timeout}")
         self._clock = as_clock(clock)
         self._owns_store = store is None
-        self._store: DedupStore = store if store is not None else MemoryDedupStore(clock=self._clock)
+        self._store: DedupStore = (
+            store if store is not None else MemoryDedupStore(budget=DEFAULT_BUDGET, clock=self._clock)
+        )
         self._sink = sink
         self._tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
@@ -254,7 +259,7 @@ class Pipeline:
                 await self._store.fail(key)
         return response
 
-    async def _claim(self, flight: Flight, key: str, digest: str) -> ReachResponse | None:
+    async def _claim(self, flight: Flight, key: ScopedKey, digest: str) -> ReachResponse | None:
         """Own the key (None), or return the stored/in-flight twin's response once it is there.
 
         The claim is a lease of the request's deadline plus :data:`CLAIM_GRACE`; a key left ``unknown`` (by
@@ -298,7 +303,7 @@ class Pipeline:
             if result is not None:
                 return result
 
-    async def _take_over(self, flight: Flight, key: str, where: str | None) -> None:
+    async def _take_over(self, flight: Flight, key: ScopedKey, where: str | None) -> None:
         """Own an ``unknown`` key: route only where it can be checked, else hand it back and raise OutcomeUnknown."""
         engine = self._engine
         agent, _, instance = (where or "").partition("/")

@@ -24,6 +24,7 @@ from reach_plugins.routing.probes import Prober
 from reach_plugins.routing.route import Route
 from reach_plugins.routing.sharedpins import agree_on_pin
 from reach_plugins.security.caller import caller_transport
+from reach_plugins.stores.sessions import session_key
 from reach_plugins.stores.urls import open_sessions, open_store
 from reach_plugins.telemetry.trace import TraceSink
 from reach_plugins.transport import Credential, StreamEvent, Transport
@@ -31,9 +32,9 @@ from reach_plugins.transport import Credential, StreamEvent, Transport
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.registry.base import Clock
     from reach_plugins.security.source import TokenSource
+    from reach_plugins.stores.dedup import DedupStore
     from reach_plugins.stores.sessions import SessionStore
 
 
@@ -222,9 +223,10 @@ class ReachClient:
         self._check_loop()
         if self.sessions is None or request.session_id is None:
             return await self.pipeline.run(request, trace=trace)
-        await self.sessions.check(request.session_id)
+        conversation = session_key(request.tenant, request.session_id)
+        await self.sessions.check(conversation)
         await agree_on_pin(self.router, self.sessions, request)
-        async with self.sessions.guard(request.session_id):
+        async with self.sessions.guard(conversation):
             return await self.pipeline.run(request, trace=trace)
 
     async def reach(
@@ -271,7 +273,7 @@ class ReachClient:
         self._check_loop()
         request = self.request(capability, payload, **options)
         if self.sessions is not None and request.session_id is not None:
-            await self.sessions.check(request.session_id)
+            await self.sessions.check(session_key(request.tenant, request.session_id))
         async with aclosing(self.pipeline.stream(request)) as events:
             async for event in events:
                 yield event
@@ -285,16 +287,18 @@ class ReachClient:
         self._check_loop()
         return self.router.candidates(request, limit=limit)
 
-    async def close_session(self, session_id: str) -> None:
-        """End conversation ``session_id``: later reaches get ``SessionClosed``, calls in flight stop, its pins go.
+    async def close_session(self, session_id: str, tenant: str | None = None) -> None:
+        """End conversation ``session_id`` of ``tenant`` (else the client's): later reaches get ``SessionClosed``,
+        calls in flight stop, its pins go.
 
         It runs on this client's loop, beside the calls it cancels.
         """
         self._check_loop()
         if self.sessions is None:
             raise ConfigError("this client has no session store: build the ReachClient with sessions=")
-        await self.sessions.close(session_id)
-        self.router.release(session_id)
+        conversation = session_key(tenant if tenant is not None else self.tenant, session_id)
+        await self.sessions.close(conversation)
+        self.router.release(conversation)
 
     def _check_loop(self) -> None:
         """Bind the client to the loop of its first call; refuse any other (its waits belong to that loop)."""

@@ -36,6 +36,7 @@ from reach_plugins.frameworks.langchain import create_agent
 from reach_plugins.matching import CapabilityMatcher
 from reach_plugins.model import ReachTrace
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.sessions import MemorySessions
 from reach_plugins.telemetry.metrics import fan_out
 from reach_plugins.telemetry.spans import EVENT_ATTEMPT, EVENT_FAILOVER
@@ -140,6 +141,7 @@ async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None =
     client = ReachClient(
         registry,  # over the default transport: DirectTransport, real HTTP to the agents
         tenant="demo",
+        sessions=MemorySessions(budget=DEFAULT_BUDGET),
         sink=fan_out(sink, lines),
         tracer_provider=provider,
         rng=random.Random(seed),
@@ -147,7 +149,10 @@ async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None =
     # The demo waits for the sentence model (no routing budget), so even a cold first run maps tools by meaning.
     matcher = CapabilityMatcher((), timeout=None)
     enhancer = ReachEnhancer(
-        client=client, sessions=MemorySessions(), tracer_provider=provider, matcher=matcher, expose=["search_knowledge"]
+        client=client,
+        tracer_provider=provider,
+        matcher=matcher,
+        expose=["search_knowledge"],
     )
     front_desk = create_agent(
         demo_model(RULES),

@@ -1,7 +1,8 @@
 """The gateway's Starlette app: ``POST /v1/reach``, ``/v1/reach/stream`` (SSE), ``GET /v1/agents``, health, metrics.
 
-Every request is authenticated (bearer token -> tenant), parsed strictly, and
-run through the :class:`~reach_plugins.server.forwarder.Forwarder` under a
+Every route goes through the server layer (authenticated, body read within
+its budgets, parsed strictly into a :class:`~reach_plugins.wire.body.WireBody`)
+and a reach runs through the :class:`~reach_plugins.server.forwarder.Forwarder` under a
 server span that continues the caller's trace. Refusals are 4xx JSON naming
 the problem (429 + ``Retry-After`` to slow down, 503/504 when nobody could
 serve in time); a routed outcome is 200 with the response body, whatever its
@@ -15,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,24 +25,18 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from reach_plugins.errors import Backpressure, BodyTimeout, BodyTooLarge, ConfigError, RateLimited, ReachError
+from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError
 from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.issuer import TokenIssuer
 from reach_plugins.server.access import Access
 from reach_plugins.server.forwarder import Forwarder
-from reach_plugins.server.inbound import (
-    InputLimits,
-    loads,
-    read_body,
-    require_json,
-    single_headers,
-)
+from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_routes import issuer_routes
+from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute, Stage
 from reach_plugins.telemetry.prometheus import CONTENT_TYPE, Metrics
 from reach_plugins.telemetry.spans import (
     ATTR_AGENT,
@@ -55,12 +50,7 @@ from reach_plugins.telemetry.spans import (
     spans_are_noop,
 )
 from reach_plugins.transport import EventStream, StreamEvent
-from reach_plugins.wire.body import (
-    error_body,
-    parse_body,
-    response_body,
-    to_request,
-)
+from reach_plugins.wire.body import WireBody, error_body, response_body, to_request
 from reach_plugins.wire.headers import HEADER_TRACEPARENT
 
 log = logging.getLogger("reach_plugins.gateway")
@@ -73,14 +63,6 @@ REFUSED = "reach_gateway_refused_total"
 
 def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-
-
-def _headers(request: Request) -> dict[str, str]:
-    """The request's headers as a plain dict, computed once; ``RequestError`` if an auth header comes twice."""
-    cached: dict[str, str] | None = request.scope.get("reach.headers")
-    if cached is None:
-        cached = request.scope["reach.headers"] = single_headers(request.scope["headers"])
-    return cached
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -108,8 +90,6 @@ class _Stream:
         finally:
             if self.span is not None:
                 self.span.end()
-            self.gateway.inflight -= 1
-            if self.span is not None:
                 self.gateway.metrics.inc(REQUESTS, {"endpoint": "stream", "status": self.status})
 
 
@@ -168,39 +148,40 @@ class Gateway:
 
     # ------------------------------------------------------------------ request handling
 
-    def _gate(self, request: Request) -> tuple[dict[str, str], str | None]:
-        """Before a byte of the body is read: concurrency bound, one value per auth header, a valid token, JSON."""
+    async def caller(self, request: Request, headers: Mapping[str, str]) -> str | None:
+        """The server layer's auth rule: the tenant of the bearer token (the one a claimed ``X-Tenant`` names)."""
+        return self.access.authenticate(headers.get("authorization"), headers.get("x-tenant"))
+
+    async def _gate(self, request: Request, headers: Mapping[str, str]) -> str | None:
+        """The auth rule of the reach routes: the concurrency bound, then the caller."""
         if self.inflight > self.max_inflight:
             raise Backpressure(
                 f"the gateway is serving {self.max_inflight} requests, its limit; retry after {self.retry_after:g}s",
                 retry_after=self.retry_after,
             )
-        headers = _headers(request)
-        tenant = self.access.authenticate(headers.get("authorization"), headers.get("x-tenant"))
-        require_json(headers)
-        return headers, tenant
+        return await self.caller(request, headers)
 
-    async def _admit(self, request: Request, headers: dict[str, str], tenant: str | None) -> ReachRequest:
-        """Read the body within its byte and time budgets, parse it strictly: the ReachRequest to run."""
-        limits = self.limits
-        raw = await read_body(
-            request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self.large
-        )
-        body = parse_body(loads(raw, max_depth=limits.max_depth))
+    def _admit(self, inbound: Inbound) -> ReachRequest:
+        """The ReachRequest to run: the parsed body, completed by the headers, for the body's tenant if it names one."""
+        body: WireBody = inbound.body
+        headers, tenant = inbound.headers, inbound.caller
         if headers.get("x-tenant") is None and body.tenant is not None and body.tenant != tenant:  # else checked
             tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
+        request = inbound.request
         source = request.client.host if request.client else None
         return to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
 
-    def _refusal(
-        self, endpoint: str, exc: ReachError, request_id: str | None = None, *, close: bool = False
-    ) -> Response:
-        """A 4xx/5xx JSON answer; ``close`` ends the connection (its unread body is never read)."""
+    def _refuser(self, endpoint: str) -> Callable[[ReachError, Stage], Response]:
+        """The layer's refusals for ``endpoint``, counted like every refusal of the gateway."""
+        return lambda exc, stage: self._refusal(endpoint, exc)
+
+    def _refusal(self, endpoint: str, exc: ReachError, request_id: str | None = None) -> Response:
+        """A 4xx/5xx JSON answer (the server layer ends the connection when the body was left unread)."""
         status = exc.http_status
         if isinstance(exc, ConfigError):
             log.error("request %s failed on the gateway's configuration: %s", request_id, exc.message)
             exc = ConfigError("the gateway's configuration cannot serve this request; its log names the problem")
-        headers = {"Connection": "close"} if close else {}
+        headers = {}
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(exc, Backpressure | RateLimited):
             headers["Retry-After"] = str(max(1, round(retry_after or self.retry_after)))
@@ -208,9 +189,8 @@ class Gateway:
         self.metrics.inc(REQUESTS, {"endpoint": endpoint, "status": str(status)})
         return _json(error_body(exc, request_id), status, headers)
 
-    def _span(self, request: Request, reach: ReachRequest, name: str) -> Span:
+    def _span(self, headers: Mapping[str, str], reach: ReachRequest, name: str) -> Span:
         """A server span, child of the caller's ``traceparent`` when there is one."""
-        headers = _headers(request)
         parent = extract_context(headers) if HEADER_TRACEPARENT in headers else None
         span = self._tracer.start_span(f"{name} {reach.capability}", context=parent, kind=SpanKind.SERVER)
         if span.is_recording():
@@ -231,29 +211,27 @@ class Gateway:
         }
         return _json({"request_id": None, "status": "fail", "data": None, "error": body}, 500)
 
-    async def reach(self, request: Request) -> Response:
+    async def _counted(self, request: Request, serve: Callable[[], Awaitable[Response]]) -> Response:
+        """Around ``POST /v1/reach``: a place in flight, the latency, a 500 with an error id for a bug of ours."""
         started = time.perf_counter()
         self.inflight += 1
         try:
-            return await self._reach(request)
+            return await serve()
         except Exception as exc:
             return self._crash("reach", exc)
         finally:
             self.inflight -= 1
             self.metrics.observe(LATENCY, time.perf_counter() - started, {"endpoint": "reach"})
 
-    async def _reach(self, request: Request) -> Response:
+    async def reach(self, inbound: Inbound) -> Response:
         try:
-            headers, tenant = self._gate(request)
+            reach = self._admit(inbound)
         except ReachError as exc:
-            return self._refusal("reach", exc, close=True)
-        try:
-            reach = await self._admit(request, headers, tenant)
-        except ReachError as exc:
-            return self._refusal("reach", exc, close=isinstance(exc, BodyTooLarge | BodyTimeout))
+            return self._refusal("reach", exc)
+        headers = inbound.headers
         if HEADER_TRACEPARENT not in headers and spans_are_noop(self._tracer_provider):
             return await self._forward(reach)  # no trace to continue, none to record: no span to open
-        span = self._span(request, reach, "reach.gateway")
+        span = self._span(headers, reach, "reach.gateway")
         try:
             with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
                 response = await self.forwarder.run(reach)
@@ -276,33 +254,40 @@ class Gateway:
         self.metrics.inc(REQUESTS, {"endpoint": "reach", "status": response.status})
         return _json(response_body(response))
 
-    async def _hot(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST /v1/reach`` straight from the server, past Starlette's middleware and router (its hot path)."""
-        response = await self.reach(Request(scope, receive))
-        await response(scope, receive, send)
-
-    async def reach_stream(self, request: Request) -> Response:
-        """SSE; the in-flight count is released when the ASGI call ends, whether or not the stream ever started."""
+    async def _streamed(self, request: Request, serve: Callable[[], Awaitable[Response]]) -> Response:
+        """Around ``POST /v1/reach/stream``: the place in flight is released when the ASGI call ends (a started
+        stream's answer releases it), whether or not the stream ever started."""
         self.inflight += 1
-        stream = _Stream(self)
+        response: Response | None = None
         try:
-            return await self._reach_stream(request, stream)
+            response = await serve()
+            return response
         except Exception as exc:
             return self._crash("stream", exc)
+        finally:
+            if not isinstance(response, _Released):
+                self.inflight -= 1
+
+    async def reach_stream(self, inbound: Inbound) -> Response:
+        stream = _Stream(self)
+        try:
+            return await self._reach_stream(inbound, stream)
         finally:
             if not stream.handed_over:
                 await stream.release()
 
-    async def _reach_stream(self, request: Request, stream: _Stream) -> Response:
+    async def _release(self, stream: _Stream) -> None:
         try:
-            headers, tenant = self._gate(request)
-        except ReachError as exc:
-            return self._refusal("stream", exc, close=True)
+            await stream.release()
+        finally:
+            self.inflight -= 1
+
+    async def _reach_stream(self, inbound: Inbound, stream: _Stream) -> Response:
         try:
-            reach = await self._admit(request, headers, tenant)
+            reach = self._admit(inbound)
         except ReachError as exc:
-            return self._refusal("stream", exc, close=isinstance(exc, BodyTooLarge | BodyTimeout))
-        stream.span = span = self._span(request, reach, "reach.gateway.stream")
+            return self._refusal("stream", exc)
+        stream.span = span = self._span(inbound.headers, reach, "reach.gateway.stream")
         stream.events = events = self.forwarder.stream(reach)
         try:
             with trace.use_span(span, end_on_exit=False):
@@ -310,7 +295,7 @@ class Gateway:
         except ReachError as exc:
             return self._refusal("stream", exc, reach.request_id)
         stream.handed_over = True
-        return _Released(self._frames(first, events, stream), stream.release)
+        return _Released(self._frames(first, events, stream), lambda: self._release(stream))
 
     async def _frames(
         self, first: StreamEvent, events: AsyncIterator[StreamEvent], stream: _Stream
@@ -327,34 +312,45 @@ class Gateway:
             error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
             yield encode_sse(_dumps(error.model_dump(exclude_none=True)).decode(), "error")
 
-    async def agents(self, request: Request) -> Response:
-        try:
-            headers = _headers(request)
-            tenant = self.access.authenticate(headers.get("authorization"), headers.get("x-tenant"))
-        except ReachError as exc:
-            return self._refusal("agents", exc)
-        source = request.client.host if request.client else None
-        return _json({"tenant": tenant, "agents": self.forwarder.visible(tenant, source)})
+    async def agents(self, inbound: Inbound) -> Response:
+        client = inbound.request.client
+        tenant = inbound.caller
+        return _json({"tenant": tenant, "agents": self.forwarder.visible(tenant, client.host if client else None)})
 
-    async def healthz(self, request: Request) -> Response:
+    async def _mcp_counted(self, request: Request, serve: Callable[[], Awaitable[Response]]) -> Response:
+        """Around ``/mcp``: counted in flight (over ``max_inflight``: 429, come back) and in the request metrics."""
+        self.inflight += 1
+        try:
+            if self.inflight > self.max_inflight:
+                return Response(status_code=Backpressure.http_status, headers={"Retry-After": f"{self.retry_after:g}"})
+            answer = await serve()
+        finally:
+            self.inflight -= 1
+        self.metrics.inc(REQUESTS, {"endpoint": "mcp", "status": str(answer.status_code)})
+        return answer
+
+    async def healthz(self, inbound: Inbound) -> Response:
         if self.worker is None:
             return JSONResponse({"status": "alive"})
         return JSONResponse({"status": "alive", "worker": self.worker})
 
-    async def readyz(self, request: Request) -> Response:
+    async def readyz(self, inbound: Inbound) -> Response:
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         if not self.forwarder.table.agents():
             return JSONResponse({"status": "no agents registered"}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    async def metrics_text(self, request: Request) -> Response:
+    async def metrics_text(self, inbound: Inbound) -> Response:
         self.metrics.set(INFLIGHT, self.inflight)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ app
 
-    def app(self) -> Starlette:
+    def app(self) -> ServerApp:
+        """Every route declared through the server layer (:mod:`reach_plugins.server.layer`); ``POST /v1/reach``
+        is its hot path, past the router's walk."""
+
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             self.draining = False
@@ -365,35 +361,38 @@ class Gateway:
                 self.draining = True
                 await self.forwarder.aclose()
 
+        limits, large = self.limits, self.large
         routes = [
-            Route("/v1/reach", self.reach, methods=["POST"]),
-            Route("/v1/reach/stream", self.reach_stream, methods=["POST"]),
-            Route("/v1/agents", self.agents, methods=["GET"]),
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/readyz", self.readyz, methods=["GET"]),
-            Route("/metrics", self.metrics_text, methods=["GET"]),
-            Route("/mcp", McpEndpoint(self).handle, methods=["GET", "POST", "DELETE"]),
+            ServerRoute(
+                "/v1/reach",
+                ("POST",),
+                self.reach,
+                auth=self._gate,
+                body=WireBody,
+                limits=limits,
+                large=large,
+                json_only=True,
+                refuse=self._refuser("reach"),
+                around=self._counted,
+            ),
+            ServerRoute(
+                "/v1/reach/stream",
+                ("POST",),
+                self.reach_stream,
+                auth=self._gate,
+                body=WireBody,
+                limits=limits,
+                large=large,
+                json_only=True,
+                refuse=self._refuser("stream"),
+                around=self._streamed,
+            ),
+            ServerRoute("/v1/agents", ("GET",), self.agents, auth=self.caller, refuse=self._refuser("agents")),
+            ServerRoute("/healthz", ("GET",), self.healthz, auth=OPEN),
+            ServerRoute("/readyz", ("GET",), self.readyz, auth=OPEN),
+            ServerRoute("/metrics", ("GET",), self.metrics_text, auth=OPEN),
+            *McpEndpoint(self).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
         ]
         if self.issuer is not None:
-            routes += issuer_routes(self.issuer, self.access.authenticate)
-        return _App(self._hot, routes=routes, lifespan=lifespan)
-
-
-class _App(Starlette):
-    """Starlette, but ``POST /v1/reach`` goes straight to ``hot``: every other request (and a reach under a
-    ``root_path``) takes the routes, the same handler included."""
-
-    def __init__(self, hot: Callable[[Scope, Receive, Send], Awaitable[None]], **options: Any) -> None:
-        super().__init__(**options)
-        self._hot = hot
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"] == "/v1/reach"
-            and scope["method"] == "POST"
-            and not scope.get("root_path")
-        ):
-            await self._hot(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
+            routes += issuer_routes(self.issuer, self.access.authenticate, limits=limits)
+        return ServerApp(routes, lifespan=lifespan, hot="/v1/reach")

@@ -12,18 +12,19 @@ stream); ``DELETE /mcp`` ends a session.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
 from starlette.responses import Response
 
-from reach_plugins.errors import Backpressure, ReachError
+from reach_plugins.errors import ReachError
 from reach_plugins.model import ReachRequest
-from reach_plugins.server.inbound import loads, read_body
+from reach_plugins.server.inbound import InputLimits
+from reach_plugins.server.layer import JSON, Around, Authenticate, Inbound, ServerRoute, Stage
 from reach_plugins.wire.headers import SOURCE
 
 if TYPE_CHECKING:
@@ -45,6 +46,11 @@ def _error(rpc_id: Any, code: int, message: str, status: int = 200) -> Response:
     return _response({"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}, status)
 
 
+def _refuse(exc: ReachError, stage: Stage) -> Response:
+    """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 400)."""
+    return _error(None, PARSE_ERROR if stage == "parse" else INVALID_REQUEST, exc.message, exc.http_status)
+
+
 def _result(rpc_id: Any, result: Mapping[str, Any], headers: dict[str, str] | None = None) -> Response:
     return _response({"jsonrpc": "2.0", "id": rpc_id, "result": result}, headers=headers)
 
@@ -57,58 +63,57 @@ class McpEndpoint:
         self.sessions: OrderedDict[str, str | None] = OrderedDict()
         """MCP session id -> the tenant that opened it (bounded: the oldest session is dropped)."""
 
-    async def handle(self, request: Request) -> Response:
-        """One MCP message, counted in the gateway's in-flight requests (over ``max_inflight``: 429, come back)."""
-        gateway = self.gateway
-        gateway.inflight += 1
-        try:
-            if gateway.inflight > gateway.max_inflight:
-                headers = {"Retry-After": f"{gateway.retry_after:g}"}
-                return Response(status_code=Backpressure.http_status, headers=headers)
-            answer = await self._handle(request)
-        finally:
-            gateway.inflight -= 1
-        from reach_plugins.gateway.app import REQUESTS  # app.py mounts this module: import its names late
+    def routes(
+        self, caller: Authenticate, *, limits: InputLimits, large: asyncio.Semaphore, around: Around
+    ) -> list[ServerRoute]:
+        """``POST /mcp`` (one JSON-RPC message) and ``GET``/``DELETE /mcp`` (no body), through the server layer."""
+        return [
+            ServerRoute(
+                "/mcp",
+                ("POST",),
+                self.post,
+                auth=caller,
+                body=JSON,
+                limits=limits,
+                large=large,
+                refuse=_refuse,
+                around=around,
+            ),
+            ServerRoute("/mcp", ("GET", "DELETE"), self.end, auth=caller, refuse=_refuse, around=around),
+        ]
 
-        gateway.metrics.inc(REQUESTS, {"endpoint": "mcp", "status": str(answer.status_code)})
-        return answer
+    def _session(self, inbound: Inbound) -> tuple[str | None, Response | None]:
+        """The caller's MCP session id, or the 404 when it names a session the caller's tenant did not open."""
+        session = inbound.headers.get(SESSION_HEADER)
+        if session is not None and self.sessions.get(session, "-") != inbound.caller:
+            return session, _error(None, INVALID_REQUEST, "unknown MCP session: initialize a new one", 404)
+        return session, None
 
-    async def _handle(self, request: Request) -> Response:
-        try:
-            tenant = self.gateway.access.authenticate(request.headers.get("authorization"), None)
-        except ReachError as exc:
-            return _error(None, INVALID_REQUEST, exc.message, exc.http_status)
-        if request.method == "GET":
+    async def end(self, inbound: Inbound) -> Response:
+        """``DELETE /mcp`` ends a session; ``GET /mcp`` (a server stream) is not served."""
+        if inbound.request.method == "GET":
             return Response(status_code=405, headers={"Allow": "POST, DELETE"})
-        session = request.headers.get(SESSION_HEADER)
-        if session is not None and self.sessions.get(session, "-") != tenant:
-            return _error(None, INVALID_REQUEST, "unknown MCP session: initialize a new one", 404)
-        if request.method == "DELETE":
-            self.sessions.pop(session or "", None)
-            return Response(status_code=200)
-        limits = self.gateway.limits
-        try:
-            raw = await read_body(
-                request.stream(),
-                request.headers,
-                limit=limits.max_body,
-                timeout=limits.body_timeout,
-                large=self.gateway.large,
-            )
-        except ReachError as exc:
-            return _error(None, INVALID_REQUEST, exc.message, exc.http_status)
-        try:
-            message = loads(raw, max_depth=limits.max_depth)
-        except ReachError as exc:
-            return _error(None, PARSE_ERROR, exc.message, exc.http_status)
+        session, unknown = self._session(inbound)
+        if unknown is not None:
+            return unknown
+        self.sessions.pop(session or "", None)
+        return Response(status_code=200)
+
+    async def post(self, inbound: Inbound) -> Response:
+        """One JSON-RPC request or notification."""
+        session, unknown = self._session(inbound)
+        if unknown is not None:
+            return unknown
+        message = inbound.body
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             return _error(None, INVALID_REQUEST, "expected one JSON-RPC request or notification", 400)
         if "id" not in message:
             return Response(status_code=202)
         raw_params = message.get("params")
         params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
-        source = request.client.host if request.client else None
-        return await self._dispatch(message["method"], message["id"], params, tenant, session, source)
+        client = inbound.request.client
+        source = client.host if client else None
+        return await self._dispatch(message["method"], message["id"], params, inbound.caller, session, source)
 
     async def _dispatch(
         self,

@@ -8,79 +8,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import uvicorn
+
 from reach_plugins.config.loader import load_config
-from reach_plugins.endpoints import EndpointPolicy
-from reach_plugins.errors import ConfigError
-from reach_plugins.registry import FileRegistry, Registry, open_registry
+from reach_plugins.gateway.app import Gateway
+from reach_plugins.registry import Registry
 from reach_plugins.security.claims import VIA_GATEWAY
-from reach_plugins.security.issuer import TokenIssuer
-from reach_plugins.server.access import Access
-from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.inbound import InputLimits
-from reach_plugins.server.issuer_role import agent_transport, build_issuer
+from reach_plugins.server.issuer_role import build_issuer
+from reach_plugins.server.layer import ServerApp
+from reach_plugins.server.uvicorn import uvicorn_config
+from reach_plugins.telemetry.prometheus import Metrics
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
-    from starlette.applications import Starlette
 
-    from reach_plugins.policy.dedup import DedupStore
     from reach_plugins.security.audit import AuditHook
-    from reach_plugins.telemetry.trace import TraceSink
-
-
-def build_forwarder(
-    config: str | os.PathLike[str],
-    *,
-    registry: Registry | str | None = None,
-    environ: Mapping[str, str] = os.environ,
-    tracer_provider: TracerProvider | None = None,
-    node_id: str | None = None,
-    route_ttl: float = 1.0,
-    sink: TraceSink | None = None,
-    allow_open: bool = False,
-    issuer: TokenIssuer | None = None,
-    via: str | None = None,
-    audit: AuditHook | str | None = None,
-    store: DedupStore | str | None = None,
-) -> tuple[Forwarder, Access]:
-    """The forwarder and access rules a server runs with.
-
-    Tenants (tokens, allow-lists, networks, credentials) come from ``config``
-    and are read once at start. Agents come from ``registry`` when given,
-    else from ``config`` itself, which is then reloaded when it changes. A
-    config without tenants would serve anyone as any tenant: refused unless
-    ``allow_open``. Agents are reached with a token of ``issuer`` each (by
-    default one signing with ``$REACH_ISSUER_KEYS``, else a key of this
-    process), marked ``via``; L3 agents only with ``audit`` set. Idempotency
-    keys are held in ``store`` (a ``redis://`` URL shares them between processes).
-    Agent endpoints obey the networks ``$REACH_ENDPOINT_NETWORKS`` in ``environ`` names (read here, once), in the
-    file and in a registry opened from a URL.
-    """
-    path = Path(config)
-    endpoints = EndpointPolicy.from_environ(environ)
-    tenants = load_config(path, endpoints=endpoints).tenants
-    if not tenants and not allow_open:
-        raise ConfigError(
-            f"{path}: no 'tenants:' section, so the server would serve anyone as any tenant it names; "
-            "add tenants with token_env, or start it open on purpose with --allow-open (allow_open=True)"
-        )
-    access = Access(tenants, environ)
-    source = (
-        FileRegistry(path, endpoints=endpoints) if registry is None else open_registry(registry, endpoints=endpoints)
-    )
-    forwarder = Forwarder(
-        source,
-        tenants=tenants,
-        environ=environ,
-        tracer_provider=tracer_provider,
-        node_id=node_id,
-        route_ttl=route_ttl,
-        owns_registry=registry is None or isinstance(registry, str),
-        direct=agent_transport(issuer or build_issuer(tenants, environ=environ), via=via, audit=audit),
-        sink=sink,
-        store=store,
-    )
-    return forwarder, access
+    from reach_plugins.stores.dedup import DedupStore
 
 
 def create_app(
@@ -96,12 +41,9 @@ def create_app(
     audit: AuditHook | str | None = None,
     store: DedupStore | str | None = None,
     worker: int | None = None,
-) -> Starlette:
+) -> ServerApp:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
     ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz)."""
-    from reach_plugins.gateway.app import Gateway
-    from reach_plugins.telemetry.prometheus import Metrics
-
     issuer = build_issuer(load_config(Path(config)).tenants, keys=issuer_keys, environ=environ)
     metrics = Metrics()
     forwarder, access = build_forwarder(
@@ -150,10 +92,6 @@ def serve_gateway(
     of :mod:`reach_plugins.gateway.workers` serves the listening ``sockets``
     its supervisor handed down instead of binding ``host:port``.
     """
-    import uvicorn
-
-    from reach_plugins.server.uvicorn import uvicorn_config
-
     app = create_app(
         config,
         registry=registry,

@@ -30,6 +30,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from reach_plugins.errors import ConfigError
+from reach_plugins.gateway.serve import serve_gateway
 
 log = logging.getLogger("reach_plugins.gateway")
 
@@ -168,8 +169,6 @@ def _orphan_guard(parent: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """A worker: serve the gateway on the inherited socket with the supervisor's options."""
-    from reach_plugins.gateway.serve import serve_gateway
-
     settings = json.loads((argv if argv is not None else sys.argv[1:])[0])
     sock = socket.socket(fileno=settings.pop("fd"))
     _orphan_guard(os.getppid())

@@ -13,14 +13,16 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import grpc
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.gateway.serve import build_forwarder
+from reach_plugins.node.gate import AuthFirst
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.service import NodeService
 from reach_plugins.node.tickets import Tickets
 from reach_plugins.registry import Registry
 from reach_plugins.server.access import Access
+from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import MAX_BODY
+from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -77,7 +79,7 @@ class NodeServer:
             forwarder,
             access,
             queue=self.queue,
-            tickets=Tickets(callback_hosts=callback_hosts),
+            tickets=Tickets(budget=DEFAULT_BUDGET, callback_hosts=callback_hosts),
             node_id=self.node_id,
             tracer_provider=tracer_provider,
         )
@@ -90,7 +92,8 @@ class NodeServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> Self:
-        server = grpc.aio.server(options=self._options)
+        gate = AuthFirst(self.service.access, self.service.refuse, node_id=self.node_id)
+        server = grpc.aio.server(options=self._options, interceptors=[gate])
         pb_grpc.add_ReachNodeServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
         bound = server.add_insecure_port(f"{self.host}:{self.port}")
         if bound == 0:

@@ -19,7 +19,7 @@ import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
-from reach_plugins.errors import Backpressure, ConfigError, LoopDetected, ReachError
+from reach_plugins.errors import Backpressure, ConfigError, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets
@@ -36,7 +36,6 @@ from reach_plugins.wire.headers import (
     HEADER_AUTHORIZATION,
     HEADER_DEADLINE,
     HEADER_TRACEPARENT,
-    HEADER_VIA,
     HTTP_STATUS,
 )
 from reach_plugins.wire.proto import reach_pb2 as pb
@@ -48,7 +47,6 @@ log = logging.getLogger("reach_plugins.node")
 Context = Any
 """``grpc.aio.ServicerContext`` (grpc ships no type information)."""
 
-_VIA: Final = HEADER_VIA.lower()
 _AUTHORIZATION: Final = HEADER_AUTHORIZATION.lower()
 _TENANT: Final = "x-tenant"
 _DEADLINE: Final = HEADER_DEADLINE.lower()
@@ -98,17 +96,12 @@ class NodeService:
     def _admit(self, message: pb.ReachCall, context: Context) -> tuple[ReachRequest, dict[str, str]]:
         """The request to run and its metadata (lowercase keys); a ReachError says why not.
 
-        The token is checked before the payload is decoded, the payload is
+        The node's gate (:mod:`reach_plugins.node.gate`) already refused loops
+        and unknown callers before the message was decoded; the payload is
         decoded once (strictly), and the token is looked up again only when the
         body names a tenant other than the token's.
         """
         metadata = single_headers(context.invocation_metadata() or ())
-        via = metadata.get(_VIA)
-        if via and self.node_id in via.split(","):
-            raise LoopDetected(
-                f"node forwarding loop: this request already passed node {self.node_id} (via {via}); "
-                "fix the grpc:// endpoints so the nodes do not point at each other"
-            )
         authorization = metadata.get(_AUTHORIZATION)
         claimed = metadata.get(_TENANT)
         tenant = self.access.authenticate(authorization, claimed)
@@ -126,7 +119,8 @@ class NodeService:
         request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source)
         return request, metadata
 
-    async def _refuse(self, context: Context, exc: ReachError) -> NoReturn:
+    async def refuse(self, context: Context, exc: ReachError) -> NoReturn:
+        """Abort the call with the error's gRPC code, its wire code and HTTP status in the trailers."""
         message = exc.message
         if isinstance(exc, ConfigError):
             log.error("the node's configuration cannot serve a request: %s", exc.message)
@@ -166,14 +160,14 @@ class NodeService:
         except Backpressure as exc:
             return pb.CallReply(backpressure=_backpressure(exc))
         except ReachError as exc:
-            await self._refuse(context, exc)
+            await self.refuse(context, exc)
         return pb.CallReply(result=result_message(response))
 
     async def Stream(self, message: pb.ReachCall, context: Context) -> AsyncIterator[pb.StreamReply]:
         try:
             request, metadata = self._admit(message, context)
         except ReachError as exc:
-            await self._refuse(context, exc)
+            await self.refuse(context, exc)
         span = self._span(metadata, request, "reach.node.stream")
         events: EventStream | None = None
         try:
@@ -187,7 +181,7 @@ class NodeService:
         except Backpressure as exc:
             yield pb.StreamReply(backpressure=_backpressure(exc))
         except ReachError as exc:
-            await self._refuse(context, exc)
+            await self.refuse(context, exc)
         finally:
             if events is not None:
                 await events.aclose()
@@ -199,7 +193,7 @@ class NodeService:
             request, _ = self._admit(message.call, context)
             callback = self.tickets.check(message.callback) if message.callback else None
         except ReachError as exc:
-            await self._refuse(context, exc)
+            await self.refuse(context, exc)
         if self.queue.full or self.tickets.full:
             return pb.SubmitReply(backpressure=_backpressure(self.queue.refusal()))
         ticket = self.tickets.issue(callback, request.tenant)
@@ -218,7 +212,7 @@ class NodeService:
             metadata = single_headers(context.invocation_metadata() or ())
             tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), metadata.get("x-tenant"))
         except ReachError as exc:
-            await self._refuse(context, exc)
+            await self.refuse(context, exc)
         try:
             response = await self.tickets.wait(message.ticket, min(max(0, message.wait_ms), 60_000) / 1000.0, tenant)
             delivered, why = self.tickets.delivery(message.ticket, tenant)
@@ -241,7 +235,7 @@ class NodeService:
         except ReachError as exc:
             error = ErrorInfo(type=exc.error_type, message=exc.message)
             response = ReachResponse(request_id=request.request_id, status="fail", error=error)
-        await self.tickets.complete(ticket, response)
+        await self.tickets.complete(ticket, response, request.tenant)
 
     async def aclose(self) -> None:
         for task in list(self._background):

@@ -8,6 +8,13 @@ POSTed there, redirects not followed) or ``grpc://host:port`` (the node calls
 ``ReachCallback.Deliver`` there), and only to hosts the node's operator
 allowed (``callback_hosts``): a node must not be a way to reach arbitrary
 addresses from inside the network.
+
+Tickets are addressed by :class:`~reach_plugins.stores.keys.ScopedKey`
+(the submitting tenant's) and held within a
+:class:`~reach_plugins.stores.budget.Budget`: past ``max_entries`` the node
+answers backpressure, past ``max_bytes`` the oldest tickets go first, and a
+result larger than ``max_bytes`` alone is kept as an ``entry_too_large``
+failure instead.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import grpc
 
-from reach_plugins.errors import RequestError
-from reach_plugins.model import ReachResponse
+from reach_plugins.errors import EntryTooLarge, RequestError
+from reach_plugins.model import ErrorInfo, ReachResponse
+from reach_plugins.stores.budget import BoundedStore, Budget, LruTable, json_size
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.wire.body import response_body
 from reach_plugins.wire.headers import HEADER_TICKET
 from reach_plugins.wire.proto import reach_pb2 as pb
@@ -36,6 +45,9 @@ from reach_plugins.wire.redact import describe, safe_url
 
 log = logging.getLogger("reach_plugins.node")
 
+KIND = "ticket"
+_TICKET_BYTES = 256
+"""Estimated bytes of a ticket without its result (future, callback, delivery)."""
 
 
 def check_callback(callback: str, allowed: Collection[str]) -> str:
@@ -65,28 +77,27 @@ def check_callback(callback: str, allowed: Collection[str]) -> str:
 class _Ticket:
     done: asyncio.Future[ReachResponse]
     callback: str | None
-    tenant: str | None = None
     delivered: bool | None = None
     delivery_error: str | None = None
 
 
-class Tickets:
-    """Issued tickets and their results, bounded in number and kept ``ttl`` seconds after completion."""
+class Tickets(BoundedStore):
+    """Issued tickets and their results, within a :class:`Budget`, kept ``ttl`` seconds after completion."""
 
     def __init__(
         self,
         *,
+        budget: Budget,
         ttl: float = 600.0,
-        max_tickets: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         callback_hosts: Collection[str] = (),
     ) -> None:
+        super().__init__(budget=budget)
         self.ttl = ttl
         self.callback_hosts = frozenset(callback_hosts)
-        self.max_tickets = max_tickets
         self._clock = clock
-        self._tickets: dict[str, _Ticket] = {}
-        self._finished: dict[str, float] = {}
+        self._finished: dict[ScopedKey, float] = {}
+        self.table: LruTable[_Ticket] = LruTable(budget, "ticket", self._evicted)
         """Completion time of finished tickets, oldest first (dicts keep insertion order)."""
         self._session: aiohttp.ClientSession | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -94,7 +105,7 @@ class Tickets:
     @property
     def full(self) -> bool:
         self._prune()
-        return len(self._tickets) >= self.max_tickets
+        return len(self.table) >= self.budget.max_entries
 
     def check(self, callback: str) -> str:
         """``callback`` when this node may push there (see :func:`check_callback`)."""
@@ -103,13 +114,14 @@ class Tickets:
     def issue(self, callback: str | None, tenant: str | None = None) -> str:
         self._prune()
         ticket = uuid.uuid4().hex
-        self._tickets[ticket] = _Ticket(asyncio.get_running_loop().create_future(), callback, tenant)
+        entry = _Ticket(asyncio.get_running_loop().create_future(), callback)
+        self.table.put(ScopedKey.of(tenant, KIND, ticket), entry, _TICKET_BYTES + len(callback or ""))
         return ticket
 
     def _entry(self, ticket: str, tenant: str | None) -> _Ticket:
         """The ticket, if ``tenant`` submitted it; ``KeyError`` otherwise (another tenant's ticket is unknown)."""
-        entry = self._tickets[ticket]
-        if entry.tenant != tenant:
+        entry = self.table.peek(ScopedKey.of(tenant, KIND, ticket))
+        if entry is None:
             raise KeyError(ticket)
         return entry
 
@@ -118,12 +130,20 @@ class Tickets:
         entry = self._entry(ticket, tenant)
         return entry.delivered, entry.delivery_error
 
-    async def complete(self, ticket: str, response: ReachResponse) -> None:
-        """Record the result, then push it to the ticket's callback (if any)."""
-        entry = self._tickets.get(ticket)
+    async def complete(self, ticket: str, response: ReachResponse, tenant: str | None = None) -> None:
+        """Record the result of ``tenant``'s ticket, then push it to the ticket's callback (if any)."""
+        key = ScopedKey.of(tenant, KIND, ticket)
+        entry = self.table.peek(key)
         if entry is None:
             return
-        self._finished[ticket] = self._clock()
+        size = _TICKET_BYTES + len(entry.callback or "") + json_size(response)
+        try:
+            self.table.put(key, entry, size)
+        except EntryTooLarge as exc:
+            error = ErrorInfo(type=exc.error_type, message=exc.message)
+            response = ReachResponse(request_id=response.request_id, status="fail", error=error)
+            self.table.put(key, entry, _TICKET_BYTES + len(entry.callback or "") + json_size(response))
+        self._finished[key] = self._clock()
         entry.done.set_result(response)
         if entry.callback:
             try:
@@ -168,6 +188,9 @@ class Tickets:
             if answer.status >= 300:
                 raise RequestError(f"the callback answered HTTP {answer.status} (redirects are not followed)")
 
+    def _evicted(self, key: ScopedKey, _entry: _Ticket) -> None:
+        self._finished.pop(key, None)
+
     def _prune(self) -> None:
         """Forget results older than ``ttl`` (the oldest finish first, so this stops at the first fresh one)."""
         horizon = self._clock() - self.ttl
@@ -176,7 +199,7 @@ class Tickets:
             if finished >= horizon:
                 break
             del self._finished[key]
-            self._tickets.pop(key, None)
+            self.table.pop(key)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -11,19 +11,24 @@ Bounded load (Mirrokni, Thorup, Zadimoghaddam, "Consistent hashing with
 bounded loads") caps each instance at ``ceil(c * (active + 1) / n)`` pinned
 sessions: a new session goes to its best-scoring instance that is under the
 cap, so a hot key range cannot pile onto one instance.
+
+The table of pinned sessions is addressed by each conversation's
+:class:`~reach_plugins.stores.keys.ScopedKey` (two tenants' ``s-1`` are two
+conversations) and bounded by a :class:`~reach_plugins.stores.budget.Budget`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Final
 
 from reach_plugins.errors import ConfigError
+from reach_plugins.stores.budget import BoundedStore, Budget, LruTable
+from reach_plugins.stores.keys import ScopedKey
 
 InstanceKey = tuple[str, str]
 """``(agent, instance_id)``."""
@@ -130,15 +135,17 @@ class Pins:
             return agent
         return next((name for name in self.instances if name in offered), None)
 
+    def size(self) -> int:
+        """Estimated bytes: the names held."""
+        return sum(map(len, self.instances)) + sum(map(len, self.instances.values())) + sum(map(len, self.groups))
 
-class SessionTable:
-    """Pinned sessions, LRU-bounded, with the number of sessions pinned to each instance."""
 
-    def __init__(self, capacity: int = 100_000) -> None:
-        if capacity < 1:
-            raise ConfigError(f"session table capacity must be at least 1, got {capacity}")
-        self.capacity = capacity
-        self._pins: OrderedDict[str, Pins] = OrderedDict()
+class SessionTable(BoundedStore):
+    """Pinned sessions within a :class:`Budget` (least recently used first out), with the count per instance."""
+
+    def __init__(self, *, budget: Budget) -> None:
+        super().__init__(budget=budget)
+        self.table: LruTable[Pins] = LruTable(budget, "session pin", lambda _key, pins: self._uncount(pins.instances))
         self._active: dict[InstanceKey, int] = {}
 
     @property
@@ -147,38 +154,35 @@ class SessionTable:
         return self._active
 
     def __len__(self) -> int:
-        return len(self._pins)
+        return len(self.table)
 
-    def get(self, session_id: str) -> Pins | None:
+    def get(self, key: ScopedKey) -> Pins | None:
         """The pins of a session (refreshes its LRU position)."""
-        pins = self._pins.get(session_id)
-        if pins is not None:
-            self._pins.move_to_end(session_id)
-        return pins
+        return self.table.get(key)
 
-    def pin(self, session_id: str, capability: str, agent: str, instance_id: str) -> None:
+    def pin(self, key: ScopedKey, capability: str, agent: str, instance_id: str) -> None:
         """Pin a session's ``capability`` to an instance of ``agent``, dropping a pin nothing uses any more."""
-        pins = self._pins.get(session_id)
-        if pins is None:
-            pins = self._pins[session_id] = Pins()
-            if len(self._pins) > self.capacity:
-                self._uncount(self._pins.popitem(last=False)[1].instances)
-        else:
-            self._pins.move_to_end(session_id)
+        before = self.table.get(key)
+        if before is not None and before.groups.get(capability) == agent and before.instances.get(agent) == instance_id:
+            return  # pinned there already (the common case): refreshed as most recently used
+        held = before.instances if before is not None else {}
+        pins = Pins(dict(held), dict(before.groups)) if before is not None else Pins()
         former = pins.groups.get(capability)
         pins.groups[capability] = agent
-        old = pins.instances.get(agent)
-        if old != instance_id:
-            if old is not None:
-                self._count((agent, old), -1)
-            pins.instances[agent] = instance_id
-            self._count((agent, instance_id), +1)
+        pins.instances[agent] = instance_id
         if former is not None and former != agent and former not in pins.groups.values():
-            self._count((former, pins.instances.pop(former)), -1)
+            del pins.instances[former]
+        self.table.put(key, pins, pins.size())  # refuses an oversized entry before any count moves
+        for name, instance in held.items():
+            if pins.instances.get(name) != instance:
+                self._count((name, instance), -1)
+        for name, instance in pins.instances.items():
+            if held.get(name) != instance:
+                self._count((name, instance), +1)
 
-    def release(self, session_id: str) -> bool:
+    def release(self, key: ScopedKey) -> bool:
         """Forget a session (it was closed); return whether it was pinned."""
-        pins = self._pins.pop(session_id, None)
+        pins = self.table.pop(key)
         if pins is None:
             return False
         self._uncount(pins.instances)

@@ -17,7 +17,7 @@ placements, affinity keeps a conversation's context.
 Draining instances take no new work, but a session already pinned to one stays
 there: draining exists to let open conversations finish. A pinned session also
 stays when a better priority tier recovers: moving it would lose its context.
-Pins live in a bounded LRU table in this process; ``release(session_id)`` drops
+Pins live in a bounded LRU table in this process, per tenant; ``release(key)`` drops
 them when the conversation closes.
 
 The router is synchronous and not thread-safe: use it from one event loop. Its
@@ -46,6 +46,9 @@ from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.policy import Plan, make_plan, payload_tokens
 from reach_plugins.routing.pool import Entry, Look, Pool, Skip
 from reach_plugins.routing.route import Affinity, AvailabilityHook, Route, TenantLike
+from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
+from reach_plugins.stores.keys import ScopedKey
+from reach_plugins.stores.sessions import session_key
 
 MAX_RECORDED: Final = 16
 """Candidates kept in a ``RouteDecision``: enough to explain, bounded so cost stays flat."""
@@ -84,7 +87,7 @@ class Router:
         self._clock: Clock = clock or time.time
         self._rng = rng or random.Random()
         self._hrw = Rendezvous(bounded_load)
-        self._sessions = SessionTable(max_sessions)
+        self._sessions = SessionTable(budget=Budget(max_entries=max_sessions, max_bytes=DEFAULT_BUDGET.max_bytes))
         self._index = CapabilityIndex.build(view)
         self._pools: dict[tuple[object, ...], Pool] = {}
         self._card_cache: dict[tuple[str, str, float | None, str | None], CandidateScore] = {}
@@ -163,9 +166,9 @@ class Router:
             request, offer, inst, "none", started, self._told_one(agent, instance_id, "pinned by the caller")
         )
 
-    def release(self, session_id: str) -> bool:
-        """Forget a session's pins (the conversation was closed); return whether it had any."""
-        return self._sessions.release(session_id)
+    def release(self, key: ScopedKey) -> bool:
+        """Forget a conversation's pins (it was closed; ``key`` from ``session_key``); return whether it had any."""
+        return self._sessions.release(key)
 
     forget = release
 
@@ -187,7 +190,8 @@ class Router:
     ) -> Route:
         capability = request.capability
         plan = pool.plan
-        pins = self._sessions.get(session_id)
+        key = session_key(request.tenant, session_id)
+        pins = self._sessions.get(key)
         pinned_agent = pins.agent_for(capability, plan.by_agent) if pins is not None else None
         if pins is None or pinned_agent is None:
             return self._place_new(request, session_id, pool, now, exclude, "new", "new session", started)
@@ -198,7 +202,7 @@ class Router:
             inst = self.view.instances(pinned_agent).get(pinned_id)
             trouble = "deregistered" if inst is None else self._unusable(inst, now, exclude, sticky=True)
             if inst is not None and trouble is None:
-                self._sessions.pin(session_id, capability, pinned_agent, pinned_id)
+                self._sessions.pin(key, capability, pinned_agent, pinned_id)
                 told = self._told_one(pinned_agent, pinned_id, "session pinned")
                 return self._answer(request, offer, inst, "pinned", started, told)
             skipped: list[Skip] = [(pinned_agent, pinned_id, trouble or "unusable")]
@@ -271,7 +275,7 @@ class Router:
         """Pin the session where rendezvous hashing placed it; ``seen`` (keys, tier, skipped) explains why, later."""
         agent, instance_id = placed.key
         entry = by_key[placed.key]
-        self._sessions.pin(session_id, request.capability, agent, instance_id)
+        self._sessions.pin(session_key(request.tenant, session_id), request.capability, agent, instance_id)
 
         def told() -> tuple[list[CandidateScore], str]:
             keys, where, skipped = seen

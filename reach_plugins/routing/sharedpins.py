@@ -14,7 +14,7 @@ from __future__ import annotations
 from reach_plugins.errors import ReachError
 from reach_plugins.model import ReachRequest
 from reach_plugins.routing.router import Router
-from reach_plugins.stores.sessions import PinStore
+from reach_plugins.stores.sessions import PinStore, session_key
 from reach_plugins.wire.headers import PREFER, TARGET
 
 
@@ -24,18 +24,19 @@ async def agree_on_pin(router: Router, store: object, request: ReachRequest) -> 
     metadata = request.metadata
     if session_id is None or not isinstance(store, PinStore) or TARGET in metadata or PREFER in metadata:
         return
+    key = session_key(request.tenant, session_id)
     try:
         route = router.route(request)
     except ReachError:
         return  # nothing can serve it here: the pipeline raises the same error
     agent, chosen = route.agent.name, route.instance.instance_id
-    stored = await store.claim_pin(session_id, agent, chosen)
+    stored = await store.claim_pin(key, agent, chosen)
     if stored == chosen:
         return
-    router.sessions.pin(session_id, request.capability, agent, stored)
+    router.sessions.pin(key, request.capability, agent, stored)
     again = router.route(request)
     if again.agent.name == agent and again.instance.instance_id == stored:
         return
-    replaced = await store.claim_pin(session_id, again.agent.name, again.instance.instance_id, replace=stored)
+    replaced = await store.claim_pin(key, again.agent.name, again.instance.instance_id, replace=stored)
     if replaced != again.instance.instance_id:
-        router.sessions.pin(session_id, request.capability, again.agent.name, replaced)
+        router.sessions.pin(key, request.capability, again.agent.name, replaced)

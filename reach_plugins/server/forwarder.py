@@ -42,7 +42,7 @@ from reach_plugins.wire.headers import HEADER_SOURCE, PREFER, SOURCE, TARGET, UN
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from reach_plugins.policy.dedup import DedupStore
+    from reach_plugins.stores.dedup import DedupStore
     from reach_plugins.telemetry.trace import TraceSink
 
 NODE_SCHEME = "grpc://"

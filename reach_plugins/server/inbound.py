@@ -1,8 +1,9 @@
 """Reading a request from a caller who may be hostile: bounded body, bounded JSON, one value per auth header.
 
-Shared by the gateway and the agent SDK (DESIGN.md 11.5). Each check refuses
-with a :class:`~reach_plugins.errors.RequestError` subclass whose message
-names the limit and the field, never the caller's bytes: the body is read
+The steps of the server layer (:mod:`reach_plugins.server.layer`, DESIGN.md
+11.5) and of the node's gate. Each check refuses with a
+:class:`~reach_plugins.errors.RequestError` subclass whose message names the
+limit and the field, never the caller's bytes: the body is read
 through a byte budget and a time budget (a 400 MB body costs at most the
 limit), decoded strictly (UTF-8, no lone surrogates, no ``NaN`` /
 ``Infinity``) and walked once for its nesting depth and lone surrogates

@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from reach_plugins.config.loader import load_config
 from reach_plugins.security.claims import DEFAULT_TTL
 from reach_plugins.server.access import Access
+from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_role import build_issuer
 from reach_plugins.server.issuer_routes import issuer_routes
+from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute
 from reach_plugins.server.uvicorn import uvicorn_config
 
 
@@ -27,16 +27,21 @@ def create_issuer_app(
     name: str = "reach",
     ttl: float = DEFAULT_TTL,
     environ: Mapping[str, str] = os.environ,
-) -> Starlette:
-    """The issuer's app: tenants (tokens, allow-lists) from ``config``, signing keys from ``keys`` or the env."""
+    limits: InputLimits | None = None,
+) -> ServerApp:
+    """The issuer's app: tenants (tokens, allow-lists) from ``config``, signing keys from ``keys`` or the env;
+    ``limits`` may tighten how much of a token request is read, and how long it may take."""
     tenants = load_config(Path(config)).tenants
     issuer = build_issuer(tenants, keys=keys, name=name, ttl=ttl, environ=environ)
 
-    async def healthz(request: Any) -> Response:
+    async def healthz(inbound: Inbound) -> Response:
         return JSONResponse({"status": "alive", "issuer": issuer.issuer})
 
-    routes = [*issuer_routes(issuer, Access(tenants, environ).authenticate), Route("/healthz", healthz)]
-    return Starlette(routes=routes)
+    routes = [
+        *issuer_routes(issuer, Access(tenants, environ).authenticate, limits=limits),
+        ServerRoute("/healthz", ("GET",), healthz, auth=OPEN),
+    ]
+    return ServerApp(routes)
 
 
 def serve_issuer(config: str | os.PathLike[str], host: str, port: int, **options: Any) -> None:

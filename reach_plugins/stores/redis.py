@@ -38,7 +38,8 @@ from collections.abc import Callable, Collection
 from typing import Any, Final, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from reach_plugins.errors import BackendUnavailable, ConfigError
+from reach_plugins.errors import BackendUnavailable, ConfigError, EntryTooLarge
+from reach_plugins.stores.keys import ScopedKey
 
 try:
     import redis.asyncio as aioredis
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 OnOutage = Literal["open", "closed"]
 DEFAULT_PREFIX: Final = "reach:"
 DEFAULT_TIMEOUT: Final = 0.5
+MAX_VALUE_BYTES: Final = 8 << 20
+"""Largest value a Redis store writes unless told (``max_value_bytes``): 8 MiB."""
 SUBSCRIBE_TIMEOUT: Final = 2.0
 OUTAGE_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 """What "Redis is unreachable" looks like (a refused or dropped connection, a timeout, a server still loading)."""
@@ -66,7 +69,7 @@ def connect(url: str, *, options: Collection[str] = ()) -> tuple[Any, dict[str, 
     """
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    allowed = {"timeout", "prefix", *options}
+    allowed = {"timeout", "prefix", "max_value_bytes", *options}
     unknown = sorted(query.keys() - allowed)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname or unknown:
         raise ConfigError(
@@ -78,10 +81,16 @@ def connect(url: str, *, options: Collection[str] = ()) -> tuple[Any, dict[str, 
         port = parts.port or 6379
         db = int(parts.path.strip("/") or 0)
         timeout = float(query.get("timeout", DEFAULT_TIMEOUT))
+        max_value_bytes = int(query.get("max_value_bytes", MAX_VALUE_BYTES))
     except ValueError as exc:
-        raise ConfigError(f"Redis URL {url!r}: {exc}; port and db are integers, timeout is seconds") from exc
-    if timeout <= 0:
-        raise ConfigError(f"Redis URL {url!r}: timeout must be positive seconds, got {timeout}")
+        raise ConfigError(
+            f"Redis URL {url!r}: {exc}; port and db are integers (so is max_value_bytes), timeout is seconds"
+        ) from exc
+    if timeout <= 0 or max_value_bytes < 1:
+        raise ConfigError(
+            f"Redis URL {url!r}: timeout must be positive seconds and max_value_bytes a positive integer, "
+            f"got {timeout} and {max_value_bytes}"
+        )
     client = aioredis.Redis(
         host=parts.hostname,
         port=port,
@@ -94,7 +103,41 @@ def connect(url: str, *, options: Collection[str] = ()) -> tuple[Any, dict[str, 
         retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
     )
     query.setdefault("prefix", DEFAULT_PREFIX)
+    query["max_value_bytes"] = str(max_value_bytes)
     return client, query
+
+
+class RedisStore:
+    """Base of every Redis store: keys are ``prefix`` + :meth:`ScopedKey.encode` (the tenant leads), values bounded.
+
+    A value longer than ``max_value_bytes`` is refused with :class:`EntryTooLarge` before anything is written.
+    ``redis`` is a ``redis.asyncio.Redis``, closed by ``aclose`` only if ``owns_client``.
+    """
+
+    def __init__(self, redis: Any, *, prefix: str, max_value_bytes: int, owns_client: bool) -> None:
+        if max_value_bytes < 1:
+            raise ConfigError(f"max_value_bytes must be a positive integer, got {max_value_bytes!r}")
+        self.redis = redis
+        self.max_value_bytes = max_value_bytes
+        self._prefix = prefix
+        self._owns_client = owns_client
+
+    def _key(self, key: ScopedKey) -> str:
+        return f"{self._prefix}{key.encode()}"
+
+    def _bounded(self, key: ScopedKey, value: str, what: str) -> str:
+        """``value`` when it fits ``max_value_bytes``; EntryTooLarge naming ``what`` otherwise."""
+        size = len(value.encode())
+        if size > self.max_value_bytes:
+            raise EntryTooLarge(
+                f"{what} of {key.id!r} (tenant {key.tenant!r}) is {size} bytes, over this Redis store's "
+                f"max_value_bytes={self.max_value_bytes}; keep it smaller or raise max_value_bytes"
+            )
+        return value
+
+    async def _close_client(self) -> None:
+        if self._owns_client:
+            await self.redis.aclose()
 
 
 def on_outage(value: str, url: str) -> OnOutage:

@@ -1,18 +1,22 @@
 """The Redis dedup store: one execution per idempotency key across every process sharing Redis.
 
-Each key is a hash ``{prefix}dedup:{key}`` holding a claim (``core.dedup.CLAIM_TRANSITIONS``): the payload
-hash, the state (``in_flight``, ``done``, ``unknown``), the owner's token, the lease end (``exp``), the window
-end (``wend``), where the owner sent it (``w``) and, once done, the response JSON. Each transition is one Lua
+Each key is a hash ``{prefix}{ScopedKey.encode()}`` (the tenant first) holding a claim
+(``policy.dedup.CLAIM_TRANSITIONS``): the payload hash, the state (``in_flight``, ``done``, ``unknown``), the
+owner's token, the lease end (``exp``), the window end (``wend``), where the owner sent it (``w``) and, once
+done, the response JSON. Each transition is one Lua
 script, atomic in Redis: a live entry for another payload is a conflict; an ``in_flight`` entry whose lease
 passed (its owner crashed) reads as ``unknown`` and is taken over, never run as new; only the owner's token
 may settle a claim, so a late owner cannot overwrite someone's newer claim. Expiry is judged by the clock the
 store is given (every process's, or a test's fake one); Redis's own PX only collects garbage.
 
-Waiters are woken by a message on ``{prefix}dedup:settled`` (the key) that the settling scripts publish; a
-waiter in the same process is woken directly first, and no waiter waits past the owner's lease. While Redis
-is unreachable ``begin`` raises ``BackendUnavailable`` (unless ``on_outage="open"``); the pipeline then
-refuses the keyed call unless its target agent declares shared idempotency (its own store guards the key).
-``complete``/``unknown``/``fail`` never raise (the response is already in hand; the claim lapses by its lease).
+A response longer than ``max_value_bytes`` is not stored: the key is left ``unknown`` and ``complete``
+raises ``EntryTooLarge``. Waiters are woken by a message on ``{prefix}dedup:settled`` (the encoded key) that
+the settling scripts publish; a waiter in the same process is woken directly first, and no waiter waits past
+the owner's lease. While Redis is unreachable ``begin`` raises ``BackendUnavailable`` (unless
+``on_outage="open"``); the pipeline then refuses the keyed call unless its target agent declares shared
+idempotency (its own store guards the key).
+``unknown``/``fail`` never raise, nor does ``complete`` for an outage (the response is already in hand; the
+claim lapses by its lease).
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ import uuid
 from typing import Any, Final
 
 from reach_plugins.clock import Clock, SystemClock
-from reach_plugins.errors import IdempotencyConflict
+from reach_plugins.errors import EntryTooLarge
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.dedup import Begin
+from reach_plugins.stores.dedup import Begin, conflict, shown
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.redis import (
+    MAX_VALUE_BYTES,
     OUTAGE_ERRORS,
     OnOutage,
+    RedisStore,
     Subscription,
     connect,
     describe,
@@ -105,11 +112,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisDedupStore:
-    """:class:`~reach_plugins.policy.dedup.DedupStore` in Redis; passes ``tests/dedup_store_conformance.py``.
-
-    ``redis`` is a ``redis.asyncio.Redis`` (closed by ``aclose`` only if ``owns_client``).
-    """
+class RedisDedupStore(RedisStore):
+    """:class:`~reach_plugins.stores.dedup.DedupStore` in Redis; passes ``tests/dedup_store_conformance.py``."""
 
     def __init__(
         self,
@@ -118,37 +122,33 @@ class RedisDedupStore:
         prefix: str = "reach:",
         clock: Clock | None = None,
         on_outage: OnOutage = "closed",
+        max_value_bytes: int = MAX_VALUE_BYTES,
         owns_client: bool = False,
     ) -> None:
-        self.redis = redis
+        super().__init__(redis, prefix=prefix, max_value_bytes=max_value_bytes, owns_client=owns_client)
         self.on_outage = on_outage
-        self._prefix = prefix
         self._clock = clock or SystemClock()
-        self._owns_client = owns_client
         self._begin = redis.register_script(_BEGIN)
         self._complete = redis.register_script(_COMPLETE)
         self._fail = redis.register_script(_FAIL)
         self._unknown = redis.register_script(_UNKNOWN)
         self._sent = redis.register_script(_SENT)
-        self._claims: dict[str, str] = {}
-        self._waiting: dict[str, set[asyncio.Future[object]]] = {}
+        self._claims: dict[ScopedKey, str] = {}
+        self._waiting: dict[ScopedKey, set[asyncio.Future[object]]] = {}
         self._settled = Subscription(redis, f"{prefix}dedup:settled", self._on_settled, self._on_gap)
 
-    def _entry(self, key: str) -> str:
-        return f"{self._prefix}dedup:{key}"
-
     async def begin(
-        self, key: str, payload_hash: str, ttl: float, *, window: float | None = None, where: str | None = None
+        self, key: ScopedKey, payload_hash: str, ttl: float, *, window: float | None = None, where: str | None = None
     ) -> Begin:
         token = uuid.uuid4().hex
         args = [payload_hash, repr(self._clock.now()), ttl, token, ttl if window is None else window, where or ""]
         try:
-            reply = await self._begin(keys=[self._entry(key)], args=args)
+            reply = await self._begin(keys=[self._key(key)], args=args)
         except OUTAGE_ERRORS as exc:
             if self.on_outage == "closed":
                 raise unavailable(
                     self.redis,
-                    f"idempotency key {key.rpartition(chr(0x1F))[2]!r} cannot be checked and the call was not sent "
+                    f"idempotency key {shown(key)!r} cannot be checked and the call was not sent "
                     "(dedup fails closed; on_outage='open' runs such calls unguarded)",
                     exc,
                 ) from exc
@@ -156,10 +156,7 @@ class RedisDedupStore:
             return Begin("new")
         state = _text(reply[0])
         if state == "conflict":
-            raise IdempotencyConflict(
-                f"idempotency key {key.rpartition(chr(0x1F))[2]!r} was already used with a different payload; "
-                "use a new key for a different request",
-            )
+            raise conflict(key)
         if state == "done":
             return Begin("done", ReachResponse.model_validate_json(reply[1]))
         if state == "inflight":
@@ -169,49 +166,54 @@ class RedisDedupStore:
             return Begin("unknown", where=_text(reply[1]) or None)
         return Begin("new")
 
-    async def complete(self, key: str, response: ReachResponse) -> None:
+    async def complete(self, key: ScopedKey, response: ReachResponse) -> None:
+        try:
+            stored = self._bounded(key, response.model_dump_json(), "the response to idempotency key")
+        except EntryTooLarge:
+            await self.unknown(key, None)
+            raise
         token = self._claims.pop(key, None)
         self._wake(key, response)
         if token is None:
             return
-        args = [token, response.model_dump_json(), repr(self._clock.now()), self._settled.channel, key]
+        args = [token, stored, repr(self._clock.now()), self._settled.channel, key.encode()]
         try:
-            await self._complete(keys=[self._entry(key)], args=args)
+            await self._complete(keys=[self._key(key)], args=args)
         except OUTAGE_ERRORS as exc:
             logger.warning("redis at %s unreachable; result of %r not stored: %s", describe(self.redis), key, exc)
 
-    async def unknown(self, key: str, where: str | None) -> None:
+    async def unknown(self, key: ScopedKey, where: str | None) -> None:
         token = self._claims.pop(key, None)
         self._wake(key, None)
         if token is None:
             return
         try:
-            await self._unknown(keys=[self._entry(key)], args=[token, where or "", self._settled.channel, key])
+            await self._unknown(keys=[self._key(key)], args=[token, where or "", self._settled.channel, key.encode()])
         except OUTAGE_ERRORS as exc:
             logger.warning("redis at %s unreachable; claim on %r left to lapse: %s", describe(self.redis), key, exc)
 
-    async def sent(self, key: str, where: str) -> None:
+    async def sent(self, key: ScopedKey, where: str) -> None:
         token = self._claims.get(key)
         if token is None:
             return
         try:
-            await self._sent(keys=[self._entry(key)], args=[token, where])
+            await self._sent(keys=[self._key(key)], args=[token, where])
         except OUTAGE_ERRORS as exc:
             logger.warning(
                 "redis at %s unreachable; %r sent on to %s unrecorded: %s", describe(self.redis), key, where, exc
             )
 
-    async def fail(self, key: str) -> None:
+    async def fail(self, key: ScopedKey) -> None:
         token = self._claims.pop(key, None)
         self._wake(key, None)
         if token is None:
             return
         try:
-            await self._fail(keys=[self._entry(key)], args=[token, self._settled.channel, key])
+            await self._fail(keys=[self._key(key)], args=[token, self._settled.channel, key.encode()])
         except OUTAGE_ERRORS as exc:
             logger.warning("redis at %s unreachable; claim on %r left to expire: %s", describe(self.redis), key, exc)
 
-    async def wait(self, key: str, timeout: float) -> ReachResponse | None:
+    async def wait(self, key: ScopedKey, timeout: float) -> ReachResponse | None:
         """The stored response once the claim settles; None if it failed, vanished, timed out or Redis is down."""
         waiter: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(key, set()).add(waiter)
@@ -239,22 +241,22 @@ class RedisDedupStore:
                 if not waiters:
                     del self._waiting[key]
 
-    async def _peek(self, key: str) -> tuple[bool, ReachResponse | None, float]:
+    async def _peek(self, key: ScopedKey) -> tuple[bool, ReachResponse | None, float]:
         """``(settled, result, lease end)``: a done or unknown entry, or no live entry at all, is settled."""
-        raw_hash, raw_exp, raw_state, raw_result = await self.redis.hmget(self._entry(key), ["h", "exp", "st", "r"])
+        raw_hash, raw_exp, raw_state, raw_result = await self.redis.hmget(self._key(key), ["h", "exp", "st", "r"])
         if raw_hash is None or float(_text(raw_exp)) <= self._clock.now() or _text(raw_state) == "unknown":
             return True, None, 0.0
         if raw_result is None:
             return False, None, float(_text(raw_exp))
         return True, ReachResponse.model_validate_json(raw_result), 0.0
 
-    def _wake(self, key: str, outcome: object) -> None:
+    def _wake(self, key: ScopedKey, outcome: object) -> None:
         for waiter in self._waiting.get(key, ()):
             if not waiter.done():
                 waiter.set_result(outcome)
 
-    def _on_settled(self, key: str) -> None:
-        self._wake(key, _RECHECK)
+    def _on_settled(self, message: str) -> None:
+        self._wake(ScopedKey.decode(message), _RECHECK)
 
     def _on_gap(self) -> None:
         for key in list(self._waiting):
@@ -265,8 +267,7 @@ class RedisDedupStore:
         await self._settled.aclose()
         for key in list(self._waiting):
             self._wake(key, None)
-        if self._owns_client:
-            await self.redis.aclose()
+        await self._close_client()
 
 
 def from_url(url: str, *, clock: Clock | None = None) -> RedisDedupStore:
@@ -277,5 +278,6 @@ def from_url(url: str, *, clock: Clock | None = None) -> RedisDedupStore:
         prefix=options["prefix"],
         clock=clock,
         on_outage=on_outage(options.get("on_outage", "closed"), url),
+        max_value_bytes=int(options["max_value_bytes"]),
         owns_client=True,
     )

@@ -1,12 +1,13 @@
 """Session liveness in Redis: a conversation closed in one process stops its calls in every process.
 
-Each session is one key, ``{prefix}session:{id}``: its expiry time by the
+Each session is one key, ``{prefix}`` + its :class:`~reach_plugins.stores.keys.ScopedKey`
+(tenant first, so one tenant's session id never names another's): its expiry time by the
 store's clock while open, ``closed`` once closed. Checking is one Lua script
 (closed? expired? else extend), so concurrent processes agree. Keys outlive the
 session by ``tombstone_ttl`` (a day unless told) so a closed or expired
 conversation is refused for that long, then forgotten.
 
-Each conversation's pins live in ``{prefix}pin:{id}`` (a hash: agent ->
+Each conversation's pins live in the same key with kind ``pin`` (a hash: agent ->
 instance), written by the first process that routes it and adopted by the
 others (one Lua script: keep the stored pin unless it is the one being
 replaced), with the session's lifetime.
@@ -33,9 +34,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final
 
 from reach_plugins.errors import ConfigError, SessionClosed
+from reach_plugins.stores.keys import SEP, ScopedKey
 from reach_plugins.stores.redis import (
+    MAX_VALUE_BYTES,
     OUTAGE_ERRORS,
     OnOutage,
+    RedisStore,
     Subscription,
     connect,
     describe,
@@ -47,7 +51,6 @@ from reach_plugins.stores.sessions import InFlight, Listener
 logger = logging.getLogger(__name__)
 
 _CLOSED: Final = "closed"
-_SEP: Final = "\x1f"
 
 _CHECK: Final = """
 local value = redis.call('GET', KEYS[1])
@@ -70,7 +73,7 @@ return stored
 """KEYS: the session's pins. ARGV: agent, instance, instance to replace ('' for none), key lifetime in ms."""
 
 
-class RedisSessions:
+class RedisSessions(RedisStore):
     """:class:`~reach_plugins.stores.sessions.SessionStore` in Redis, shared by every process using the same prefix."""
 
     def __init__(
@@ -82,17 +85,16 @@ class RedisSessions:
         prefix: str = "reach:",
         clock: Callable[[], float] | None = None,
         on_outage: OnOutage = "open",
+        max_value_bytes: int = MAX_VALUE_BYTES,
         owns_client: bool = False,
     ) -> None:
         if ttl <= 0 or tombstone_ttl <= 0:
             raise ConfigError(f"session ttl and tombstone_ttl must be positive seconds, got {ttl!r}, {tombstone_ttl!r}")
-        self.redis = redis
+        super().__init__(redis, prefix=prefix, max_value_bytes=max_value_bytes, owns_client=owns_client)
         self.ttl = ttl
         self.tombstone_ttl = tombstone_ttl
         self.on_outage = on_outage
-        self._prefix = prefix
         self._clock = clock or time.time
-        self._owns_client = owns_client
         self._check = redis.register_script(_CHECK)
         self._claim_pin = redis.register_script(_CLAIM_PIN)
         self._origin = uuid.uuid4().hex
@@ -101,98 +103,96 @@ class RedisSessions:
         self._closes = Subscription(redis, f"{prefix}session:closed", self._on_remote_close, lambda: None)
         self._outage = False
 
-    def _key(self, session_id: str) -> str:
-        return f"{self._prefix}session:{session_id}"
-
     def _lifetime_ms(self, seconds: float) -> int:
         return max(1, round((seconds + self.tombstone_ttl) * 1000))
 
-    async def open(self, session_id: str) -> None:
+    async def open(self, key: ScopedKey) -> None:
         """Open (or reopen, even after a close) a session for ``ttl`` seconds."""
         try:
             await self._listen()
             expires = self._clock() + self.ttl
-            await self.redis.set(self._key(session_id), repr(expires), px=self._lifetime_ms(self.ttl))
+            await self.redis.set(self._key(key), repr(expires), px=self._lifetime_ms(self.ttl))
         except OUTAGE_ERRORS as exc:
-            self._degraded(f"conversation {session_id!r} cannot be opened", exc)
+            self._degraded(f"conversation {key.id!r} cannot be opened", exc)
         else:
             self._recovered()
 
-    async def touch(self, session_id: str) -> None:
-        await self.check(session_id)
+    async def touch(self, key: ScopedKey) -> None:
+        await self.check(key)
 
-    async def check(self, session_id: str) -> None:
+    async def check(self, key: ScopedKey) -> None:
         """Open an unknown session, extend a live one, raise ``SessionClosed`` for a closed or expired one."""
         try:
             await self._listen()
             now = self._clock()
             args = [repr(now), repr(now + self.ttl), self._lifetime_ms(self.ttl)]
-            state = await self._check(keys=[self._key(session_id)], args=args)
+            state = await self._check(keys=[self._key(key)], args=args)
         except OUTAGE_ERRORS as exc:
-            self._degraded(f"conversation {session_id!r} cannot be checked", exc)
+            self._degraded(f"conversation {key.id!r} cannot be checked", exc)
             return
         self._recovered()
         state = state.decode() if isinstance(state, bytes) else str(state)
         if state == "closed":
-            raise SessionClosed(f"conversation {session_id!r} was closed; start a new one to reach agents again")
+            raise SessionClosed(f"conversation {key.id!r} was closed; start a new one to reach agents again")
         if state == "expired":
             raise SessionClosed(
-                f"conversation {session_id!r} expired after {self.ttl:g}s without activity; start a new one"
+                f"conversation {key.id!r} expired after {self.ttl:g}s without activity; start a new one"
             )
 
-    async def close(self, session_id: str) -> None:
+    async def close(self, key: ScopedKey) -> None:
         """End the session for good: cancel its calls here, then in every process listening."""
-        self._closed_here(session_id)
+        self._closed_here(key)
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.set(self._key(session_id), _CLOSED, px=self._lifetime_ms(0.0))
-                pipe.publish(self._closes.channel, f"{self._origin}{_SEP}{session_id}")
+                pipe.set(self._key(key), _CLOSED, px=self._lifetime_ms(0.0))
+                pipe.publish(self._closes.channel, f"{self._origin}{SEP}{key.encode()}")
                 await pipe.execute()
         except OUTAGE_ERRORS as exc:
             raise unavailable(
                 self.redis,
-                f"closing conversation {session_id!r} reached only this process (its calls here were cancelled)",
+                f"closing conversation {key.id!r} reached only this process (its calls here were cancelled)",
                 exc,
             ) from exc
 
-    async def claim_pin(self, session_id: str, agent: str, instance_id: str, *, replace: str | None = None) -> str:
+    async def claim_pin(self, key: ScopedKey, agent: str, instance_id: str, *, replace: str | None = None) -> str:
         """The session's pin on ``agent``: the stored one, else (or if it is ``replace``) ``instance_id``.
 
         Redis unreachable: the local choice stands (with the outage warning); the
         processes may then disagree until it is back, as they would without a store.
         """
-        key = f"{self._prefix}pin:{session_id}"
+        pins = ScopedKey(key.tenant, "pin", key.id)
+        self._bounded(pins, agent + instance_id, f"the pin on agent {agent!r}")
         args = [agent, instance_id, replace or "", self._lifetime_ms(self.ttl)]
         try:
-            stored = await self._claim_pin(keys=[key], args=args)
+            stored = await self._claim_pin(keys=[self._key(pins)], args=args)
         except OUTAGE_ERRORS as exc:
-            self._degraded(f"the pin of conversation {session_id!r} cannot be shared", exc)
+            self._degraded(f"the pin of conversation {key.id!r} cannot be shared", exc)
             return instance_id
         self._recovered()
         return stored.decode() if isinstance(stored, bytes) else str(stored)
 
-    async def is_alive(self, session_id: str) -> bool:
+    async def is_alive(self, key: ScopedKey) -> bool:
         try:
-            value = await self.redis.get(self._key(session_id))
+            value = await self.redis.get(self._key(key))
         except OUTAGE_ERRORS as exc:
-            self._degraded(f"liveness of conversation {session_id!r} is unknown", exc)
+            self._degraded(f"liveness of conversation {key.id!r} is unknown", exc)
             return True
         if value is None:
             return False
         text = value.decode() if isinstance(value, bytes) else str(value)
         return text != _CLOSED and float(text) > self._clock()
 
-    def guard(self, session_id: str) -> AbstractAsyncContextManager[None]:
+    def guard(self, key: ScopedKey) -> AbstractAsyncContextManager[None]:
         """Cancel the enclosed work (raising ``SessionClosed``) if any process closes the session meanwhile."""
-        return self._guard(session_id)
+        return self._guard(key)
 
     @asynccontextmanager
-    async def _guard(self, session_id: str) -> AsyncIterator[None]:
+    async def _guard(self, key: ScopedKey) -> AsyncIterator[None]:
         try:
             await self._listen()
         except OUTAGE_ERRORS as exc:
-            self._degraded(f"closes of {session_id!r} from other processes will not be heard", exc)
-        async with self._inflight.guard(session_id):
+            self._degraded(f"closes of {key.id!r} from other processes will not be heard", exc)
+        async with self._inflight.guard(key):
             yield
 
     def on_close(self, listener: Listener) -> None:
@@ -201,21 +201,20 @@ class RedisSessions:
     async def aclose(self) -> None:
         """Stop listening for closes; close the client if this store opened it."""
         await self._closes.aclose()
-        if self._owns_client:
-            await self.redis.aclose()
+        await self._close_client()
 
     async def _listen(self) -> None:
         await self._closes.ensure()
 
-    def _closed_here(self, session_id: str) -> None:
-        self._inflight.cancel(session_id)
+    def _closed_here(self, key: ScopedKey) -> None:
+        self._inflight.cancel(key)
         for listener in self._listeners:
-            listener(session_id)
+            listener(key)
 
     def _on_remote_close(self, message: str) -> None:
-        origin, _, session_id = message.partition(_SEP)
+        origin, _, key = message.partition(SEP)
         if origin != self._origin:
-            self._closed_here(session_id)
+            self._closed_here(ScopedKey.decode(key))
 
     def _degraded(self, what: str, exc: BaseException) -> None:
         """Apply the outage policy: raise when failing closed, else warn once per outage and carry on."""
@@ -244,5 +243,6 @@ def from_url(url: str, *, clock: Callable[[], float] | None = None) -> RedisSess
         prefix=options["prefix"],
         clock=clock,
         on_outage=on_outage(options.get("on_outage", "open"), url),
+        max_value_bytes=int(options["max_value_bytes"]),
         owns_client=True,
     )

@@ -1,9 +1,10 @@
 """Session snapshots in Redis: an agent's conversations survive a restart, on any host.
 
 Implements :class:`reach_plugins.stores.snapshots.SnapshotStore`. One hash per
-agent, ``{prefix}snapshots:{agent}``, one field per conversation holding its
-JSON state and its expiry. ``save`` merges rather than replaces, so several
-instances of one agent sharing Redis each keep their conversations; a
+agent, ``{prefix}snapshots:{agent}``, one field per conversation (its
+:class:`~reach_plugins.stores.keys.ScopedKey`, so the tenant is in every
+field) holding its JSON state and its expiry, at most ``max_value_bytes``.
+``save`` merges rather than replaces, so several instances of one agent sharing Redis each keep their conversations; a
 conversation's state is dropped ``ttl`` seconds (a week unless told) after it
 was last saved.
 
@@ -21,12 +22,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reach_plugins.errors import ConfigError, InvalidPayload
-from reach_plugins.stores.redis import OUTAGE_ERRORS, connect, describe, unavailable
+from reach_plugins.stores.keys import ScopedKey
+from reach_plugins.stores.redis import MAX_VALUE_BYTES, OUTAGE_ERRORS, RedisStore, connect, describe, unavailable
+from reach_plugins.stores.sessiontable import conversation_of, snapshot_name
 
 logger = logging.getLogger(__name__)
 
 
-class RedisSnapshotStore:
+class RedisSnapshotStore(RedisStore):
     """:class:`~reach_plugins.stores.snapshots.SnapshotStore` in Redis."""
 
     def __init__(
@@ -36,17 +39,16 @@ class RedisSnapshotStore:
         ttl: float = 7 * 86_400.0,
         prefix: str = "reach:",
         clock: Callable[[], float] | None = None,
+        max_value_bytes: int = MAX_VALUE_BYTES,
         owns_client: bool = False,
     ) -> None:
         if ttl <= 0:
             raise ConfigError(f"snapshot ttl must be positive seconds, got {ttl!r}")
-        self.redis = redis
+        super().__init__(redis, prefix=prefix, max_value_bytes=max_value_bytes, owns_client=owns_client)
         self.ttl = ttl
-        self._prefix = prefix
         self._clock = clock or time.time
-        self._owns_client = owns_client
 
-    def _key(self, agent: str) -> str:
+    def _hash(self, agent: str) -> str:
         return f"{self._prefix}snapshots:{agent}"
 
     async def save(self, agent: str, sessions: Mapping[str, dict[str, Any]]) -> None:
@@ -55,18 +57,20 @@ class RedisSnapshotStore:
             return
         expires = self._clock() + self.ttl
         fields: dict[str, str] = {}
-        for session_id, state in sessions.items():
+        for name, state in sessions.items():
+            conversation = conversation_of(name)
             try:
-                fields[session_id] = json.dumps({"expires": expires, "state": state})
+                value = json.dumps({"expires": expires, "state": state})
             except (TypeError, ValueError) as exc:
                 raise InvalidPayload(
-                    f"agent {agent!r}: state of conversation {session_id!r} cannot be saved as JSON ({exc}); "
+                    f"agent {agent!r}: state of conversation {name!r} cannot be saved as JSON ({exc}); "
                     "keep session state to JSON values (str, numbers, lists, dicts)"
                 ) from exc
+            fields[conversation.encode()] = self._bounded(conversation, value, f"agent {agent!r}: the state")
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self._key(agent), mapping=fields)
-                pipe.pexpire(self._key(agent), round(self.ttl * 1000))
+                pipe.hset(self._hash(agent), mapping=fields)
+                pipe.pexpire(self._hash(agent), round(self.ttl * 1000))
                 await pipe.execute()
         except OUTAGE_ERRORS as exc:
             raise unavailable(self.redis, f"the sessions of agent {agent!r} were not saved", exc) from exc
@@ -74,7 +78,7 @@ class RedisSnapshotStore:
     async def load(self, agent: str) -> dict[str, dict[str, Any]]:
         """Every conversation of ``agent`` saved within ``ttl``; expired ones are removed on the way."""
         try:
-            saved = await self.redis.hgetall(self._key(agent))
+            saved = await self.redis.hgetall(self._hash(agent))
         except OUTAGE_ERRORS as exc:
             logger.warning(
                 "redis at %s unreachable; agent %r starts without its saved sessions: %s",
@@ -89,20 +93,20 @@ class RedisSnapshotStore:
         for field, raw in saved.items():
             record = json.loads(raw)
             if record["expires"] > now:
-                sessions[field.decode() if isinstance(field, bytes) else str(field)] = record["state"]
+                encoded = field.decode() if isinstance(field, bytes) else str(field)
+                sessions[snapshot_name(ScopedKey.decode(encoded))] = record["state"]
             else:
                 expired.append(field)
         if expired:
             try:
-                await self.redis.hdel(self._key(agent), *expired)
+                await self.redis.hdel(self._hash(agent), *expired)
             except OUTAGE_ERRORS as exc:
                 logger.warning("redis at %s: expired snapshots of %r not removed: %s", describe(self.redis), agent, exc)
         return sessions
 
     async def aclose(self) -> None:
         """Close the client if this store opened it."""
-        if self._owns_client:
-            await self.redis.aclose()
+        await self._close_client()
 
 
 def from_url(url: str, *, clock: Callable[[], float] | None = None) -> RedisSnapshotStore:
@@ -112,4 +116,11 @@ def from_url(url: str, *, clock: Callable[[], float] | None = None) -> RedisSnap
         ttl = float(options.get("ttl", 7 * 86_400.0))
     except ValueError as exc:
         raise ConfigError(f"Redis URL {url!r}: ttl must be seconds, got {options['ttl']!r}") from exc
-    return RedisSnapshotStore(client, ttl=ttl, prefix=options["prefix"], clock=clock, owns_client=True)
+    return RedisSnapshotStore(
+        client,
+        ttl=ttl,
+        prefix=options["prefix"],
+        clock=clock,
+        max_value_bytes=int(options["max_value_bytes"]),
+        owns_client=True,
+    )

@@ -1,25 +1,30 @@
-"""The agent's session states, namespaced by tenant and bounded in number (least recently used go first).
+"""The agent's session states, one per tenant's conversation, within a :class:`Budget` (least recently used go first).
 
-Tenant B naming tenant A's ``session_id`` gets a state of its own, never A's;
-a flood of new session ids evicts the oldest conversations instead of
-growing the table without end. Snapshots store each state under a key
-joining tenant and session id (``tenant<US>session``; the unit separator
-cannot appear in either, :func:`check_session` refuses control characters).
+Tenant B naming tenant A's ``session_id`` gets a state of its own, never A's
+(each state is addressed by :func:`~reach_plugins.stores.sessions.session_key`);
+a flood of new session ids, or of large states, evicts the oldest
+conversations instead of growing the table without end. A state is sized
+(as JSON) each time its conversation is touched, i.e. as the last turn left
+it; one grown past ``max_bytes`` alone is dropped and refused with
+:class:`EntryTooLarge`. Snapshots store each state under the session id, or
+``tenant<US>session`` for a named tenant (the unit separator cannot appear in
+either, :func:`check_session` refuses control characters).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
+
+from reach_plugins.errors import EntryTooLarge
+from reach_plugins.stores.budget import BoundedStore, Budget, LruTable
+from reach_plugins.stores.keys import DEFAULT_TENANT, SEP, ScopedKey
+from reach_plugins.stores.sessions import session_key
 
 MAX_SESSIONS: Final = 10_000
 """Default number of conversations an agent keeps state for."""
 MAX_SESSION_ID: Final = 256
 """Longest session id (and tenant name) accepted, in characters."""
-_SEP: Final = "\x1f"
-
-Key = tuple[str | None, str]
 
 
 def check_session(session_id: Any, tenant: Any) -> str | None:
@@ -36,45 +41,51 @@ def check_session(session_id: Any, tenant: Any) -> str | None:
     return None
 
 
-def _encode(key: Key) -> str:
-    tenant, session_id = key
-    return session_id if tenant is None else f"{tenant}{_SEP}{session_id}"
+def snapshot_name(key: ScopedKey) -> str:
+    """The name a snapshot keeps a conversation's state under: the session id, or ``tenant<US>session``."""
+    return key.id if key.tenant == DEFAULT_TENANT else f"{key.tenant}{SEP}{key.id}"
 
 
-def _decode(saved: str) -> Key:
-    tenant, sep, session_id = saved.partition(_SEP)
-    return (tenant, session_id) if sep else (None, saved)
+def conversation_of(saved: str) -> ScopedKey:
+    """The conversation a snapshot name stands for (:func:`snapshot_name` reversed)."""
+    tenant, sep, session_id = saved.partition(SEP)
+    return session_key(tenant, session_id) if sep else session_key(None, saved)
 
 
-class SessionTable(Mapping[str, dict[str, Any]]):
-    """State per (tenant, session id); also readable as a mapping of snapshot keys (``"s1"``, ``"acme<US>s1"``)."""
+class SessionTable(BoundedStore, Mapping[str, dict[str, Any]]):
+    """State per tenant's conversation; also readable as a mapping of snapshot keys (``"s1"``, ``"acme<US>s1"``)."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
-        self.max_sessions = max_sessions
-        self._states: OrderedDict[Key, dict[str, Any]] = OrderedDict()
+    def __init__(self, *, budget: Budget) -> None:
+        super().__init__(budget=budget)
+        self.table: LruTable[dict[str, Any]] = LruTable(budget, "session state")
 
     def state(self, tenant: str | None, session_id: str) -> dict[str, Any]:
-        """The live state of one conversation (created empty), marked as the most recently used."""
-        key = (tenant, session_id)
-        found = self._states.get(key)
+        """The live state of one conversation (created empty), sized and marked as the most recently used."""
+        key = session_key(tenant, session_id)
+        found = self.table.peek(key)
         if found is None:
-            found = self._states[key] = {}
-            while len(self._states) > self.max_sessions:
-                self._states.popitem(last=False)
-        else:
-            self._states.move_to_end(key)
+            found = {}
+        try:
+            self.table.put(key, found)
+        except EntryTooLarge:
+            self.table.pop(key)
+            raise
         return found
 
     def restore(self, saved: Mapping[str, dict[str, Any]]) -> None:
         """Take states back from a snapshot (keys as :meth:`__iter__` gives them)."""
         for name, state in saved.items():
-            self.state(*_decode(name)).update(state)
+            key = conversation_of(name)
+            self.table.put(key, {**(self.table.peek(key) or {}), **state})
 
     def __getitem__(self, name: str) -> dict[str, Any]:
-        return self._states[_decode(name)]
+        found = self.table.peek(conversation_of(name))
+        if found is None:
+            raise KeyError(name)
+        return found
 
     def __iter__(self) -> Iterator[str]:
-        return (_encode(key) for key in list(self._states))
+        return (snapshot_name(key) for key in self.table)
 
     def __len__(self) -> int:
-        return len(self._states)
+        return len(self.table)

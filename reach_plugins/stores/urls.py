@@ -1,6 +1,7 @@
 """Open the shared-state stores from an object or a URL (``memory://``, ``redis://host:port/db``).
 
-Redis stores live in :mod:`reach_plugins.stores.redis` and are imported only when a
+A memory store gets :data:`~reach_plugins.stores.budget.DEFAULT_BUDGET`. Redis
+stores live in :mod:`reach_plugins.stores.redis` and are imported only when a
 ``redis://`` URL asks for them (the ``redis`` extra).
 """
 
@@ -13,11 +14,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.policy.dedup import MemoryDedupStore
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.dedup import MemoryDedupStore
 from reach_plugins.stores.sessions import MemorySessions, SessionStore
 
 if TYPE_CHECKING:
-    from reach_plugins.policy.dedup import DedupStore
+    from reach_plugins.stores.dedup import DedupStore
 
 SUPPORTED = ("memory://", "redis://HOST:PORT/DB")
 
@@ -39,7 +41,7 @@ def open_store(store: DedupStore | str) -> DedupStore:
     """The idempotency/dedup store named by ``store`` (an object is used as is)."""
     if isinstance(store, str):
         backend = _backend(store, "store", "reach_plugins.stores.redis_dedup")
-        opened: DedupStore = backend.from_url(store) if backend else MemoryDedupStore()
+        opened: DedupStore = backend.from_url(store) if backend else MemoryDedupStore(budget=DEFAULT_BUDGET)
         return opened
     return store
 
@@ -48,6 +50,8 @@ def open_sessions(sessions: SessionStore | str, *, clock: Callable[[], float] | 
     """The session liveness store."""
     if isinstance(sessions, str):
         backend = _backend(sessions, "sessions", "reach_plugins.stores.redis_sessions")
-        opened: SessionStore = backend.from_url(sessions, clock=clock) if backend else MemorySessions(clock=clock)
-        return opened
+        if backend is not None:
+            opened: SessionStore = backend.from_url(sessions, clock=clock)
+            return opened
+        return MemorySessions(budget=DEFAULT_BUDGET, clock=clock)
     return sessions
