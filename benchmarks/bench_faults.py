@@ -35,7 +35,7 @@ from reach_plugins.model import (
     RouteDecision,
     Timeouts,
 )
-from reach_plugins.policy.clock import FakeClock
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport, Reply
 
 SEED = 20_240_607

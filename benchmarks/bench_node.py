@@ -131,7 +131,6 @@ class CannedAgents:
     """The agent transport inside the node's forwarder, answering at once."""
 
     owns_retries = False
-    bounds_timeout = True
     hop = None
 
     async def send(self, call: Call) -> Reply:

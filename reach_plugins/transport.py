@@ -16,8 +16,13 @@ What a transport promises (the core relies on each, and reads nothing else):
   :class:`~reach_plugins.errors.StreamIdle`, or returns a reply of error type
   ``outcome_unknown`` or ``timeout`` from a hop (``unknown``); every other
   answer is a :class:`Reply` (``failed``, ``business`` or ``success``);
-* ``bounds_timeout``: True when ``send`` itself gives up once ``call.timeout``
-  has passed, so the core sets no timer of its own around it;
+* **it leaves time to the core**: the core bounds every ``send`` by
+  ``call.timeout`` and every stream (first event, silence between events,
+  the request's deadline) on its own clock, so real and virtual time behave
+  alike; a transport may give up sooner at its boundary, never later;
+* **a stream is an** :data:`EventStream` (an async generator): the core closes
+  it with ``aclose()`` when it stops reading, and closing it frees the
+  connection and asks the far side to stop;
 * ``owns_retries``: True when the far side is a hop (gateway, node) that
   retries and fails over itself: the local core then sends a call once;
 * it **reports who served**: ``Reply.agent``/``Reply.instance`` name the
@@ -27,9 +32,8 @@ What a transport promises (the core relies on each, and reads nothing else):
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
@@ -93,15 +97,16 @@ class StreamEvent:
     error: ErrorInfo | None = None
 
 
+EventStream = AsyncGenerator[StreamEvent, None]
+"""What ``Transport.stream`` returns: events read with ``async for``, closed with ``aclose()``."""
+
+
 @runtime_checkable
 class Transport(Protocol):
     """Send one call, or stream one call; close pooled resources on ``aclose``."""
 
     owns_retries: bool
     """True when the far side (a gateway, a node) retries: the local core then does not."""
-
-    bounds_timeout: bool
-    """True when ``send`` gives up by itself once ``call.timeout`` has passed (no second timer needed)."""
 
     hop: str | None
     """The gateway or node every call goes through (None: straight to the agents). The core keeps that hop's
@@ -110,7 +115,7 @@ class Transport(Protocol):
 
     async def send(self, call: Call) -> Reply: ...
 
-    def stream(self, call: Call) -> AsyncIterator[StreamEvent]: ...
+    def stream(self, call: Call) -> EventStream: ...
 
     async def aclose(self) -> None: ...
 
@@ -119,13 +124,12 @@ class BaseTransport:
     """Convenience base: context-manager support, no-op close, streaming as one event."""
 
     owns_retries: bool = False
-    bounds_timeout: bool = False
     hop: str | None = None
 
     async def send(self, call: Call) -> Reply:
         raise NotImplementedError("send() must be implemented by Transport subclasses")
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         reply = await self.send(call)
         if reply.status == "success":
             yield StreamEvent("data", reply.data)
@@ -156,10 +160,8 @@ class MockTransport(BaseTransport):
     ``calls`` records the calls sent, for assertions: at least the last
     ``record`` of them (at most twice as many), none with ``record=0``, so a
     long-running user (a benchmark, a demo) does not keep every call alive.
-    An async handler is bounded by ``call.timeout`` here (``bounds_timeout``).
+    An async handler is bounded by the core's timer like every transport.
     """
-
-    bounds_timeout = True
 
     def __init__(self, handler: Handler, *, owns_retries: bool = False, record: int = 10_000) -> None:
         if record < 0:
@@ -177,8 +179,7 @@ class MockTransport(BaseTransport):
                 del calls[: -self.record]
         result = self._handler(call)
         if type(result) is not dict and inspect.isawaitable(result):  # plain data needs no (slow) awaitable check
-            async with asyncio.timeout(call.timeout):
-                result = await result
+            result = await result
         if isinstance(result, Reply):
             return result
         return Reply(status="success", data=result, agent=call.agent.name, instance=call.instance.instance_id)

@@ -19,7 +19,17 @@ PACKAGES = ("reach_plugins", "transports")
 
 FLOORS: dict[str, int] = {
     # the house from the ground up (DESIGN.md section 2): a room imports only rooms on lower floors
-    **dict.fromkeys(["reach_plugins.errors", "reach_plugins.ids", "reach_plugins.jsonsafe", "reach_plugins.units"], 0),
+    **dict.fromkeys(
+        [
+            "reach_plugins.errors",
+            "reach_plugins.ids",
+            "reach_plugins.jsonsafe",
+            "reach_plugins.units",
+            "reach_plugins.clock",
+            "reach_plugins.testing",
+        ],
+        0,
+    ),
     "reach_plugins.endpoints": 1,
     "reach_plugins.model": 2,
     **dict.fromkeys(["reach_plugins.transport", "reach_plugins.matching", "reach_plugins.telemetry"], 3),

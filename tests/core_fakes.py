@@ -44,7 +44,7 @@ from reach_plugins.model import (
     ReachRequest,
     RouteDecision,
 )
-from reach_plugins.policy.clock import FakeClock
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport, Reply
 
 

@@ -17,9 +17,9 @@ import pytest
 
 from reach_plugins.errors import IdempotencyConflict
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.stores.dedup import DedupStore
 from reach_plugins.stores.keys import SEP, ScopedKey
+from reach_plugins.testing.clock import FakeClock
 
 StoreFactory = Callable[[FakeClock], DedupStore]
 

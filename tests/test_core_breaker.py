@@ -14,7 +14,7 @@ from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import CircuitOpen
 from reach_plugins.model import CircuitBreakerConfig, ReachRequest
 from reach_plugins.policy.breaker import BreakerTransition, CircuitBreaker, Permit
-from reach_plugins.policy.clock import FakeClock
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport, Reply
 
 T0 = 1_000.0

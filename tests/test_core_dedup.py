@@ -11,10 +11,10 @@ from dedup_store_conformance import DedupStoreConformance, StoreFactory, answer,
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConfigError, IdempotencyConflict, InvalidPayload
 from reach_plugins.model import Capability, Idempotency, ReachRequest
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.policy.dedup import payload_hash, render_key, resolve_key
 from reach_plugins.stores.budget import DEFAULT_BUDGET, MIB, Budget
 from reach_plugins.stores.dedup import MemoryDedupStore
+from reach_plugins.testing.clock import FakeClock
 
 
 class TestMemoryDedupStore(DedupStoreConformance):

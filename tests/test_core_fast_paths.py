@@ -28,16 +28,14 @@ from reach_plugins.model import (
     Timeouts,
 )
 from reach_plugins.policy.breaker import CircuitBreaker
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.policy.validation import check_payload, compiled
 from reach_plugins.registry.memory import MemoryRegistry
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import BaseTransport, Call, MockTransport, Reply
 
 
 class Hanging(BaseTransport):
-    """Claims to bound its own sends by ``call.timeout`` — in real time, which a fake clock never reaches."""
-
-    bounds_timeout = True
+    """Never answers: only the core's timer, on the core's clock, ends its sends."""
 
     async def send(self, call: Call) -> Reply:
         await asyncio.Event().wait()
@@ -203,7 +201,7 @@ async def test_mock_transport_keeps_recent_calls_only() -> None:
 
 
 async def test_mock_transport_bounds_an_async_handler_by_the_call_timeout() -> None:
-    """A slow async handler is cut at call.timeout by MockTransport itself (it declares bounds_timeout)."""
+    """A slow async handler behind MockTransport is cut at call.timeout by the core's timer."""
 
     async def slow(call: Call) -> dict[str, int]:
         await asyncio.sleep(5)

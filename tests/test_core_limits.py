@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
 
+from reach_plugins.attempts.limiter import ConcurrencyLimiter
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import DeadlineExceeded, RateLimited
 from reach_plugins.model import Capability, PoolConfig, RateLimit, ReachRequest
-from reach_plugins.policy.clock import FakeClock
-from reach_plugins.policy.limits import AdaptiveLimit, ConcurrencyLimiter, TokenBucket
+from reach_plugins.policy.limits import AdaptiveLimit, TokenBucket
+from reach_plugins.testing.clock import FakeClock
 
 T0 = 1_000.0
 

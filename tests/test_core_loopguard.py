@@ -8,8 +8,8 @@ from core_fakes import FakeRouter, make_agent
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import LoopDetected, ReachError
 from reach_plugins.model import ErrorInfo, Hop, ReachRequest
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.policy.loopguard import check_length, check_target, hops_header, parse_hops_header
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport, Reply
 
 

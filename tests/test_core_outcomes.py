@@ -11,11 +11,11 @@ from core_fakes import FakeAgent, FakeRouter, make_agent
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import OutcomeUnknown
 from reach_plugins.model import AgentDescriptor, Idempotency, ReachRequest, RetryPolicy
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.policy.dedup import payload_hash
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import MemoryDedupStore, store_key
 from reach_plugins.telemetry.spans import EVENT_RETRY
+from reach_plugins.testing.clock import FakeClock
 
 
 def setup(

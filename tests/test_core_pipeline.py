@@ -19,7 +19,7 @@ from reach_plugins.model import (
     RetryPolicy,
     Timeouts,
 )
-from reach_plugins.policy.clock import FakeClock
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Credential
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -20,7 +19,6 @@ from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConfigError, ConnectError, LoopDetected
 from reach_plugins.model import ErrorInfo, Hop, PoolConfig, ReachRequest, ReachTrace, Timeouts
 from reach_plugins.policy.batching import BatchPolicy, StreamBatcher, streamed_chars
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.telemetry.spans import (
     ATTR_AGENT,
     ATTR_STREAM_CHARS,
@@ -28,7 +26,8 @@ from reach_plugins.telemetry.spans import (
     ATTR_TENANT,
     EVENT_STREAMED,
 )
-from reach_plugins.transport import BaseTransport, Call, StreamEvent
+from reach_plugins.testing.clock import FakeClock
+from reach_plugins.transport import BaseTransport, Call, EventStream, StreamEvent
 
 Script = list[tuple[float, StreamEvent | Exception]]
 
@@ -44,7 +43,7 @@ class ScriptedStreams(BaseTransport):
         self.arrivals: list[float] = []
         self.closed = 0
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         self.calls.append(call)
         try:
             for delay, step in self.scripts.popleft():

@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reach_plugins.clock import SystemClock, as_clock
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import RetryPolicy
 from reach_plugins.policy.backoff import full_jitter, retry_delay
 from reach_plugins.policy.budget import RetryBudget
-from reach_plugins.policy.clock import FakeClock, SystemClock, as_clock
 from reach_plugins.policy.deadline import Deadline
+from reach_plugins.testing.clock import FakeClock
 
 
 async def test_fake_sleep_moves_virtual_time_not_real_time() -> None:

@@ -13,8 +13,8 @@ from core_fakes import FakeAgent, FakeRouter, make_agent
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConfigError, UnknownCapability
 from reach_plugins.model import ReachRequest, ReachTrace
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.telemetry.trace import JsonLinesSink, LoggingSink, TraceSink, open_sink
+from reach_plugins.testing.clock import FakeClock
 
 
 def setup(sink: TraceSink | None = None) -> tuple[FakeClock, FakeAgent, Pipeline]:

@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from core_fakes import FakeRouter
 from faultproxy import FaultProxy
 from transport_conformance import make_call
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
-from reach_plugins.errors import BusinessError, StreamIdle
-from reach_plugins.model import Timeouts
+from reach_plugins.attempts.pipeline import Pipeline
+from reach_plugins.errors import BusinessError
+from reach_plugins.model import Instance, ReachRequest, Timeouts
 from reach_plugins.transport import Call, StreamEvent
 from transports.direct import DirectTransport
 
@@ -97,20 +99,36 @@ async def test_plain_handler_streams_as_one_event(transport: DirectTransport, se
     assert [(event.kind, event.data) for event in events] == [("data", {"key": "a1", "value": "A1"}), ("end", None)]
 
 
+async def through_core(
+    transport: DirectTransport, url: str, payload: dict[str, Any], **timeouts: float
+) -> list[StreamEvent]:
+    """The events of a ``hang`` stream read through the core (which alone times a stream) over ``transport``."""
+    descriptor = agent.descriptor(url)
+    instance = Instance(agent=descriptor.name, instance_id=f"{descriptor.name}-0", endpoint=url)
+    descriptor = descriptor.model_copy(update={"timeouts": Timeouts(**timeouts), "instances": [instance]})
+    pipeline = Pipeline(router=FakeRouter([descriptor]), transport=transport)
+    request = ReachRequest(capability="hang", payload=payload)
+    return [event async for event in pipeline.stream(request)]
+
+
 async def test_idle_stream_ends_with_a_timeout_event(transport: DirectTransport, server: BackgroundServer) -> None:
-    """After an event, stream_idle seconds of silence end the stream with a timeout error event."""
-    events = await collect(transport, stream_call(server.url, "hang", {"first": True}))
+    """After an event, stream_idle seconds of silence end the stream with a timeout error event (cut by the core)."""
+    events = await through_core(transport, server.url, {"first": True}, stream_idle=0.2)
     assert [event.kind for event in events] == ["data", "error"]
     error = events[-1].error
     assert error is not None
-    assert error.type == "stream_idle"
+    assert error.type == "timeout"
     assert "stream_idle" in error.message
 
 
-async def test_idle_before_any_event_raises(transport: DirectTransport, server: BackgroundServer) -> None:
-    """Silence before the first event raises StreamIdle: nothing was committed, so the core may retry."""
-    with pytest.raises(StreamIdle):
-        await collect(transport, stream_call(server.url, "hang", {"first": False}))
+async def test_idle_before_any_event_is_cut_at_ttfbt(transport: DirectTransport, server: BackgroundServer) -> None:
+    """Silence before the first event is cut at ttfbt by the core: nothing was committed; the stream ends in error."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    events = await through_core(transport, server.url, {"first": False}, ttfbt=0.2, response=5.0)
+    assert [event.kind for event in events] == ["error"]
+    assert events[0].error is not None and events[0].error.type == "timeout"
+    assert loop.time() - started < 4.0
 
 
 async def test_handler_crash_mid_stream_is_an_error_event(transport: DirectTransport, server: BackgroundServer) -> None:

@@ -22,7 +22,6 @@ from servers import Server, free_port
 
 from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.errors import BackendUnavailable, ConfigError, InvalidPayload, SessionClosed
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.redis import connect
@@ -31,6 +30,7 @@ from reach_plugins.stores.redis_sessions import RedisSessions
 from reach_plugins.stores.redis_snapshots import RedisSnapshotStore
 from reach_plugins.stores.sessions import SessionStore, session_key
 from reach_plugins.stores.urls import open_sessions, open_store
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import MockTransport
 
 S1 = session_key(None, "s-1")

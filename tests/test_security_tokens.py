@@ -238,11 +238,11 @@ def test_any_forged_header_is_an_invalid_token(header: dict[str, object]) -> Non
 
 
 def test_a_wrapping_transport_keeps_the_inner_transports_promises() -> None:
-    """A token/trust/audit wrapper declares what its inner transport declares: bounded sends, retry owner, hop."""
+    """A token/trust/audit wrapper declares what its inner transport declares: retry owner, hop."""
     from reach_plugins.security.wrapping import Wrapping
     from transports.direct import DirectTransport
     from transports.gateway import GatewayTransport
 
     direct, hop = Wrapping(DirectTransport()), Wrapping(GatewayTransport("http://127.0.0.1:9"))
-    assert (direct.bounds_timeout, direct.owns_retries, direct.hop) == (True, False, None)
-    assert hop.owns_retries and hop.hop is not None and hop.bounds_timeout == GatewayTransport.bounds_timeout
+    assert (direct.owns_retries, direct.hop) == (False, None)
+    assert hop.owns_retries and hop.hop is not None

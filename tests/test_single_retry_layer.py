@@ -8,8 +8,8 @@ import pytest
 
 from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.model import ErrorInfo
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.registry import MemoryRegistry
+from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport, Reply
 
 

@@ -22,7 +22,6 @@ import reach_plugins
 from reach_plugins.errors import ConfigError, EntryTooLarge
 from reach_plugins.model import ReachResponse
 from reach_plugins.node.tickets import Tickets
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.routing.affinity import SessionTable as PinTable
 from reach_plugins.stores.budget import MIB, BoundedStore, Budget, json_size
 from reach_plugins.stores.dedup import MemoryDedupStore
@@ -35,6 +34,7 @@ from reach_plugins.stores.sessions import MemorySessions, session_key
 from reach_plugins.stores.sessiontable import SessionTable, snapshot_name
 from reach_plugins.stores.snapshots import MemorySnapshotStore
 from reach_plugins.stores.urls import open_store
+from reach_plugins.testing.clock import FakeClock
 
 Put = Callable[[Any, str, str, int], Awaitable[None]]
 Seen = Callable[[Any, str, str], Awaitable[bool]]

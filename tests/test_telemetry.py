@@ -17,8 +17,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import UnknownCapability
 from reach_plugins.model import ReachRequest
-from reach_plugins.policy.clock import FakeClock
 from reach_plugins.telemetry import spans as telemetry
+from reach_plugins.testing.clock import FakeClock
 
 
 @pytest.fixture

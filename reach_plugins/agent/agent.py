@@ -36,6 +36,7 @@ from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed
 from reach_plugins.agent.outcome import Outcome, fail, refused
 from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
+from reach_plugins.clock import as_clock
 from reach_plugins.errors import (
     BackendUnavailable,
     Backpressure,
@@ -49,7 +50,6 @@ from reach_plugins.errors import (
     UnknownCapability,
 )
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
-from reach_plugins.policy.clock import as_clock
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
 from reach_plugins.server.inbound import InputLimits

@@ -30,9 +30,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from reach_plugins.agent.outcome import Outcome
+from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.clock import Clock, as_clock
 from reach_plugins.stores.budget import Budget
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.stores.keys import SEP, ScopedKey

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reach_plugins.attempts.limiter import ConcurrencyLimiter
+from reach_plugins.clock import Clock
 from reach_plugins.errors import RateLimited
 from reach_plugins.model import AgentDescriptor, Capability
 from reach_plugins.policy.budget import RetryBudget
-from reach_plugins.policy.clock import Clock
 from reach_plugins.policy.deadline import Deadline
-from reach_plugins.policy.limits import AdaptiveLimit, ConcurrencyLimiter, TokenBucket
+from reach_plugins.policy.limits import AdaptiveLimit, TokenBucket
 
 DEFAULT_MAX_WAIT = 3.0
 """Longest wait for a concurrency slot when the agent sets no ``rate_limit.max_wait``."""

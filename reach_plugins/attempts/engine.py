@@ -1,57 +1,39 @@
-"""The attempts of one request: admit, send within the attempt's time, classify, then retry, fail over or stop.
+"""The attempts of one request: admit, send within the attempt's time, classify, then look up what follows.
 
 :class:`Engine` holds the machinery a pipeline shares across requests
 (breakers, guards, router, transport, clock); :class:`Flight` is the state of
-one request. ``run_unary`` is the retry loop; streaming reuses the same steps.
-
-What follows an attempt depends on its outcome (DESIGN 11.1), one row each
-(:meth:`Engine.decide`; the table reads top to bottom, the first match wins):
-
-================  =====================================================================================
-outcome           next step
-================  =====================================================================================
-success           finish
-business          give up (never retried)
-not_delivered     fail over to the next candidate at once: no backoff, no retry budget, not a retry;
-                  with no candidate left, plan it like ``failed`` (same instance after a backoff); through
-                  a hop, which owns retries and failover, every candidate sits behind it: plan it so too
-failed            retry after full-jitter backoff within max_attempts, budget and deadline, else give up
-unknown, keyed    pin the key where it can be checked (that instance, or any instance of an agent that
-                  declares shared idempotency), then retry as ``failed`` but only there; a move away from
-                  the pin, or giving up, ends ``OutcomeUnknown`` (the key is safe to retry later)
-unknown, no key   as ``failed`` when the capability is retryable, else give up
-================  =====================================================================================
+one request. What follows an attempt is the table
+:data:`~reach_plugins.attempts.lifecycle.AFTER` (DESIGN 11.1), looked up by
+:meth:`Engine.decide`; the loop that awaits and sleeps is
+:mod:`reach_plugins.attempts.driver`, one for unary calls and streams.
+Subscribers (the request's trace recorder, a pipeline's hooks) hear of each
+attempt and of each breaker or consistency change it causes through
+:class:`~reach_plugins.attempts.hooks.AttemptHooks`.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any, Literal
 
 from reach_plugins.attempts.admission import GuardTable
-from reach_plugins.attempts.flight import Admission, Flight, Plan, Step, where_of
+from reach_plugins.attempts.bounded import within
+from reach_plugins.attempts.flight import Admission, Flight, Pin, Plan, Step, where_of
+from reach_plugins.attempts.hooks import AttemptHooks, AttemptRecord, Moved
+from reach_plugins.attempts.lifecycle import after
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
+from reach_plugins.clock import Clock
 from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.policy.backoff import retry_delay
 from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.policy.classify import Verdict, check_return_schema, classify_exception, classify_reply
-from reach_plugins.policy.clock import Clock, SystemClock
 from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 from reach_plugins.policy.deadline import per_attempt_timeout
 from reach_plugins.policy.loopguard import check_target, hops_header
-from reach_plugins.telemetry.spans import (
-    ATTR_BREAKER_FROM,
-    ATTR_BREAKER_TO,
-    EVENT_BREAKER,
-    EVENT_CONSISTENCY,
-    EVENT_CONSISTENCY_STATE,
-    EVENT_FAILOVER,
-    EVENT_GIVE_UP,
-    EVENT_RETRY,
-)
-from reach_plugins.telemetry.trace import TraceRecorder
+from reach_plugins.telemetry.spans import EVENT_CONSISTENCY, EVENT_FAILOVER, EVENT_GIVE_UP
 from reach_plugins.transport import Call, Credential, Reply, Transport
 from reach_plugins.wire.headers import HEADER_DEADLINE, HEADER_HOPS
 
@@ -83,25 +65,33 @@ class Engine:
         clock: Clock,
         rng: random.Random,
         credentials: CredentialResolver | None,
+        hooks: tuple[AttemptHooks, ...] = (),
     ) -> None:
         self.router = router
         self.transport = transport
         self.clock = clock
         self.rng = rng
         self.credentials = credentials or _no_credential
-        self.breakers = Breakers(self._on_transition)
-        self.consistency = ConsistencyMonitor(listener=self._on_consistency)
+        self.hooks = hooks
+        """Subscribers that hear of every request's attempts and state changes (beside its trace recorder)."""
+        self.breakers = Breakers(self._log_move)
+        self.consistency = ConsistencyMonitor(listener=self._log_move)
         """Per-instance reply consistency (capabilities with ``consistency:``): ejects instances answering beside."""
         self.guards = GuardTable()
         self.hop: str | None = transport.hop
         """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
-        self.observer: TraceRecorder | None = None
-        """The request whose breaker call is running now: transitions it causes land in its trace."""
-        self.transport_times_out = transport.bounds_timeout and isinstance(clock, SystemClock)
-        """The transport bounds each send by ``call.timeout`` in real time: a second timer here would be waste."""
 
-    def _on_consistency(self, transition: ConsistencyTransition) -> None:
-        self._moved("consistency", EVENT_CONSISTENCY_STATE, transition, alarming=transition.after == "ejected")
+    def tell_moved(self, flight: Flight) -> Callable[[Moved], None]:
+        """The per-call listener of the breaker and consistency calls made for ``flight``: its subscribers."""
+        if not self.hooks:
+            return flight.rec.moved
+        subscribers = (flight.rec, *self.hooks)
+
+        def tell(change: Moved) -> None:
+            for subscriber in subscribers:
+                subscriber.moved(change)
+
+        return tell
 
     def _judge_consistency(self, flight: Flight, data: Any) -> None:
         """Score a successful reply against its request when the capability opted in; feed the monitor."""
@@ -110,40 +100,29 @@ class Engine:
         if policy is None:
             return
         score = score_reply(flight.request, data)
-        self.observer = flight.rec
-        try:
-            low = self.consistency.record(
-                route.agent.name, route.instance.instance_id, policy, score, self.clock.monotonic()
-            )
-        finally:
-            self.observer = None
+        low = self.consistency.record(
+            route.agent.name,
+            route.instance.instance_id,
+            policy,
+            score,
+            self.clock.monotonic(),
+            on_move=self.tell_moved(flight),
+        )
         flight.rec.event(EVENT_CONSISTENCY, self.clock.now(), instance=route.instance.instance_id, score=score, low=low)
 
-    def _on_transition(self, transition: BreakerTransition) -> None:
-        self._moved("breaker", EVENT_BREAKER, transition, alarming=transition.after == "open")
-
-    def _moved(
-        self, what: str, event: str, moved: BreakerTransition | ConsistencyTransition, *, alarming: bool
-    ) -> None:
-        """Log an instance's state change (a warning when it is shut out) and put it in the running request's trace."""
+    @staticmethod
+    def _log_move(moved: BreakerTransition | ConsistencyTransition) -> None:
+        """Log an instance's state change: a warning when it is shut out (opened, ejected)."""
         logger.log(
-            logging.WARNING if alarming else logging.INFO,
+            logging.WARNING if moved.after in ("open", "ejected") else logging.INFO,
             "%s %s/%s: %s -> %s (%s)",
-            what,
+            moved.kind,
             moved.agent,
             moved.instance,
             moved.before,
             moved.after,
             moved.reason,
         )
-        if self.observer is not None:
-            self.observer.event(
-                event,
-                moved.at,
-                instance=moved.instance,
-                reason=moved.reason,
-                **{ATTR_BREAKER_FROM: moved.before, ATTR_BREAKER_TO: moved.after},
-            )
 
     def admit_now(self, flight: Flight) -> Admission | None:
         """The usual admission, without waiting: a free slot and a closed breaker; else None (use :meth:`admit`)."""
@@ -184,11 +163,7 @@ class Engine:
             slot = await guards.admit(route.capability, self.clock, flight.deadline)
             breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
             tick = self.clock.monotonic()
-            self.observer = flight.rec
-            try:
-                permit = breaker.acquire(tick)
-            finally:
-                self.observer = None
+            permit = breaker.acquire(tick, on_move=self.tell_moved(flight))
             if permit is not None and not flight.deadline.expired(self.clock.now()):
                 try:
                     return Admission(guards, slot, breaker, permit, self._hop_permit(tick))
@@ -214,23 +189,24 @@ class Engine:
 
     def pin(self, flight: Flight, where: str | None, shared: bool) -> None:
         """Keep the rest of the flight where its key can be checked (``where``, or any instance if ``shared``)."""
-        flight.pin, flight.pin_shared = where or where_of(flight.route), shared
+        flight.pin = Pin(where or where_of(flight.route), shared)
 
     def check_pin(self, flight: Flight, route: RouteLike) -> None:
         """Raise OutcomeUnknown when ``route`` cannot check the pinned key (another instance, another agent)."""
-        if flight.pin is None or where_of(route) == flight.pin:
+        pin = flight.pin
+        if pin is None or where_of(route) == pin.where:
             return
-        agent = flight.pin.partition("/")[0]
-        if flight.pin_shared and route.agent.name == agent:
+        if pin.shared and route.agent.name == pin.where.partition("/")[0]:
             return
         raise self.outcome_unknown(flight)
 
     @staticmethod
     def outcome_unknown(flight: Flight) -> OutcomeUnknown:
         """The end of a keyed flight whose answer was lost where no one else can check its key."""
+        where = flight.pin.where if flight.pin is not None else None
         return OutcomeUnknown(
-            f"request {flight.request.request_id}: an attempt at {flight.pin} was sent and its answer lost, and "
-            f"{flight.pin} cannot take the retry; retrying later with idempotency key {flight.key!r} is safe "
+            f"request {flight.request.request_id}: an attempt at {where} was sent and its answer lost, and "
+            f"{where} cannot take the retry; retrying later with idempotency key {flight.key!r} is safe "
             "(it is checked before anything runs again)",
             key=flight.key,
         )
@@ -240,7 +216,7 @@ class Engine:
         OutcomeUnknown when the flight is pinned and the next candidate cannot check its key)."""
         old = flight.route
         flight.excluded.add((old.agent.name, old.instance.instance_id))
-        if flight.pin is not None and not flight.pin_shared:
+        if flight.pin is not None and not flight.pin.shared:
             raise self.outcome_unknown(flight)
         route = self.router.route(flight.request, exclude=flight.excluded)
         self.check_pin(flight, route)
@@ -282,11 +258,7 @@ class Engine:
         if flight.claim is not None and flight.claim.where != flight.ran_at:
             await flight.claim.moved(flight.ran_at)
         try:
-            if self.transport_times_out:
-                reply = await self.transport.send(call)
-            else:
-                async with self.clock.timeout_at(now + timeout):
-                    reply = await self.transport.send(call)
+            reply = await within(self.clock, now + timeout, self.transport.send(call))
         except (ReachError, TimeoutError) as exc:
             if isinstance(exc, ReachError) and exc.refused:
                 flight.ran_at = before
@@ -325,16 +297,14 @@ class Engine:
         """
         tick = self.clock.monotonic()
         hop_fault = admission.hop is not None and not answered and verdict.instance_fault
-        self.observer = flight.rec
-        try:
-            if admission.hop is not None:
-                admission.hop[0].record(admission.hop[1], tick, failure=hop_fault, duration=duration)
-            if hop_fault or (again and verdict.instance_fault):
-                admission.breaker.release(admission.permit)
-            else:
-                admission.breaker.record(admission.permit, tick, failure=verdict.instance_fault, duration=duration)
-        finally:
-            self.observer = None
+        tell = self.tell_moved(flight)
+        if admission.hop is not None:
+            admission.hop[0].record(admission.hop[1], tick, failure=hop_fault, duration=duration, on_move=tell)
+        if hop_fault or (again and verdict.instance_fault):
+            admission.breaker.release(admission.permit)
+        else:
+            failure = verdict.instance_fault
+            admission.breaker.record(admission.permit, tick, failure=failure, duration=duration, on_move=tell)
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None
@@ -368,13 +338,13 @@ class Engine:
         return Plan(delay, "retry")
 
     def decide(self, flight: Flight, verdict: Verdict, admission: Admission, now: float) -> Step:
-        """The step after an attempt: the table in this module's docstring, row by row."""
-        stage = verdict.stage
-        if stage == "success":
+        """The step after an attempt: its row of :data:`~reach_plugins.attempts.lifecycle.AFTER`, carried out."""
+        row = after(verdict.stage, flight.key is not None)
+        if row.action == "finish":
             return _FINISHED
-        if stage == "business":
+        if row.action == "give_up":
             return _BUSINESS
-        if stage == "not_delivered" and flight.retries_here:
+        if row.fail_over_first and flight.retries_here:
             try:
                 self.fail_over(flight, f"{flight.route.instance.instance_id}: not delivered ({verdict.outcome})")
             except ReachError:
@@ -382,16 +352,10 @@ class Engine:
             else:
                 return Step("fail_over", Plan(0.0, "not delivered: failed over at once"))
         flight.counted += 1
-        if stage == "unknown" and flight.key is not None and flight.pin is None:
+        if row.pin and flight.pin is None:
             self.pin(flight, where_of(flight.route), flight.route.agent.idempotency.shared)
         plan = self.plan_retry(flight, verdict, admission, now)
         return Step("give_up" if plan.delay is None else "retry", plan)
-
-    def record(
-        self, flight: Flight, verdict: Verdict, admission: Admission, started: float, now: float, delay: float | None
-    ) -> None:
-        """Add the attempt to the request's trace (a success only when someone will read it)."""
-        self.record_at(flight, flight.route, verdict, admission, started, now, delay)
 
     def record_at(
         self,
@@ -403,10 +367,11 @@ class Engine:
         now: float,
         delay: float | None,
     ) -> None:
-        """:meth:`record` for an attempt at ``route`` (the flight may have failed over since)."""
-        if verdict.ok and not flight.rec.keep:
+        """Tell the subscribers of the attempt at ``route`` (the flight may have failed over since); a success
+        only when someone will read it."""
+        if verdict.ok and not flight.rec.keep and not self.hooks:
             return
-        flight.rec.attempt(
+        record = AttemptRecord(
             number=flight.attempts,
             agent=route.agent.name,
             instance=route.instance.instance_id,
@@ -419,6 +384,10 @@ class Engine:
             breaker_state=admission.breaker.state(self.clock.monotonic()),
             delivery=verdict.delivery,
         )
+        if not verdict.ok or flight.rec.keep:
+            flight.rec.attempt(record)
+        for hook in self.hooks:
+            hook.attempt(record)
 
     def respond(
         self, flight: Flight, status: Status, data: Any, error: ErrorInfo | None, reply: Reply | None = None
@@ -464,51 +433,3 @@ class Engine:
         data = reply.data if reply is not None and verdict.outcome == "business" else None
         error = verdict.error or ErrorInfo(type=verdict.outcome, message=why)
         return self.respond(flight, "fail", data, error, reply)
-
-
-async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
-    """Admit, send, settle, then take the step :meth:`Engine.decide` names, until an answer is due."""
-    clock = engine.clock
-    last: tuple[Verdict, Reply | None] | None = None
-    while True:
-        flight.attempts += 1
-        admission = engine.admit_now(flight)
-        if admission is None:
-            try:
-                admission = await engine.admit(flight)
-            except ReachError as exc:
-                flight.attempts -= 1
-                if last is None:
-                    raise
-                return engine.give_up(flight, last[0], last[1], f"no instance could take the retry: {exc.message}")
-        started, tick = clock.now(), clock.monotonic()
-        try:
-            verdict, reply = await engine.send(flight)
-        except BaseException:
-            engine.abandon(admission)
-            raise
-        now, duration = clock.now(), clock.monotonic() - tick
-        flight.far_attempts += reply.attempts if reply is not None else 1
-        tried = flight.route
-        step = engine.decide(flight, verdict, admission, now)
-        again = step.action == "retry" and not verdict.unreachable
-        engine.settle(flight, admission, verdict, duration, again=again, answered=reply is not None)
-        engine.record_at(flight, tried, verdict, admission, started, now, step.plan.delay)
-        if step.action == "finish" and reply is not None:
-            return engine.respond(flight, "success", reply.data, None, reply)
-        if step.action == "give_up":
-            return engine.give_up(flight, verdict, reply, step.plan.why, out_of_time=step.plan.out_of_time)
-        last = (verdict, reply)
-        if step.action == "fail_over":
-            continue
-        delay = step.plan.delay or 0.0
-        flight.rec.event(EVENT_RETRY, now, attempt=flight.attempts, delay_ms=delay * 1000.0, outcome=verdict.outcome)
-        await clock.sleep(delay)
-        if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
-            try:
-                engine.fail_over(flight, f"{flight.route.instance.instance_id} is unreachable or its breaker opened")
-            except OutcomeUnknown:
-                return engine.give_up(flight, verdict, reply, "the pinned instance cannot take the retry")
-            except ReachError as exc:
-                if not admission.breaker.available(clock.monotonic()):
-                    return engine.give_up(flight, verdict, reply, f"no other instance to fail over to: {exc.message}")

@@ -1,22 +1,32 @@
-"""The records of one request's attempts: its running state, an admission, and what follows an attempt."""
+"""The state of one request's attempts, an admission, and what follows an attempt."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 from reach_plugins.attempts.admission import AgentGuards, Slot
+from reach_plugins.attempts.claims import Claim
+from reach_plugins.attempts.lifecycle import PHASES, Action, Move, Phase, moved
 from reach_plugins.attempts.ports import RouteLike
-from reach_plugins.model import ErrorInfo, ReachRequest
+from reach_plugins.model import ReachRequest
 from reach_plugins.policy.breaker import CircuitBreaker, Permit
 from reach_plugins.policy.deadline import Deadline
 from reach_plugins.telemetry.trace import TraceRecorder
 
 
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """Where a keyed attempt may have run (its answer was lost): retries go only where the key is checked."""
+
+    where: str
+    """``agent/instance`` of that attempt."""
+    shared: bool
+    """The agent declares shared idempotency: any of its instances can check the key."""
+
+
 @dataclass(slots=True)
 class Flight:
-    """The running state of one request."""
+    """The running state of one request: what it asks (set once), where it goes and how far it got."""
 
     request: ReachRequest
     rec: TraceRecorder
@@ -32,34 +42,19 @@ class Flight:
     far_attempts: int = 0
     spent_retry: bool = False
     """A retry token of the budget was spent on this request: its success gives the token back with one more."""
-    pin: str | None = None
-    """``agent/instance`` where a keyed attempt may have run (its answer was lost); retries go only there."""
-    pin_shared: bool = False
-    """The pinned agent declares shared idempotency: any of its instances can check the key."""
+    pin: Pin | None = None
     ran_at: str | None = None
     """The last ``agent/instance`` an attempt may have run at (sent, and not answered "not delivered")."""
     claim: Claim | None = None
     """The dedup claim this flight owns, if keyed and claimed."""
     excluded: set[tuple[str, str]] = field(default_factory=set)
-    status: str = "pending"
-    error: ErrorInfo | None = None
-    streamed_events: int = 0
-    """Data events handed to the caller of a stream (a unary request leaves it 0)."""
-    streamed_chars: int = 0
-    """Characters of text those events carried (:func:`~reach_plugins.policy.batching.streamed_chars`)."""
+    phase: Phase = "ready"
+    """Where the request is in :data:`~reach_plugins.attempts.lifecycle.PHASES`."""
 
-
-@dataclass(slots=True)
-class Claim:
-    """The flight's dedup claim: where it says the key was sent, and how to tell the store it moved."""
-
-    where: str | None
-    tell: Callable[[str], Awaitable[None]]
-
-    async def moved(self, where: str) -> None:
-        """Record ``where`` before sending there: a crashed owner's heir then asks the right instance."""
-        self.where = where
-        await self.tell(where)
+    def move(self, move: Move) -> None:
+        """Take one move of the lifecycle (raises ImpossibleMove when the phase has none such)."""
+        phase = PHASES[self.phase].get(move)
+        self.phase = moved(self.phase, move) if phase is None else phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +70,7 @@ class Plan:
 class Step:
     """What follows an attempt: ``finish``, ``give_up``, ``fail_over`` (now) or ``retry`` (after ``plan``)."""
 
-    action: Literal["finish", "give_up", "fail_over", "retry"]
+    action: Action
     plan: Plan
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 
 from opentelemetry import trace as otel
@@ -26,14 +26,17 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from reach_plugins.attempts.engine import Engine, run_unary
-from reach_plugins.attempts.flight import Claim, Flight
+from reach_plugins.attempts.claims import Claim, on_begin, on_end
+from reach_plugins.attempts.driver import run_unary
+from reach_plugins.attempts.engine import Engine
+from reach_plugins.attempts.flight import Flight
+from reach_plugins.attempts.hooks import AttemptHooks
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
-from reach_plugins.attempts.streaming import stream_attempts
+from reach_plugins.attempts.streaming import StreamTally, stream_attempts
+from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, OutcomeUnknown, ReachError
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
-from reach_plugins.policy.clock import Clock, as_clock
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
 from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
@@ -104,7 +107,9 @@ class Pipeline:
         max_hops: int = DEFAULT_MAX_HOPS,
         default_timeout: float = 30.0,
         stream_batching: BatchPolicy | None = None,
+        hooks: Sequence[AttemptHooks] = (),
     ) -> None:
+        """``hooks`` hear of every request's attempts and breaker/consistency changes (metrics, logs)."""
         if max_hops < 1 or default_timeout <= 0:
             raise ConfigError(f"max_hops must be >= 1 and default_timeout > 0, got {max_hops} and {default_timeout}")
         self._clock = as_clock(clock)
@@ -126,6 +131,7 @@ class Pipeline:
             clock=self._clock,
             rng=rng or random.Random(),
             credentials=credentials,
+            hooks=tuple(hooks),
         )
 
     def is_available(self, agent: str, instance_id: str) -> bool:
@@ -243,10 +249,12 @@ class Pipeline:
         try:
             response = await run_unary(self._engine, flight)
         finally:
-            if response is not None and response.ok:
+            ran_at = flight.pin.where if flight.pin is not None else None if response is not None else flight.ran_at
+            ending = on_end(response is not None and response.ok, ran_at is not None)
+            if ending == "done" and response is not None:
                 await self._store.complete(key, response.model_copy(deep=True))
-            elif flight.pin is not None or (response is None and flight.ran_at is not None):
-                await self._store.unknown(key, flight.pin or flight.ran_at)
+            elif ending == "unknown":
+                await self._store.unknown(key, ran_at)
             else:
                 await self._store.fail(key)
         return response
@@ -272,15 +280,16 @@ class Pipeline:
                 logger.warning("dedup store unreachable; %s is guarded by %s's own store: %s", key, agent.name, exc)
                 flight.rec.event(EVENT_DEDUP_UNAVAILABLE, now, error=exc.message)
                 return None
-            if begin.state in ("new", "unknown"):
-                claimed_at = begin.where if begin.state == "unknown" else where
+            step = on_begin(begin.state, begin.result is not None)
+            if step in ("run", "take_over"):
+                claimed_at = begin.where if step == "take_over" else where
                 flight.claim = Claim(claimed_at, lambda moved: self._store.sent(key, moved))
-            if begin.state == "new":
+            if step == "run":
                 return None
-            if begin.state == "unknown":
+            if step == "take_over":
                 await self._take_over(flight, key, begin.where)
                 return None
-            if begin.state == "done" and begin.result is not None:
+            if step == "replay" and begin.result is not None:
                 return begin.result
             if flight.deadline.expired(now):
                 raise DeadlineExceeded(
@@ -346,9 +355,7 @@ class Pipeline:
                 response.trace = built
         span = rec.span
         if span.is_recording():
-            endpoint = (
-                rec.attempts[-1]["endpoint"] if rec.attempts else rec.route.instance.endpoint if rec.route else ""
-            )
+            endpoint = rec.attempts[-1].endpoint if rec.attempts else rec.route.instance.endpoint if rec.route else ""
             ended: dict[str, AttributeValue] = {ATTR_ATTEMPTS: response.attempts, **server_attributes(endpoint)}
             if response.agent:
                 ended[ATTR_AGENT] = response.agent
@@ -372,10 +379,11 @@ class Pipeline:
         rec = TraceRecorder(request, started, span, keep=self._sink is not None)
         _start_span(span, request)
         flight: Flight | None = None
+        tally = StreamTally()
         try:
             flight = self._prepare(request, rec, otel.set_span_in_context(span))
             explicit = has_explicit_deadline(request)
-            attempts = stream_attempts(self._engine, flight, explicit_deadline=explicit, batching=self._batching)
+            attempts = stream_attempts(self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching)
             async with aclosing(attempts) as batches:
                 async for batch in batches:
                     yield batch
@@ -384,27 +392,27 @@ class Pipeline:
             raise
         finally:
             if flight is not None:
-                self._streamed(rec, flight)
+                self._streamed(rec, flight, tally)
             if owned:
                 span.end()
 
-    def _streamed(self, rec: TraceRecorder, flight: Flight) -> None:
+    def _streamed(self, rec: TraceRecorder, flight: Flight, tally: StreamTally) -> None:
         """Close a stream's books: what it carried (span attributes and trace), its status, its trace line."""
-        status = flight.status if flight.status != "pending" else "cancelled"
+        status = tally.status if tally.status != "pending" else "cancelled"
         now = self._clock.now()
-        rec.event(EVENT_STREAMED, now, events=flight.streamed_events, chars=flight.streamed_chars)
+        rec.event(EVENT_STREAMED, now, events=tally.events, chars=tally.chars)
         if self._sink is not None:
-            emit_safely(self._sink, rec.build(status, flight.error, now))
+            emit_safely(self._sink, rec.build(status, tally.error, now))
         span = rec.span
         if span.is_recording():
             ended: dict[str, AttributeValue] = {
                 ATTR_ATTEMPTS: flight.attempts,
                 ATTR_AGENT: flight.route.agent.name,
                 ATTR_INSTANCE: flight.route.instance.instance_id,
-                ATTR_STREAM_EVENTS: flight.streamed_events,
-                ATTR_STREAM_CHARS: flight.streamed_chars,
+                ATTR_STREAM_EVENTS: tally.events,
+                ATTR_STREAM_CHARS: tally.chars,
             }
-            _end_span(span, status, flight.error, False, ended)
+            _end_span(span, status, tally.error, False, ended)
 
 
 def _start_span(span: Span, request: ReachRequest) -> None:

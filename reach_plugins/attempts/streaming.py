@@ -1,10 +1,12 @@
-"""Streamed replies through the same core: retried only until the first event has been passed on.
+"""Streamed replies through the same driver: retried only until the first event has been passed on.
 
-Three tiers of time: the first event must come within the attempt's time;
-after that each gap between events is bounded by ``stream_idle`` (and by the
-request's deadline only when the caller set one), so a long, lively stream is
-never cut by a total timeout — the seeds' half-finished answers. Every stream
-ends with exactly one ``end`` or ``error`` event.
+Three tiers of time, all kept here on the core's clock (the one place a
+stream is timed, whatever the transport): the first event must come within
+the attempt's time and ``ttfbt`` (time to first byte) when set; after that
+each gap between events is bounded by ``stream_idle`` (and by the request's
+deadline only when the caller set one), so a long, lively stream is never
+cut by a total timeout — the seeds' half-finished answers. Every stream ends
+with exactly one ``end`` or ``error`` event.
 
 Past the first event, a relay task reads the stream and hands events on in
 batches (:mod:`reach_plugins.policy.batching`): at most ``max_delay`` late, the
@@ -15,17 +17,37 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from dataclasses import dataclass
 
+from reach_plugins.attempts.driver import Tried, drive
 from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Flight
-from reach_plugins.errors import OutcomeUnknown, ReachError
+from reach_plugins.errors import ReachError
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy, StreamBatcher, streamed_chars
 from reach_plugins.policy.classify import SUCCESS, Verdict, classify_exception, classify_reply
 from reach_plugins.policy.deadline import per_attempt_timeout, timeouts_for
-from reach_plugins.telemetry.spans import EVENT_RETRY
-from reach_plugins.transport import Reply, StreamEvent
+from reach_plugins.transport import EventStream, Reply, StreamEvent
+
+
+@dataclass(slots=True)
+class StreamTally:
+    """How a stream went, for its span and trace: its status, its error, and what it handed to the caller."""
+
+    status: str = "pending"
+    error: ErrorInfo | None = None
+    events: int = 0
+    """Data events handed to the caller."""
+    chars: int = 0
+    """Characters of text those events carried (:func:`~reach_plugins.policy.batching.streamed_chars`)."""
+
+    def count(self, batch: list[StreamEvent]) -> list[StreamEvent]:
+        """Count the data events and characters of ``batch`` on its way to the caller."""
+        for event in batch:
+            if event.kind == "data":
+                self.events += 1
+                self.chars += streamed_chars(event.data)
+        return batch
 
 
 def classify_event(event: StreamEvent) -> Verdict:
@@ -36,40 +58,38 @@ def classify_event(event: StreamEvent) -> Verdict:
     return classify_reply(Reply(status="fail", error=error))
 
 
-async def _close(events: AsyncIterator[StreamEvent]) -> None:
-    aclose: Any = getattr(events, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
-def _final(flight: Flight, response: ReachResponse) -> list[StreamEvent]:
+def _final(tally: StreamTally, response: ReachResponse) -> list[StreamEvent]:
     """The one-event batch of a stream that never started: the error of the request's final answer."""
-    flight.status, flight.error = response.status, response.error
+    tally.status, tally.error = response.status, response.error
     return [StreamEvent("error", error=response.error)]
 
 
-async def _open(
-    engine: Engine, flight: Flight, started: float
-) -> tuple[AsyncIterator[StreamEvent], StreamEvent, Verdict, bool]:
-    """Start the stream and wait for its first event within the attempt's time; the last item: did anyone answer."""
+def first_event_limit(engine: Engine, flight: Flight, started: float) -> tuple[float, float]:
+    """``(attempt timeout, moment the first event is due)``: the attempt's time, shortened by ``ttfbt`` if set."""
     route = flight.route
     timeout = flight.deadline.attempt_timeout(started, per_attempt_timeout(route.agent, route.capability))
+    ttfbt = timeouts_for(route.agent, route.capability).ttfbt
+    return timeout, started + (timeout if ttfbt is None else min(timeout, ttfbt))
+
+
+async def _open(engine: Engine, flight: Flight, started: float) -> Tried:
+    """Start the stream and wait for its first event within the attempt's time and ``ttfbt``."""
+    timeout, due = first_event_limit(engine, flight, started)
     events = engine.transport.stream(engine.prepare(flight, timeout, started))
     try:
-        async with engine.clock.timeout_at(started + timeout):
+        async with engine.clock.timeout_at(due):
             first = await anext(events)
     except StopAsyncIteration:
         first = StreamEvent("end")
     except (ReachError, TimeoutError) as exc:
         if isinstance(exc, ReachError) and exc.refused:
-            await _close(events)
+            await events.aclose()
             raise
-        verdict = classify_exception(exc)
-        return events, _error_of(verdict), verdict, False
+        return Tried(classify_exception(exc), False, events=events)
     except BaseException:
-        await _close(events)
+        await events.aclose()
         raise
-    return events, first, classify_event(first), True
+    return Tried(classify_event(first), True, events=events, first=first)
 
 
 def _error_of(verdict: Verdict) -> StreamEvent:
@@ -77,102 +97,52 @@ def _error_of(verdict: Verdict) -> StreamEvent:
 
 
 async def stream_attempts(
-    engine: Engine, flight: Flight, *, explicit_deadline: bool, batching: BatchPolicy
+    engine: Engine, flight: Flight, tally: StreamTally, *, explicit_deadline: bool, batching: BatchPolicy
 ) -> AsyncGenerator[list[StreamEvent], None]:
-    """Yield, in batches, the events of the first attempt whose stream starts well; sets ``flight.status``.
+    """Yield, in batches, the events of the first attempt whose stream starts well; sets ``tally.status``.
 
     The first event goes out alone and at once; the last batch carries the ``end`` or ``error`` event.
     """
     clock = engine.clock
-    last: Verdict | None = None
-    while True:
-        flight.attempts += 1
-        try:
-            admission = await engine.admit(flight)
-        except ReachError as exc:
-            flight.attempts -= 1
-            if last is None:
-                raise
-            why = f"no instance could take the retry: {exc.message}"
-            yield _final(flight, engine.give_up(flight, last, None, why))
-            return
-        started = clock.now()
-        try:
-            events, first, verdict, answered = await _open(engine, flight, started)
-        except BaseException:
-            engine.abandon(admission)
-            raise
-        opened = clock.now()
-        flight.far_attempts += 1
-        if not verdict.ok:
-            await _close(events)
-            tried = flight.route
-            step = engine.decide(flight, verdict, admission, opened)
-            again = step.action == "retry" and not verdict.unreachable
-            engine.settle(flight, admission, verdict, opened - started, again=again, answered=answered)
-            engine.record_at(flight, tried, verdict, admission, started, opened, step.plan.delay)
-            if step.action != "retry" and step.action != "fail_over":
-                why, out_of_time = step.plan.why, step.plan.out_of_time
-                yield _final(flight, engine.give_up(flight, verdict, None, why, out_of_time=out_of_time))
-                return
-            last = verdict
-            if step.action == "fail_over":
-                continue
-            delay = step.plan.delay or 0.0
-            flight.rec.event(EVENT_RETRY, opened, attempt=flight.attempts, delay_ms=delay * 1000.0)
-            await clock.sleep(delay)
-            if verdict.unreachable or not admission.breaker.available(clock.monotonic()):
-                try:
-                    engine.fail_over(flight, f"{flight.route.instance.instance_id} failed before its first event")
-                except ReachError as exc:
-                    if isinstance(exc, OutcomeUnknown) or not admission.breaker.available(clock.monotonic()):
-                        why = f"no other instance: {exc.message}"
-                        yield _final(flight, engine.give_up(flight, verdict, None, why))
-                        return
-            continue
-        settled = False
-        relay: _Relay | None = None
-        try:
-            batcher = StreamBatcher(batching)
-            batcher.add(first, opened)
-            yield _counted(flight, batcher.take())
-            verdict = SUCCESS
+    won = await drive(engine, flight, _open)
+    if isinstance(won, ReachResponse):
+        yield _final(tally, won)
+        return
+    admission, events, first = won.admission, won.tried.events, won.tried.first
+    assert events is not None and first is not None  # an opened stream that won has both
+    settled = False
+    relay: _Relay | None = None
+    try:
+        batcher = StreamBatcher(batching)
+        batcher.add(first, won.ended)
+        yield tally.count(batcher.take())
+        verdict = SUCCESS
+        if first.kind != "end":
+            relay = _Relay(engine, flight, events, batcher, explicit_deadline)
+            async for batch in relay.batches():
+                yield tally.count(batch)
+            verdict = relay.verdict
+        end = clock.now()
+        engine.settle(flight, admission, verdict, won.duration)
+        settled = True
+        engine.record_at(flight, flight.route, verdict, admission, won.started, end, None)
+        tail = batcher.take()
+        if verdict.ok:
+            tally.status = "success"
             if first.kind != "end":
-                relay = _Relay(engine, flight, events, batcher, explicit_deadline)
-                async for batch in relay.batches():
-                    yield _counted(flight, batch)
-                verdict = relay.verdict
-            end = clock.now()
-            engine.settle(flight, admission, verdict, opened - started)
-            settled = True
-            engine.record(flight, verdict, admission, started, end, None)
-            tail = batcher.take()
-            if verdict.ok:
-                flight.status = "success"
-                if first.kind != "end":
-                    tail.append(StreamEvent("end"))
-            else:
-                flight.status = "timeout" if verdict.outcome == "timeout" else "fail"
-                flight.error = verdict.error
-                tail.append(_error_of(verdict))
-            if tail:
-                yield _counted(flight, tail)
-            return
-        finally:
-            if not settled:
-                engine.abandon(admission)
-            if relay is not None:
-                await relay.stop()
-            await _close(events)
-
-
-def _counted(flight: Flight, batch: list[StreamEvent]) -> list[StreamEvent]:
-    """Count the data events and characters handed to the caller (span attributes and trace of the stream)."""
-    for event in batch:
-        if event.kind == "data":
-            flight.streamed_events += 1
-            flight.streamed_chars += streamed_chars(event.data)
-    return batch
+                tail.append(StreamEvent("end"))
+        else:
+            tally.status = "timeout" if verdict.outcome == "timeout" else "fail"
+            tally.error = verdict.error
+            tail.append(_error_of(verdict))
+        if tail:
+            yield tally.count(tail)
+    finally:
+        if not settled:
+            engine.abandon(admission)
+        if relay is not None:
+            await relay.stop()
+        await events.aclose()
 
 
 class _Relay:
@@ -187,7 +157,7 @@ class _Relay:
         self,
         engine: Engine,
         flight: Flight,
-        events: AsyncIterator[StreamEvent],
+        events: EventStream,
         batcher: StreamBatcher,
         explicit_deadline: bool,
     ) -> None:
@@ -254,7 +224,7 @@ class _Relay:
 
 
 async def _follow(
-    engine: Engine, flight: Flight, events: AsyncIterator[StreamEvent], explicit_deadline: bool
+    engine: Engine, flight: Flight, events: EventStream, explicit_deadline: bool
 ) -> AsyncGenerator[StreamEvent | Verdict, None]:
     """Data events after the first, then a Verdict if the stream did not end cleanly with ``end``."""
     clock = engine.clock
@@ -272,7 +242,9 @@ async def _follow(
         except StopAsyncIteration:
             return
         except TimeoutError:
-            why = "the request's deadline passed mid-stream" if cut_by_deadline else f"no event for {idle:g}s"
+            why = "the request's deadline passed mid-stream"
+            if not cut_by_deadline:
+                why = f"no event for {idle:g}s (stream_idle)"
             yield Verdict("timeout", ErrorInfo(type="timeout", message=f"stream cut: {why}"), overload=True)
             return
         except ReachError as exc:

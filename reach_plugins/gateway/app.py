@@ -49,7 +49,7 @@ from reach_plugins.telemetry.spans import (
     get_tracer,
     spans_are_noop,
 )
-from reach_plugins.transport import StreamEvent
+from reach_plugins.transport import EventStream, StreamEvent
 from reach_plugins.wire.body import WireBody, error_body, response_body, to_request
 from reach_plugins.wire.headers import HEADER_TRACEPARENT
 
@@ -65,12 +65,6 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
-async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
-    close = getattr(events, "aclose", None)
-    if close is not None:
-        await close()
-
-
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(_dumps(body), status, headers, media_type="application/json")
 
@@ -81,7 +75,7 @@ class _Stream:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.span: Span | None = None
-        self.events: AsyncIterator[StreamEvent] | None = None
+        self.events: EventStream | None = None
         self.status = "fail"
         self.handed_over = False
         self._released = False
@@ -92,7 +86,7 @@ class _Stream:
         self._released = True
         try:
             if self.events is not None:
-                await _aclose(self.events)
+                await self.events.aclose()
         finally:
             if self.span is not None:
                 self.span.end()

@@ -27,7 +27,7 @@ from reach_plugins.server.access import Access
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import loads, single_headers
 from reach_plugins.telemetry.spans import ATTR_CAPABILITY, ATTR_REQUEST_ID, ATTR_TENANT, get_tracer, spans_are_noop
-from reach_plugins.transport import StreamEvent
+from reach_plugins.transport import EventStream, StreamEvent
 from reach_plugins.wire.body import to_request
 from reach_plugins.wire.headers import (
     CALLBACK_ERROR,
@@ -169,7 +169,7 @@ class NodeService:
         except ReachError as exc:
             await self.refuse(context, exc)
         span = self._span(metadata, request, "reach.node.stream")
-        events: AsyncIterator[StreamEvent] | None = None
+        events: EventStream | None = None
         try:
             async with self.queue.slot(request.priority):
                 with _NO_SPAN if span is None else trace.use_span(span, end_on_exit=False):
@@ -184,7 +184,7 @@ class NodeService:
             await self.refuse(context, exc)
         finally:
             if events is not None:
-                await _aclose(events)
+                await events.aclose()
             if span is not None:
                 span.end()
 
@@ -251,9 +251,3 @@ def _stream_reply(event: StreamEvent) -> pb.StreamReply:
         return pb.StreamReply(end=True)
     error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
     return pb.StreamReply(error=error_message(error))
-
-
-async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
-    close = getattr(events, "aclose", None)
-    if close is not None:
-        await close()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from reach_plugins.model import AgentDescriptor, CircuitBreakerConfig
 
@@ -39,6 +39,7 @@ BreakerState = Literal["closed", "open", "half_open"]
 class BreakerTransition:
     """One change of state of one instance's breaker, with the reason in words."""
 
+    kind: ClassVar[str] = "breaker"
     agent: str
     instance: str
     before: BreakerState
@@ -166,20 +167,26 @@ class CircuitBreaker:
             return self._state == "open" or self._probes < self.config.half_open_probes
         return False
 
-    def acquire(self, now: float) -> Permit | None:
-        """Admit one call (``None``: rejected). Past the open time this moves open to half-open."""
+    def acquire(self, now: float, *, on_move: Listener | None = None) -> Permit | None:
+        """Admit one call (``None``: rejected). Past the open time this moves open to half-open.
+
+        ``on_move`` hears a transition this call causes, beside the breaker's own listener (the calling
+        request's trace): passed per call, so no listener is ever set and reset around it.
+        """
         if self._state == "closed":
             return self._permit
         if self._state == "open":
             if now < self._opened_at + self._open_for:
                 return None
-            self._move("half_open", now, f"open for {self._open_for:g}s; probing")
+            self._move("half_open", now, f"open for {self._open_for:g}s; probing", on_move)
         if self._probes >= self.config.half_open_probes:
             return None
         self._probes += 1
         return Permit(True, self._generation)
 
-    def record(self, permit: Permit, now: float, *, failure: bool, duration: float) -> None:
+    def record(
+        self, permit: Permit, now: float, *, failure: bool, duration: float, on_move: Listener | None = None
+    ) -> None:
         """Feed the result of an admitted call; results from before the last transition only count if closed."""
         slow_after = self.config.slow_call_duration
         slow = slow_after is not None and duration >= slow_after
@@ -190,38 +197,40 @@ class CircuitBreaker:
         if permit.probe:
             self._probes = max(0, self._probes - 1)
             if failure or slow:
-                self._open(now, "a half-open probe failed" if failure else f"a half-open probe took {duration:.3g}s")
+                why = "a half-open probe failed" if failure else f"a half-open probe took {duration:.3g}s"
+                self._open(now, why, on_move)
             else:
-                self._move("closed", now, "a half-open probe succeeded")
+                self._move("closed", now, "a half-open probe succeeded", on_move)
             return
         self._window.add(now, failure=failure, slow=slow)
-        self._check(now)
+        self._check(now, on_move)
 
     def release(self, permit: Permit) -> None:
         """Give back an admission whose call was abandoned (cancelled) without a result."""
         if permit.probe and permit.generation == self._generation:
             self._probes = max(0, self._probes - 1)
 
-    def _check(self, now: float) -> None:
+    def _check(self, now: float, on_move: Listener | None) -> None:
         calls, failures, slow = self._window.totals(now)
         if calls < self.config.min_calls:
             return
         config = self.config
         if failures / calls >= config.error_threshold:
-            self._open(now, f"failure rate {failures / calls:.0%} over {calls} calls in {config.window:g}s")
+            self._open(now, f"failure rate {failures / calls:.0%} over {calls} calls in {config.window:g}s", on_move)
         elif config.slow_call_duration is not None and slow / calls >= config.slow_call_threshold:
-            self._open(now, f"slow-call rate {slow / calls:.0%} over {calls} calls in {config.window:g}s")
+            why = f"slow-call rate {slow / calls:.0%} over {calls} calls in {config.window:g}s"
+            self._open(now, why, on_move)
 
-    def _open(self, now: float, reason: str) -> None:
+    def _open(self, now: float, reason: str, on_move: Listener | None) -> None:
         config = self.config
         if self._state == "half_open":
             self._reopens += 1
         cap = max(config.max_open_wait, config.open_wait)
         self._open_for = min(cap, config.open_wait * 2.0 ** min(self._reopens, 62))
         self._opened_at = now
-        self._move("open", now, f"{reason}; open for {self._open_for:g}s")
+        self._move("open", now, f"{reason}; open for {self._open_for:g}s", on_move)
 
-    def _move(self, after: BreakerState, now: float, reason: str) -> None:
+    def _move(self, after: BreakerState, now: float, reason: str, on_move: Listener | None) -> None:
         before = self._state
         self._state = after
         self._generation += 1
@@ -231,8 +240,13 @@ class CircuitBreaker:
             self._window.clear()
             self._reopens = 0
             self._open_for = self.config.open_wait
+        if self._listener is None and on_move is None:
+            return
+        transition = BreakerTransition(self.agent, self.instance, before, after, now, reason)
         if self._listener is not None:
-            self._listener(BreakerTransition(self.agent, self.instance, before, after, now, reason))
+            self._listener(transition)
+        if on_move is not None:
+            on_move(transition)
 
 
 class Breakers:

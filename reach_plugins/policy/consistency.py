@@ -28,7 +28,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from reach_plugins.matching import Embedder, LexicalEmbedder
 from reach_plugins.model import ConsistencyPolicy, ReachRequest
@@ -40,6 +40,7 @@ State = Literal["healthy", "ejected", "probing"]
 class ConsistencyTransition:
     """One instance changed state, and why (for the trace, the log and metrics)."""
 
+    kind: ClassVar[str] = "consistency"
     agent: str
     instance: str
     before: State
@@ -84,8 +85,17 @@ class ConsistencyMonitor:
         if track is not None and track.state == "probing":
             track.probe_out = True
 
-    def record(self, agent: str, instance: str, policy: ConsistencyPolicy, score: float, now: float) -> bool:
-        """Record one reply's score; returns whether it was low."""
+    def record(
+        self,
+        agent: str,
+        instance: str,
+        policy: ConsistencyPolicy,
+        score: float,
+        now: float,
+        *,
+        on_move: Callable[[ConsistencyTransition], None] | None = None,
+    ) -> bool:
+        """Record one reply's score; returns whether it was low. ``on_move`` also hears a change this causes."""
         key = (agent, instance)
         track = self._tracks.get(key)
         if track is None:
@@ -94,33 +104,56 @@ class ConsistencyMonitor:
         if track.state == "probing":
             track.probe_out = False
             if low:
-                self._eject(agent, instance, track, policy, now, f"the probe's reply scored {score:.2f}")
+                self._eject(agent, instance, track, policy, now, f"the probe's reply scored {score:.2f}", on_move)
             else:
                 track.low.clear()
                 track.ejections = 0
-                self._move(agent, instance, track, "healthy", now, f"the probe's reply scored {score:.2f}")
+                self._move(agent, instance, track, "healthy", now, f"the probe's reply scored {score:.2f}", on_move)
             return low
         track.low.append(low)
         scored, lows = len(track.low), sum(track.low)
         if track.state == "healthy" and scored >= policy.min_replies and lows / scored >= policy.max_low_rate:
             why = f"{lows} of its last {scored} replies scored below {policy.min_similarity:g}"
-            self._eject(agent, instance, track, policy, now, why)
+            self._eject(agent, instance, track, policy, now, why, on_move)
         return low
 
     def state(self, agent: str, instance: str) -> State:
         track = self._tracks.get((agent, instance))
         return "healthy" if track is None else track.state
 
-    def _eject(self, agent: str, instance: str, track: _Track, policy: ConsistencyPolicy, now: float, why: str) -> None:
+    def _eject(
+        self,
+        agent: str,
+        instance: str,
+        track: _Track,
+        policy: ConsistencyPolicy,
+        now: float,
+        why: str,
+        on_move: Callable[[ConsistencyTransition], None] | None,
+    ) -> None:
         track.ejections += 1
         track.until = now + min(policy.max_eject, policy.eject_for * 2 ** (track.ejections - 1))
         track.low.clear()
-        self._move(agent, instance, track, "ejected", now, f"{why}; ejected for {track.until - now:g}s")
+        self._move(agent, instance, track, "ejected", now, f"{why}; ejected for {track.until - now:g}s", on_move)
 
-    def _move(self, agent: str, instance: str, track: _Track, after: State, now: float, reason: str) -> None:
+    def _move(
+        self,
+        agent: str,
+        instance: str,
+        track: _Track,
+        after: State,
+        now: float,
+        reason: str,
+        on_move: Callable[[ConsistencyTransition], None] | None = None,
+    ) -> None:
         before, track.state = track.state, after
+        if self.listener is None and on_move is None:
+            return
+        transition = ConsistencyTransition(agent, instance, before, after, now, reason)
         if self.listener is not None:
-            self.listener(ConsistencyTransition(agent, instance, before, after, now, reason))
+            self.listener(transition)
+        if on_move is not None:
+            on_move(transition)
 
 
 def _texts(value: Any) -> Iterator[str]:

@@ -1,18 +1,15 @@
-"""Rate limit and backpressure primitives: a token bucket, a concurrency limiter, an adaptive limit.
+"""Rate limit and backpressure state: a token bucket and an adaptive concurrency limit.
 
-The bucket and the adaptive limit are pure state fed ``now``; the limiter
-hands slots to a bounded FIFO of waiters and never sleeps itself (the caller
-bounds the wait with its clock). Bounded waits turn moderate overload into
-slower answers and only sustained overload into fast ``RateLimited`` errors.
+Both are pure state fed ``now``; the concurrency limiter that makes callers
+wait in line is async and lives with the driver
+(:mod:`reach_plugins.attempts.limiter`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections import deque
 
-from reach_plugins.errors import ConfigError, RateLimited
+from reach_plugins.errors import ConfigError
 
 
 class TokenBucket:
@@ -47,74 +44,6 @@ class TokenBucket:
         """Return a reserved token whose call was abandoned."""
         self._refill(now)
         self._tokens = min(float(self.burst), self._tokens + 1.0)
-
-
-class ConcurrencyLimiter:
-    """At most ``limit`` calls in flight; up to ``max_queue`` more wait in FIFO order, the rest are refused."""
-
-    def __init__(self, limit: int, *, max_queue: int, name: str = "") -> None:
-        if limit < 1 or max_queue < 0:
-            raise ConfigError(f"a concurrency limit needs limit >= 1 and max_queue >= 0, got {limit} and {max_queue}")
-        self._limit = limit
-        self._max_queue = max_queue
-        self._in_flight = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self.name = name
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    @limit.setter
-    def limit(self, value: int) -> None:
-        self._limit = max(1, value)
-        self._wake()
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
-    def queued(self) -> int:
-        return len(self._waiters)
-
-    def try_acquire(self) -> bool:
-        if self._in_flight < self._limit and not self._waiters:
-            self._in_flight += 1
-            return True
-        return False
-
-    async def acquire(self) -> None:
-        """Take a slot, waiting in line if needed; raise RateLimited at once when the line is full."""
-        if self.try_acquire():
-            return
-        if len(self._waiters) >= self._max_queue:
-            raise RateLimited(
-                f"{self.name or 'agent'}: {self._in_flight} calls in flight (limit {self._limit}) and "
-                f"{len(self._waiters)} waiting; the wait queue is full — slow down or raise pool.max_conns"
-            )
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release()
-            elif waiter in self._waiters:
-                # A release between the cancellation and this line already dropped the waiter from the line.
-                self._waiters.remove(waiter)
-            raise
-
-    def release(self) -> None:
-        self._in_flight -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self._in_flight < self._limit:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._in_flight += 1
-                waiter.set_result(None)
 
 
 class AdaptiveLimit:

@@ -10,13 +10,13 @@ gateway installs :class:`AuditTransport` around its next hop.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from reach_plugins.errors import AuditRefused
 from reach_plugins.security.wrapping import Wrapping
-from reach_plugins.transport import Call, Reply, StreamEvent, Transport
+from reach_plugins.transport import Call, EventStream, Reply, Transport
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ class AuditTransport(Wrapping):
         await self._check(self._event(call, "reply", {"status": reply.status, "data": reply.data, "error": error}))
         return reply
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         if call.agent.trust_level != "L3":
             async for event in self.inner.stream(call):
                 yield event

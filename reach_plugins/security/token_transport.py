@@ -8,11 +8,9 @@ foreign servers that must not receive Reach tokens.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from reach_plugins.security.source import TokenSource
 from reach_plugins.security.wrapping import Wrapping
-from reach_plugins.transport import Call, Reply, StreamEvent, Transport
+from reach_plugins.transport import Call, EventStream, Reply, Transport
 from reach_plugins.wire.headers import HEADER_TOKEN
 
 
@@ -46,7 +44,7 @@ class TokenTransport(Wrapping):
     async def send(self, call: Call) -> Reply:
         return await self.inner.send(await self._signed(call))
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         signed = await self._signed(call)
         async for event in self.inner.stream(signed):
             yield event

@@ -8,11 +8,9 @@ anything is sent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from reach_plugins.errors import PermissionDenied
 from reach_plugins.security.wrapping import Wrapping
-from reach_plugins.transport import Call, Reply, StreamEvent
+from reach_plugins.transport import Call, EventStream, Reply
 
 
 def trust_problem(call: Call) -> str | None:
@@ -44,7 +42,7 @@ class TrustGuard(Wrapping):
         self._check(call)
         return await self.inner.send(call)
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         self._check(call)
         async for event in self.inner.stream(call):
             yield event

@@ -6,12 +6,11 @@ from reach_plugins.transport import BaseTransport, Transport
 
 
 class Wrapping(BaseTransport):
-    """Keeps every promise of ``inner`` (``owns_retries``, ``bounds_timeout``, ``hop``); closing closes ``inner``."""
+    """Keeps every promise of ``inner`` (``owns_retries``, ``hop``); closing closes ``inner``."""
 
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
         self.owns_retries = inner.owns_retries
-        self.bounds_timeout = inner.bounds_timeout
         self.hop = inner.hop
 
     async def aclose(self) -> None:

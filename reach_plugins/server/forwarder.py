@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ from reach_plugins.routing.policy import tenant_denial
 from reach_plugins.routing.probes import Prober
 from reach_plugins.server.access import SourceRule
 from reach_plugins.stores.urls import open_store
-from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent, Transport
+from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, Transport
 from reach_plugins.wire.headers import HEADER_SOURCE, PREFER, SOURCE, TARGET, UNKNOWN_SOURCE, VIA
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class HopTransport(BaseTransport):
         transport, call = self._next(call)
         return await transport.send(call)
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         transport, call = self._next(call)
         async for event in transport.stream(call):
             yield event
@@ -168,7 +168,7 @@ class Forwarder:
         except UnknownCapability as exc:
             raise self._unknown(request, exc) from None
 
-    async def stream(self, request: ReachRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ReachRequest) -> EventStream:
         try:
             async for event in self.pipeline.stream(request):
                 yield event

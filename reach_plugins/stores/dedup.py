@@ -17,9 +17,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol, runtime_checkable
 
+from reach_plugins.clock import Clock, SystemClock
 from reach_plugins.errors import EntryTooLarge, IdempotencyConflict
 from reach_plugins.model import ReachRequest, ReachResponse
-from reach_plugins.policy.clock import Clock, SystemClock
 from reach_plugins.policy.dedup import ClaimState
 from reach_plugins.stores.budget import BoundedStore, Budget, LruTable, json_size
 from reach_plugins.stores.keys import SEP, ScopedKey

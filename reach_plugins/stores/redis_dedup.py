@@ -26,9 +26,9 @@ import logging
 import uuid
 from typing import Any, Final
 
+from reach_plugins.clock import Clock, SystemClock
 from reach_plugins.errors import EntryTooLarge
 from reach_plugins.model import ReachResponse
-from reach_plugins.policy.clock import Clock, SystemClock
 from reach_plugins.stores.dedup import Begin, conflict, shown
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.redis import (

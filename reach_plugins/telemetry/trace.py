@@ -16,9 +16,16 @@ from opentelemetry.trace import Span
 
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import Attempt, ErrorInfo, ReachRequest, ReachTrace
-from reach_plugins.telemetry.spans import EVENT_ATTEMPT
+from reach_plugins.telemetry.spans import (
+    ATTR_BREAKER_FROM,
+    ATTR_BREAKER_TO,
+    EVENT_ATTEMPT,
+    EVENT_BREAKER,
+    EVENT_CONSISTENCY_STATE,
+)
 
 if TYPE_CHECKING:
+    from reach_plugins.attempts.hooks import AttemptRecord, Moved
     from reach_plugins.attempts.ports import RouteLike
 
 logger = logging.getLogger("reach_plugins.trace")
@@ -97,8 +104,19 @@ def _attributes(attrs: dict[str, Any]) -> dict[str, AttributeValue]:
     return {key: value for key, value in attrs.items() if isinstance(value, _SCALARS)}
 
 
+def _fields(record: AttemptRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__slots__}
+
+
+_MOVED_EVENTS = {"breaker": EVENT_BREAKER, "consistency": EVENT_CONSISTENCY_STATE}
+"""The trace event of each kind of instance state change."""
+
+
 class TraceRecorder:
     """Collects one request's route, attempts and events; mirrors events onto its span.
+
+    It subscribes to the attempt path's hooks
+    (:class:`~reach_plugins.attempts.hooks.AttemptHooks`): ``attempt`` and ``moved``.
 
     ``keep`` says whether anyone will read a successful attempt (a trace was
     asked for, a sink is set, or the span records): when nobody will, the
@@ -114,7 +132,7 @@ class TraceRecorder:
         self.keep = keep or span.is_recording()
         self.route: RouteLike | None = None
         """The latest route; its decision is read (and so built) only by :meth:`build`."""
-        self.attempts: list[dict[str, Any]] = []
+        self.attempts: list[AttemptRecord] = []
         self.events: list[dict[str, Any]] = []
         self.dedup_hit = False
         self.usage: dict[str, int] | None = None
@@ -126,11 +144,21 @@ class TraceRecorder:
         if self.span.is_recording():
             self.span.add_event(name, attributes=_attributes(attrs))
 
-    def attempt(self, **fields: Any) -> None:
-        """One attempt with :class:`Attempt`'s fields; the model is built only if the trace is."""
-        self.attempts.append(fields)
+    def attempt(self, record: AttemptRecord) -> None:
+        """One finished attempt; the :class:`Attempt` model is built only if the trace is."""
+        self.attempts.append(record)
         if self.span.is_recording():
-            self.span.add_event(EVENT_ATTEMPT, attributes=_attributes(fields))
+            self.span.add_event(EVENT_ATTEMPT, attributes=_attributes(_fields(record)))
+
+    def moved(self, change: Moved) -> None:
+        """An instance's breaker or consistency state changed during this request."""
+        self.event(
+            _MOVED_EVENTS[change.kind],
+            change.at,
+            instance=change.instance,
+            reason=change.reason,
+            **{ATTR_BREAKER_FROM: change.before, ATTR_BREAKER_TO: change.after},
+        )
 
     def build(self, status: str, error: ErrorInfo | None, now: float) -> ReachTrace:
         request = self.request
@@ -140,7 +168,7 @@ class TraceRecorder:
             tenant=request.tenant,
             session_id=request.session_id,
             route=self.route.decision if self.route is not None else None,
-            attempts=[Attempt(**fields) for fields in self.attempts],
+            attempts=[Attempt(**_fields(record)) for record in self.attempts],
             dedup_hit=self.dedup_hit,
             events=list(self.events),
             status=status,

@@ -14,10 +14,10 @@ import logging
 from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
-from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, ReadTimeout, StreamIdle, TransportError
+from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, ReadTimeout, TransportError
 from reach_plugins.model import ErrorInfo, Timeouts
 from reach_plugins.protocols import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
-from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
+from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
 
@@ -27,15 +27,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("reach_plugins.transports.direct")
 
 
-def _timeouts(call: Call) -> tuple[float, float]:
-    """``(connect, stream_idle)``: the agent's, overridden by what the capability sets explicitly."""
+def _connect_timeout(call: Call) -> float:
+    """The agent's connect timeout, overridden by the capability's when it sets one, within the attempt's time."""
     agent: Timeouts = call.agent.timeouts
     own = call.capability.timeouts if call.capability else None
-    connect, idle = agent.connect, agent.stream_idle
-    if own is not None:
-        connect = own.connect if "connect" in own.model_fields_set else connect
-        idle = own.stream_idle if "stream_idle" in own.model_fields_set else idle
-    return min(connect, call.timeout), idle
+    connect = own.connect if own is not None and "connect" in own.model_fields_set else agent.connect
+    return min(connect, call.timeout)
 
 
 def _error_event(exc: ReachError) -> StreamEvent:
@@ -51,8 +48,6 @@ class DirectTransport(BaseTransport):
     """
 
     owns_retries = False
-    bounds_timeout = True
-    """``send`` gives up after ``call.timeout`` (discovery included): the core needs no timer of its own."""
 
     def __init__(
         self,
@@ -95,7 +90,7 @@ class DirectTransport(BaseTransport):
         """Run the adapter's discovery ``request`` once per endpoint (an A2A agent card); cache what it teaches."""
         key = (adapter.protocol, call.instance.endpoint)
         if key not in self._discovered:
-            connect, _ = _timeouts(call)
+            connect = _connect_timeout(call)
             response = await engine.send(
                 with_credential(request, call.credential), timeout=call.timeout, connect_timeout=connect
             )
@@ -104,7 +99,7 @@ class DirectTransport(BaseTransport):
 
     async def _handshake(self, adapter: Adapter, engine: Engine, call: Call) -> None:
         """Send the requests the adapter needs answered before this call (an MCP session's opening), in order."""
-        connect, _ = _timeouts(call)
+        connect = _connect_timeout(call)
         while (request := adapter.handshake(call)) is not None:
             response = await engine.send(
                 with_credential(request, call.credential), timeout=call.timeout, connect_timeout=connect
@@ -133,11 +128,11 @@ class DirectTransport(BaseTransport):
         if timeout <= 0:
             raise ReadTimeout(f"discovering {call.instance.endpoint} used up the attempt's time")
         request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
-        connect, _ = _timeouts(call)
+        connect = _connect_timeout(call)
         response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
         return adapter.parse(call, response)
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         """Stream events; failures before the first event raise (retryable), later ones end with an error event."""
         adapter = adapter_for(call.agent.protocol)
         decoder = adapter.decoder(call)
@@ -147,8 +142,7 @@ class DirectTransport(BaseTransport):
             return
         engine = self._engine_for(call)
         request = await self._prepare(adapter, engine, call, stream=True)
-        connect, idle = _timeouts(call)
-        deadline = asyncio.get_running_loop().time() + call.timeout
+        connect = _connect_timeout(call)
         async with engine.stream(request, timeout=call.timeout, connect_timeout=connect) as wire:
             content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
             if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
@@ -158,7 +152,7 @@ class DirectTransport(BaseTransport):
                 return
             ended = False
             try:
-                async for event in _events(call, wire, decoder, deadline, idle):
+                async for event in _events(wire, decoder):
                     ended = event.kind != "data"
                     yield event
             finally:
@@ -199,27 +193,14 @@ def _reply_events(reply: Reply) -> list[StreamEvent]:
     return [StreamEvent("error", error=reply.error)]
 
 
-async def _events(
-    call: Call, wire: WireStream, decoder: StreamDecoder, deadline: float, idle: float
-) -> AsyncIterator[StreamEvent]:
-    """Decode SSE from ``wire`` until the end, an error, ``stream_idle`` of silence or the attempt's deadline."""
-    loop = asyncio.get_running_loop()
+async def _events(wire: WireStream, decoder: StreamDecoder) -> AsyncIterator[StreamEvent]:
+    """Decode SSE from ``wire`` until the end or an error; how long to wait for each event is the core's to bound."""
     sse = SseDecoder()
     started = False
     while True:
-        remaining = deadline - loop.time()
         try:
-            async with asyncio.timeout(min(idle, remaining)):
-                chunk = await wire.next_chunk()
+            chunk = await wire.next_chunk()
             events = [event for frame in sse.feed(chunk) for event in decoder.feed(frame)] if chunk else decoder.close()
-        except TimeoutError:
-            silent = idle <= remaining
-            what = f"no event for {idle:g}s (stream_idle)" if silent else "the attempt's deadline passed"
-            failure = StreamIdle(f"stream from {call.instance.endpoint}: {what}", agent=call.agent.name)
-            if not started:
-                raise failure from None
-            yield _error_event(failure)
-            return
         except (TransportError, InvalidResponse) as exc:
             if not started:
                 raise

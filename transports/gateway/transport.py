@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import aiohttp
@@ -22,7 +22,7 @@ from reach_plugins.errors import WIRE_CODES, ConfigError, DeadlineExceeded, Inva
 from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols import HttpRequest, SseDecoder
 from reach_plugins.protocols.reach import ReachStreamDecoder
-from reach_plugins.transport import BaseTransport, Call, Reply, StreamEvent
+from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
 from reach_plugins.wire.body import MAX_REPLY, REFUSED, check_headers, refusal
 from reach_plugins.wire.headers import (
     HEADER_AUTHORIZATION,
@@ -132,7 +132,6 @@ class GatewayTransport(BaseTransport):
     """Send each call to the gateway at ``url`` (``http://host:port``), authenticated with ``token``."""
 
     owns_retries = True
-    bounds_timeout = True
 
     def __init__(
         self, url: str, *, token: str | None = None, max_conns: int = 100, connect_timeout: float = 3.0
@@ -172,7 +171,7 @@ class GatewayTransport(BaseTransport):
             raise mapped(exc, request) from exc
         return parse_reply(call, response.status, raw)
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         """SSE from ``/v1/reach/stream``; a refusal before the stream starts is one ``error`` event."""
         request = self._request(call, "/v1/reach/stream", "text/event-stream")
         try:

@@ -12,7 +12,6 @@ to the callback named at submit time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -28,7 +27,7 @@ from reach_plugins.errors import (
     RequestError,
 )
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
-from reach_plugins.transport import BaseTransport, Call, Credential, Reply, StreamEvent
+from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, StreamEvent
 from reach_plugins.wire.body import refusal
 from reach_plugins.wire.headers import ERROR_TYPE
 from reach_plugins.wire.proto import reach_pb2 as pb
@@ -77,7 +76,6 @@ class GrpcNodeTransport(BaseTransport):
     """
 
     owns_retries = True
-    bounds_timeout = True
 
     def __init__(
         self,
@@ -120,7 +118,7 @@ class GrpcNodeTransport(BaseTransport):
             return backpressure_reply(reply.backpressure)
         return reply_from_result(call, reply.result)
 
-    async def stream(self, call: Call) -> AsyncIterator[StreamEvent]:
+    async def stream(self, call: Call) -> EventStream:
         """Stream events; backpressure or a failure before the first event raises (the core may retry)."""
         metadata = call_metadata(call, self._token_for(call.credential))
         responses = self._node().Stream(call_message(call), timeout=call.timeout, metadata=metadata)

@@ -1,14 +1,8 @@
-"""Time, injected: the real clock for production, a virtual one for tests and simulations.
+"""Virtual time for tests and simulations: :class:`FakeClock`, a :class:`~reach_plugins.clock.Clock`.
 
-Every state machine in the core takes ``now`` as an argument; only the pipeline
-reads a :class:`Clock`, sleeps on it and bounds awaits with ``timeout_at``.
-Two readings: ``now()`` is epoch time, for what crosses processes (a
-request's absolute deadline, trace stamps); ``monotonic()`` is for local
-intervals (rate limiter, breaker windows and open time), so a step of the
-wall clock neither blocks calls nor reopens breakers (STYLE 15). A
-:class:`FakeClock` makes that time virtual: ``sleep`` returns as soon as every
-other task is idle, with the clock moved to the moment the sleep ends, so a
-40-second outage is simulated in milliseconds and tests never really wait.
+``sleep`` returns as soon as every other task is idle, with the clock moved to
+the moment the sleep ends, so a 40-second outage is simulated in
+milliseconds and tests never really wait.
 """
 
 from __future__ import annotations
@@ -16,71 +10,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Protocol, runtime_checkable
-
-
-@runtime_checkable
-class Clock(Protocol):
-    """Seconds since the epoch, sleeping, and a timeout bound on an absolute epoch deadline.
-
-    Both clocks here are also plain time functions (``clock()`` is ``clock.now()``),
-    so one object can drive the registry, the router and the pipeline.
-    """
-
-    def now(self) -> float: ...
-
-    def monotonic(self) -> float:
-        """Seconds on a clock that never steps back: only differences between two readings mean anything."""
-        ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-    def timeout_at(self, deadline: float) -> AbstractAsyncContextManager[object]:
-        """Cancel the enclosed block at ``deadline`` and raise :class:`TimeoutError`, as ``asyncio.timeout`` does."""
-        ...
-
-
-class SystemClock:
-    """Wall-clock time, a monotonic clock, and the event loop's own sleeping and timeouts.
-
-    ``monotonic_fn`` defaults to :func:`time.monotonic` for the real wall
-    clock, and to ``time_fn`` itself when a test hands in its own notion of now.
-    """
-
-    def __init__(
-        self, time_fn: Callable[[], float] = time.time, *, monotonic_fn: Callable[[], float] | None = None
-    ) -> None:
-        self._time = time_fn
-        self._monotonic = monotonic_fn or (time.monotonic if time_fn is time.time else time_fn)
-
-    def __call__(self) -> float:
-        return self._time()
-
-    def now(self) -> float:
-        return self._time()
-
-    def monotonic(self) -> float:
-        return self._monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds))
-
-    def timeout_at(self, deadline: float) -> AbstractAsyncContextManager[object]:
-        return asyncio.timeout(max(0.0, deadline - self._time()))
-
-
-def as_clock(clock: Clock | Callable[[], float] | None) -> Clock:
-    """A :class:`Clock` from a Clock, a bare time function (real sleeping, its notion of now), or None (system)."""
-    if clock is None:
-        return SystemClock()
-    if isinstance(clock, Clock):
-        return clock
-    return SystemClock(clock)
 
 
 @dataclass(order=True, slots=True)

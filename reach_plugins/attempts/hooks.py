@@ -1,0 +1,47 @@
+"""What the attempt path tells its subscribers: each finished attempt, and each state change it caused.
+
+Hooks in the manner of stamina's ``RetryHook``: the driver calls every
+subscriber with an immutable record; nothing is set and reset around a call.
+The request's trace recorder is one subscriber; a pipeline's own hooks
+(metrics, logs) see every request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from reach_plugins.policy.breaker import BreakerTransition
+from reach_plugins.policy.consistency import ConsistencyTransition
+
+Moved = BreakerTransition | ConsistencyTransition
+"""A state change of one instance: its breaker, or its reply-consistency standing."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One finished attempt, as the trace and metrics see it (the fields of :class:`~reach_plugins.model.Attempt`)."""
+
+    number: int
+    agent: str
+    instance: str
+    endpoint: str
+    started_at: float
+    duration_ms: float
+    outcome: str
+    error: str | None
+    retry_delay_ms: float | None
+    breaker_state: str
+    delivery: str
+
+
+class AttemptHooks(Protocol):
+    """A subscriber of the attempt path; each method must be quick and must not raise."""
+
+    def attempt(self, record: AttemptRecord) -> None:
+        """An attempt finished (a success only when :attr:`keep` says someone reads it)."""
+        ...
+
+    def moved(self, change: Moved) -> None:
+        """An instance's breaker or consistency state changed during this request's call."""
+        ...

@@ -1,0 +1,1 @@
+"""Helpers for tests and simulations: virtual time."""
