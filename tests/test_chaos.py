@@ -22,6 +22,9 @@ from chaos_support import Cluster, cluster, go, results, tally, wait_for_executi
 from faultproxy import FaultProxy
 from servers import Server, free_port
 
+from reach_plugins.stores.dedup import KIND
+from reach_plugins.stores.keys import SEP
+
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
 UNKNOWN = {"outcome_unknown", "OutcomeUnknown"}
@@ -127,7 +130,7 @@ async def test_crashed_caller_blocks_its_keys_for_deadline_plus_grace_only(
         key_prefix = store.partition("prefix=")[2]
         go(doomed)
         for _ in range(200):
-            if len([key async for key in redis.scan_iter(f"{key_prefix}dedup:*")]) >= 20:
+            if len([key async for key in redis.scan_iter(f"{key_prefix}demo{SEP}{KIND}{SEP}*")]) >= 20:
                 break
             await asyncio.sleep(0.05)
         await redis.aclose()
