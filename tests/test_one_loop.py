@@ -79,7 +79,8 @@ def enhancer(transport: MockTransport) -> Iterator[ReachEnhancer]:
     registry = MemoryRegistry()
     asyncio.run(registry.register_agent(AgentDescriptor(name="orders", capabilities=CATALOGUE)))
     for name in ("orders-a", "orders-b"):
-        asyncio.run(registry.register_instance(Instance(agent="orders", instance_id=name, endpoint=f"http://{name}")))
+        endpoint = f"http://127.0.0.1:9/{name}"  # never dialled: the mock transport answers
+        asyncio.run(registry.register_instance(Instance(agent="orders", instance_id=name, endpoint=endpoint)))
     with ReachEnhancer(
         registry=registry, transport=transport, matcher=False, capability_map={"lookup": "query_order"}
     ) as enhancer:

@@ -96,24 +96,24 @@ def test_accepted_endpoints_always_obey_the_policy(rest: str, scheme: str) -> No
         assert parts.hostname and not parts.hostname.startswith("169.254.")
 
 
-OUTSIDER = "agents:\n  - name: echo\n    endpoint: http://10.1.2.3:80\n    capabilities: [echo]\n"
+OUTSIDER = "agents:\n  - name: echo\n    endpoint: http://127.0.1.3:80\n    capabilities: [echo]\n"
 
 
 def test_records_never_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The networks limit is not a property of records: with the variable set, building one outside it still works."""
-    monkeypatch.setenv("REACH_ENDPOINT_NETWORKS", "127.0.0.0/8")
-    assert AgentDescriptor(name="echo", endpoints=["http://10.1.2.3:80"]).endpoints == ["http://10.1.2.3:80"]
-    assert EndpointPolicy.from_environ({"REACH_ENDPOINT_NETWORKS": "127.0.0.0/8"}).problem("http://10.1.2.3:80")
-    assert EndpointPolicy.from_environ({}).problem("http://10.1.2.3:80") is None
+    monkeypatch.setenv("REACH_ENDPOINT_NETWORKS", "127.0.0.0/24")
+    assert AgentDescriptor(name="echo", endpoints=["http://127.0.1.3:80"]).endpoints == ["http://127.0.1.3:80"]
+    assert EndpointPolicy.from_environ({"REACH_ENDPOINT_NETWORKS": "127.0.0.0/24"}).problem("http://127.0.1.3:80")
+    assert EndpointPolicy.from_environ({}).problem("http://127.0.1.3:80") is None
 
 
 def test_the_loader_names_the_endpoint_outside_the_policy(tmp_path: Path) -> None:
     """load_config under a policy refuses an outside endpoint, naming the file and the key's path."""
     path = tmp_path / "agents.yaml"
     path.write_text(OUTSIDER)
-    assert load_config(path).agents[0].endpoints == ["http://10.1.2.3:80"]
+    assert load_config(path).agents[0].endpoints == ["http://127.0.1.3:80"]
     with pytest.raises(ConfigError, match=r"agents\.yaml: agents\[0\]\.endpoints\[0\]: .*outside the allowed networks"):
-        load_config(path, endpoints=EndpointPolicy.limited_to(["127.0.0.0/8"]))
+        load_config(path, endpoints=EndpointPolicy.limited_to(["127.0.0.0/24"]))
 
 
 def test_reach_agents_load_reads_the_networks_from_the_environment(tmp_path: Path) -> None:
@@ -121,9 +121,9 @@ def test_reach_agents_load_reads_the_networks_from_the_environment(tmp_path: Pat
     path = tmp_path / "agents.yaml"
     path.write_text(OUTSIDER)
     command = ["agents", "--registry", "memory://", "--load", str(path)]
-    limited = CliRunner().invoke(app, command, env={"REACH_ENDPOINT_NETWORKS": "127.0.0.0/8"})
+    limited = CliRunner().invoke(app, command, env={"REACH_ENDPOINT_NETWORKS": "127.0.0.0/24"})
     assert limited.exit_code == 2
-    assert "outside the allowed networks (127.0.0.0/8)" in " ".join(limited.output.split())
+    assert "outside the allowed networks (127.0.0.0/24)" in " ".join(limited.output.split())
     assert CliRunner().invoke(app, command, env={"REACH_ENDPOINT_NETWORKS": ""}).exit_code == 0
 
 
@@ -134,7 +134,7 @@ def test_gateway_startup_applies_the_networks_of_its_environment(tmp_path: Path)
     path = tmp_path / "agents.yaml"
     path.write_text(OUTSIDER)
     with pytest.raises(ConfigError, match="outside the allowed networks"):
-        build_forwarder(path, environ={"REACH_ENDPOINT_NETWORKS": "127.0.0.0/8"}, allow_open=True)
+        build_forwarder(path, environ={"REACH_ENDPOINT_NETWORKS": "127.0.0.0/24"}, allow_open=True)
 
 
 def test_a_file_registry_admits_under_its_policy(tmp_path: Path) -> None:
@@ -143,7 +143,7 @@ def test_a_file_registry_admits_under_its_policy(tmp_path: Path) -> None:
     path.write_text(OUTSIDER)
     assert list(open_registry(f"file://{path}").instances("echo")) == ["echo-0"]
     with pytest.raises(ConfigError, match="outside the allowed networks"):
-        open_registry(f"file://{path}", endpoints=EndpointPolicy.limited_to("127.0.0.0/8"))
+        open_registry(f"file://{path}", endpoints=EndpointPolicy.limited_to("127.0.0.0/24"))
 
 
 async def test_etcd_records_outside_the_networks_are_ignored_on_read(etcd_url: str) -> None:
@@ -153,15 +153,15 @@ async def test_etcd_records_outside_the_networks_are_ignored_on_read(etcd_url: s
     async with aetcd.Client(host, int(port), timeout=5) as raw:
         descriptor = AgentDescriptor(name="echo", capabilities=["echo"]).model_dump_json()
         await raw.put(f"{prefix}agents/echo".encode(), descriptor.encode())
-        for instance_id, endpoint in (("outside", "http://10.1.2.3:9"), ("inside", "http://127.0.0.1:9")):
+        for instance_id, endpoint in (("outside", "http://127.0.1.3:9"), ("inside", "http://127.0.0.1:9")):
             record = {"agent": "echo", "instance_id": instance_id, "endpoint": endpoint}
             await raw.put(f"{prefix}instances/echo/{instance_id}".encode(), json.dumps(record).encode())
-        registry = open_registry(f"{etcd_url}{prefix}", endpoints=EndpointPolicy.limited_to("127.0.0.0/8"))
+        registry = open_registry(f"{etcd_url}{prefix}", endpoints=EndpointPolicy.limited_to("127.0.0.0/24"))
         try:
             assert list(registry.instances("echo")) == ["inside"]
             with pytest.raises(ConfigError, match="outside the allowed networks"):
                 await registry.register_instance(
-                    Instance(agent="echo", instance_id="new", endpoint="http://10.0.0.1:9")
+                    Instance(agent="echo", instance_id="new", endpoint="http://127.0.1.1:9")
                 )
         finally:
             await registry.aclose()

@@ -20,7 +20,7 @@ from reach_plugins.transport import Call, MockTransport
 
 ORDERS: dict[str, Any] = {
     "name": "orders",
-    "endpoints": [f"http://orders-{i}" for i in range(4)],
+    "endpoints": [f"http://127.0.0.1:{18300 + i}" for i in range(4)],
     "capabilities": ["query_order"],
 }
 
@@ -78,7 +78,7 @@ async def test_a_served_graph_thread_is_its_tenants_own() -> None:
         content: str = answer["data"]["reply_content"]
         return content
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://127.0.0.1") as http:
         assert [await chat(http, "acme"), await chat(http, "acme")] == ["turn 1", "turn 2"]
         assert await chat(http, "globex") == "turn 1"
         assert await chat(http, "acme") == "turn 3"
