@@ -20,13 +20,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 from urllib.parse import urlsplit
 
 from reach_plugins.errors import ConfigError
-
-if TYPE_CHECKING:
-    from reach_plugins.model import AgentDescriptor, Instance
 
 SCHEMES: Final = frozenset({"http", "https", "grpc"})
 ENV_NETWORKS: Final = "REACH_ENDPOINT_NETWORKS"
@@ -95,19 +92,12 @@ class EndpointPolicy:
             return f"endpoint {url!r} is outside the allowed networks ({listed}); name an address inside them"
         return None
 
-    def admit_agent(self, descriptor: AgentDescriptor) -> None:
-        """Raise ``ConfigError`` unless every endpoint of ``descriptor`` (listed or registered) passes."""
-        for instance in descriptor.static_instances():
-            self._admit(instance.endpoint, f"agent {descriptor.name!r}")
-
-    def admit_instance(self, instance: Instance) -> None:
-        """Raise ``ConfigError`` unless the instance's endpoint passes."""
-        self._admit(instance.endpoint, f"instance {instance.agent}/{instance.instance_id}")
-
-    def _admit(self, url: str, whose: str) -> None:
-        problem = self.problem(url)
-        if problem is not None:
-            raise ConfigError(f"{whose}: {problem}")
+    def admit(self, urls: Iterable[str], whose: str) -> None:
+        """Raise ``ConfigError`` naming ``whose`` (``agent 'x'``, ``instance a/i``) unless every URL passes."""
+        for url in urls:
+            problem = self.problem(url)
+            if problem is not None:
+                raise ConfigError(f"{whose}: {problem}")
 
 
 ANY_NETWORK: Final = EndpointPolicy()

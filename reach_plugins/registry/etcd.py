@@ -163,7 +163,7 @@ class EtcdRegistry:
     # ------------------------------------------------------------------ writes
 
     async def register_agent(self, descriptor: AgentDescriptor) -> None:
-        self.endpoints.admit_agent(descriptor)
+        self.endpoints.admit((i.endpoint for i in descriptor.static_instances()), f"agent {descriptor.name!r}")
         client = await self._ready()
         key = self._keys.agent(descriptor.name)
         put = await self._call("register an agent", client.put(key, descriptor.model_dump_json().encode()))
@@ -183,7 +183,7 @@ class EtcdRegistry:
 
     async def register_instance(self, instance: Instance) -> None:
         """Write the instance under this registry's lease; refused unless its agent is registered."""
-        self.endpoints.admit_instance(instance)
+        self.endpoints.admit([instance.endpoint], f"instance {instance.agent}/{instance.instance_id}")
         await self._ready()
         guard, key = self._keys.agent(instance.agent), self._keys.instance(instance.agent, instance.instance_id)
         revision = None

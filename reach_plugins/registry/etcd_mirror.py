@@ -178,10 +178,10 @@ class EtcdMirror:
                 return None
             if parsed[1] is None:
                 agent = AgentDescriptor.model_validate_json(value)
-                self.endpoints.admit_agent(agent)
+                self.endpoints.admit((i.endpoint for i in agent.static_instances()), f"agent {agent.name!r}")
                 return agent
             instance = Instance.model_validate_json(value)
-            self.endpoints.admit_instance(instance)
+            self.endpoints.admit([instance.endpoint], f"instance {instance.agent}/{instance.instance_id}")
             return instance
         except (ValidationError, ConfigError) as exc:
             logger.warning("etcd key %r holds no valid registry record, ignored: %s", key, exc)

@@ -131,7 +131,7 @@ class MemoryRegistry:
         name = descriptor.name
         if self._agents.get(name) == descriptor:
             return False
-        self.endpoints.admit_agent(descriptor)
+        self.endpoints.admit((i.endpoint for i in descriptor.static_instances()), f"agent {descriptor.name!r}")
         self._agents[name] = descriptor
         check = descriptor.health_check
         self._grace[name] = check.interval * check.missed_heartbeats
@@ -190,7 +190,7 @@ class MemoryRegistry:
         instances = self._instances[agent]
         if instances.get(instance.instance_id) == instance:
             return
-        self.endpoints.admit_instance(instance)
+        self.endpoints.admit([instance.endpoint], f"instance {instance.agent}/{instance.instance_id}")
         instances[instance.instance_id] = instance
         self._static.get(agent, set()).discard(instance.instance_id)
         self._emit("instance_put", agent, instance.instance_id)
