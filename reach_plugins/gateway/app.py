@@ -391,7 +391,7 @@ class Gateway:
             ServerRoute("/healthz", ("GET",), self.healthz, auth=OPEN),
             ServerRoute("/readyz", ("GET",), self.readyz, auth=OPEN),
             ServerRoute("/metrics", ("GET",), self.metrics_text, auth=OPEN),
-            *McpEndpoint(self).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
+            *McpEndpoint(self.forwarder).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
         ]
         if self.issuer is not None:
             routes += issuer_routes(self.issuer, self.access.authenticate, limits=limits)

@@ -28,7 +28,7 @@ from reach_plugins.server.layer import JSON, Around, Authenticate, Inbound, Serv
 from reach_plugins.wire.headers import SOURCE
 
 if TYPE_CHECKING:
-    from reach_plugins.gateway.app import Gateway
+    from reach_plugins.server.forwarder import Forwarder
 
 VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 """The handshake revisions served, newest first; an unknown one is answered with the newest."""
@@ -56,10 +56,10 @@ def _result(rpc_id: Any, result: Mapping[str, Any], headers: dict[str, str] | No
 
 
 class McpEndpoint:
-    """MCP over Streamable HTTP in front of one :class:`~reach_plugins.gateway.app.Gateway`."""
+    """MCP over Streamable HTTP in front of one gateway's :class:`~reach_plugins.server.forwarder.Forwarder`."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, forwarder: Forwarder) -> None:
+        self.forwarder = forwarder
         self.sessions: OrderedDict[str, str | None] = OrderedDict()
         """MCP session id -> the tenant that opened it (bounded: the oldest session is dropped)."""
 
@@ -153,7 +153,7 @@ class McpEndpoint:
     def tools(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
         """The capabilities ``tenant`` may reach from ``source``, once each, as MCP tools."""
         tools: dict[str, dict[str, Any]] = {}
-        for agent in self.gateway.forwarder.visible(tenant, source):
+        for agent in self.forwarder.visible(tenant, source):
             for capability in agent["capabilities"]:
                 schema = capability["params_schema"] or {"type": "object"}
                 description = capability["description"] or f"Reach the capability {capability['name']}."
@@ -173,7 +173,7 @@ class McpEndpoint:
             reach = ReachRequest(
                 capability=name, payload=arguments, tenant=tenant, session_id=session, metadata=metadata
             )
-            response = await self.gateway.forwarder.run(reach)
+            response = await self.forwarder.run(reach)
         except ReachError as exc:
             return _result(rpc_id, {"content": [{"type": "text", "text": exc.message}], "isError": True})
         except ValueError as exc:
