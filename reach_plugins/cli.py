@@ -20,6 +20,7 @@ from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ReachError
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
+from reach_plugins.server.tls import ServerTls
 from reach_plugins.telemetry.traceview import find_trace, follow, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
@@ -27,6 +28,16 @@ app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True
 console = Console()
 TRACES = Path("reach-traces.jsonl")
 """Where ``reach demo`` writes its traces and ``reach trace`` reads them unless told otherwise."""
+TlsCert = Annotated[Path | None, typer.Option(help="Serve TLS with this certificate chain (PEM).")]
+TlsKey = Annotated[Path | None, typer.Option(help="The private key of --tls-cert (PEM, unencrypted).")]
+ClientCa = Annotated[Path | None, typer.Option(help="Require client certificates of this CA (mutual TLS).")]
+
+
+def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, str]:
+    """The TLS keywords of a server's ``serve`` function, checked now (files load, nothing half given)."""
+    ServerTls.given(cert, key, client_ca)
+    named = {"tls_cert": cert, "tls_key": key, "client_ca": client_ca}
+    return {name: str(path) for name, path in named.items() if path is not None}
 
 
 @contextmanager
@@ -111,6 +122,9 @@ def gateway(
     dedup_store: Annotated[
         str | None, typer.Option(help="Idempotency store URL (redis://HOST:PORT/DB); needed with --workers > 1.")
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    client_ca: ClientCa = None,
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
@@ -118,6 +132,7 @@ def gateway(
 
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
     with _named_errors():
+        options |= _tls(tls_cert, tls_key, client_ca)
         if workers == 1:
             serve_gateway(config, host, port, issuer_keys=issuer_key, **options)
         else:
@@ -139,6 +154,9 @@ def node(
     callback_host: Annotated[
         list[str] | None, typer.Option(help="host or host:port that Submit callbacks may reach (repeat).")
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    client_ca: ClientCa = None,
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import run_node
@@ -155,6 +173,7 @@ def node(
             metrics_port=metrics_port,
             allow_open=allow_open,
             callback_hosts=callback_host or (),
+            **_tls(tls_cert, tls_key, client_ca),
         )
 
 
@@ -167,6 +186,9 @@ def issuer(
     name: Annotated[str, typer.Option(help="The tokens' 'iss' claim.")] = "reach",
     ttl: Annotated[float, typer.Option(help="Token lifetime in seconds (at most 900).")] = 300.0,
     new_key: Annotated[Path | None, typer.Option(help="Write a fresh Ed25519 key (PEM) here and exit.")] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    client_ca: ClientCa = None,
 ) -> None:
     """Serve the token issuer: POST /v1/tokens (tenants and agents), GET /.well-known/jwks.json."""
     if new_key is not None:
@@ -180,7 +202,7 @@ def issuer(
     from reach_plugins.server.issuer_server import serve_issuer
 
     with _named_errors():
-        serve_issuer(config, host, port, keys=key, name=name, ttl=ttl)
+        serve_issuer(config, host, port, keys=key, name=name, ttl=ttl, **_tls(tls_cert, tls_key, client_ca))
 
 
 @app.command()

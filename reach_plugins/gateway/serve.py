@@ -18,6 +18,7 @@ from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_role import build_issuer
 from reach_plugins.server.layer import ServerApp
+from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.prometheus import Metrics
 
@@ -83,6 +84,9 @@ def serve_gateway(
     store: str | None = None,
     worker: int | None = None,
     sockets: list[socket.socket] | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -90,8 +94,10 @@ def serve_gateway(
     ``X-Forwarded-For`` is ignored unless ``proxy_headers=True`` is passed:
     the source address decides who reaches ``internal_only`` agents. A worker
     of :mod:`reach_plugins.gateway.workers` serves the listening ``sockets``
-    its supervisor handed down instead of binding ``host:port``.
+    its supervisor handed down instead of binding ``host:port``. ``tls_cert``/``tls_key`` serve https,
+    ``client_ca`` requires callers' certificates of that CA too (:mod:`reach_plugins.server.tls`).
     """
+    options |= uvicorn_tls(tls_cert, tls_key, client_ca)
     app = create_app(
         config,
         registry=registry,

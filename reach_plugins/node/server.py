@@ -22,6 +22,7 @@ from reach_plugins.server.access import Access
 from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import MAX_BODY
+from reach_plugins.server.tls import ServerTls
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
@@ -47,7 +48,8 @@ class NodeServer:
     ``node_id`` names the node in ``x-reach-via`` chains (node-to-node loop
     detection); by default a random one. ``callback_hosts`` are the hosts
     (``host`` or ``host:port``) Submit callbacks may go to; none by default.
-    ``options`` are grpc server options, over :data:`SLOW_CLIENTS`.
+    ``options`` are grpc server options, over :data:`SLOW_CLIENTS`. With ``tls`` the port speaks TLS
+    (mutual TLS when it names a client CA), else plaintext gRPC.
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class NodeServer:
         metrics: Metrics | None = None,
         metrics_port: int = 0,
         callback_hosts: Collection[str] = (),
+        tls: ServerTls | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls
         self.metrics = metrics
         self.metrics_port = metrics_port
         """Where ``/metrics`` is served over HTTP when ``metrics`` is given (0 picks a free port)."""
@@ -95,7 +99,15 @@ class NodeServer:
         gate = AuthFirst(self.service.access, self.service.refuse, node_id=self.node_id)
         server = grpc.aio.server(options=self._options, interceptors=[gate])
         pb_grpc.add_ReachNodeServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
-        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        if self.tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            key, cert, client_ca = self.tls.pem()
+            credentials = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=client_ca, require_client_auth=self.tls.mutual
+            )
+            bound = server.add_secure_port(address, credentials)
         if bound == 0:
             raise ConfigError(f"the node cannot listen on {self.host}:{self.port} (in use, or not a local address)")
         self.port = bound
@@ -143,12 +155,18 @@ def build_node(
     allow_open: bool = False,
     callback_hosts: Collection[str] = (),
     options: list[tuple[str, Any]] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    client_ca: str | os.PathLike[str] | None = None,
 ) -> NodeServer:
     """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started.
+
+    ``tls_cert``/``tls_key`` serve gRPC over TLS; ``client_ca`` requires client certificates of that CA.
 
     With ``metrics_port`` the node serves ``/metrics`` (Prometheus text, through the
     OpenTelemetry exporter) over HTTP on that port of ``host``.
     """
+    tls = ServerTls.given(tls_cert, tls_key, client_ca)
     node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
     metrics = None
     if metrics_port is not None:
@@ -177,6 +195,7 @@ def build_node(
         metrics_port=metrics_port or 0,
         callback_hosts=callback_hosts,
         options=options,
+        tls=tls,
     )
 
 
