@@ -181,7 +181,7 @@ def response_body(response: ReachResponse) -> dict[str, Any]:
         "request_id": response.request_id,
         "status": response.status,
         "data": response.data,
-        "error": response.error.model_dump(exclude_none=True) if response.error else None,
+        "error": _error_info(response.error) if response.error else None,
         "agent": response.agent,
         "instance": response.instance,
         "attempts": response.attempts,
@@ -189,6 +189,11 @@ def response_body(response: ReachResponse) -> dict[str, Any]:
         "context_restore": response.context_restore,
         "degraded": response.degraded,
     }
+
+
+def _error_info(error: ErrorInfo) -> dict[str, Any]:
+    """An agent's or an attempt's error for the caller: the message without the addresses of backends or agents."""
+    return {**error.model_dump(exclude_none=True), "message": without_addresses(error.message)}
 
 
 def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]:
