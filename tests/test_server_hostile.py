@@ -216,6 +216,30 @@ def test_ambiguous_framings_are_refused_by_either_parser(issuer: TokenIssuer, pa
     assert ran == ["plain", "plain"]
 
 
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+def test_a_head_arriving_in_pieces_is_checked_whole_and_served(issuer: TokenIssuer, parser: str) -> None:
+    """A plain request sent in pieces (one cut inside the blank line ending its head) runs; an ambiguous one
+    sent the same way is still a 400: the framing check waits for the whole head."""
+    ran: list[str] = []
+    token = issuer.for_tenant("demo", "orders").token
+    body = json.dumps({"capability": "query_order", "payload": {"order_id": "pieces"}}).encode()
+    plain = f"POST /reach HTTP/1.1\r\nHost: 127.0.0.1\r\n{HEADER_TOKEN}: {token}\r\n".encode()
+    plain += b"Content-Length: %d\r\n\r\n" % len(body) + body
+    blank = plain.index(b"\r\n\r\n") + 3
+    cuts = [1, 7, 30, blank, len(plain)]
+    with BackgroundServer(_agent(issuer, ran).app, http=parser) as server:
+        answers = []
+        for raw in (plain, _framings(token)["cl-and-te"]):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for start, end in zip([0, *cuts], [*cuts, len(raw)], strict=True):
+                    sock.sendall(raw[start:end])
+                    time.sleep(0.02)  # lets each piece arrive on its own (what is tested, not a race hidden)
+                answers.append(_status(read_all(sock, 2.0)))
+    assert answers == [200, 400]
+    assert ran == ["pieces"]
+
+
 def _send(port: int, raw: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(raw)

@@ -43,9 +43,9 @@ def _head_end(window: bytes, start: int) -> int:
 
     ``start`` is where to look from (the bytes before it were searched already).
     """
-    ends = [found + size for found, size in ((window.find(b"\n\r\n", start), 3), (window.find(b"\n\n", start), 2))]
-    whole = [end for end in ends if end >= 2]
-    return min(whole) if whole else -1
+    found = [(window.find(b"\n\r\n", start), 3), (window.find(b"\n\n", start), 2)]
+    ends = [at + size for at, size in found if at >= 0]
+    return min(ends) if ends else -1
 
 
 def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) -> type[asyncio.Protocol]:
