@@ -135,6 +135,18 @@ def test_reach_gateway_serves_mutual_tls(tmp_path: Path, pki: Pki) -> None:
         assert _refused(f"http://127.0.0.1:{port}/healthz", pki, None)
 
 
+def test_reach_gateway_workers_serve_tls(tmp_path: Path, pki: Pki, redis_url: str) -> None:
+    """`reach gateway --workers 2` hands the TLS flags to each worker: https with a client certificate answers."""
+    config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
+    port = free_port()
+    args = [sys.executable, "-c", CLI, "gateway", "--config", str(config), "--port", str(port), "--workers", "2"]
+    args += ["--dedup-store", f"{redis_url}?prefix=tlsworkers-{port}:"]
+    with _process([*args, *_tls_flags(pki, mutual=True)]) as process:
+        url = f"https://127.0.0.1:{port}/healthz"
+        _wait_https(url, pki, process, pki.client)
+        assert _refused(url, pki, None)
+
+
 def test_reach_issuer_serves_tls(tmp_path: Path, pki: Pki) -> None:
     """`reach issuer --tls-cert --tls-key` publishes its JWKS over https, and plain http gets no answer."""
     config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
