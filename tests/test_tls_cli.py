@@ -197,6 +197,24 @@ async def test_reach_node_serves_grpc_over_mutual_tls(tmp_path: Path, pki: Pki) 
         assert await _node_code(target, _channel_credentials(pki, pki.stranger)) == grpc.StatusCode.UNAVAILABLE
 
 
+async def test_a_client_reaches_agents_through_a_node_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
+    """``GrpcNodeTransport(credentials=...)`` to a node built with TLS flags: the call runs once at the agent."""
+    vault = _vault(None)
+    try:
+        orders = {"endpoints": [vault.server.url], "capabilities": ["open"]}
+        config = write_config(tmp_path / "agents.yaml", {"orders": orders}, demo_tenants())
+        tls = {"tls_cert": pki.server[0], "tls_key": pki.server[1], "client_ca": pki.ca}
+        async with build_node(config, environ=TOKENS, **tls) as node:
+            credentials = _channel_credentials(pki, pki.client)
+            transport = GrpcNodeTransport(node.target, token=TOKENS["DEMO_TOKEN"], credentials=credentials)
+            async with ReachClient(str(config), transport, tenant="demo", environ=TOKENS) as client:
+                reply = await client.reach("open", {"box": "b3"})
+    finally:
+        vault.server.stop()
+    assert reply.status == "success", reply.error
+    assert vault.calls == ["b3"]
+
+
 _SERVE = textwrap.dedent(
     """
     import sys
