@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from hop_support import TOKENS, demo_tenants, free_port, write_config
-from hostile_support import read_all, server_process
+from hostile_support import closed_by_server, read_all, server_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
@@ -166,6 +166,33 @@ def test_trickling_sockets_on_every_route_are_closed_within_the_timeout(servers:
     late = {where: at for where, at in closed.items() if at > bound}
     assert not late, f"closed after {bound}s: {late}"
     assert len(closed) == len(plan) >= TRICKLERS + 5
+
+
+def test_every_body_route_refuses_an_oversized_body_from_an_authenticated_caller(servers: list[Served]) -> None:
+    """An authenticated caller's body past the limit (1 MiB; 16 KiB for the token route), declared or chunked, is
+    a 413 on every route taking a body, and the connection is closed rather than read on."""
+    over = LIMITS.max_body + 1
+    for one in servers:
+        for route, method in one.every():
+            if route.body is None:
+                continue
+            headers = {**one.credentials, "Content-Type": "application/json"}
+            for framing in ({"Content-Length": str(over)}, {"Transfer-Encoding": "chunked"}):
+                with socket.create_connection(("127.0.0.1", one.server.port), timeout=5) as sock:
+                    sock.sendall(_head(method, route.path, {**headers, **framing}))
+                    try:
+                        for _ in range(over // SMALL_BODY + 1):
+                            sock.sendall(
+                                b"%x\r\n%s\r\n" % (SMALL_BODY, b" " * SMALL_BODY)
+                                if framing.get("Transfer-Encoding")
+                                else b" " * SMALL_BODY
+                            )
+                    except OSError:
+                        pass
+                    answer = read_all(sock, 3.0)
+                    where = f"{one.name} {method} {route.path} {framing}"
+                    assert closed_by_server(sock, 1.0), f"{where}: the connection stayed open"
+                assert _status(answer) == 413, f"{where}: {answer[:200]!r}"
 
 
 def _chunked(body: bytes) -> bytes:
