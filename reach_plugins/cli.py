@@ -20,7 +20,7 @@ from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ReachError
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
-from reach_plugins.telemetry.traceview import find_trace, follow, trace_tree
+from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
@@ -79,9 +79,9 @@ def usage(
     table = Table("tenant", "agent", "capability", "calls", "ok", "tokens", "of which estimated", title="usage")
     for row in rows:
         table.add_row(
-            row.tenant,
-            row.agent,
-            row.capability,
+            terminal_text(row.tenant),
+            terminal_text(row.agent),
+            terminal_text(row.capability),
             str(row.calls),
             str(row.succeeded),
             str(row.tokens),
