@@ -111,12 +111,21 @@ def gateway(
     dedup_store: Annotated[
         str | None, typer.Option(help="Idempotency store URL (redis://HOST:PORT/DB); needed with --workers > 1.")
     ] = None,
+    metrics_token_env: Annotated[
+        str | None, typer.Option(help="Variable holding the bearer token /metrics requires (shows tenant names).")
+    ] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics on this port instead (one worker).")] = None,
+    metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
     from reach_plugins.gateway.workers import serve_workers
 
+    if metrics_port is not None and workers > 1:
+        console.print("[red]error:[/red] --metrics-port serves one process's metrics; use it with --workers 1")
+        raise typer.Exit(2)
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
+    options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
     with _named_errors():
         if workers == 1:
             serve_gateway(config, host, port, issuer_keys=issuer_key, **options)
@@ -135,6 +144,9 @@ def node(
     workers: Annotated[int, typer.Option(help="Requests served at once.")] = 64,
     node_id: Annotated[str | None, typer.Option(help="Name in x-reach-via chains (default: random).")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (Prometheus) over HTTP here.")] = None,
+    metrics_token_env: Annotated[
+        str | None, typer.Option(help="Variable holding the bearer token /metrics requires (shows tenant names).")
+    ] = None,
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
     callback_host: Annotated[
         list[str] | None, typer.Option(help="host or host:port that Submit callbacks may reach (repeat).")
@@ -153,6 +165,7 @@ def node(
             workers=workers,
             node_id=node_id,
             metrics_port=metrics_port,
+            metrics_token_env=metrics_token_env,
             allow_open=allow_open,
             callback_hosts=callback_host or (),
         )

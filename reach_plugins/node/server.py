@@ -7,11 +7,13 @@ import os
 import signal
 import uuid
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 import grpc
 
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.node.gate import AuthFirst
 from reach_plugins.node.queue import WorkQueue
@@ -23,6 +25,7 @@ from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import MAX_BODY
 from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.telemetry.labels import Vocabulary, metrics_token
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -140,6 +143,7 @@ def build_node(
     workers: int = 64,
     node_id: str | None = None,
     metrics_port: int | None = None,
+    metrics_token_env: str | None = None,
     allow_open: bool = False,
     callback_hosts: Collection[str] = (),
     options: list[tuple[str, Any]] | None = None,
@@ -147,14 +151,18 @@ def build_node(
     """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started.
 
     With ``metrics_port`` the node serves ``/metrics`` (Prometheus text, through the
-    OpenTelemetry exporter) over HTTP on that port of ``host``.
+    OpenTelemetry exporter) over HTTP on that port of ``host``: only names the node
+    knows, tenant names only behind the bearer token ``metrics_token_env`` names.
     """
     node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
     metrics = None
     if metrics_port is not None:
         from reach_plugins.telemetry.prometheus import Metrics  # the server extra's exporter, only when asked for
 
-        metrics = Metrics()
+        token = metrics_token(metrics_token_env, environ)
+        tenants = load_config(Path(config)).tenants
+        known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
+        metrics = Metrics(vocabulary=known, token=token)
     forwarder, access = build_forwarder(
         config,
         registry=registry,
