@@ -19,8 +19,9 @@ SDK's exemplars are off: the Prometheus text format has no place for them.
 ``/metrics`` is safe to expose (issue 24): every label set goes through the
 server's :class:`~reach_plugins.telemetry.labels.Vocabulary` (known names
 only, a series cap); a scrape renders off the event loop, and scrapes that
-arrive while one renders share its page (:meth:`Metrics.scrape`), so a
-scrape never stalls a call; a bearer ``token`` guards it when one is set
+arrive while one renders, or soon after, share its page (:meth:`Metrics.scrape`:
+rendering takes at most a fifth of the process's time however fast scrapes
+come), so a scrape never stalls a call; a bearer ``token`` guards it when one is set
 (:func:`scrape_allowed`; the node's thread server checks it too).
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -53,6 +55,9 @@ Kind = Literal["counter", "gauge", "histogram"]
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4
+RENDER_GAP: Final = 4.0
+"""After a render that took t seconds, scrapes within RENDER_GAP * t get that page again (rendering <= 1/5 of the
+time)."""
 _METER: Final = "reach_plugins.server"
 
 
@@ -81,6 +86,8 @@ class Metrics:
         """Request-level metrics on the same ``/metrics``: pass it as the server's pipeline sink."""
         self._before: list[Callable[[], None]] = []
         self._rendering: asyncio.Future[str] | None = None
+        self._page = ""
+        self._fresh_until = 0.0
 
     def declare(self, name: str, kind: Kind, help: str, *, buckets: Sequence[float] = LATENCY_BUCKETS) -> None:
         """One instrument; a counter's ``_total`` suffix is the exporter's to add, so it is dropped here."""
@@ -115,15 +122,25 @@ class Metrics:
         return generate_latest(self.registry).decode("utf-8")
 
     async def scrape(self) -> str:
-        """:meth:`render` in a worker thread, shared by every scrape that arrives while it runs.
+        """:meth:`render` in a worker thread, shared by every scrape that arrives while it runs or within
+        :data:`RENDER_GAP` times its duration after it.
 
         The event loop only waits; a burst of scrapes costs one render, not one each.
         """
+        if time.monotonic() < self._fresh_until:
+            return self._page
         rendering = self._rendering
         if rendering is None or rendering.get_loop() is not asyncio.get_running_loop():
-            rendering = self._rendering = asyncio.ensure_future(asyncio.to_thread(self.render))
+            rendering = self._rendering = asyncio.ensure_future(asyncio.to_thread(self._timed_render))
             rendering.add_done_callback(self._rendered)
         return await asyncio.shield(rendering)
+
+    def _timed_render(self) -> str:
+        started = time.monotonic()
+        page = self.render()
+        ended = time.monotonic()
+        self._page, self._fresh_until = page, ended + RENDER_GAP * (ended - started)
+        return page
 
     def _rendered(self, done: asyncio.Future[str]) -> None:
         if self._rendering is done:
