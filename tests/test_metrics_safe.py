@@ -26,9 +26,12 @@ from hop_support import TOKENS, Agent, free_port, serve_agents, until_true, writ
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer
 from reach_plugins.gateway import create_app
+from reach_plugins.model import AgentDescriptor, Capability, Instance
 from reach_plugins.node import build_node
-from reach_plugins.telemetry.labels import OTHER, Vocabulary
+from reach_plugins.registry import MemoryRegistry
+from reach_plugins.telemetry.labels import HIDDEN, OTHER, UNKNOWN, Vocabulary
 from reach_plugins.telemetry.prometheus import Metrics
+from reach_plugins.telemetry.spans import ATTR_AGENT, ATTR_CAPABILITY, ATTR_INSTANCE, ATTR_TENANT
 from transports.grpcnode import GrpcNodeTransport
 
 CLI = "from reach_plugins.cli import main; main()"
@@ -302,3 +305,24 @@ def test_past_the_series_cap_new_label_sets_count_as_other_with_one_warning(capl
     assert sample(text, "hits_total", route=OTHER) == 7 and sample(text, "hits_total", route="r0") == 2
     assert len(re.findall(r"^hits_total\{", text, re.MULTILINE)) == 6
     assert [record.message for record in caplog.records].count(caplog.records[0].message) == 1 == len(caplog.records)
+
+
+def test_names_become_known_when_the_registry_names_them() -> None:
+    """A capability, agent or instance is "unknown" until the registry lists it, then shown as itself."""
+    registry = MemoryRegistry()
+    vocabulary = Vocabulary(lambda: registry, tenants=["demo"])
+    asked = {ATTR_CAPABILITY: "refund", ATTR_AGENT: "billing", ATTR_INSTANCE: "billing-1", ATTR_TENANT: "mallory"}
+    assert vocabulary.labels("x", asked) == dict.fromkeys(asked, UNKNOWN)
+    endpoint = Instance(agent="billing", instance_id="billing-1", endpoint="http://127.0.0.1:9")
+    registry.put_agent(AgentDescriptor(name="billing", capabilities=[Capability(name="refund")], instances=[endpoint]))
+    assert vocabulary.labels("x", {**asked, ATTR_TENANT: "demo"}) == {**asked, ATTR_TENANT: "demo"}
+    assert vocabulary.labels("x", asked)[ATTR_TENANT] == UNKNOWN
+    assert Vocabulary(lambda: registry, tenants=["demo"], show_tenants=False).labels("x", asked)[ATTR_TENANT] == HIDDEN
+
+
+def test_the_gateway_command_refuses_a_metrics_port_with_several_workers(tmp_path: Path) -> None:
+    """--metrics-port serves one process's metrics: with --workers 2 the command stops with status 2, saying so."""
+    config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, tenants())
+    command = [sys.executable, "-c", CLI, "gateway", "--config", str(config), "--workers", "2", "--metrics-port", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, **ENV}, check=False)
+    assert done.returncode == 2 and "--workers 1" in done.stdout
