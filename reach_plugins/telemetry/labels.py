@@ -42,6 +42,10 @@ MAX_SERIES: Final = 10_000
 """Default cap on label sets, summed over every instrument of one metrics registry."""
 
 
+_Key = tuple[str, tuple[tuple[str, Any], ...]]
+"""An instrument's name and one label set."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Known:
     revision: int
@@ -74,7 +78,9 @@ class Vocabulary:
         self.max_series = max_series
         self._known: _Known | None = None
         self._lock = threading.Lock()
-        self._seen: set[tuple[str, tuple[tuple[str, Any], ...]]] = set()
+        self._seen: set[_Key] = set()
+        self._memo: dict[_Key, tuple[int, Mapping[str, Any]]] = {}
+        """What a label set as it came was recorded as, at a directory revision (at most 2 x ``max_series`` kept)."""
         self.overflowed = False
         """Whether some label set was counted under :data:`OTHER` (warned about once)."""
 
@@ -83,13 +89,23 @@ class Vocabulary:
         """Label sets admitted so far (at most ``max_series``)."""
         return len(self._seen)
 
-    def labels(self, instrument: str, attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    def labels(self, instrument: str, attributes: Mapping[str, Any] | None) -> Mapping[str, Any]:
         """``attributes`` of one measurement of ``instrument`` as they may be recorded: known names, under the cap."""
         if not attributes:
             return {}
+        revision = self._directory().revision if self._directory is not None else 0
+        try:
+            asked: _Key | None = (instrument, tuple(attributes.items()))
+            memo = self._memo.get(asked)  # type: ignore[arg-type]
+        except TypeError:  # a sequence value (a list): worked out each time
+            asked, memo = None, None
+        if memo is not None and memo[0] == revision:
+            return memo[1]
         names = self._names()
-        shown = {key: self._shown(names, key, value) for key, value in attributes.items()}
-        return self._capped(instrument, shown)
+        shown = self._capped(instrument, {key: self._shown(names, key, value) for key, value in attributes.items()})
+        if asked is not None and (asked in self._memo or len(self._memo) < 2 * self.max_series):
+            self._memo[asked] = (revision, shown)
+        return shown
 
     def _shown(self, names: Mapping[str, frozenset[str]], key: str, value: Any) -> Any:
         if not value:

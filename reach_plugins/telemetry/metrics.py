@@ -220,7 +220,7 @@ class ReachMetrics:
                 self.cancellations.add(1, self._labels(CANCELLATIONS, at))
         self._events(trace.capability, trace.events)
 
-    def _labels(self, instrument: str, attributes: Mapping[str, Any]) -> dict[str, Any]:
+    def _labels(self, instrument: str, attributes: Mapping[str, Any]) -> Mapping[str, Any]:
         return self.vocabulary.labels(instrument, attributes)
 
     def _usage(self, trace: ReachTrace, agent: str) -> None:
