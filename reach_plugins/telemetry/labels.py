@@ -95,17 +95,20 @@ class Vocabulary:
             return {}
         revision = self._directory().revision if self._directory is not None else 0
         try:
-            asked: _Key | None = (instrument, tuple(attributes.items()))
-            memo = self._memo.get(asked)  # type: ignore[arg-type]
+            asked: _Key = (instrument, tuple(attributes.items()))
+            memo = self._memo.get(asked)
         except TypeError:  # a sequence value (a list): worked out each time
-            asked, memo = None, None
+            return self._worked_out(instrument, attributes)
         if memo is not None and memo[0] == revision:
             return memo[1]
-        names = self._names()
-        shown = self._capped(instrument, {key: self._shown(names, key, value) for key, value in attributes.items()})
-        if asked is not None and (asked in self._memo or len(self._memo) < 2 * self.max_series):
+        shown = self._worked_out(instrument, attributes)
+        if asked in self._memo or len(self._memo) < 2 * self.max_series:
             self._memo[asked] = (revision, shown)
         return shown
+
+    def _worked_out(self, instrument: str, attributes: Mapping[str, Any]) -> dict[str, Any]:
+        names = self._names()
+        return self._capped(instrument, {key: self._shown(names, key, value) for key, value in attributes.items()})
 
     def _shown(self, names: Mapping[str, frozenset[str]], key: str, value: Any) -> Any:
         if not value:

@@ -115,10 +115,13 @@ class Metrics:
         """Run ``update`` (set a gauge from live state, say) before every render, from whichever thread renders."""
         self._before.append(update)
 
-    def render(self) -> str:
-        """Every instrument in the Prometheus text format (0.0.4), as the exporter writes it."""
+    def _update(self) -> None:
         for update in self._before:
             update()
+
+    def render(self) -> str:
+        """Every instrument in the Prometheus text format (0.0.4), as the exporter writes it."""
+        self._update()
         return generate_latest(self.registry).decode("utf-8")
 
     async def scrape(self) -> str:
@@ -163,8 +166,7 @@ class Metrics:
             if not scrape_allowed(self.token, environ.get("HTTP_AUTHORIZATION")):
                 start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
                 return [b"this /metrics needs its bearer token\n"]
-            for update in self._before:
-                update()
+            self._update()
             return exporter(environ, start_response)
 
         return app
