@@ -21,7 +21,7 @@ from reach_plugins.errors import ReachError
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
-from reach_plugins.telemetry.traceview import find_trace, follow, trace_tree
+from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
@@ -90,9 +90,9 @@ def usage(
     table = Table("tenant", "agent", "capability", "calls", "ok", "tokens", "of which estimated", title="usage")
     for row in rows:
         table.add_row(
-            row.tenant,
-            row.agent,
-            row.capability,
+            terminal_text(row.tenant),
+            terminal_text(row.agent),
+            terminal_text(row.capability),
             str(row.calls),
             str(row.succeeded),
             str(row.tokens),
@@ -125,12 +125,21 @@ def gateway(
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     client_ca: ClientCa = None,
+    metrics_token_env: Annotated[
+        str | None, typer.Option(help="Variable holding the bearer token /metrics requires (shows tenant names).")
+    ] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics on this port instead (one worker).")] = None,
+    metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
     from reach_plugins.gateway.workers import serve_workers
 
+    if metrics_port is not None and workers > 1:
+        console.print("[red]error:[/red] --metrics-port serves one process's metrics; use it with --workers 1")
+        raise typer.Exit(2)
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
+    options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
     with _named_errors():
         options |= _tls(tls_cert, tls_key, client_ca)
         if workers == 1:
@@ -150,6 +159,9 @@ def node(
     workers: Annotated[int, typer.Option(help="Requests served at once.")] = 64,
     node_id: Annotated[str | None, typer.Option(help="Name in x-reach-via chains (default: random).")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (Prometheus) over HTTP here.")] = None,
+    metrics_token_env: Annotated[
+        str | None, typer.Option(help="Variable holding the bearer token /metrics requires (shows tenant names).")
+    ] = None,
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
     callback_host: Annotated[
         list[str] | None, typer.Option(help="host or host:port that Submit callbacks may reach (repeat).")
@@ -171,6 +183,7 @@ def node(
             workers=workers,
             node_id=node_id,
             metrics_port=metrics_port,
+            metrics_token_env=metrics_token_env,
             allow_open=allow_open,
             callback_hosts=callback_host or (),
             **_tls(tls_cert, tls_key, client_ca),

@@ -7,11 +7,13 @@ import os
 import signal
 import uuid
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 import grpc
 
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.node.gate import AuthFirst
 from reach_plugins.node.queue import WorkQueue
@@ -24,6 +26,7 @@ from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import MAX_BODY
 from reach_plugins.server.tls import ServerTls
 from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.telemetry.labels import Vocabulary, metrics_token
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -152,6 +155,7 @@ def build_node(
     workers: int = 64,
     node_id: str | None = None,
     metrics_port: int | None = None,
+    metrics_token_env: str | None = None,
     allow_open: bool = False,
     callback_hosts: Collection[str] = (),
     options: list[tuple[str, Any]] | None = None,
@@ -164,7 +168,8 @@ def build_node(
     ``tls_cert``/``tls_key`` serve gRPC over TLS; ``client_ca`` requires client certificates of that CA.
 
     With ``metrics_port`` the node serves ``/metrics`` (Prometheus text, through the
-    OpenTelemetry exporter) over HTTP on that port of ``host``.
+    OpenTelemetry exporter) over HTTP on that port of ``host``: only names the node
+    knows, tenant names only behind the bearer token ``metrics_token_env`` names.
     """
     tls = ServerTls.given(tls_cert, tls_key, client_ca)
     node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
@@ -172,7 +177,10 @@ def build_node(
     if metrics_port is not None:
         from reach_plugins.telemetry.prometheus import Metrics  # the server extra's exporter, only when asked for
 
-        metrics = Metrics()
+        token = metrics_token(metrics_token_env, environ)
+        tenants = load_config(Path(config)).tenants
+        known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
+        metrics = Metrics(vocabulary=known, token=token)
     forwarder, access = build_forwarder(
         config,
         registry=registry,
