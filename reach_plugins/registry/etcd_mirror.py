@@ -27,7 +27,7 @@ from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Instance
 from reach_plugins.registry.base import Clock
-from reach_plugins.registry.memory import MemoryRegistry
+from reach_plugins.registry.memory import MemoryRegistry, check_filed
 
 logger = logging.getLogger(__name__)
 
@@ -172,20 +172,38 @@ class EtcdMirror:
         self._waiters = pending
 
     def _decode(self, key: bytes, value: bytes) -> AgentDescriptor | Instance | None:
+        """The record at ``key``, or None (logged) when it is invalid or claims another identity than its key's.
+
+        The key is the authority: the secured layout lets an agent's user write only under
+        ``instances/<agent>/``, so a value saying another agent or id there is a forgery (issue 24).
+        """
         parsed = self.keys.parse(key)
+        if parsed is None:
+            return None
         try:
-            if parsed is None:
-                return None
+            record: AgentDescriptor | Instance
+            claimed: tuple[str, str | None]
             if parsed[1] is None:
-                agent = AgentDescriptor.model_validate_json(value)
-                self.endpoints.admit((i.endpoint for i in agent.static_instances()), f"agent {agent.name!r}")
-                return agent
-            instance = Instance.model_validate_json(value)
-            self.endpoints.admit([instance.endpoint], f"instance {instance.agent}/{instance.instance_id}")
-            return instance
+                record = AgentDescriptor.model_validate_json(value)
+                claimed = (record.name, None)
+                check_filed(record)
+                self.endpoints.admit((i.endpoint for i in record.static_instances()), f"agent {record.name!r}")
+            else:
+                record = Instance.model_validate_json(value)
+                claimed = (record.agent, record.instance_id)
+                self.endpoints.admit([record.endpoint], f"instance {record.agent}/{record.instance_id}")
         except (ValidationError, ConfigError) as exc:
             logger.warning("etcd key %r holds no valid registry record, ignored: %s", key, exc)
             return None
+        if claimed != parsed:
+            logger.warning(
+                "etcd key %r refused: its value says %s, but the key is %s's (identity comes from the key)",
+                key,
+                "/".join(part for part in claimed if part is not None),
+                "/".join(part for part in parsed if part is not None),
+            )
+            return None
+        return record
 
     async def _put_instance(self, instance: Instance, lease: int) -> None:
         """Apply an instance key: a newer heartbeat of a known instance, else a (re)registration."""
