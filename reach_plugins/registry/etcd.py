@@ -44,7 +44,7 @@ from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent, default_clock
 from reach_plugins.registry.etcd_access import URL_OPTIONS as ACCESS_OPTIONS
 from reach_plugins.registry.etcd_access import EtcdAccess
-from reach_plugins.registry.etcd_mirror import EtcdMirror, Keys
+from reach_plugins.registry.etcd_mirror import SETTLE, EtcdMirror, Keys
 from reach_plugins.registry.failstatic import Reachability
 
 try:
@@ -63,7 +63,20 @@ DEFAULT_PREFIX: Final = "/reach/"
 DEFAULT_LEASE_TTL: Final = 10
 MIN_LEASE_TTL: Final = 2
 _URL_OPTIONS: Final = ("lease_ttl", "timeout")
-_CHANNEL_OPTIONS: Final = {"grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000}
+_CHANNEL_OPTIONS: Final = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 3_000,
+    "grpc.http2.max_pings_without_data": 0,
+}
+"""Reconnect fast; HTTP/2 keepalive pings on open streams (etcd refuses pings more often than every 5 s) so a
+connection to a dead peer is closed. A hung etcd is found faster by the watch's probes (PROBE_INTERVAL)."""
+PROBE_INTERVAL: Final = 1.0
+"""Seconds between the watch's probes: a hung etcd (SIGSTOP) sends no event and closes nothing, so silence is
+asked about every second."""
+PROBE_TIMEOUT: Final = 2.0
+"""A probe not answered within this is an outage: the view fails static from the last answer on (DESIGN 11.3)."""
 _RETRY_MIN, _RETRY_MAX = 0.1, 1.0
 
 
@@ -103,12 +116,18 @@ class EtcdRegistry:
         self._cache = self._mirror.cache
         self._reach = Reachability()
         """When the watch was lost: heartbeat age does not count then (fail static, DESIGN 11.3)."""
+        self._contact = 0.0
+        """When etcd last answered (registry clock): an outage found later is dated from here."""
         self._client: Any = None
         self._lease_id: int | None = None
         self._relist = True
         self._watching = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
         self._keepalive_task: asyncio.Task[None] | None = None
+        self._own: dict[tuple[str, str], Instance] = {}
+        """The instances this registry wrote (last record each): written again if etcd revokes their lease."""
+        self._gone: set[tuple[str, str]] = set()
+        self._restoring: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -118,6 +137,11 @@ class EtcdRegistry:
     @clock.setter
     def clock(self, clock: Clock) -> None:
         self._mirror.clock.base = clock
+
+    @property
+    def reachable(self) -> bool:
+        """Whether etcd answers: False from a lost watch or a missed probe until the watch is back."""
+        return self._reach.reachable
 
     @property
     def tenants(self) -> None:
@@ -171,6 +195,8 @@ class EtcdRegistry:
 
     async def deregister_agent(self, name: str) -> None:
         """Delete the agent and every instance key under it, atomically."""
+        for key in [key for key in self._own if key[0] == name]:
+            del self._own[key]
         client = await self._ready()
         instances = self._keys.instances_of(name)
         ops = [
@@ -200,9 +226,11 @@ class EtcdRegistry:
                 f"cannot register instance {instance.instance_id!r}: agent {instance.agent!r} is not registered; "
                 "register the agent first"
             )
+        self._own[instance.agent, instance.instance_id] = instance
         await self._caught_up(revision)
 
     async def deregister_instance(self, agent: str, instance_id: str) -> None:
+        self._own.pop((agent, instance_id), None)
         client = await self._ready()
         deleted = await self._call("deregister an instance", client.delete(self._keys.instance(agent, instance_id)))
         if deleted is not None:
@@ -237,9 +265,12 @@ class EtcdRegistry:
             changes["status"] = status
         key = self._keys.instance(agent, instance_id)
         lease = self._mirror.lease_of(agent, instance_id)
-        revision = await self._put_if_exists(key, key, current.model_copy(update=changes), lease)
+        record = current.model_copy(update=changes)
+        revision = await self._put_if_exists(key, key, record, lease)
         if revision is None:
             raise RequestError(unknown)
+        if (agent, instance_id) in self._own:
+            self._own[agent, instance_id] = record
         await self._caught_up(revision)
 
     # ------------------------------------------------------------------ lifecycle
@@ -342,8 +373,40 @@ class EtcdRegistry:
                 logger.warning("%s; this process's instances expire %ds after the last success", exc, self.lease_ttl)
                 continue
             if reply is None or reply.TTL <= 0:
-                logger.warning("etcd lease at %s expired: instances are gone until registered again", self.address)
+                logger.warning("etcd lease at %s expired: this process's instances are written again", self.address)
                 self._lease_id = None
+                self._restore_soon()
+
+    def _restore_soon(self) -> None:
+        if self._own and (self._restoring is None or self._restoring.done()):
+            self._restoring = asyncio.create_task(self._restore(), name=f"reach-etcd-restore {self.address}")
+
+    async def _restore(self) -> None:
+        """Write this registry's instances again under a new lease once etcd revoked the old one.
+
+        etcd resuming from a hang longer than the TTL revokes every lease that ran out, though the processes holding
+        them live on: their instances come back at once (routers hold them meanwhile, ``etcd_mirror.SETTLE``). A key
+        deleted while the lease lives was removed on purpose (an operator's eviction) and stays gone.
+        """
+        gone, self._gone = self._gone, set()
+        try:
+            if self._lease_id is not None:
+                reply = await self._call("check the lease", self._connect().refresh_lease(self._lease_id))
+                if reply is not None and reply.TTL > 0:
+                    for removed in gone:
+                        self._own.pop(removed, None)
+                    return
+                self._lease_id = None
+            lease = await self._lease()
+            for (agent, instance_id), record in list(self._own.items()):
+                key = self._keys.instance(agent, instance_id)
+                if await self._put_if_exists(self._keys.agent(agent), key, record, lease) is None:
+                    self._own.pop((agent, instance_id), None)
+            logger.warning(
+                "etcd at %s revoked this process's lease: %d instance(s) written again", self.address, len(self._own)
+            )
+        except BackendUnavailable as exc:
+            logger.warning("%s; the instances register again on their next heartbeat", exc)
 
     async def _caught_up(self, revision: int) -> None:
         """Wait until the watch has applied our own write (bounded: a lagging watch only logs)."""
@@ -365,14 +428,16 @@ class EtcdRegistry:
         delay = _RETRY_MIN
         while not self._closed:
             client = self._connect()
+            if not self._reach.reachable:
+                self._mirror.settle_until = self._mirror.monotonic() + SETTLE
             try:
                 await self._resync(client)
                 watch = await client.watch_prefix(self._keys.prefix, start_revision=self._mirror.applied + 1)
                 self._watching.set()
-                self._reach.found(self.clock())
+                self._contact = self.clock()
+                self._reach.found(self._contact)
                 delay = _RETRY_MIN
-                async for event in watch:
-                    await self._mirror.apply_event(event)
+                await self._follow(client, watch)
             except RevisionCompactedError:
                 logger.info("etcd compacted past revision %d; relisting %s", self._mirror.applied, self.prefix)
                 self._relist = True
@@ -381,7 +446,7 @@ class EtcdRegistry:
                     return  # aclose ended the stream (a cancellation aetcd may have turned into an error)
                 self._watching.clear()
                 first = self._reach.reachable
-                self._reach.lost(self.clock())
+                self._reach.lost(self._contact if first else self.clock())
                 lost = isinstance(exc, (ClientError, TimeoutError))
                 self._relist = self._relist or not lost
                 logger.log(
@@ -394,6 +459,35 @@ class EtcdRegistry:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
+
+    async def _follow(self, client: Any, watch: Any) -> None:
+        """Apply watch events until the stream ends, or until etcd misses a probe (raising ``TimeoutError``).
+
+        A hung etcd keeps the stream open and silent; a read bounded by PROBE_TIMEOUT every PROBE_INTERVAL tells
+        it from a quiet one within a few seconds.
+        """
+        events = asyncio.ensure_future(self._apply(watch))
+        try:
+            while True:
+                done, _ = await asyncio.wait({events}, timeout=PROBE_INTERVAL)
+                if done:
+                    return events.result()
+                await asyncio.wait_for(client.get(self._keys.prefix + b"\x00"), PROBE_TIMEOUT)
+                self._contact = self.clock()
+                await self._mirror.expire()
+        finally:
+            events.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(watch.cancel(), PROBE_TIMEOUT)
+
+    async def _apply(self, watch: Any) -> None:
+        async for event in watch:
+            self._contact = self.clock()
+            await self._mirror.apply_event(event)
+            parsed = self._keys.parse(event.kv.key) if event.kind == "DELETE" else None
+            if parsed is not None and parsed[1] is not None and (parsed[0], parsed[1]) in self._own:
+                self._gone.add((parsed[0], parsed[1]))
+                self._restore_soon()
 
     async def _resync(self, client: Any) -> None:
         """Relist when asked to, or when etcd is behind what we saw (it lost its data); else resume."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import quote, unquote
@@ -32,6 +33,10 @@ from reach_plugins.registry.memory import MemoryRegistry, check_filed
 logger = logging.getLogger(__name__)
 
 _BEAT_FIELDS: Final = ("heartbeat_seq", "last_heartbeat", "load", "status")
+SETTLE: Final = 2.0
+"""Seconds an instance whose key is deleted just after an outage stays routable. etcd resuming from a hang revokes
+at once every lease that ran out meanwhile, though the processes holding them live on; they write their keys again
+under new leases within this (a process that did die meanwhile is left by its breaker, then by this timeout)."""
 
 
 class Keys:
@@ -90,8 +95,13 @@ def _is_beat(current: Instance, new: Instance) -> bool:
 class EtcdMirror:
     """A MemoryRegistry (``cache``) that mirrors etcd, plus the lease of each instance key and the applied revision."""
 
-    def __init__(self, keys: Keys, clock: Clock, endpoints: EndpointPolicy) -> None:
+    def __init__(
+        self, keys: Keys, clock: Clock, endpoints: EndpointPolicy, *, monotonic: Clock = time.monotonic
+    ) -> None:
         self.keys = keys
+        self.monotonic = monotonic
+        """Times the settling after an outage (how fast processes write their keys again): real time, even under a
+        test's fake registry clock."""
         self.endpoints = endpoints
         """Records read back are admitted under it: one that breaks it is ignored with a warning."""
         self.clock = PinnableClock(clock)
@@ -99,6 +109,9 @@ class EtcdMirror:
         self.applied = 0
         """The etcd revision the cache reflects."""
         self._leases: dict[tuple[str, str], int] = {}
+        self.settle_until = 0.0
+        """Until when (``monotonic``) a deleted key of a ready instance lingers (set as etcd answers again)."""
+        self._lingering: dict[tuple[str, str], float] = {}
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def lease_of(self, agent: str, instance_id: str) -> int:
@@ -123,7 +136,7 @@ class EtcdMirror:
         for name, descriptor in cache.agents().items():
             static = {instance.instance_id for instance in descriptor.static_instances()}
             for instance_id in [i for i in cache.instances(name) if i not in static and (name, i) not in instances]:
-                await self._drop_instance(name, instance_id)
+                await self._deleted(name, instance_id)
         for instance, lease in instances.values():
             await self._put_instance(instance, lease)
         self.applied = int(listing.header.revision)
@@ -138,7 +151,7 @@ class EtcdMirror:
             if instance_id is None:
                 self._forget_agent(name)
             else:
-                await self._drop_instance(name, instance_id)
+                await self._deleted(name, instance_id)
         elif parsed is not None:
             record = self._decode(kv.key, kv.value)
             if isinstance(record, AgentDescriptor):
@@ -147,6 +160,14 @@ class EtcdMirror:
                 await self._put_instance(record, int(kv.lease))
         self.applied = max(self.applied, int(kv.mod_revision))
         self._wake_writers()
+
+    async def expire(self) -> None:
+        """Drop the lingering instances whose key did not come back within SETTLE."""
+        now = self.monotonic()
+        for key, until in list(self._lingering.items()):
+            if until <= now:
+                logger.info("etcd instance %s/%s did not come back after the outage; dropped", *key)
+                await self._drop_instance(*key)
 
     async def caught_up(self, revision: int, timeout: float) -> bool:
         """Wait until ``revision`` is applied; False if it was not within ``timeout`` seconds."""
@@ -212,6 +233,7 @@ class EtcdMirror:
             logger.debug("etcd instance %s/%s of an unregistered agent ignored", agent, instance_id)
             return
         self._leases[agent, instance_id] = lease
+        self._lingering.pop((agent, instance_id), None)
         current = self.cache.instances(agent).get(instance_id)
         if current is not None and instance.last_heartbeat is not None and _is_beat(current, instance):
             with self.clock.pinned(instance.last_heartbeat):
@@ -221,7 +243,21 @@ class EtcdMirror:
         else:
             await self.cache.register_instance(instance)
 
+    async def _deleted(self, agent: str, instance_id: str) -> None:
+        """An instance key is gone: drop the instance, unless etcd just came back and it was ready (see SETTLE)."""
+        now = self.monotonic()
+        current = self.cache.instances(agent).get(instance_id)
+        if now < self.settle_until and current is not None and current.status == "ready" and current.last_heartbeat:
+            if (agent, instance_id) not in self._lingering:
+                logger.info(
+                    "etcd deleted %s/%s right after an outage; kept %gs for it to come back", agent, instance_id, SETTLE
+                )
+                self._lingering[agent, instance_id] = now + SETTLE
+            return
+        await self._drop_instance(agent, instance_id)
+
     async def _drop_instance(self, agent: str, instance_id: str) -> None:
+        self._lingering.pop((agent, instance_id), None)
         self._leases.pop((agent, instance_id), None)
         await self.cache.deregister_instance(agent, instance_id)
 
@@ -229,3 +265,5 @@ class EtcdMirror:
         self.cache.delete_agent(name)
         for key in [key for key in self._leases if key[0] == name]:
             del self._leases[key]
+        for key in [key for key in self._lingering if key[0] == name]:
+            del self._lingering[key]
