@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from chaos_support import port_answers
 from hop_support import until
@@ -182,3 +183,25 @@ async def test_hung_etcd_costs_no_call(private_etcd: Server, agents: Starter, tm
     assert duplicates == {}
     assert noticed is not None and noticed <= 5.0, "a hung etcd is noticed within a few seconds"
     assert alive == ["orders-0", "orders-1", "orders-2"]
+
+
+async def test_agent_started_while_etcd_is_down_serves_and_registers_when_it_is_back(
+    private_etcd: Server, agents: Starter
+) -> None:
+    """An agent process started while its etcd is stopped comes up and answers; once etcd runs again its instance
+    appears (registration retried in the background) and serves a routed call."""
+    registry = await orders_registry(private_etcd)
+    private_etcd.stop()
+    process, port = agents(
+        f"etcd://127.0.0.1:{private_etcd.port}{registry.prefix}?lease_ttl=2&timeout=1&preload=0", "late"
+    )
+    wait_until(lambda: port_answers(port) or process.poll() is not None, 30, "the agent serving")
+    assert process.poll() is None, process.stderr.read() if process.stderr else ""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+        assert (await http.get("/readyz")).status_code == 200
+    private_etcd.start()
+    await until(lambda: "late" in registry.instances("orders"), within=20)
+    async with ReachClient(registry=registry) as client:
+        reply = await client.reach("work", {"n": 1}, idempotency_key=uuid.uuid4().hex, timeout_ms=4_000)
+    await registry.aclose()
+    assert reply.ok and reply.data == {"n": 1, "by": "late"}

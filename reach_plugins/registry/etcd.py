@@ -25,7 +25,9 @@ compacted it, or came back with less history than we saw, the registry relists
 the prefix and applies the difference as ordinary events. The client is
 ``aetcd`` (asyncio gRPC; the JSON gateway would need a hand-parsed watch stream
 and the same lease calls). ``from_url`` loads a first snapshot before returning
-(blocking, bounded by ``timeout``) so a new client can route at once.
+(blocking, bounded by ``timeout``) so a new client can route at once; with
+``preload=0`` it returns at once with an empty view, filled when etcd answers
+(an agent that must start, serve and register in the background while etcd is down).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ DEFAULT_PORT: Final = 2379
 DEFAULT_PREFIX: Final = "/reach/"
 DEFAULT_LEASE_TTL: Final = 10
 MIN_LEASE_TTL: Final = 2
-_URL_OPTIONS: Final = ("lease_ttl", "timeout")
+_URL_OPTIONS: Final = ("lease_ttl", "timeout", "preload")
 _CHANNEL_OPTIONS: Final = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
@@ -520,7 +522,8 @@ class EtcdRegistry:
 
 
 def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> EtcdRegistry:
-    """``etcd://host:port[/prefix][?lease_ttl=10&timeout=5]`` -> a registry holding the current snapshot."""
+    """``etcd://host:port[/prefix][?lease_ttl=10&timeout=5&preload=1]`` -> a registry holding the current snapshot
+    (``preload=0``: an empty one, filled by the watch once etcd answers)."""
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     unknown = sorted(options.keys() - set(_URL_OPTIONS) - set(ACCESS_OPTIONS))
@@ -539,6 +542,9 @@ def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy 
         port = parts.port or DEFAULT_PORT
         lease_ttl = int(options.get("lease_ttl", DEFAULT_LEASE_TTL))
         timeout = float(options.get("timeout", 5.0))
+        preload = {"1": True, "0": False}[options.get("preload", "1")]
+    except KeyError:
+        raise ConfigError(f"registry URL {url!r}: preload is 1 (load a snapshot first, the default) or 0") from None
     except ValueError as exc:
         raise ConfigError(f"registry URL {url!r}: {exc}; port and lease_ttl are integers, timeout is seconds") from exc
     prefix = parts.path if parts.path.strip("/") else DEFAULT_PREFIX
@@ -553,5 +559,6 @@ def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy 
         access=access,
         endpoints=endpoints,
     )
-    registry._preload()
+    if preload:
+        registry._preload()
     return registry
