@@ -265,3 +265,27 @@ async def test_etcd_that_lost_its_data_is_relisted(private_etcd: Server) -> None
     assert {(await until(stream, "agent_deleted", 5.0)).agent for _ in range(3)} == {"orders", "tickets", "billing"}
     assert dict(reader.agents()) == {}
     await reader.aclose()
+
+
+@pytest.mark.parametrize("skew", [-300.0, 300.0])
+async def test_heartbeat_age_is_counted_by_the_reader_not_the_writers_clock(
+    open_etcd: RegistryFactory, skew: float
+) -> None:
+    """A writer whose clock is 300 s behind or ahead: its heartbeats count from when the reader saw them (alive at
+    once, down after the 30 s grace without one, alive again at the next), never from the writer's stamp."""
+    clock, skewed = FakeClock(), FakeClock()
+    skewed.now = clock.now + skew
+    writer, reader = await open_etcd(skewed), await open_etcd(clock)
+    await writer.register_agent(agent("orders", "query_order"))
+    await writer.register_instance(tracked("orders", "o-1", skewed))
+    await until_true(lambda: "o-1" in reader.instances("orders"), 5.0)
+    assert reader.is_alive(reader.instances("orders")["o-1"], clock.now)
+    clock.advance(29)
+    await writer.heartbeat("orders", "o-1", 1)
+    await until_true(lambda: reader.instances("orders")["o-1"].heartbeat_seq == 1, 5.0)
+    clock.advance(29)
+    assert reader.is_alive(reader.instances("orders")["o-1"], clock.now)
+    clock.advance(2)
+    assert not reader.is_alive(reader.instances("orders")["o-1"], clock.now)
+    await writer.aclose()
+    await reader.aclose()

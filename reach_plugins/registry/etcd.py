@@ -134,11 +134,11 @@ class EtcdRegistry:
 
     @property
     def clock(self) -> Clock:
-        return self._mirror.clock.base
+        return self._mirror.clock
 
     @clock.setter
     def clock(self, clock: Clock) -> None:
-        self._mirror.clock.base = clock
+        self._mirror.clock = clock
 
     @property
     def reachable(self) -> bool:

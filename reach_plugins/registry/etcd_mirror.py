@@ -15,10 +15,8 @@ Key layout under the prefix, names percent-encoded so any name is one segment::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import quote, unquote
 
@@ -66,25 +64,6 @@ class Keys:
         return None
 
 
-class PinnableClock:
-    """The cache's clock: the registry's clock, or a pinned time while a heartbeat read from etcd is applied."""
-
-    def __init__(self, base: Clock) -> None:
-        self.base = base
-        self._pinned: float | None = None
-
-    def __call__(self) -> float:
-        return self.base() if self._pinned is None else self._pinned
-
-    @contextlib.contextmanager
-    def pinned(self, at: float) -> Iterator[None]:
-        self._pinned = at
-        try:
-            yield
-        finally:
-            self._pinned = None
-
-
 def _is_beat(current: Instance, new: Instance) -> bool:
     """Whether ``new`` is ``current`` plus a newer heartbeat (seq, time, load, status) and nothing else."""
     if new.last_heartbeat is None or new.heartbeat_seq <= current.heartbeat_seq:
@@ -104,8 +83,9 @@ class EtcdMirror:
         test's fake registry clock."""
         self.endpoints = endpoints
         """Records read back are admitted under it: one that breaks it is ignored with a warning."""
-        self.clock = PinnableClock(clock)
-        self.cache = MemoryRegistry(clock=self.clock)
+        self.clock = clock
+        """The registry's clock: a heartbeat counts from when the watch showed it, never from the writer's stamp."""
+        self.cache = MemoryRegistry(clock=lambda: self.clock())
         self.applied = 0
         """The etcd revision the cache reflects."""
         self._leases: dict[tuple[str, str], int] = {}
@@ -227,7 +207,11 @@ class EtcdMirror:
         return record
 
     async def _put_instance(self, instance: Instance, lease: int) -> None:
-        """Apply an instance key: a newer heartbeat of a known instance, else a (re)registration."""
+        """Apply an instance key: a newer heartbeat of a known instance, else a (re)registration.
+
+        Its ``last_heartbeat`` becomes the time it is seen here (the registry's clock): an agent's clock running
+        ahead or behind neither keeps a dead instance alive nor kills a live one (issue 25).
+        """
         agent, instance_id = instance.agent, instance.instance_id
         if agent not in self.cache.agents():
             logger.debug("etcd instance %s/%s of an unregistered agent ignored", agent, instance_id)
@@ -235,11 +219,17 @@ class EtcdMirror:
         self._leases[agent, instance_id] = lease
         self._lingering.pop((agent, instance_id), None)
         current = self.cache.instances(agent).get(instance_id)
-        if current is not None and instance.last_heartbeat is not None and _is_beat(current, instance):
-            with self.clock.pinned(instance.last_heartbeat):
-                await self.cache.heartbeat(
-                    agent, instance_id, instance.heartbeat_seq, load=instance.load, status=instance.status
-                )
+        if instance.last_heartbeat is not None:
+            if (
+                current is not None
+                and current.model_copy(update={"last_heartbeat": instance.last_heartbeat}) == instance
+            ):
+                return  # the record as already seen (a relist, an owner writing it again): it keeps its time
+            instance = instance.model_copy(update={"last_heartbeat": self.clock()})
+        if current is not None and _is_beat(current, instance):
+            await self.cache.heartbeat(
+                agent, instance_id, instance.heartbeat_seq, load=instance.load, status=instance.status
+            )
         else:
             await self.cache.register_instance(instance)
 
