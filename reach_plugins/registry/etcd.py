@@ -12,13 +12,20 @@ etcd's minimum is 2 s) kept alive every TTL/3: that keepalive is the process's
 heartbeat, and when the process dies etcd deletes its instance keys, which every
 watcher turns into ``instance_deleted``. ``heartbeat()`` writes
 ``last_heartbeat``/``load``/``status`` into the instance key, judged at read time
-as in every backend. ``aclose()`` revokes the lease; a lease lost to a long
-stall makes the next ``heartbeat()`` raise ``RequestError`` (the agent SDK then
-registers again). While the watch is lost, the registry fails static: the view
-stays as last seen and heartbeat age stops counting
-(:mod:`reach_plugins.registry.failstatic`), so an etcd outage is not an
-outage of every agent; when etcd answers again the watch resumes and the view
-reconciles (dead instances' leases expire, new ones join).
+as in every backend (from when the watch showed it, by the reader's clock).
+``aclose()`` revokes the lease. A lease etcd revoked while this process lives
+(a stall, or etcd resuming from a hang longer than the TTL) is replaced at once
+and the process's instances are written again under the new one.
+
+While etcd is unreachable the registry fails static: the view stays as last
+seen and heartbeat age stops counting (:mod:`reach_plugins.registry.failstatic`),
+so an etcd outage is not an outage of every agent. A hung etcd (SIGSTOP) sends
+nothing and closes nothing, so the watch probes it every ``PROBE_INTERVAL`` with
+a ``PROBE_TIMEOUT`` (and HTTP/2 keepalive pings open streams): a hang is found
+within about 3 s and dated from etcd's last answer. When etcd answers again the
+watch resumes and the view reconciles (dead instances' leases expire, new ones
+join); a ready instance deleted in the first ``SETTLE`` seconds is held that
+long for its owner to write it again.
 
 After a reconnect the watch resumes from the last applied revision; if etcd
 compacted it, or came back with less history than we saw, the registry relists
@@ -128,7 +135,8 @@ class EtcdRegistry:
         self._keepalive_task: asyncio.Task[None] | None = None
         self._own: dict[tuple[str, str], Instance] = {}
         """The instances this registry wrote (last record each): written again if etcd revokes their lease."""
-        self._gone: set[tuple[str, str]] = set()
+        self._gone: dict[tuple[str, str], int] = {}
+        """Own instance keys seen deleted, with the lease each was under then."""
         self._restoring: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -390,25 +398,32 @@ class EtcdRegistry:
         them live on: their instances come back at once (routers hold them meanwhile, ``etcd_mirror.SETTLE``). A key
         deleted while the lease lives was removed on purpose (an operator's eviction) and stays gone.
         """
-        gone, self._gone = self._gone, set()
-        try:
-            if self._lease_id is not None:
-                reply = await self._call("check the lease", self._connect().refresh_lease(self._lease_id))
-                if reply is not None and reply.TTL > 0:
-                    for removed in gone:
-                        self._own.pop(removed, None)
-                    return
-                self._lease_id = None
-            lease = await self._lease()
-            for (agent, instance_id), record in list(self._own.items()):
-                key = self._keys.instance(agent, instance_id)
-                if await self._put_if_exists(self._keys.agent(agent), key, record, lease) is None:
-                    self._own.pop((agent, instance_id), None)
-            logger.warning(
-                "etcd at %s revoked this process's lease: %d instance(s) written again", self.address, len(self._own)
-            )
-        except BackendUnavailable as exc:
-            logger.warning("%s; the instances register again on their next heartbeat", exc)
+        while True:
+            gone, self._gone = self._gone, {}
+            try:
+                await self._restore_once(gone)
+            except BackendUnavailable as exc:
+                logger.warning("%s; the instances register again on their next heartbeat", exc)
+                return
+            if not self._gone:
+                return
+
+    async def _restore_once(self, gone: dict[tuple[str, str], int]) -> None:
+        if self._lease_id is not None:
+            reply = await self._call("check the lease", self._connect().refresh_lease(self._lease_id))
+            if reply is not None and reply.TTL > 0:
+                for removed in [key for key, lease in gone.items() if lease == self._lease_id]:
+                    self._own.pop(removed, None)  # deleted under the live lease: on purpose
+                return
+            self._lease_id = None
+        lease = await self._lease()
+        for (agent, instance_id), record in list(self._own.items()):
+            key = self._keys.instance(agent, instance_id)
+            if await self._put_if_exists(self._keys.agent(agent), key, record, lease) is None:
+                self._own.pop((agent, instance_id), None)
+        logger.warning(
+            "etcd at %s revoked this process's lease: %d instance(s) written again", self.address, len(self._own)
+        )
 
     async def _caught_up(self, revision: int) -> None:
         """Wait until the watch has applied our own write (bounded: a lagging watch only logs)."""
@@ -485,10 +500,12 @@ class EtcdRegistry:
     async def _apply(self, watch: Any) -> None:
         async for event in watch:
             self._contact = self.clock()
-            await self._mirror.apply_event(event)
             parsed = self._keys.parse(event.kv.key) if event.kind == "DELETE" else None
-            if parsed is not None and parsed[1] is not None and (parsed[0], parsed[1]) in self._own:
-                self._gone.add((parsed[0], parsed[1]))
+            own = None if parsed is None or parsed[1] is None else (parsed[0], parsed[1])
+            if own in self._own:
+                self._gone[own] = self._mirror.lease_of(*own)
+            await self._mirror.apply_event(event)
+            if own in self._own:
                 self._restore_soon()
 
     async def _resync(self, client: Any) -> None:
