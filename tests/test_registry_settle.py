@@ -15,7 +15,7 @@ from registry_conformance import FakeClock
 
 from reach_plugins.endpoints import ANY_NETWORK
 from reach_plugins.model import AgentDescriptor, Instance
-from reach_plugins.registry.etcd_mirror import SETTLE, EtcdMirror, Keys
+from reach_plugins.registry.etcd_mirror import SETTLE, SETTLE_WINDOW, EtcdMirror, Keys
 
 KEYS = Keys("/reach/")
 
@@ -52,9 +52,9 @@ async def started(status: str = "ready") -> tuple[EtcdMirror, FakeClock, FakeClo
 
 
 async def test_a_ready_instance_deleted_right_after_an_outage_lingers_until_written_again() -> None:
-    """Deleted within SETTLE of the outage's end: still routable; written again: kept for good."""
+    """Deleted just after etcd answers again: still routable; written again: kept for good."""
     made, _, monotonic = await started()
-    made.settle_until = monotonic.now + SETTLE
+    made.outage_over()
     await made.apply_event(delete(KEYS.instance("orders", "o-1"), 3))
     assert "o-1" in made.cache.instances("orders")
     await made.apply_event(put(KEYS.instance("orders", "o-1"), instance(), 4))
@@ -66,7 +66,7 @@ async def test_a_ready_instance_deleted_right_after_an_outage_lingers_until_writ
 async def test_a_lingering_instance_that_does_not_come_back_is_dropped_after_settle() -> None:
     """Not written again within SETTLE of its deletion: dropped, with an instance_deleted event."""
     made, _, monotonic = await started()
-    made.settle_until = monotonic.now + SETTLE
+    made.outage_over()
     stream = made.cache.watch()
     await made.apply_event(delete(KEYS.instance("orders", "o-1"), 3))
     monotonic.advance(SETTLE - 0.1)
@@ -79,13 +79,15 @@ async def test_a_lingering_instance_that_does_not_come_back_is_dropped_after_set
 
 
 async def test_deletions_outside_the_settle_window_or_of_draining_instances_are_at_once() -> None:
-    """A deletion long after the outage, or of an instance that announced draining, drops it at once."""
+    """A deletion after SETTLE_WINDOW (a restarted etcd expiring a dead process's lease), or of an instance that
+    announced draining, drops it at once."""
     made, _, monotonic = await started()
-    made.settle_until = monotonic.now - 0.1
+    made.outage_over()
+    monotonic.advance(SETTLE_WINDOW + 0.1)
     await made.apply_event(delete(KEYS.instance("orders", "o-1"), 3))
     assert "o-1" not in made.cache.instances("orders")
     made, _, monotonic = await started("draining")
-    made.settle_until = monotonic.now + SETTLE
+    made.outage_over()
     await made.apply_event(delete(KEYS.instance("orders", "o-1"), 3))
     assert "o-1" not in made.cache.instances("orders")
 

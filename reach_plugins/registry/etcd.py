@@ -24,8 +24,8 @@ nothing and closes nothing, so the watch probes it every ``PROBE_INTERVAL`` with
 a ``PROBE_TIMEOUT`` (and HTTP/2 keepalive pings open streams): a hang is found
 within about 3 s and dated from etcd's last answer. When etcd answers again the
 watch resumes and the view reconciles (dead instances' leases expire, new ones
-join); a ready instance deleted in the first ``SETTLE`` seconds is held that
-long for its owner to write it again.
+join); a ready instance deleted in the first second (``SETTLE_WINDOW``) is held
+``SETTLE`` seconds for its owner to write it again.
 
 After a reconnect the watch resumes from the last applied revision; if etcd
 compacted it, or came back with less history than we saw, the registry relists
@@ -53,7 +53,7 @@ from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent, default_clock
 from reach_plugins.registry.etcd_access import URL_OPTIONS as ACCESS_OPTIONS
 from reach_plugins.registry.etcd_access import EtcdAccess
-from reach_plugins.registry.etcd_mirror import SETTLE, EtcdMirror, Keys
+from reach_plugins.registry.etcd_mirror import EtcdMirror, Keys
 from reach_plugins.registry.failstatic import Reachability
 
 try:
@@ -445,8 +445,6 @@ class EtcdRegistry:
         delay = _RETRY_MIN
         while not self._closed:
             client = self._connect()
-            if not self._reach.reachable:
-                self._mirror.settle_until = self._mirror.monotonic() + SETTLE
             try:
                 await self._resync(client)
                 watch = await client.watch_prefix(self._keys.prefix, start_revision=self._mirror.applied + 1)
@@ -512,11 +510,19 @@ class EtcdRegistry:
         """Relist when asked to, or when etcd is behind what we saw (it lost its data); else resume."""
         if not self._relist:
             probe = await client.get_prefix(self._keys.prefix + b"\x00")
+            self._answered()
             if probe.header.revision >= self._mirror.applied:
                 return
             logger.warning("etcd at %s restarted without its data; relisting %s", self.address, self.prefix)
-        await self._mirror.apply_listing(await client.get_prefix(self._keys.prefix))
+        listing = await client.get_prefix(self._keys.prefix)
+        self._answered()
+        await self._mirror.apply_listing(listing)
         self._relist = False
+
+    def _answered(self) -> None:
+        """etcd answered: if that ends an outage, the mirror holds the deletions that follow at once (SETTLE)."""
+        if not self._reach.reachable:
+            self._mirror.outage_over()
 
     def _preload(self) -> None:
         """Load the current state now, blocking (on a thread of its own: works inside a running loop too)."""

@@ -31,6 +31,10 @@ from reach_plugins.registry.memory import MemoryRegistry, check_filed
 logger = logging.getLogger(__name__)
 
 _BEAT_FIELDS: Final = ("heartbeat_seq", "last_heartbeat", "load", "status")
+SETTLE_WINDOW: Final = 1.0
+"""Seconds after etcd first answers again after an outage in which deletions are read as the hang's revocations
+(resuming from a hang, etcd revokes at once the leases that ran out; after a restart it renews every lease for
+its TTL, at least 2 s, so a dead process's key goes later than this and is dropped as usual)."""
 SETTLE: Final = 2.0
 """Seconds an instance whose key is deleted just after an outage stays routable. etcd resuming from a hang revokes
 at once every lease that ran out meanwhile, though the processes holding them live on; they write their keys again
@@ -140,6 +144,10 @@ class EtcdMirror:
                 await self._put_instance(record, int(kv.lease))
         self.applied = max(self.applied, int(kv.mod_revision))
         self._wake_writers()
+
+    def outage_over(self) -> None:
+        """etcd answers again after an outage: ready instances deleted within SETTLE_WINDOW linger (see SETTLE)."""
+        self.settle_until = self.monotonic() + SETTLE_WINDOW
 
     async def expire(self) -> None:
         """Drop the lingering instances whose key did not come back within SETTLE."""
