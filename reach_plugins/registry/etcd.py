@@ -125,7 +125,7 @@ class EtcdRegistry:
         self._cache = self._mirror.cache
         self._reach = Reachability()
         """When the watch was lost: heartbeat age does not count then (fail static, DESIGN 11.3)."""
-        self._contact = 0.0
+        self._contact = self.clock()
         """When etcd last answered (registry clock): an outage found later is dated from here."""
         self._client: Any = None
         self._lease_id: int | None = None
@@ -307,7 +307,7 @@ class EtcdRegistry:
         (grpc and aetcd give no such promise) is logged and left behind, never waited on forever.
         """
         self._closed = True
-        tasks = [task for task in (self._keepalive_task, self._watch_task) if task is not None]
+        tasks = [task for task in (self._keepalive_task, self._watch_task, self._restoring) if task is not None]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -316,7 +316,7 @@ class EtcdRegistry:
                 logger.warning(
                     "etcd registry %s: %d task(s) did not stop within %gs", self.address, len(stuck), self.timeout
                 )
-        self._keepalive_task = self._watch_task = None
+        self._keepalive_task = self._watch_task = self._restoring = None
         client, self._client = self._client, None
         if client is not None:
             if self._lease_id is not None:
