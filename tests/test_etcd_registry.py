@@ -277,7 +277,7 @@ async def test_heartbeat_age_is_counted_by_the_reader_not_the_writers_clock(
     skewed.now = clock.now + skew
     writer, reader = await open_etcd(skewed), await open_etcd(clock)
     await writer.register_agent(agent("orders", "query_order"))
-    await writer.register_instance(tracked("orders", "o-1", skewed))
+    await writer.register_instance(tracked("orders", "o-1", skewed, endpoint="http://127.0.0.1:9"))
     await until_true(lambda: "o-1" in reader.instances("orders"), 5.0)
     assert reader.is_alive(reader.instances("orders")["o-1"], clock.now)
     clock.advance(29)
@@ -300,7 +300,7 @@ async def test_a_revoked_lease_is_replaced_and_its_instances_written_again(
     writer = await open_etcd(clock)
     await writer.register_agent(agent("orders", "query_order"))
     for instance_id in ("o-1", "o-2"):
-        await writer.register_instance(tracked("orders", instance_id, clock))
+        await writer.register_instance(tracked("orders", instance_id, clock, endpoint="http://127.0.0.1:9"))
     keys = {i: f"{prefix}instances/orders/{i}".encode() for i in ("o-1", "o-2")}
     first = await raw.get(keys["o-1"])
     assert first is not None and first.lease
