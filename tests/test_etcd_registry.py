@@ -313,8 +313,9 @@ async def test_a_revoked_lease_is_replaced_and_its_instances_written_again(
     await until_async(rewritten, 5.0)
     await raw.delete(keys["o-2"])
     await until_true(lambda: "o-2" not in writer.instances("orders"), 5.0)
-    assert writer._restoring is not None
-    await writer._restoring
+    restoring = writer._lease._restoring
+    assert restoring is not None
+    await restoring
     assert await raw.get(keys["o-2"]) is None
     assert set(writer.instances("orders")) == {"o-1"}
     await writer.aclose()

@@ -53,6 +53,7 @@ from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent, default_clock
 from reach_plugins.registry.etcd_access import URL_OPTIONS as ACCESS_OPTIONS
 from reach_plugins.registry.etcd_access import EtcdAccess
+from reach_plugins.registry.etcd_lease import OwnLease
 from reach_plugins.registry.etcd_mirror import EtcdMirror, Keys
 from reach_plugins.registry.failstatic import Reachability
 
@@ -128,16 +129,12 @@ class EtcdRegistry:
         self._contact = self.clock()
         """When etcd last answered (registry clock): an outage found later is dated from here."""
         self._client: Any = None
-        self._lease_id: int | None = None
+        self._lease = OwnLease(
+            ttl=lease_ttl, where=self.address, grant=self._grant, refresh=self._refresh, rewrite=self._rewrite
+        )
         self._relist = True
         self._watching = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
-        self._keepalive_task: asyncio.Task[None] | None = None
-        self._own: dict[tuple[str, str], Instance] = {}
-        """The instances this registry wrote (last record each): written again if etcd revokes their lease."""
-        self._gone: dict[tuple[str, str], int] = {}
-        """Own instance keys seen deleted, with the lease each was under then."""
-        self._restoring: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -205,8 +202,7 @@ class EtcdRegistry:
 
     async def deregister_agent(self, name: str) -> None:
         """Delete the agent and every instance key under it, atomically."""
-        for key in [key for key in self._own if key[0] == name]:
-            del self._own[key]
+        self._lease.forget(name)
         client = await self._ready()
         instances = self._keys.instances_of(name)
         ops = [
@@ -225,22 +221,22 @@ class EtcdRegistry:
         revision = None
         if instance.agent in self._cache.agents():
             try:
-                revision = await self._put_if_exists(guard, key, instance, await self._lease())
+                revision = await self._put_if_exists(guard, key, instance, await self._lease.get())
             except BackendUnavailable as exc:
                 if "lease not found" not in str(exc):
                     raise
-                self._lease_id = None
-                revision = await self._put_if_exists(guard, key, instance, await self._lease())
+                self._lease.id = None
+                revision = await self._put_if_exists(guard, key, instance, await self._lease.get())
         if revision is None:
             raise RequestError(
                 f"cannot register instance {instance.instance_id!r}: agent {instance.agent!r} is not registered; "
                 "register the agent first"
             )
-        self._own[instance.agent, instance.instance_id] = instance
+        self._lease.wrote(instance, new=True)
         await self._caught_up(revision)
 
     async def deregister_instance(self, agent: str, instance_id: str) -> None:
-        self._own.pop((agent, instance_id), None)
+        self._lease.forget(agent, instance_id)
         client = await self._ready()
         deleted = await self._call("deregister an instance", client.delete(self._keys.instance(agent, instance_id)))
         if deleted is not None:
@@ -279,8 +275,7 @@ class EtcdRegistry:
         revision = await self._put_if_exists(key, key, record, lease)
         if revision is None:
             raise RequestError(unknown)
-        if (agent, instance_id) in self._own:
-            self._own[agent, instance_id] = record
+        self._lease.wrote(record, new=False)
         await self._caught_up(revision)
 
     # ------------------------------------------------------------------ lifecycle
@@ -307,28 +302,29 @@ class EtcdRegistry:
         (grpc and aetcd give no such promise) is logged and left behind, never waited on forever.
         """
         self._closed = True
-        tasks = [task for task in (self._keepalive_task, self._watch_task, self._restoring) if task is not None]
-        for task in tasks:
-            task.cancel()
+        tasks = self._lease.stop()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            tasks.append(self._watch_task)
         if tasks:
             _, stuck = await asyncio.wait(tasks, timeout=self.timeout)
             if stuck:
                 logger.warning(
                     "etcd registry %s: %d task(s) did not stop within %gs", self.address, len(stuck), self.timeout
                 )
-        self._keepalive_task = self._watch_task = self._restoring = None
+        self._watch_task = None
         client, self._client = self._client, None
         if client is not None:
-            if self._lease_id is not None:
+            if self._lease.id is not None:
                 with contextlib.suppress(BackendUnavailable):
                     await self._call(
-                        "revoke the lease", asyncio.wait_for(client.revoke_lease(self._lease_id), self.timeout)
+                        "revoke the lease", asyncio.wait_for(client.revoke_lease(self._lease.id), self.timeout)
                     )
             try:
                 await asyncio.wait_for(client.close(), self.timeout)
             except TimeoutError:
                 logger.warning("etcd registry %s: the channel did not close within %gs", self.address, self.timeout)
-        self._lease_id = None
+        self._lease.id = None
         await self._cache.aclose()
 
     # ------------------------------------------------------------------ etcd calls
@@ -363,67 +359,16 @@ class EtcdRegistry:
         )
         return int(replies[0].response_put.header.revision) if ok else None
 
-    async def _lease(self) -> int:
-        """This registry's lease, granted on first use and kept alive every TTL/3 from then on."""
-        if self._lease_id is None:
-            lease = await self._call("grant a lease", self._connect().lease(self.lease_ttl))
-            self._lease_id = int(lease.id)
-        if self._keepalive_task is None:
-            self._keepalive_task = asyncio.create_task(self._keep_alive(), name=f"reach-etcd-lease {self.address}")
-        return self._lease_id
+    async def _grant(self) -> int:
+        return int((await self._call("grant a lease", self._connect().lease(self.lease_ttl))).id)
 
-    async def _keep_alive(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_ttl / 3)
-            if self._lease_id is None:
-                continue
-            try:
-                reply = await self._call("keep the lease alive", self._connect().refresh_lease(self._lease_id))
-            except BackendUnavailable as exc:
-                logger.warning("%s; this process's instances expire %ds after the last success", exc, self.lease_ttl)
-                continue
-            if reply is None or reply.TTL <= 0:
-                logger.warning("etcd lease at %s expired: this process's instances are written again", self.address)
-                self._lease_id = None
-                self._restore_soon()
+    async def _refresh(self, lease: int) -> int:
+        reply = await self._call("keep the lease alive", self._connect().refresh_lease(lease))
+        return 0 if reply is None else int(reply.TTL)
 
-    def _restore_soon(self) -> None:
-        if self._own and (self._restoring is None or self._restoring.done()):
-            self._restoring = asyncio.create_task(self._restore(), name=f"reach-etcd-restore {self.address}")
-
-    async def _restore(self) -> None:
-        """Write this registry's instances again under a new lease once etcd revoked the old one.
-
-        etcd resuming from a hang longer than the TTL revokes every lease that ran out, though the processes holding
-        them live on: their instances come back at once (routers hold them meanwhile, ``etcd_mirror.SETTLE``). A key
-        deleted while the lease lives was removed on purpose (an operator's eviction) and stays gone.
-        """
-        while True:
-            gone, self._gone = self._gone, {}
-            try:
-                await self._restore_once(gone)
-            except BackendUnavailable as exc:
-                logger.warning("%s; the instances register again on their next heartbeat", exc)
-                return
-            if not self._gone:
-                return
-
-    async def _restore_once(self, gone: dict[tuple[str, str], int]) -> None:
-        if self._lease_id is not None:
-            reply = await self._call("check the lease", self._connect().refresh_lease(self._lease_id))
-            if reply is not None and reply.TTL > 0:
-                for removed in [key for key, lease in gone.items() if lease == self._lease_id]:
-                    self._own.pop(removed, None)  # deleted under the live lease: on purpose
-                return
-            self._lease_id = None
-        lease = await self._lease()
-        for (agent, instance_id), record in list(self._own.items()):
-            key = self._keys.instance(agent, instance_id)
-            if await self._put_if_exists(self._keys.agent(agent), key, record, lease) is None:
-                self._own.pop((agent, instance_id), None)
-        logger.warning(
-            "etcd at %s revoked this process's lease: %d instance(s) written again", self.address, len(self._own)
-        )
+    async def _rewrite(self, instance: Instance, lease: int) -> bool:
+        key = self._keys.instance(instance.agent, instance.instance_id)
+        return await self._put_if_exists(self._keys.agent(instance.agent), key, instance, lease) is not None
 
     async def _caught_up(self, revision: int) -> None:
         """Wait until the watch has applied our own write (bounded: a lagging watch only logs)."""
@@ -499,12 +444,10 @@ class EtcdRegistry:
         async for event in watch:
             self._contact = self.clock()
             parsed = self._keys.parse(event.kv.key) if event.kind == "DELETE" else None
-            own = None if parsed is None or parsed[1] is None else (parsed[0], parsed[1])
-            if own in self._own:
-                self._gone[own] = self._mirror.lease_of(*own)
+            lease = 0 if parsed is None or parsed[1] is None else self._mirror.lease_of(parsed[0], parsed[1])
             await self._mirror.apply_event(event)
-            if own in self._own:
-                self._restore_soon()
+            if parsed is not None and parsed[1] is not None:
+                self._lease.deleted(parsed[0], parsed[1], lease)
 
     async def _resync(self, client: Any) -> None:
         """Relist when asked to, or when etcd is behind what we saw (it lost its data); else resume."""
