@@ -56,6 +56,7 @@ from reach_plugins.registry.etcd_access import EtcdAccess
 from reach_plugins.registry.etcd_lease import OwnLease
 from reach_plugins.registry.etcd_mirror import EtcdMirror, Keys
 from reach_plugins.registry.failstatic import Reachability
+from reach_plugins.registry.memory import check_filed
 
 try:
     from aetcd import transactions as etcd_txn
@@ -194,6 +195,7 @@ class EtcdRegistry:
     # ------------------------------------------------------------------ writes
 
     async def register_agent(self, descriptor: AgentDescriptor) -> None:
+        check_filed(descriptor)
         self.endpoints.admit((i.endpoint for i in descriptor.static_instances()), f"agent {descriptor.name!r}")
         client = await self._ready()
         key = self._keys.agent(descriptor.name)
