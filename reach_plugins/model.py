@@ -434,6 +434,8 @@ class RouteDecision(BaseModel):
     context_restore: bool = False
     degraded: bool = False
     elapsed_us: float = 0.0
+    outliers: dict[str, str] = Field(default_factory=dict)
+    """Candidates judged outliers against their peers (``agent/instance`` -> why): a cut weight, or ejected."""
 
 
 class Attempt(BaseModel):

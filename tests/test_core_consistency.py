@@ -33,11 +33,11 @@ def test_low_rate_ejects_then_a_probe_restores_or_doubles() -> None:
     monitor.record("orders", "o1", POLICY, 0.0, now=1.0)  # 2 of 4 low: 50 %
     assert monitor.state("orders", "o1") == "ejected" and not monitor.available("orders", "o1", 5.9)
     assert monitor.available("orders", "o1", 6.0) and monitor.state("orders", "o1") == "probing"
-    monitor.sent("orders", "o1")
+    monitor.sent("orders", "o1", 6.0)
     assert not monitor.available("orders", "o1", 6.0), "only one probe at a time"
     monitor.record("orders", "o1", POLICY, 0.0, now=6.1)  # a bad probe: ejected for 10 s now
     assert not monitor.available("orders", "o1", 16.0) and monitor.available("orders", "o1", 16.2)
-    monitor.sent("orders", "o1")
+    monitor.sent("orders", "o1", 16.2)
     monitor.record("orders", "o1", POLICY, 0.8, now=16.3)
     assert monitor.state("orders", "o1") == "healthy" and monitor.available("orders", "o1", 16.3)
     assert [m.after for m in moves] == ["ejected", "probing", "ejected", "probing", "healthy"]
@@ -53,7 +53,7 @@ def test_ejection_time_is_capped_and_instances_are_independent() -> None:
     for _ in range(5):
         now += 100.0
         assert monitor.available("orders", "o1", now)
-        monitor.sent("orders", "o1")
+        monitor.sent("orders", "o1", now)
         monitor.record("orders", "o1", POLICY, 0.0, now=now)
     assert not monitor.available("orders", "o1", now + 19.9) and monitor.available("orders", "o1", now + 20.0)
     assert monitor.state("orders", "o2") == "healthy" and monitor.available("orders", "o2", now)

@@ -40,6 +40,7 @@ from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
 from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
+from reach_plugins.policy.outliers import Standing
 from reach_plugins.policy.validation import check_payload
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
@@ -141,9 +142,15 @@ class Pipeline:
         if breaker is not None and not breaker.is_closed and not breaker.available(self._clock.monotonic()):
             return False
         consistency = engine.consistency
+        if not engine.outliers.available(agent, instance_id, self._clock.monotonic()):
+            return False
         return consistency.healthy(agent, instance_id) or consistency.available(
             agent, instance_id, self._clock.monotonic()
         )
+
+    def standing(self, agent: str, instance_id: str) -> Standing:
+        """The share of its routing weight the instance keeps against its peers, and why (the router's outlier port)."""
+        return self._engine.outliers.standing(agent, instance_id, self._clock.monotonic())
 
     async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
         """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""

@@ -17,6 +17,7 @@ from reach_plugins.client.broadcast import Aggregate, AgreeKey, BroadcastResult,
 from reach_plugins.config.loader import TenantConfig, resolve_credential
 from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
+from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
 from reach_plugins.routing.pinning import TargetedRouter
@@ -132,6 +133,7 @@ class ReachClient:
             self.registry,
             tenants=self.tenants,
             is_available=self._available,
+            standing=self._standing,
             clock=clock,
             rng=rng,
         )
@@ -154,6 +156,10 @@ class ReachClient:
         return self.pipeline.is_available(agent, instance_id) and (
             probes is None or probes.available(agent, instance_id)
         )
+
+    def _standing(self, agent: str, instance_id: str) -> Standing:
+        """The router's outlier port: the instance's share of its weight against its peers (the pipeline judges)."""
+        return self.pipeline.standing(agent, instance_id)
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         config = self.tenants.get(tenant) if self.tenants is not None and tenant is not None else None

@@ -1,0 +1,243 @@
+"""Outlier detection: find the instance that is slower or failing more than its peers, before callers pay for it.
+
+A breaker opens on an instance's own failure rate over a window; an instance
+that still answers, only seconds late, keeps its share of calls until the
+window fills (issue 25: a +2-5 s instance kept 33 % of the calls for ~13 s).
+Here each instance of an agent keeps an EWMA of its attempts' latency (a
+timeout counts as the time it took: a lower bound) and of its failures, and is
+judged against its peers, the agent's other instances (Envoy's outlier
+detection, with a latency variant). An instance is an outlier when
+
+* slow: its latency EWMA is at least ``slow_ratio`` times its peers' median,
+  at least ``min_excess`` seconds above it, and ``min_z`` robust z-scores
+  above it (the spread is 1.4826 x the peers' median absolute deviation); or
+* failing: its failure EWMA is at least ``failure_rate`` while its peers'
+  median is under half of that (Envoy's failure percentage, relative).
+
+An outlier's routing weight shrinks at once (to ``peers' median / its
+latency``, never below ``min_share``); after ``eject_after`` outlier verdicts
+in a row it is ejected, like an open breaker, and then given a probation:
+
+============  ==========================================  ===========================================
+state         event                                       next
+============  ==========================================  ===========================================
+healthy       an outlier verdict                          slow (weight reduced)
+slow          ``eject_after`` verdicts in a row, room to   ejected for ``eject_for * 2**(n-1)``, capped
+              eject (``max_ejected``, never all)
+slow          a verdict in line with its peers            healthy (full weight)
+ejected       the ejection ends                           probation (``probation_share``, fresh stats)
+probation     ``min_samples`` in line with its peers      healthy (``n`` back to 0)
+probation     an outlier verdict                          ejected (``n + 1``: twice as long)
+============  ==========================================  ===========================================
+
+An agent never has more than ``max_ejected`` of its instances ejected at once
+(at least one may be), and never all of them. Sans-IO: the time is an
+argument (monotonic seconds); the attempt engine feeds it, the router reads
+:meth:`OutlierDetector.standing`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from statistics import median
+from typing import ClassVar, Literal
+
+from reach_plugins.errors import ConfigError
+
+State = Literal["healthy", "slow", "ejected", "probation"]
+Standing = tuple[float, str | None]
+"""The share of its routing weight an instance keeps (1.0 in line, 0.0 ejected) and why, when below 1.0."""
+
+_SPREAD = 1.4826
+"""Scales a median absolute deviation to a standard deviation (normal data)."""
+_IN_LINE: Standing = (1.0, None)
+_PREFIX = "outlier "
+"""Every why of this module starts so: :func:`is_outlier` tells its reasons from a breaker's or a probe's."""
+
+
+def is_outlier(why: str) -> bool:
+    """Whether a routing reason is this detector's (a cut weight, a probation, an ejection)."""
+    return why.startswith(_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierPolicy:
+    """When an instance counts as an outlier among its peers, and what follows (defaults find +2 s in seconds)."""
+
+    min_samples: int = 3
+    """Attempts since the last reset before an instance is judged."""
+    alpha: float = 0.3
+    """Weight of the newest attempt in each EWMA."""
+    slow_ratio: float = 2.0
+    min_excess: float = 0.1
+    min_z: float = 3.0
+    failure_rate: float = 0.5
+    eject_after: int = 3
+    eject_for: float = 5.0
+    max_eject: float = 300.0
+    max_ejected: float = 0.5
+    min_share: float = 0.05
+    probation_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.min_samples < 1 or self.eject_after < 1:
+            raise ConfigError(
+                f"min_samples and eject_after must be >= 1, got {self.min_samples} and {self.eject_after}"
+            )
+        if not (0 < self.alpha <= 1 and 0 < self.max_ejected <= 1 and 0 < self.failure_rate <= 1):
+            raise ConfigError(
+                "alpha, max_ejected and failure_rate are fractions in (0, 1], "
+                f"got {self.alpha}, {self.max_ejected} and {self.failure_rate}"
+            )
+        if not (0 < self.min_share <= 1 and 0 < self.probation_share <= 1):
+            raise ConfigError(
+                f"min_share and probation_share are fractions in (0, 1], got {self.min_share}, {self.probation_share}"
+            )
+        if self.slow_ratio <= 1 or self.eject_for <= 0 or self.max_eject < self.eject_for:
+            raise ConfigError(
+                "slow_ratio must be > 1 and 0 < eject_for <= max_eject, "
+                f"got {self.slow_ratio}, {self.eject_for} and {self.max_eject}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierTransition:
+    """One instance changed state, and why (for the trace, the log and metrics)."""
+
+    kind: ClassVar[str] = "outlier"
+    agent: str
+    instance: str
+    before: State
+    after: State
+    at: float
+    reason: str
+
+
+@dataclass(slots=True)
+class _Track:
+    latency: float = 0.0
+    failures: float = 0.0
+    samples: int = 0
+    strikes: int = 0
+    state: State = "healthy"
+    until: float = 0.0
+    ejections: int = 0
+    share: float = 1.0
+    why: str | None = None
+
+
+@dataclass(slots=True)
+class OutlierDetector:
+    """Per agent, each instance's latency and failure trends against its peers; which are slowed or ejected now."""
+
+    policy: OutlierPolicy = field(default_factory=OutlierPolicy)
+    listener: Callable[[OutlierTransition], None] | None = None
+    _agents: dict[str, dict[str, _Track]] = field(default_factory=dict)
+    _flagged: int = 0
+    """Instances not plainly healthy: zero is the fast path of :meth:`standing`."""
+
+    def standing(self, agent: str, instance: str, now: float) -> Standing:
+        """The share of its weight the instance keeps now and why (``(0.0, why)`` while ejected)."""
+        if not self._flagged:
+            return _IN_LINE
+        track = self._agents.get(agent, {}).get(instance)
+        if track is None or track.state == "healthy":
+            return _IN_LINE
+        self._expire(agent, instance, track, now)
+        return (track.share, track.why)
+
+    def available(self, agent: str, instance: str, now: float) -> bool:
+        """Whether routing may send to the instance (not ejected)."""
+        return self.standing(agent, instance, now)[0] > 0.0
+
+    def state(self, agent: str, instance: str) -> State:
+        track = self._agents.get(agent, {}).get(instance)
+        return "healthy" if track is None else track.state
+
+    def record(self, agent: str, instance: str, *, latency: float, failure: bool, now: float) -> None:
+        """One finished attempt: its duration in seconds (a timeout's too) and whether the instance failed it."""
+        peers = self._agents.setdefault(agent, {})
+        track = peers.get(instance)
+        if track is None:
+            track = peers[instance] = _Track()
+        self._expire(agent, instance, track, now)
+        if track.state == "ejected":
+            return  # a late answer from before the ejection: the probation judges it afresh
+        alpha = self.policy.alpha
+        if track.samples == 0:
+            track.latency, track.failures = latency, float(failure)
+        else:
+            track.latency += alpha * (latency - track.latency)
+            track.failures += alpha * (float(failure) - track.failures)
+        track.samples += 1
+        if track.samples >= self.policy.min_samples:
+            self._judge(agent, instance, track, peers, now)
+
+    def _judge(self, agent: str, instance: str, track: _Track, peers: dict[str, _Track], now: float) -> None:
+        policy = self.policy
+        judged = [
+            other
+            for name, other in peers.items()
+            if name != instance and other.samples >= policy.min_samples and other.state in ("healthy", "slow")
+        ]
+        if not judged:
+            return
+        found = self._verdict(track, judged)
+        if found is None:
+            track.strikes = 0
+            if track.state != "healthy":
+                if track.state == "probation":
+                    track.ejections = 0
+                track.share, track.why = 1.0, None
+                self._move(agent, instance, track, "healthy", now, "in line with its peers again")
+            return
+        why, share = found
+        track.strikes += 1
+        ejected = sum(1 for other in peers.values() if other.state == "ejected")
+        room = ejected < max(1, math.floor(policy.max_ejected * len(peers))) and ejected + 1 < len(peers)
+        if room and (track.state == "probation" or track.strikes >= policy.eject_after):
+            track.ejections += 1
+            length = min(policy.max_eject, policy.eject_for * 2 ** (track.ejections - 1))
+            track.until, track.share = now + length, 0.0
+            track.why = f"{_PREFIX}ejected for {length:g}s: {why}"
+            self._move(agent, instance, track, "ejected", now, track.why)
+        elif track.state != "probation":
+            track.share, track.why = share, f"{_PREFIX}at {share:.0%} of its weight: {why}"
+            if track.state != "slow":
+                self._move(agent, instance, track, "slow", now, track.why)
+
+    def _verdict(self, track: _Track, peers: list[_Track]) -> tuple[str, float] | None:
+        """Why ``track`` is an outlier among ``peers`` and the share of weight it keeps, or ``None``."""
+        policy = self.policy
+        latencies = [peer.latency for peer in peers]
+        middle = median(latencies)
+        spread = max(_SPREAD * median(abs(value - middle) for value in latencies), 0.05 * middle, 0.001)
+        excess = track.latency - middle
+        if (
+            track.latency >= policy.slow_ratio * middle
+            and excess >= policy.min_excess
+            and excess / spread >= policy.min_z
+        ):
+            share = max(policy.min_share, middle / track.latency)
+            return f"latency {track.latency:.3g}s against its peers' median {middle:.3g}s", share
+        usual = median(peer.failures for peer in peers)
+        if track.failures >= policy.failure_rate and usual < policy.failure_rate / 2:
+            share = max(policy.min_share, 1.0 - track.failures)
+            return f"failure rate {track.failures:.0%} against its peers' median {usual:.0%}", share
+        return None
+
+    def _expire(self, agent: str, instance: str, track: _Track, now: float) -> None:
+        """An ejection whose time is up ends in probation: fresh statistics, a small share of the calls."""
+        if track.state == "ejected" and now >= track.until:
+            track.samples = track.strikes = 0
+            share = self.policy.probation_share
+            track.share, track.why = share, f"{_PREFIX}on probation at {share:.0%} of its weight after an ejection"
+            self._move(agent, instance, track, "probation", now, "the ejection ended")
+
+    def _move(self, agent: str, instance: str, track: _Track, after: State, now: float, reason: str) -> None:
+        before, track.state = track.state, after
+        self._flagged += (after != "healthy") - (before != "healthy")
+        if self.listener is not None:
+            self.listener(OutlierTransition(agent, instance, before, after, now, reason))
