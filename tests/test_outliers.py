@@ -18,7 +18,7 @@ from reach_plugins.routing import Router
 from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport
 
-FAST, SLOW = 0.05, 2.0
+FAST, MILD, SLOW = 0.05, 0.2, 2.0
 
 
 def feed(detector: OutlierDetector, now: float, latencies: dict[str, float], *, failed: set[str] = frozenset()) -> None:  # type: ignore[assignment]
@@ -27,19 +27,19 @@ def feed(detector: OutlierDetector, now: float, latencies: dict[str, float], *, 
         detector.record("orders", instance, latency=latency, failure=instance in failed, now=now)
 
 
-def test_a_slow_instance_is_cut_then_ejected_probed_and_restored() -> None:
-    """min_samples in: weight cut; eject_after verdicts: ejected 5 s; probation; in line again: healthy, n reset."""
+def test_a_mildly_slow_instance_is_cut_then_ejected_probed_and_restored() -> None:
+    """4x its peers: min_samples in, weight cut; eject_after verdicts, ejected 5 s; probation; in line: healthy."""
     moves: list[OutlierTransition] = []
     detector = OutlierDetector(listener=moves.append)
     for n in range(2):
-        feed(detector, n, {"o1": FAST, "o2": FAST, "o3": SLOW})
+        feed(detector, n, {"o1": FAST, "o2": FAST, "o3": MILD})
     assert detector.standing("orders", "o3", 2) == (1.0, None), "two samples are not enough to judge"
-    feed(detector, 2, {"o1": FAST, "o2": FAST, "o3": SLOW})
+    feed(detector, 2, {"o1": FAST, "o2": FAST, "o3": MILD})
     share, why = detector.standing("orders", "o3", 2)
-    assert share == max(0.05, FAST / SLOW) and why is not None and "latency 2s" in why and "0.05s" in why
+    assert share == pytest.approx(FAST / MILD) and why is not None and "latency 0.2s" in why and "0.05s" in why
     assert detector.standing("orders", "o1", 2) == (1.0, None)
     for n in (3, 4):
-        feed(detector, n, {"o1": FAST, "o2": FAST, "o3": SLOW})
+        feed(detector, n, {"o1": FAST, "o2": FAST, "o3": MILD})
     assert detector.state("orders", "o3") == "ejected" and not detector.available("orders", "o3", 8.9)
     assert detector.standing("orders", "o3", 8.9)[1] == moves[-1].reason
     assert "ejected for 5s: latency" in moves[-1].reason
@@ -49,6 +49,14 @@ def test_a_slow_instance_is_cut_then_ejected_probed_and_restored() -> None:
         feed(detector, 9 + n, {"o1": FAST, "o3": FAST})
     assert detector.standing("orders", "o3", 12) == (1.0, None)
     assert [m.after for m in moves] == ["slow", "ejected", "probation", "healthy"]
+
+
+def test_a_severely_slow_instance_is_ejected_at_its_first_verdict() -> None:
+    """40x its peers (eject_ratio 5): no cut-weight stage that would only slow the evidence down."""
+    detector = OutlierDetector()
+    for n in range(3):
+        feed(detector, n, {"o1": FAST, "o2": FAST, "o3": SLOW})
+    assert detector.state("orders", "o3") == "ejected"
 
 
 def test_a_probation_that_is_still_slow_ejects_twice_as_long() -> None:
@@ -106,7 +114,14 @@ def test_a_lone_instance_is_never_judged() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"min_samples": 0}, {"alpha": 0.0}, {"max_ejected": 1.5}, {"slow_ratio": 1.0}, {"eject_for": 10, "max_eject": 5}],
+    [
+        {"min_samples": 0},
+        {"alpha": 0.0},
+        {"max_ejected": 1.5},
+        {"slow_ratio": 1.0},
+        {"eject_ratio": 1.5},
+        {"eject_for": 10, "max_eject": 5},
+    ],
 )
 def test_a_bad_policy_is_refused_with_what_to_fix(bad: dict[str, float]) -> None:
     """Each out-of-range setting is a ConfigError naming it."""

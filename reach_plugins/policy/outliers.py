@@ -14,16 +14,19 @@ detection, with a latency variant). An instance is an outlier when
 * failing: its failure EWMA is at least ``failure_rate`` while its peers'
   median is under half of that (Envoy's failure percentage, relative).
 
-An outlier's routing weight shrinks at once (to ``peers' median / its
-latency``, never below ``min_share``); after ``eject_after`` outlier verdicts
-in a row it is ejected, like an open breaker, and then given a probation:
+A mildly slow outlier's routing weight shrinks at once (to ``peers' median /
+its latency``, never below ``min_share``) and it is ejected, like an open
+breaker, after ``eject_after`` outlier verdicts in a row; a severe one (at
+least ``eject_ratio`` times the median, or failing) is ejected at its first
+verdict: a cut weight would only slow the evidence down. Then a probation:
 
 ============  ==========================================  ===========================================
 state         event                                       next
 ============  ==========================================  ===========================================
 healthy       an outlier verdict                          slow (weight reduced)
-slow          ``eject_after`` verdicts in a row, room to   ejected for ``eject_for * 2**(n-1)``, capped
-              eject (``max_ejected``, never all)
+slow          ``eject_after`` verdicts in a row (a severe  ejected for ``eject_for * 2**(n-1)``, capped
+              one: the first), room to eject
+              (``max_ejected``, never all)
 slow          a verdict in line with its peers            healthy (full weight)
 ejected       the ejection ends                           probation (``probation_share``, fresh stats)
 probation     ``min_samples`` in line with its peers      healthy (``n`` back to 0)
@@ -71,6 +74,8 @@ class OutlierPolicy:
     alpha: float = 0.3
     """Weight of the newest attempt in each EWMA."""
     slow_ratio: float = 2.0
+    eject_ratio: float = 5.0
+    """At this many times the peers' median (or failing) an outlier is ejected at its first verdict."""
     min_excess: float = 0.1
     min_z: float = 3.0
     failure_rate: float = 0.5
@@ -95,10 +100,10 @@ class OutlierPolicy:
             raise ConfigError(
                 f"min_share and probation_share are fractions in (0, 1], got {self.min_share}, {self.probation_share}"
             )
-        if self.slow_ratio <= 1 or self.eject_for <= 0 or self.max_eject < self.eject_for:
+        if not 1 < self.slow_ratio <= self.eject_ratio or self.eject_for <= 0 or self.max_eject < self.eject_for:
             raise ConfigError(
-                "slow_ratio must be > 1 and 0 < eject_for <= max_eject, "
-                f"got {self.slow_ratio}, {self.eject_for} and {self.max_eject}"
+                "1 < slow_ratio <= eject_ratio and 0 < eject_for <= max_eject are needed, "
+                f"got {self.slow_ratio}, {self.eject_ratio}, {self.eject_for} and {self.max_eject}"
             )
 
 
@@ -193,11 +198,11 @@ class OutlierDetector:
                 track.share, track.why = 1.0, None
                 self._move(agent, instance, track, "healthy", now, "in line with its peers again")
             return
-        why, share = found
+        why, share, severe = found
         track.strikes += 1
         ejected = sum(1 for other in peers.values() if other.state == "ejected")
         room = ejected < max(1, math.floor(policy.max_ejected * len(peers))) and ejected + 1 < len(peers)
-        if room and (track.state == "probation" or track.strikes >= policy.eject_after):
+        if room and (severe or track.state == "probation" or track.strikes >= policy.eject_after):
             track.ejections += 1
             length = min(policy.max_eject, policy.eject_for * 2 ** (track.ejections - 1))
             track.until, track.share = now + length, 0.0
@@ -208,8 +213,8 @@ class OutlierDetector:
             if track.state != "slow":
                 self._move(agent, instance, track, "slow", now, track.why)
 
-    def _verdict(self, track: _Track, peers: list[_Track]) -> tuple[str, float] | None:
-        """Why ``track`` is an outlier among ``peers`` and the share of weight it keeps, or ``None``."""
+    def _verdict(self, track: _Track, peers: list[_Track]) -> tuple[str, float, bool] | None:
+        """Why ``track`` is an outlier among ``peers``, the share of weight it keeps and whether it is severe."""
         policy = self.policy
         latencies = [peer.latency for peer in peers]
         middle = median(latencies)
@@ -221,11 +226,11 @@ class OutlierDetector:
             and excess / spread >= policy.min_z
         ):
             share = max(policy.min_share, middle / track.latency)
-            return f"latency {track.latency:.3g}s against its peers' median {middle:.3g}s", share
+            severe = track.latency >= policy.eject_ratio * middle
+            return f"latency {track.latency:.3g}s against its peers' median {middle:.3g}s", share, severe
         usual = median(peer.failures for peer in peers)
         if track.failures >= policy.failure_rate and usual < policy.failure_rate / 2:
-            share = max(policy.min_share, 1.0 - track.failures)
-            return f"failure rate {track.failures:.0%} against its peers' median {usual:.0%}", share
+            return f"failure rate {track.failures:.0%} against its peers' median {usual:.0%}", policy.min_share, True
         return None
 
     def _expire(self, agent: str, instance: str, track: _Track, now: float) -> None:
