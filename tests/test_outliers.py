@@ -18,7 +18,9 @@ from reach_plugins.routing import Router
 from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport
 
-FAST, MILD, SLOW = 0.05, 0.2, 2.0
+FAST, MILD, SLOW = 0.1, 0.4, 2.0
+THREE = OutlierPolicy(min_samples=3)
+"""Judged from the third attempt on (the default waits for five): the counts below are easier to follow."""
 
 
 def feed(detector: OutlierDetector, now: float, latencies: dict[str, float], *, failed: set[str] = frozenset()) -> None:  # type: ignore[assignment]
@@ -30,13 +32,13 @@ def feed(detector: OutlierDetector, now: float, latencies: dict[str, float], *, 
 def test_a_mildly_slow_instance_is_cut_then_ejected_probed_and_restored() -> None:
     """4x its peers: min_samples in, weight cut; eject_after verdicts, ejected 5 s; probation; in line: healthy."""
     moves: list[OutlierTransition] = []
-    detector = OutlierDetector(listener=moves.append)
+    detector = OutlierDetector(THREE, listener=moves.append)
     for n in range(2):
         feed(detector, n, {"o1": FAST, "o2": FAST, "o3": MILD})
     assert detector.standing("orders", "o3", 2) == (1.0, None), "two samples are not enough to judge"
     feed(detector, 2, {"o1": FAST, "o2": FAST, "o3": MILD})
     share, why = detector.standing("orders", "o3", 2)
-    assert share == pytest.approx(FAST / MILD) and why is not None and "latency 0.2s" in why and "0.05s" in why
+    assert share == pytest.approx(FAST / MILD) and why is not None and "latency 0.4s" in why and "0.1s" in why
     assert detector.standing("orders", "o1", 2) == (1.0, None)
     for n in (3, 4):
         feed(detector, n, {"o1": FAST, "o2": FAST, "o3": MILD})
@@ -52,8 +54,8 @@ def test_a_mildly_slow_instance_is_cut_then_ejected_probed_and_restored() -> Non
 
 
 def test_a_severely_slow_instance_is_ejected_at_its_first_verdict() -> None:
-    """40x its peers (eject_ratio 5): no cut-weight stage that would only slow the evidence down."""
-    detector = OutlierDetector()
+    """20x its peers (eject_ratio 5): no cut-weight stage that would only slow the evidence down."""
+    detector = OutlierDetector(THREE)
     for n in range(3):
         feed(detector, n, {"o1": FAST, "o2": FAST, "o3": SLOW})
     assert detector.state("orders", "o3") == "ejected"
@@ -61,7 +63,7 @@ def test_a_severely_slow_instance_is_ejected_at_its_first_verdict() -> None:
 
 def test_a_probation_that_is_still_slow_ejects_twice_as_long() -> None:
     """Back from ejection and still slow: ejected again for 10 s at once (no strikes to wait for)."""
-    detector = OutlierDetector()
+    detector = OutlierDetector(THREE)
     for n in range(5):
         feed(detector, n, {"o1": FAST, "o2": FAST, "o3": SLOW})
     assert detector.available("orders", "o3", 9.0)
@@ -72,22 +74,22 @@ def test_a_probation_that_is_still_slow_ejects_twice_as_long() -> None:
 
 def test_never_more_than_max_ejected_and_never_all() -> None:
     """Of 5 instances 2 slow, max_ejected 20 %: one is ejected, the other keeps its cut weight and serves."""
-    detector = OutlierDetector(OutlierPolicy(max_ejected=0.2))
+    detector = OutlierDetector(OutlierPolicy(min_samples=3, max_ejected=0.2))
     for n in range(10):
         feed(detector, n * 0.1, {"o1": FAST, "o2": FAST, "o3": FAST, "o4": SLOW, "o5": SLOW})
     states = Counter(detector.state("orders", f"o{n}") for n in range(1, 6))
     assert states == {"ejected": 1, "slow": 1, "healthy": 3}
-    lone = OutlierDetector(OutlierPolicy(max_ejected=1.0))
-    for n in range(6):
-        feed(lone, n * 0.1, {"o1": SLOW, "o2": FAST})
-    for n in range(10):  # o2 turns slow and failing as well: with o1 ejected it has no peer to be judged by
-        feed(lone, 0.6 + n * 0.1, {"o2": SLOW}, failed={"o2"})
+    lone = OutlierDetector(OutlierPolicy(min_samples=3, max_ejected=1.0))
+    for n in range(3):
+        feed(lone, n * 0.1, {"o2": FAST, "o3": FAST, "o1": SLOW})
+    for n in range(10):  # o2 turns slow and failing: with o1 ejected, one peer is too few to judge it by
+        feed(lone, 0.3 + n * 0.1, {"o2": SLOW, "o3": FAST}, failed={"o2"})
     assert lone.state("orders", "o1") == "ejected" and lone.available("orders", "o2", 1.0)
 
 
 def test_a_failing_instance_is_found_by_its_failure_rate() -> None:
     """Prompt failures (latency in line) are caught by the failure percentage against the peers'."""
-    detector = OutlierDetector()
+    detector = OutlierDetector(THREE)
     for n in range(5):
         feed(detector, n, {"o1": FAST, "o2": FAST, "o3": FAST}, failed={"o3"})
     assert detector.state("orders", "o3") == "ejected"
@@ -104,12 +106,20 @@ def test_healthy_jitter_is_never_an_outlier() -> None:
     assert moves == []
 
 
-def test_a_lone_instance_is_never_judged() -> None:
-    """No peers, no verdict: one slow instance of its agent keeps its whole weight."""
-    detector = OutlierDetector()
+def test_too_few_or_stale_peers_judge_nobody() -> None:
+    """One peer is too few (two instances are left to the breakers); peers silent for stale_after do not count."""
+    detector = OutlierDetector(THREE)
     for n in range(10):
-        feed(detector, n, {"o1": SLOW}, failed={"o1"})
+        feed(detector, n, {"o1": SLOW, "o2": FAST}, failed={"o1"})
     assert detector.standing("orders", "o1", 10) == (1.0, None)
+    stale = OutlierDetector(THREE)
+    for n in range(5):
+        feed(stale, n, {"o2": FAST, "o3": FAST})
+    for n in range(10):
+        feed(stale, 40 + n, {"o1": SLOW})  # o2 and o3 last answered at 4: stale by 34
+    assert stale.standing("orders", "o1", 50) == (1.0, None)
+    feed(stale, 50, {"o2": FAST, "o3": FAST, "o1": SLOW})
+    assert stale.state("orders", "o1") == "ejected", "fresh peers again: judged"
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from reach_plugins.routing import Router
 from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.probes import Prober
 from reach_plugins.routing.route import Route
-from reach_plugins.routing.sharedpins import agree_on_pin
+from reach_plugins.routing.sharedpins import agree_on_pin, follow_failover
 from reach_plugins.security.caller import caller_transport
 from reach_plugins.stores.sessions import session_key
 from reach_plugins.stores.urls import open_sessions, open_store
@@ -231,9 +231,11 @@ class ReachClient:
             return await self.pipeline.run(request, trace=trace)
         conversation = session_key(request.tenant, request.session_id)
         await self.sessions.check(conversation)
-        await agree_on_pin(self.router, self.sessions, request)
+        agreed = await agree_on_pin(self.router, self.sessions, request)
         async with self.sessions.guard(conversation):
-            return await self.pipeline.run(request, trace=trace)
+            response = await self.pipeline.run(request, trace=trace, route=agreed)
+        await follow_failover(self.router, self.sessions, request, agreed, response)
+        return response
 
     async def reach(
         self,

@@ -5,8 +5,11 @@ that still answers, only seconds late, keeps its share of calls until the
 window fills (issue 25: a +2-5 s instance kept 33 % of the calls for ~13 s).
 Here each instance of an agent keeps an EWMA of its attempts' latency (a
 timeout counts as the time it took: a lower bound) and of its failures, and is
-judged against its peers, the agent's other instances (Envoy's outlier
-detection, with a latency variant). An instance is an outlier when
+judged against its peers, the agent's other instances with fresh figures
+(Envoy's outlier detection, with a latency variant); at least ``min_peers``
+of them are needed (Envoy asks for 5 hosts; two peers are enough to tell
+which one of three is off, and an agent of two instances is left to its
+breakers). An instance is an outlier when
 
 * slow: its latency EWMA is at least ``slow_ratio`` times its peers' median,
   at least ``min_excess`` seconds above it, and ``min_z`` robust z-scores
@@ -69,14 +72,17 @@ def is_outlier(why: str) -> bool:
 class OutlierPolicy:
     """When an instance counts as an outlier among its peers, and what follows (defaults find +2 s in seconds)."""
 
-    min_samples: int = 3
+    min_samples: int = 5
     """Attempts since the last reset before an instance is judged."""
+    min_peers: int = 2
+    """Peers with ``min_samples`` and a sample in the last ``stale_after`` seconds needed to judge an instance."""
+    stale_after: float = 30.0
     alpha: float = 0.3
     """Weight of the newest attempt in each EWMA."""
     slow_ratio: float = 2.0
     eject_ratio: float = 5.0
     """At this many times the peers' median (or failing) an outlier is ejected at its first verdict."""
-    min_excess: float = 0.1
+    min_excess: float = 0.25
     min_z: float = 3.0
     failure_rate: float = 0.5
     eject_after: int = 3
@@ -87,9 +93,10 @@ class OutlierPolicy:
     probation_share: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.min_samples < 1 or self.eject_after < 1:
+        if self.min_samples < 1 or self.eject_after < 1 or self.min_peers < 1 or self.stale_after <= 0:
             raise ConfigError(
-                f"min_samples and eject_after must be >= 1, got {self.min_samples} and {self.eject_after}"
+                "min_samples, eject_after and min_peers must be >= 1 and stale_after > 0, got "
+                f"{self.min_samples}, {self.eject_after}, {self.min_peers} and {self.stale_after}"
             )
         if not (0 < self.alpha <= 1 and 0 < self.max_ejected <= 1 and 0 < self.failure_rate <= 1):
             raise ConfigError(
@@ -125,6 +132,7 @@ class _Track:
     latency: float = 0.0
     failures: float = 0.0
     samples: int = 0
+    last: float = 0.0
     strikes: int = 0
     state: State = "healthy"
     until: float = 0.0
@@ -177,17 +185,22 @@ class OutlierDetector:
             track.latency += alpha * (latency - track.latency)
             track.failures += alpha * (float(failure) - track.failures)
         track.samples += 1
+        track.last = now
         if track.samples >= self.policy.min_samples:
             self._judge(agent, instance, track, peers, now)
 
     def _judge(self, agent: str, instance: str, track: _Track, peers: dict[str, _Track], now: float) -> None:
         policy = self.policy
+        fresh = now - policy.stale_after
         judged = [
             other
             for name, other in peers.items()
-            if name != instance and other.samples >= policy.min_samples and other.state in ("healthy", "slow")
+            if name != instance
+            and other.samples >= policy.min_samples
+            and other.last >= fresh
+            and other.state in ("healthy", "slow")
         ]
-        if not judged:
+        if len(judged) < policy.min_peers:
             return
         found = self._verdict(track, judged)
         if found is None:
