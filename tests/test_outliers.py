@@ -181,3 +181,12 @@ async def test_the_pipeline_moves_calls_off_a_slow_instance_and_the_route_says_w
     bound = len(late) * p + 3 * math.sqrt(len(late) * p * (1 - p)) + 3  # + 3: the probe calls of one probation
     assert Counter(late)[slow] <= bound < len(late) / 3
     assert why is not None and "latency 2s against its peers' median 0s" in why.outliers[f"orders/{slow}"]
+
+
+def test_the_instances_tracked_are_bounded() -> None:
+    """Past max_instances the longest silent half is forgotten (an instance id that left frees its entry)."""
+    detector = OutlierDetector(OutlierPolicy(max_instances=4))
+    for n in range(100):
+        feed(detector, n, {f"o{n}": FAST})
+        assert detector.tracked <= 4
+    assert detector.tracked == 4

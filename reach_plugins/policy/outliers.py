@@ -91,6 +91,8 @@ class OutlierPolicy:
     max_ejected: float = 0.5
     min_share: float = 0.05
     probation_share: float = 0.1
+    max_instances: int = 10_000
+    """Instances tracked at most (instance ids come and go): past it, the longest silent half is forgotten."""
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or self.eject_after < 1 or self.min_peers < 1 or self.stale_after <= 0:
@@ -150,6 +152,7 @@ class OutlierDetector:
     _agents: dict[str, dict[str, _Track]] = field(default_factory=dict)
     _flagged: int = 0
     """Instances not plainly healthy: zero is the fast path of :meth:`standing`."""
+    _tracked: int = 0
 
     def standing(self, agent: str, instance: str, now: float) -> Standing:
         """The share of its weight the instance keeps now and why (``(0.0, why)`` while ejected)."""
@@ -165,16 +168,24 @@ class OutlierDetector:
         """Whether routing may send to the instance (not ejected)."""
         return self.standing(agent, instance, now)[0] > 0.0
 
+    @property
+    def tracked(self) -> int:
+        """Instances tracked now (bounded by ``max_instances``)."""
+        return self._tracked
+
     def state(self, agent: str, instance: str) -> State:
         track = self._agents.get(agent, {}).get(instance)
         return "healthy" if track is None else track.state
 
     def record(self, agent: str, instance: str, *, latency: float, failure: bool, now: float) -> None:
         """One finished attempt: its duration in seconds (a timeout's too) and whether the instance failed it."""
+        if self._tracked >= self.policy.max_instances and instance not in self._agents.get(agent, {}):
+            self._prune()
         peers = self._agents.setdefault(agent, {})
         track = peers.get(instance)
         if track is None:
-            track = peers[instance] = _Track()
+            track = peers[instance] = _Track(last=now)
+            self._tracked += 1
         self._expire(agent, instance, track, now)
         if track.state == "ejected":
             return  # a late answer from before the ejection: the probation judges it afresh
@@ -253,6 +264,18 @@ class OutlierDetector:
             share = self.policy.probation_share
             track.share, track.why = share, f"{_PREFIX}on probation at {share:.0%} of its weight after an ejection"
             self._move(agent, instance, track, "probation", now, "the ejection ended")
+
+    def _prune(self) -> None:
+        """Forget the longest silent half of the tracked instances (those instances left, most likely)."""
+        tracks = sorted(
+            (track.last, agent, instance) for agent, peers in self._agents.items() for instance, track in peers.items()
+        )
+        for _, agent, instance in tracks[: max(1, len(tracks) // 2)]:
+            track = self._agents[agent].pop(instance)
+            self._flagged -= track.state != "healthy"
+            self._tracked -= 1
+            if not self._agents[agent]:
+                del self._agents[agent]
 
     def _move(self, agent: str, instance: str, track: _Track, after: State, now: float, reason: str) -> None:
         before, track.state = track.state, after
