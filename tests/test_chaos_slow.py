@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servers import free_port
+from chaos_support import port_answers
+from servers import free_port, wait_until
 
 from reach_plugins import ReachClient
 from reach_plugins.errors import ReachError
@@ -76,23 +77,11 @@ def instances(tmp_path: Path) -> Iterator[tuple[str, list[int], Path]]:
             process.wait()
 
 
-async def listening(port: int, within: float) -> None:
-    end = time.monotonic() + within
-    while True:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            assert time.monotonic() < end, f"nothing listens on {port} after {within}s"
-            await asyncio.sleep(0.05)
-
-
 async def test_a_slow_instance_loses_its_share_within_seconds(instances: tuple[str, list[int], Path]) -> None:
     """An instance turning slow (healthy to probes) is judged an outlier within 6 s; after 5 s it gets far under 1/3."""
     registry, ports, flag = instances
     for port in ports:
-        await listening(port, 30)
+        wait_until(lambda port=port: port_answers(port), 30, f"agent on port {port} listening")
     attempts: list[tuple[float, str]] = []
     found: float | None = None
     warm_share = 1.0

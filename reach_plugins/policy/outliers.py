@@ -95,10 +95,10 @@ class OutlierPolicy:
     """Instances tracked at most (instance ids come and go): past it, the longest silent half is forgotten."""
 
     def __post_init__(self) -> None:
-        if self.min_samples < 1 or self.eject_after < 1 or self.min_peers < 1 or self.stale_after <= 0:
+        if min(self.min_samples, self.eject_after, self.min_peers, self.max_instances) < 1 or self.stale_after <= 0:
             raise ConfigError(
-                "min_samples, eject_after and min_peers must be >= 1 and stale_after > 0, got "
-                f"{self.min_samples}, {self.eject_after}, {self.min_peers} and {self.stale_after}"
+                "min_samples, eject_after, min_peers and max_instances must be >= 1 and stale_after > 0, got "
+                f"{self.min_samples}, {self.eject_after}, {self.min_peers}, {self.max_instances} and {self.stale_after}"
             )
         if not (0 < self.alpha <= 1 and 0 < self.max_ejected <= 1 and 0 < self.failure_rate <= 1):
             raise ConfigError(
