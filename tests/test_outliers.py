@@ -169,7 +169,7 @@ async def test_the_pipeline_moves_calls_off_a_slow_instance_and_the_route_says_w
     why: RouteDecision | None = None
     calls = []
     for _ in range(200):
-        calls.append(asyncio.ensure_future(pipeline.run(request)))
+        calls.append(asyncio.ensure_future(pipeline.run(request, trace=True)))
         await clock.sleep(0.1)
         decision = router.route(request).decision
         if why is None and decision.outliers:
@@ -181,6 +181,8 @@ async def test_the_pipeline_moves_calls_off_a_slow_instance_and_the_route_says_w
     bound = len(late) * p + 3 * math.sqrt(len(late) * p * (1 - p)) + 3  # + 3: the probe calls of one probation
     assert Counter(late)[slow] <= bound < len(late) / 3
     assert why is not None and "latency 2s against its peers' median 0s" in why.outliers[f"orders/{slow}"]
+    moves = [e for r in responses if r.trace for e in r.trace.events if e["event"] == "reach.outlier"]
+    assert moves and moves[0]["instance"] == slow and "latency" in moves[0]["reason"], "the trace tells of the ejection"
 
 
 def test_the_instances_tracked_are_bounded() -> None:

@@ -310,9 +310,8 @@ class Engine:
             admission.breaker.record(admission.permit, tick, failure=failure, duration=duration, on_move=tell)
         if not hop_fault:
             fault = verdict.instance_fault and not verdict.overload
-            self.outliers.record(
-                admission.breaker.agent, admission.breaker.instance, latency=duration, failure=fault, now=tick
-            )
+            where = admission.breaker
+            self.outliers.record(where.agent, where.instance, latency=duration, failure=fault, now=tick, on_move=tell)
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None

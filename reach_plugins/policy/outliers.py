@@ -177,8 +177,18 @@ class OutlierDetector:
         track = self._agents.get(agent, {}).get(instance)
         return "healthy" if track is None else track.state
 
-    def record(self, agent: str, instance: str, *, latency: float, failure: bool, now: float) -> None:
-        """One finished attempt: its duration in seconds (a timeout's too) and whether the instance failed it."""
+    def record(
+        self,
+        agent: str,
+        instance: str,
+        *,
+        latency: float,
+        failure: bool,
+        now: float,
+        on_move: Callable[[OutlierTransition], None] | None = None,
+    ) -> None:
+        """One finished attempt: its duration in seconds (a timeout's too) and whether the instance failed it;
+        ``on_move`` also hears a change this causes."""
         if self._tracked >= self.policy.max_instances and instance not in self._agents.get(agent, {}):
             self._prune()
         peers = self._agents.setdefault(agent, {})
@@ -186,7 +196,7 @@ class OutlierDetector:
         if track is None:
             track = peers[instance] = _Track(last=now)
             self._tracked += 1
-        self._expire(agent, instance, track, now)
+        self._expire(agent, instance, track, now, on_move)
         if track.state == "ejected":
             return  # a late answer from before the ejection: the probation judges it afresh
         alpha = self.policy.alpha
@@ -198,9 +208,17 @@ class OutlierDetector:
         track.samples += 1
         track.last = now
         if track.samples >= self.policy.min_samples:
-            self._judge(agent, instance, track, peers, now)
+            self._judge(agent, instance, track, peers, now, on_move)
 
-    def _judge(self, agent: str, instance: str, track: _Track, peers: dict[str, _Track], now: float) -> None:
+    def _judge(
+        self,
+        agent: str,
+        instance: str,
+        track: _Track,
+        peers: dict[str, _Track],
+        now: float,
+        on_move: Callable[[OutlierTransition], None] | None,
+    ) -> None:
         policy = self.policy
         fresh = now - policy.stale_after
         judged = [
@@ -220,7 +238,7 @@ class OutlierDetector:
                 if track.state == "probation":
                     track.ejections = 0
                 track.share, track.why = 1.0, None
-                self._move(agent, instance, track, "healthy", now, "in line with its peers again")
+                self._move(agent, instance, track, "healthy", now, "in line with its peers again", on_move)
             return
         why, share, severe = found
         track.strikes += 1
@@ -231,11 +249,11 @@ class OutlierDetector:
             length = min(policy.max_eject, policy.eject_for * 2 ** (track.ejections - 1))
             track.until, track.share = now + length, 0.0
             track.why = f"{_PREFIX}ejected for {length:g}s: {why}"
-            self._move(agent, instance, track, "ejected", now, track.why)
+            self._move(agent, instance, track, "ejected", now, track.why, on_move)
         elif track.state != "probation":
             track.share, track.why = share, f"{_PREFIX}at {share:.0%} of its weight: {why}"
             if track.state != "slow":
-                self._move(agent, instance, track, "slow", now, track.why)
+                self._move(agent, instance, track, "slow", now, track.why, on_move)
 
     def _verdict(self, track: _Track, peers: list[_Track]) -> tuple[str, float, bool] | None:
         """Why ``track`` is an outlier among ``peers``, the share of weight it keeps and whether it is severe."""
@@ -257,13 +275,20 @@ class OutlierDetector:
             return f"failure rate {track.failures:.0%} against its peers' median {usual:.0%}", policy.min_share, True
         return None
 
-    def _expire(self, agent: str, instance: str, track: _Track, now: float) -> None:
+    def _expire(
+        self,
+        agent: str,
+        instance: str,
+        track: _Track,
+        now: float,
+        on_move: Callable[[OutlierTransition], None] | None = None,
+    ) -> None:
         """An ejection whose time is up ends in probation: fresh statistics, a small share of the calls."""
         if track.state == "ejected" and now >= track.until:
             track.samples = track.strikes = 0
             share = self.policy.probation_share
             track.share, track.why = share, f"{_PREFIX}on probation at {share:.0%} of its weight after an ejection"
-            self._move(agent, instance, track, "probation", now, "the ejection ended")
+            self._move(agent, instance, track, "probation", now, "the ejection ended", on_move)
 
     def _prune(self) -> None:
         """Forget the longest silent half of the tracked instances (those instances left, most likely)."""
@@ -277,8 +302,21 @@ class OutlierDetector:
             if not self._agents[agent]:
                 del self._agents[agent]
 
-    def _move(self, agent: str, instance: str, track: _Track, after: State, now: float, reason: str) -> None:
+    def _move(
+        self,
+        agent: str,
+        instance: str,
+        track: _Track,
+        after: State,
+        now: float,
+        reason: str,
+        on_move: Callable[[OutlierTransition], None] | None = None,
+    ) -> None:
         before, track.state = track.state, after
         self._flagged += (after != "healthy") - (before != "healthy")
-        if self.listener is not None:
-            self.listener(OutlierTransition(agent, instance, before, after, now, reason))
+        if self.listener is None and on_move is None:
+            return
+        transition = OutlierTransition(agent, instance, before, after, now, reason)
+        for hear in (self.listener, on_move):
+            if hear is not None:
+                hear(transition)
