@@ -157,9 +157,10 @@ class Routing(Strict):
 class HealthCheck(Strict):
     """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``; active probes.
 
-    Active probes (:mod:`reach_plugins.routing.probes`, seed 003 section 5.2): a cheap connect every
-    ``probe_interval``, ``GET {endpoint}{path}`` every ``ready_interval``;
-    ``refusals_to_down`` consecutive refused connections mark an instance down at once.
+    Active probes (:mod:`reach_plugins.routing.probes`, seed 003 section 5.2): ``GET {endpoint}/healthz``
+    (answered 200 within a second) every ``probe_interval``, ``GET {endpoint}{path}`` every ``ready_interval``;
+    ``refusals_to_down`` consecutive failed liveness probes (refused, reset, timed out, not 200) mark an instance
+    down at once.
     """
 
     path: HealthPath = "/readyz"
@@ -434,6 +435,8 @@ class RouteDecision(BaseModel):
     context_restore: bool = False
     degraded: bool = False
     elapsed_us: float = 0.0
+    outliers: dict[str, str] = Field(default_factory=dict)
+    """Candidates judged outliers against their peers (``agent/instance`` -> why): a cut weight, or ejected."""
 
 
 class Attempt(BaseModel):

@@ -33,6 +33,7 @@ from reach_plugins.policy.classify import Verdict, check_return_schema, classify
 from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 from reach_plugins.policy.deadline import per_attempt_timeout
 from reach_plugins.policy.loopguard import check_target, hops_header
+from reach_plugins.policy.outliers import OutlierDetector, OutlierTransition
 from reach_plugins.telemetry.spans import EVENT_CONSISTENCY, EVENT_FAILOVER, EVENT_GIVE_UP
 from reach_plugins.transport import Call, Credential, Reply, Transport
 from reach_plugins.wire.headers import HEADER_DEADLINE, HEADER_HOPS
@@ -77,6 +78,8 @@ class Engine:
         self.breakers = Breakers(self._log_move)
         self.consistency = ConsistencyMonitor(listener=self._log_move)
         """Per-instance reply consistency (capabilities with ``consistency:``): ejects instances answering beside."""
+        self.outliers = OutlierDetector(listener=self._log_move)
+        """Each instance's latency and failure trend against its peers: slows then ejects an outlier."""
         self.guards = GuardTable()
         self.hop: str | None = transport.hop
         """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
@@ -111,7 +114,7 @@ class Engine:
         flight.rec.event(EVENT_CONSISTENCY, self.clock.now(), instance=route.instance.instance_id, score=score, low=low)
 
     @staticmethod
-    def _log_move(moved: BreakerTransition | ConsistencyTransition) -> None:
+    def _log_move(moved: BreakerTransition | ConsistencyTransition | OutlierTransition) -> None:
         """Log an instance's state change: a warning when it is shut out (opened, ejected)."""
         logger.log(
             logging.WARNING if moved.after in ("open", "ejected") else logging.INFO,
@@ -254,7 +257,7 @@ class Engine:
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
         call = self.prepare(flight, timeout, now)
         before, flight.ran_at = flight.ran_at, where_of(route)
-        self.consistency.sent(route.agent.name, route.instance.instance_id)
+        self.consistency.sent(route.agent.name, route.instance.instance_id, self.clock.monotonic())
         if flight.claim is not None and flight.claim.where != flight.ran_at:
             await flight.claim.moved(flight.ran_at)
         try:
@@ -305,6 +308,10 @@ class Engine:
         else:
             failure = verdict.instance_fault
             admission.breaker.record(admission.permit, tick, failure=failure, duration=duration, on_move=tell)
+        if not hop_fault:
+            fault = verdict.instance_fault and not verdict.overload
+            where = admission.breaker
+            self.outliers.record(where.agent, where.instance, latency=duration, failure=fault, now=tick, on_move=tell)
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None

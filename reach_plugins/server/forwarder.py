@@ -26,6 +26,7 @@ from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.config.loader import TenantConfig, resolve_credential
 from reach_plugins.errors import UnknownCapability
 from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
+from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
 from reach_plugins.registry.routetable import RouteTable, watch_task
@@ -125,7 +126,7 @@ class Forwarder:
         self.tenants = tenants
         self._environ = environ
         self.table = RouteTable(registry, ttl=route_ttl)
-        self.router = Router(self.table, tenants=tenants, is_available=self._available)
+        self.router = Router(self.table, tenants=tenants, is_available=self._available, standing=self._standing)
         self.rule = SourceRule(self.router, self.table, tenants)
         self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
         self._owned_store = open_store(store) if isinstance(store, str) else None
@@ -147,6 +148,10 @@ class Forwarder:
         """The router's health hook: the breaker admits calls, no ejection, the probes found it up."""
         prober = self.prober
         return self.pipeline.is_available(agent, instance) and (prober is None or prober.available(agent, instance))
+
+    def _standing(self, agent: str, instance: str) -> Standing:
+        """The router's outlier port: the instance's share of its weight against its peers (the pipeline judges)."""
+        return self.pipeline.standing(agent, instance)
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         """The tenant's own credential for ``agent`` (else the agent's): never another tenant's."""
