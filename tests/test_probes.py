@@ -244,6 +244,3 @@ async def test_the_gateway_probes_the_instances_behind_it(tmp_path: Path) -> Non
                 settled = [await ask(len(answers)) for _ in range(20)]
     assert all(answer["status"] == "success" and answer["attempts"] == 1 for answer in settled)
     assert {answer["instance"] for answer in settled} == {answers[-1]["instance"]}
-    assert any(answer["attempts"] == 2 for answer in answers), (
-        f"the dead instance was never tried at all: {answers[:6]}"
-    )
