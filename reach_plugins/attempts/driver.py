@@ -7,18 +7,26 @@ the backoff and retry. Every step moves the request along
 :data:`~reach_plugins.attempts.lifecycle.PHASES`, so an impossible one raises.
 A won attempt is handed back unsettled: a unary call settles it at once, a
 stream once it has relayed its events.
+
+A unary call that may be hedged (:meth:`Engine.hedging`) races: when its
+attempt has not answered within the capability's hedge delay, a second one
+goes to another instance; the first success wins and the other is cancelled
+(recorded ``cancelled``); an attempt that fails while the other still runs is
+settled and the race waits for the other.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Admission, Flight
 from reach_plugins.errors import OutcomeUnknown, ReachError
-from reach_plugins.model import ReachResponse
-from reach_plugins.policy.classify import Verdict
+from reach_plugins.model import Hedging, ReachResponse
+from reach_plugins.policy.classify import SUCCESS, Verdict
 from reach_plugins.telemetry.spans import EVENT_RETRY
 from reach_plugins.transport import EventStream, Reply, StreamEvent
 
@@ -48,8 +56,19 @@ Attempt = Callable[[Engine, Flight, float], Awaitable[Tried]]
 """Make one attempt for ``flight`` starting at ``now`` (send, or open a stream)."""
 
 
-async def drive(engine: Engine, flight: Flight, attempt: Attempt) -> Won | ReachResponse:
-    """Attempts until one succeeds (returned unsettled) or the request's final answer is due (returned)."""
+class Raced(NamedTuple):
+    """How a hedged race ended: the attempt that decides it, its admission, and when it started."""
+
+    tried: Tried
+    admission: Admission
+    started: float
+    tick: float
+
+
+async def drive(engine: Engine, flight: Flight, attempt: Attempt, *, hedge: bool = False) -> Won | ReachResponse:
+    """Attempts until one succeeds (returned unsettled) or the request's final answer is due (returned).
+
+    ``hedge``: a unary call whose capability allows it races a hedged attempt (see the module docstring)."""
     clock = engine.clock
     last: Tried | None = None
     while True:
@@ -65,10 +84,15 @@ async def drive(engine: Engine, flight: Flight, attempt: Attempt) -> Won | Reach
             return engine.give_up(flight, last.verdict, last.reply, why)
         flight.move("admit")
         started, tick = clock.now(), clock.monotonic()
+        policy = engine.hedging(flight) if hedge else None
         try:
-            tried = await attempt(engine, flight, started)
+            if policy is None:
+                tried = await attempt(engine, flight, started)
+            else:
+                tried, admission, started, tick = await _race(engine, flight, admission, policy, started)
         except BaseException:
-            engine.abandon(admission)
+            if policy is None:  # a race frees its own admissions
+                engine.abandon(admission)
             raise
         flight.move("send")
         now, duration = clock.now(), clock.monotonic() - tick
@@ -107,6 +131,85 @@ async def drive(engine: Engine, flight: Flight, attempt: Attempt) -> Won | Reach
         flight.move("wake")
 
 
+async def _race(engine: Engine, flight: Flight, admission: Admission, policy: Hedging, started: float) -> Raced:
+    """Send ``flight``; if it has not answered after the hedge delay, send a hedge elsewhere and race them.
+
+    The returned attempt decides the request (the first success, else the last to fail); the flight carries
+    on from its instance. Every other attempt is settled (it failed) or cancelled (it lost) here.
+    """
+    clock = engine.clock
+    tick = clock.monotonic()
+    route = flight.route
+    delay = engine.delays.delay(route.agent.name, route.capability.name, policy)
+    racing: dict[asyncio.Future[tuple[Verdict, Reply | None]], Raced] = {}
+    first = asyncio.ensure_future(engine.send(flight))
+    entry = Raced(Tried(SUCCESS, True), admission, started, tick)
+    racing[first] = entry
+    flights: dict[asyncio.Future[tuple[Verdict, Reply | None]], Flight] = {first: flight}
+    try:
+        if flight.deadline.fits(started, delay):
+            timer = asyncio.ensure_future(clock.sleep(delay))
+            try:
+                await asyncio.wait((first, timer), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+            hedged = None if first.done() else engine.hedge(flight)
+            if hedged is not None:
+                sibling, second_admission = hedged
+                second = asyncio.ensure_future(engine.send(sibling))
+                racing[second] = Raced(entry.tried, second_admission, clock.now(), clock.monotonic())
+                flights[second] = sibling
+                flight.attempts = sibling.attempts
+        return await _first_success(engine, flight, racing, flights, policy)
+    finally:
+        for task, left in racing.items():  # only when the race itself was cut (cancelled, or raised)
+            task.cancel()
+            engine.abandon(left.admission)
+
+
+async def _first_success(
+    engine: Engine,
+    flight: Flight,
+    racing: dict[asyncio.Future[tuple[Verdict, Reply | None]], Raced],
+    flights: dict[asyncio.Future[tuple[Verdict, Reply | None]], Flight],
+    policy: Hedging,
+) -> Raced:
+    """Wait for the racing attempts until one succeeds (the others are cancelled) or all have failed."""
+    clock = engine.clock
+    while True:
+        done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            entry = racing.pop(task)
+            who = flights.pop(task)
+            failure = task.exception()
+            if failure is not None:
+                engine.abandon(entry.admission)
+                if racing:
+                    continue
+                raise failure
+            verdict, reply = task.result()
+            ended = Raced(Tried(verdict, reply is not None, reply), entry.admission, entry.started, entry.tick)
+            if racing and not verdict.ok:
+                duration = clock.monotonic() - entry.tick
+                engine.settle(who, entry.admission, verdict, duration, answered=reply is not None)
+                engine.record_at(who, who.route, verdict, entry.admission, entry.started, clock.now(), None)
+                flight.far_attempts += 1
+                continue
+            for loser, lost in racing.items():
+                loser.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await loser
+                engine.cancelled(flights[loser], lost.admission, lost.started)
+                flight.far_attempts += 1
+            racing.clear()
+            if who is not flight:
+                engine.adopt(flight, who)
+            if verdict.ok:
+                route = flight.route
+                engine.delays.record(route.agent.name, route.capability.name, policy, clock.monotonic() - entry.tick)
+            return ended
+
+
 async def _send(engine: Engine, flight: Flight, now: float) -> Tried:
     verdict, reply = await engine.send(flight)
     return Tried(verdict, reply is not None, reply)
@@ -114,7 +217,7 @@ async def _send(engine: Engine, flight: Flight, now: float) -> Tried:
 
 async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
     """One unary request through :func:`drive`: a won attempt is settled and answered at once."""
-    won = await drive(engine, flight, _send)
+    won = await drive(engine, flight, _send, hedge=True)
     if isinstance(won, ReachResponse):
         return won
     engine.settle(flight, won.admission, won.tried.verdict, won.duration)

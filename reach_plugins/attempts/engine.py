@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from reach_plugins.attempts.admission import GuardTable
@@ -26,12 +27,13 @@ from reach_plugins.attempts.lifecycle import after
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.clock import Clock
 from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
-from reach_plugins.model import ErrorInfo, ReachResponse
+from reach_plugins.model import ErrorInfo, Hedging, ReachResponse
 from reach_plugins.policy.backoff import retry_delay
 from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.policy.classify import Verdict, check_return_schema, classify_exception, classify_reply
 from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 from reach_plugins.policy.deadline import per_attempt_timeout
+from reach_plugins.policy.hedging import HedgeDelays, hedging_of
 from reach_plugins.policy.loopguard import check_target, hops_header
 from reach_plugins.telemetry.spans import EVENT_CONSISTENCY, EVENT_FAILOVER, EVENT_GIVE_UP
 from reach_plugins.transport import Call, Credential, Reply, Transport
@@ -78,6 +80,8 @@ class Engine:
         self.consistency = ConsistencyMonitor(listener=self._log_move)
         """Per-instance reply consistency (capabilities with ``consistency:``): ejects instances answering beside."""
         self.guards = GuardTable()
+        self.delays = HedgeDelays()
+        """Recent winning latencies per capability: when a hedged attempt is due."""
         self.hop: str | None = transport.hop
         """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
 
@@ -231,6 +235,64 @@ class Engine:
             **{"from": old.instance.instance_id},
             to=route.instance.instance_id,
         )
+
+    def hedging(self, flight: Flight) -> Hedging | None:
+        """The hedging policy of ``flight`` when this layer may hedge it (it routes and retries, no hop owns
+        that, and the call may run twice: see :func:`~reach_plugins.policy.hedging.hedging_of`), else None."""
+        if self.hop is not None or not flight.retries_here or (flight.pin is not None and not flight.pin.shared):
+            return None
+        return hedging_of(flight.route.agent, flight.route.capability, keyed=flight.key is not None)
+
+    def hedge(self, flight: Flight) -> tuple[Flight, Admission] | None:
+        """A second attempt of ``flight`` at another instance of the same agent, admitted without waiting; None
+        when there is no such instance, it cannot be admitted now, or the retry budget says no (a hedge spends a
+        retry token, as gRPC's throttling counts hedges: under a full outage hedging adds no load)."""
+        route = flight.route
+        exclude = {*flight.excluded, (route.agent.name, route.instance.instance_id)}
+        try:
+            other = self.router.route(flight.request, exclude=exclude)
+        except ReachError:
+            return None
+        if other.agent.name != route.agent.name:
+            return None
+        sibling = replace(flight, route=other, excluded=exclude, attempts=flight.attempts + 1)
+        admission = self.admit_now(sibling)
+        if admission is None:
+            return None
+        if not admission.guards.budget.spend():
+            self.abandon(admission)
+            return None
+        sibling.spent_retry = True
+        return sibling, admission
+
+    def adopt(self, flight: Flight, winner: Flight) -> None:
+        """Carry on ``flight`` from the hedge that ended the race: its instance, and where it may have run."""
+        flight.excluded.add((flight.route.agent.name, flight.route.instance.instance_id))
+        flight.route = winner.route
+        flight.rec.route = winner.route
+        flight.ran_at = winner.ran_at
+        flight.spent_retry = flight.spent_retry or winner.spent_retry
+
+    def cancelled(self, flight: Flight, admission: Admission, started: float) -> None:
+        """Free the admission of an attempt that lost its race, and record it as ``cancelled``."""
+        self.abandon(admission)
+        route = flight.route
+        record = AttemptRecord(
+            number=flight.attempts,
+            agent=route.agent.name,
+            instance=route.instance.instance_id,
+            endpoint=route.instance.endpoint,
+            started_at=started,
+            duration_ms=(self.clock.now() - started) * 1000.0,
+            outcome="cancelled",
+            error="another attempt of the request answered first",
+            retry_delay_ms=None,
+            breaker_state=admission.breaker.state(self.clock.monotonic()),
+            delivery="unknown",
+        )
+        flight.rec.attempt(record)
+        for hook in self.hooks:
+            hook.attempt(record)
 
     def prepare(self, flight: Flight, timeout: float, now: float) -> Call:
         route = flight.route

@@ -46,6 +46,7 @@ from reach_plugins.model import (
     Capability,
     CircuitBreakerConfig,
     HealthCheck,
+    Hedging,
     Idempotency,
     PoolConfig,
     Protocol,
@@ -173,6 +174,7 @@ class AgentDefaults(Strict):
     rate_limit: RateLimitDefaults | None = None
     circuit_breaker: CircuitBreakerConfig | None = None
     idempotency: Idempotency | None = None
+    hedging: Hedging | None = None
     internal_only: bool | None = None
     tenants: list[str] | None = None
     trust_level: Literal["L1", "L2", "L3"] | None = None
