@@ -9,13 +9,14 @@ import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
 
 from reach_plugins.attempts.pipeline import Pipeline
-from reach_plugins.errors import OutcomeUnknown
-from reach_plugins.model import AgentDescriptor, Idempotency, ReachRequest, RetryPolicy
+from reach_plugins.errors import InvalidToken, OutcomeUnknown
+from reach_plugins.model import AgentDescriptor, ErrorInfo, Idempotency, ReachRequest, RetryPolicy
 from reach_plugins.policy.dedup import payload_hash
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import MemoryDedupStore, store_key
 from reach_plugins.telemetry.spans import EVENT_RETRY
 from reach_plugins.testing.clock import FakeClock
+from reach_plugins.transport import Call, MockTransport, Reply
 
 
 def setup(
@@ -158,3 +159,31 @@ async def test_failing_over_a_refused_connect_spends_no_retry_budget() -> None:
     fake.default("503")
     await pipeline.run(order(op="x"))
     assert budget.tokens < before
+
+
+async def test_an_instance_refusing_valid_tokens_is_failed_over_and_counted() -> None:
+    """orders-0 answers 401 invalid_token (its clock is off): the call fails over at once, orders-0's breaker
+    counts each refusal and opens, and a call refused by every instance still ends with the refusal."""
+    clock = FakeClock()
+    agent = make_agent(retry=RetryPolicy(max_attempts=1))
+    served: list[str] = []
+    refusing = {"orders-0"}
+
+    async def handle(call: Call) -> Reply:
+        served.append(call.instance.instance_id)
+        if call.instance.instance_id in refusing:
+            error = ErrorInfo(type="invalid_token", message="the token expired at 1700000000 (unix time)")
+            return Reply(status="fail", status_code=401, error=error)
+        return Reply(status="success", data={"ok": True}, instance=call.instance.instance_id)
+
+    router = FakeRouter([agent])
+    pipeline = Pipeline(router=router, transport=MockTransport(handle), clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for n in range(30):
+        response = await pipeline.run(order(f"op-{n}"))
+        assert response.ok and response.instance != "orders-0"
+    assert served.count("orders-0") == agent.circuit_breaker.min_calls  # then its breaker opened
+    refusing.update({"orders-1", "orders-2"})
+    await clock.sleep(120)
+    with pytest.raises(InvalidToken):
+        (await pipeline.run(order("op-x"))).raise_for_status()

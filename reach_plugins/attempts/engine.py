@@ -14,6 +14,7 @@ attempt and of each breaker or consistency change it causes through
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,11 +27,25 @@ from reach_plugins.attempts.hooks import AttemptHooks, AttemptRecord, Moved
 from reach_plugins.attempts.lifecycle import after
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.clock import Clock
-from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
+from reach_plugins.errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    InvalidToken,
+    NoHealthyAgent,
+    OutcomeUnknown,
+    ReachError,
+    Unauthenticated,
+)
 from reach_plugins.model import ErrorInfo, Hedging, ReachResponse
 from reach_plugins.policy.backoff import retry_delay
 from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
-from reach_plugins.policy.classify import Verdict, check_return_schema, classify_exception, classify_reply
+from reach_plugins.policy.classify import (
+    Verdict,
+    check_return_schema,
+    classify_exception,
+    classify_reply,
+    refused_before_running,
+)
 from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
 from reach_plugins.policy.deadline import per_attempt_timeout
 from reach_plugins.policy.hedging import HedgeDelays, hedging_of
@@ -45,6 +60,9 @@ Status = Literal["success", "fail", "timeout"]
 
 
 _NO_CREDENTIAL = Credential()
+
+_REFUSAL_LOG_EVERY = 60.0
+"""Seconds between two warnings about the same instance refusing calls for the same cause."""
 
 
 def _no_credential(agent: Any, tenant: str | None) -> Credential:
@@ -80,6 +98,8 @@ class Engine:
         self.consistency = ConsistencyMonitor(listener=self._log_move)
         """Per-instance reply consistency (capabilities with ``consistency:``): ejects instances answering beside."""
         self.guards = GuardTable()
+        self._refusals_logged: dict[tuple[str, str, str], float] = {}
+        """When each (agent, instance, cause) of a refusal may be logged again."""
         self.delays = HedgeDelays()
         """Recent winning latencies per capability: when a hedged attempt is due."""
         self.hop: str | None = transport.hop
@@ -126,6 +146,28 @@ class Engine:
             moved.before,
             moved.after,
             moved.reason,
+        )
+
+    def _log_refusal(self, route: RouteLike, verdict: Verdict) -> None:
+        """Warn that an instance refused a call before running it (at most once a minute per instance and cause):
+        a token refusal of a token our issuer just signed usually means the instance's clock is off."""
+        error = verdict.error
+        kind = error.type if error else "refusal"
+        where = (route.agent.name, route.instance.instance_id, kind)
+        tick = self.clock.monotonic()
+        if tick < self._refusals_logged.get(where, -math.inf):
+            return
+        if len(self._refusals_logged) >= 1024:
+            self._refusals_logged.clear()
+        self._refusals_logged[where] = tick + _REFUSAL_LOG_EVERY
+        hint = " (is its clock skewed?)" if kind in (Unauthenticated.code, InvalidToken.code) else ""
+        logger.warning(
+            "%s/%s refused a call before running it%s: %s: %s; failing over, and counting it against the instance",
+            route.agent.name,
+            route.instance.instance_id,
+            hint,
+            kind,
+            error.message if error else "",
         )
 
     def admit_now(self, flight: Flight) -> Admission | None:
@@ -295,6 +337,8 @@ class Engine:
             hook.attempt(record)
 
     def prepare(self, flight: Flight, timeout: float, now: float) -> Call:
+        """The call of the next attempt. Downstream credentials are resolved only where they are sent: through a
+        gateway or node the hop holds and injects them (DESIGN 11.4), so the caller needs none of them."""
         route = flight.route
         headers = dict(flight.headers)
         headers[HEADER_DEADLINE] = str(max(0, int((flight.deadline.at - now) * 1000.0)))
@@ -305,7 +349,7 @@ class Engine:
             timeout=timeout,
             attempt=flight.attempts,
             capability=route.capability,
-            credential=self.credentials(route.agent, flight.request.tenant),
+            credential=self.credentials(route.agent, flight.request.tenant) if self.hop is None else _NO_CREDENTIAL,
             headers=headers,
         )
 
@@ -330,6 +374,10 @@ class Engine:
                 flight.ran_at = before
             return verdict, None
         verdict = classify_reply(reply)
+        if self.hop is None and route.agent.protocol == "reach":
+            verdict = refused_before_running(verdict)
+            if verdict.refusal:
+                self._log_refusal(route, verdict)
         if not verdict.delivered:
             flight.ran_at = before
         if verdict.ok:
