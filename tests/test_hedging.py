@@ -1,4 +1,4 @@
-"""Hedged attempts on virtual time: who may be hedged, when the hedge goes, the first answer wins, the loser is cancelled."""
+"""Hedged attempts on virtual time: who may be hedged, when the hedge goes, the first answer wins, the loser is cut."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ async def test_keyed_call_to_shared_idempotency_agent_is_hedged_and_the_first_an
 
 async def test_unkeyed_write_is_never_hedged() -> None:
     """The same slow instance without a key (a write, not declared safe): one attempt, cut at the deadline."""
-    clock, fake, pipeline = setup(shared_agent())
+    _, fake, pipeline = setup(shared_agent())
     fake.script("orders-0", "slow:5")
     response = await pipeline.run(order("op-2", metadata={}))
     assert response.status == "timeout"
@@ -62,7 +62,7 @@ async def test_unkeyed_write_is_never_hedged() -> None:
 
 async def test_keyed_call_to_agent_without_shared_idempotency_is_not_hedged() -> None:
     """Each instance keeps its own keys: a second instance could run the key again, so no hedge."""
-    clock, fake, pipeline = setup(make_agent(hedging=HEDGING))
+    _, fake, pipeline = setup(make_agent(hedging=HEDGING))
     fake.script("orders-0", "slow:5")
     await pipeline.run(order("op-3", idempotency_key="k-3"))
     assert [call.instance.instance_id for call in fake.calls] == ["orders-0"]
@@ -71,7 +71,7 @@ async def test_keyed_call_to_agent_without_shared_idempotency_is_not_hedged() ->
 async def test_safe_capability_is_hedged_without_a_key() -> None:
     """A read declared ``safe`` may run twice: hedged without a key."""
     agent = make_agent(capability=Capability(name="query_order", safe=True), hedging=HEDGING)
-    clock, fake, pipeline = setup(agent)
+    _, fake, pipeline = setup(agent)
     fake.script("orders-0", "slow:5")
     response = await pipeline.run(order("op-4"))
     assert response.ok and response.instance != "orders-0"
@@ -93,7 +93,7 @@ async def test_hedge_delay_follows_the_capability_latency_percentile() -> None:
 
 async def test_a_failed_attempt_leaves_the_race_to_the_other() -> None:
     """The hedge is refused (backpressure) while the slow first attempt still runs: the first one answers."""
-    clock, fake, pipeline = setup(shared_agent())
+    _, fake, pipeline = setup(shared_agent())
     fake.script("orders-0", "slow:1")
     fake.script("orders-1", "backpressure:1")
     fake.script("orders-2", "backpressure:1")
