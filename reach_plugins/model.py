@@ -152,8 +152,6 @@ class Hedging(Strict):
     max_delay: Duration = 1.0
     """The delay until ``min_samples`` latencies are known, and the cap of the percentile."""
     min_samples: int = Field(default=20, ge=1)
-    window: int = Field(default=200, ge=10)
-    """How many recent latencies the percentile is taken over."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Hedging:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faultproxy import FaultProxy, Mode
+from faultproxy import FaultProxy, Mode, _Link
 from servers import free_port
 
 AGENT = """
@@ -69,13 +69,25 @@ uvicorn.Server(uvicorn_config(served, host="127.0.0.1", port=int(port), log_leve
 
 class LossyProxy(FaultProxy):
     """A :class:`FaultProxy` that loses each reply with probability ``loss`` (seeded): the agent has executed
-    the request and answered, the caller sees the connection reset instead of the answer."""
+    the request and answered; the caller sees the connection reset instead of the answer, or (``hang``)
+    nothing at all until its own timeout."""
 
-    def __init__(self, upstream: tuple[str, int], *, loss: float, seed: int = 25) -> None:
+    def __init__(self, upstream: tuple[str, int], *, loss: float, hang: bool = False, seed: int = 25) -> None:
         super().__init__(upstream)
         self.loss = loss
+        self.hang = hang
         self.rng = random.Random(seed)
         self.lost = 0
+
+    async def _replies(self, reader: asyncio.StreamReader, link: _Link) -> None:
+        if not self.hang:
+            return await super()._replies(reader, link)
+        while chunk := await reader.read(65536):
+            if not link.lose_reply:
+                link.client.write(chunk)
+                await link.client.drain()
+        link.client.transport.abort()
+        return None
 
     def _fault(self) -> Mode:
         if self.rng.random() < self.loss:

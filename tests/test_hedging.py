@@ -9,7 +9,8 @@ from core_fakes import FakeAgent, FakeRouter, make_agent
 
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.model import AgentDescriptor, Capability, Hedging, Idempotency, ReachRequest
-from reach_plugins.policy.hedging import HedgeDelays, hedging_of
+from reach_plugins.policy.hedging import hedge_delay, hedging_of
+from reach_plugins.policy.latency import WINDOW, Latencies
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import MemoryDedupStore
 from reach_plugins.testing.clock import FakeClock
@@ -103,20 +104,20 @@ async def test_a_failed_attempt_leaves_the_race_to_the_other() -> None:
     assert [a.outcome for a in response.trace.attempts] == ["backpressure", "success"]
 
 
-def test_delays_window_quantile_and_bounds() -> None:
+def test_hedge_delay_is_the_percentile_of_recent_latencies_within_bounds() -> None:
     """Nearest-rank p95 over the window, max_delay until min_samples, clamped to [min_delay, max_delay]."""
-    delays = HedgeDelays()
-    policy = Hedging(min_delay=0.02, max_delay=0.4, min_samples=20, window=100)
-    assert delays.delay("a", "c", policy) == 0.4
-    for n in range(1, 101):
-        delays.record("a", "c", policy, n / 1000.0)
-    assert delays.delay("a", "c", policy) == pytest.approx(0.095)
-    for _ in range(100):
-        delays.record("a", "c", policy, 0.001)
-    assert delays.delay("a", "c", policy) == 0.02
-    for _ in range(100):
-        delays.record("a", "c", policy, 9.0)
-    assert delays.delay("a", "c", policy) == 0.4
+    latencies = Latencies()
+    policy = Hedging(min_delay=0.02, max_delay=0.4, min_samples=20)
+    assert hedge_delay(latencies, "a", "c", policy) == 0.4
+    for n in range(1, WINDOW + 1):
+        latencies.record("a", "c", n / 1000.0)
+    assert hedge_delay(latencies, "a", "c", policy) == pytest.approx(0.95 * WINDOW / 1000.0)
+    for _ in range(WINDOW):
+        latencies.record("a", "c", 0.001)
+    assert hedge_delay(latencies, "a", "c", policy) == 0.02
+    for _ in range(WINDOW):
+        latencies.record("a", "c", 9.0)
+    assert hedge_delay(latencies, "a", "c", policy) == 0.4
 
 
 def test_who_may_be_hedged() -> None:

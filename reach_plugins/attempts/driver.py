@@ -27,6 +27,7 @@ from reach_plugins.attempts.flight import Admission, Flight
 from reach_plugins.errors import OutcomeUnknown, ReachError
 from reach_plugins.model import Hedging, ReachResponse
 from reach_plugins.policy.classify import SUCCESS, Verdict
+from reach_plugins.policy.hedging import hedge_delay
 from reach_plugins.telemetry.spans import EVENT_RETRY
 from reach_plugins.transport import EventStream, Reply, StreamEvent
 
@@ -140,7 +141,7 @@ async def _race(engine: Engine, flight: Flight, admission: Admission, policy: He
     clock = engine.clock
     tick = clock.monotonic()
     route = flight.route
-    delay = engine.delays.delay(route.agent.name, route.capability.name, policy)
+    delay = hedge_delay(engine.latencies, route.agent.name, route.capability.name, policy)
     racing: dict[asyncio.Future[tuple[Verdict, Reply | None]], Raced] = {}
     first = asyncio.ensure_future(engine.send(flight))
     entry = Raced(Tried(SUCCESS, True), admission, started, tick)
@@ -160,7 +161,7 @@ async def _race(engine: Engine, flight: Flight, admission: Admission, policy: He
                 racing[second] = Raced(entry.tried, second_admission, clock.now(), clock.monotonic())
                 flights[second] = sibling
                 flight.attempts = sibling.attempts
-        return await _first_success(engine, flight, racing, flights, policy)
+        return await _first_success(engine, flight, racing, flights)
     finally:
         for task, left in racing.items():  # only when the race itself was cut (cancelled, or raised)
             task.cancel()
@@ -172,7 +173,6 @@ async def _first_success(
     flight: Flight,
     racing: dict[asyncio.Future[tuple[Verdict, Reply | None]], Raced],
     flights: dict[asyncio.Future[tuple[Verdict, Reply | None]], Flight],
-    policy: Hedging,
 ) -> Raced:
     """Wait for the racing attempts until one succeeds (the others are cancelled) or all have failed."""
     clock = engine.clock
@@ -204,9 +204,6 @@ async def _first_success(
             racing.clear()
             if who is not flight:
                 engine.adopt(flight, who)
-            if verdict.ok:
-                route = flight.route
-                engine.delays.record(route.agent.name, route.capability.name, policy, clock.monotonic() - entry.tick)
             return ended
 
 
@@ -221,5 +218,6 @@ async def run_unary(engine: Engine, flight: Flight) -> ReachResponse:
     if isinstance(won, ReachResponse):
         return won
     engine.settle(flight, won.admission, won.tried.verdict, won.duration)
+    engine.won(flight, won.duration)
     engine.record_at(flight, flight.route, won.tried.verdict, won.admission, won.started, won.ended, None)
     return engine.respond(flight, "success", won.tried.reply.data if won.tried.reply else None, None, won.tried.reply)

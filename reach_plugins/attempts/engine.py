@@ -47,8 +47,14 @@ from reach_plugins.policy.classify import (
     refused_before_running,
 )
 from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
-from reach_plugins.policy.deadline import per_attempt_timeout
-from reach_plugins.policy.hedging import HedgeDelays, hedging_of
+from reach_plugins.policy.deadline import (
+    RETRY_ROOM_QUANTILE,
+    RETRY_ROOM_SAMPLES,
+    per_attempt_timeout,
+    retry_room,
+)
+from reach_plugins.policy.hedging import hedging_of
+from reach_plugins.policy.latency import Latencies
 from reach_plugins.policy.loopguard import check_target, hops_header
 from reach_plugins.telemetry.spans import EVENT_CONSISTENCY, EVENT_FAILOVER, EVENT_GIVE_UP
 from reach_plugins.transport import Call, Credential, Reply, Transport
@@ -100,8 +106,8 @@ class Engine:
         self.guards = GuardTable()
         self._refusals_logged: dict[tuple[str, str, str], float] = {}
         """When each (agent, instance, cause) of a refusal may be logged again."""
-        self.delays = HedgeDelays()
-        """Recent winning latencies per capability: when a hedged attempt is due."""
+        self.latencies = Latencies()
+        """Recent winning latencies of the calls that may be retried safely: when to hedge, when to cut."""
         self.hop: str | None = transport.hop
         """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
 
@@ -336,6 +342,27 @@ class Engine:
         for hook in self.hooks:
             hook.attempt(record)
 
+    @staticmethod
+    def _retry_safe(flight: Flight) -> bool:
+        """Whether this layer retries the call and a retry is checked (a key) or harmless (a ``safe`` capability)."""
+        return flight.retries_here and (flight.key is not None or flight.route.capability.safe)
+
+    def _retry_room(self, flight: Flight, now: float) -> float:
+        """What an attempt may take so that its answer lost leaves the retries their share of the deadline
+        (:func:`~reach_plugins.policy.deadline.retry_room`): the first attempt never uses the whole deadline once
+        the capability's latency is known."""
+        route = flight.route
+        policy = route.capability.retry or route.agent.retry
+        p99 = self.latencies.quantile(
+            route.agent.name, route.capability.name, RETRY_ROOM_QUANTILE, min_samples=RETRY_ROOM_SAMPLES
+        )
+        return retry_room(flight.deadline.remaining(now), policy.max_attempts - flight.counted, p99)
+
+    def won(self, flight: Flight, seconds: float) -> None:
+        """A call that may be retried safely succeeded in ``seconds`` at its last attempt: remember its latency."""
+        if self._retry_safe(flight):
+            self.latencies.record(flight.route.agent.name, flight.route.capability.name, seconds)
+
     def prepare(self, flight: Flight, timeout: float, now: float) -> Call:
         """The call of the next attempt. Downstream credentials are resolved only where they are sent: through a
         gateway or node the hop holds and injects them (DESIGN 11.4), so the caller needs none of them."""
@@ -358,6 +385,8 @@ class Engine:
         now = self.clock.now()
         route = flight.route
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
+        if self._retry_safe(flight):
+            timeout = min(timeout, self._retry_room(flight, now))
         call = self.prepare(flight, timeout, now)
         before, flight.ran_at = flight.ran_at, where_of(route)
         self.consistency.sent(route.agent.name, route.instance.instance_id)
