@@ -11,6 +11,7 @@ from core_fakes import FakeAgent, FakeRouter, make_agent
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import InvalidToken, OutcomeUnknown
 from reach_plugins.model import AgentDescriptor, ErrorInfo, Idempotency, ReachRequest, RetryPolicy
+from reach_plugins.policy.deadline import RETRY_ROOM_SAMPLES
 from reach_plugins.policy.dedup import payload_hash
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import MemoryDedupStore, store_key
@@ -187,3 +188,21 @@ async def test_an_instance_refusing_valid_tokens_is_failed_over_and_counted() ->
     await clock.sleep(120)
     with pytest.raises(InvalidToken):
         (await pipeline.run(order("op-x"))).raise_for_status()
+
+
+async def test_a_keyed_attempt_leaves_its_retries_time_once_the_latency_is_known() -> None:
+    """A hung attempt takes the whole deadline while the capability's latency is unknown; after 20 answers of
+    10 ms it is cut at its share of the deadline (3 s / 3 attempts) and retried there with its key."""
+    clock, fake, pipeline, _ = setup(make_agent(instances=1), honours_idempotency=True)
+    fake.script("orders-0", "hang")
+    cold = await pipeline.run(order("op-cold", idempotency_key="k-cold", timeout_ms=3000))
+    assert cold.status == "timeout"
+    for n in range(RETRY_ROOM_SAMPLES):
+        assert (await pipeline.run(order(f"op-{n}", idempotency_key=f"k-{n}", timeout_ms=3000))).ok
+    fake.script("orders-0", "hang")
+    start = clock.now()
+    response = await pipeline.run(order("op-h", idempotency_key="k-h", timeout_ms=3000), trace=True)
+    assert response.ok and response.trace is not None
+    first, second = response.trace.attempts
+    assert (first.outcome, first.duration_ms) == ("timeout", pytest.approx(1000.0))
+    assert second.outcome == "success" and clock.now() - start < 1.5

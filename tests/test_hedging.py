@@ -69,6 +69,14 @@ async def test_keyed_call_to_agent_without_shared_idempotency_is_not_hedged() ->
     assert [call.instance.instance_id for call in fake.calls] == ["orders-0"]
 
 
+async def test_a_conversation_turn_is_not_hedged() -> None:
+    """A call with a session id stays with its conversation's instance: no hedge moves it."""
+    _, fake, pipeline = setup(shared_agent())
+    fake.script("orders-0", "slow:5")
+    await pipeline.run(order("op-7", idempotency_key="k-7", session_id="conv-1"))
+    assert [call.instance.instance_id for call in fake.calls] == ["orders-0"]
+
+
 async def test_safe_capability_is_hedged_without_a_key() -> None:
     """A read declared ``safe`` may run twice: hedged without a key."""
     agent = make_agent(capability=Capability(name="query_order", safe=True), hedging=HEDGING)

@@ -286,8 +286,11 @@ class Engine:
 
     def hedging(self, flight: Flight) -> Hedging | None:
         """The hedging policy of ``flight`` when this layer may hedge it (it routes and retries, no hop owns
-        that, and the call may run twice: see :func:`~reach_plugins.policy.hedging.hedging_of`), else None."""
-        if self.hop is not None or not flight.retries_here or (flight.pin is not None and not flight.pin.shared):
+        that, the call is not bound to a conversation's instance, and it may run twice: see
+        :func:`~reach_plugins.policy.hedging.hedging_of`), else None."""
+        if self.hop is not None or not flight.retries_here or flight.request.session_id is not None:
+            return None
+        if flight.pin is not None and not flight.pin.shared:
             return None
         return hedging_of(flight.route.agent, flight.route.capability, keyed=flight.key is not None)
 
