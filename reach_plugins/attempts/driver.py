@@ -18,7 +18,6 @@ settled and the race waits for the other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
@@ -26,7 +25,7 @@ from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Admission, Flight
 from reach_plugins.errors import OutcomeUnknown, ReachError
 from reach_plugins.model import Hedging, ReachResponse
-from reach_plugins.policy.classify import SUCCESS, Verdict
+from reach_plugins.policy.classify import Verdict
 from reach_plugins.policy.hedging import hedge_delay
 from reach_plugins.telemetry.spans import EVENT_RETRY
 from reach_plugins.transport import EventStream, Reply, StreamEvent
@@ -132,6 +131,18 @@ async def drive(engine: Engine, flight: Flight, attempt: Attempt, *, hedge: bool
         flight.move("wake")
 
 
+class _Runner(NamedTuple):
+    """One attempt of a race: its flight (the request's, or the hedge's sibling), admission and start."""
+
+    flight: Flight
+    admission: Admission
+    started: float
+    tick: float
+
+
+_Sent = asyncio.Future[tuple[Verdict, Reply | None]]
+
+
 async def _race(engine: Engine, flight: Flight, admission: Admission, policy: Hedging, started: float) -> Raced:
     """Send ``flight``; if it has not answered after the hedge delay, send a hedge elsewhere and race them.
 
@@ -139,14 +150,10 @@ async def _race(engine: Engine, flight: Flight, admission: Admission, policy: He
     on from its instance. Every other attempt is settled (it failed) or cancelled (it lost) here.
     """
     clock = engine.clock
-    tick = clock.monotonic()
     route = flight.route
     delay = hedge_delay(engine.latencies, route.agent.name, route.capability.name, policy)
-    racing: dict[asyncio.Future[tuple[Verdict, Reply | None]], Raced] = {}
-    first = asyncio.ensure_future(engine.send(flight))
-    entry = Raced(Tried(SUCCESS, True), admission, started, tick)
-    racing[first] = entry
-    flights: dict[asyncio.Future[tuple[Verdict, Reply | None]], Flight] = {first: flight}
+    first = _quiet(asyncio.ensure_future(engine.send(flight)))
+    racing: dict[_Sent, _Runner] = {first: _Runner(flight, admission, started, clock.monotonic())}
     try:
         if flight.deadline.fits(started, delay):
             timer = asyncio.ensure_future(clock.sleep(delay))
@@ -156,55 +163,53 @@ async def _race(engine: Engine, flight: Flight, admission: Admission, policy: He
                 timer.cancel()
             hedged = None if first.done() else engine.hedge(flight)
             if hedged is not None:
-                sibling, second_admission = hedged
-                second = asyncio.ensure_future(engine.send(sibling))
-                racing[second] = Raced(entry.tried, second_admission, clock.now(), clock.monotonic())
-                flights[second] = sibling
+                sibling, second = hedged
+                sent = _quiet(asyncio.ensure_future(engine.send(sibling)))
+                racing[sent] = _Runner(sibling, second, clock.now(), clock.monotonic())
                 flight.attempts = sibling.attempts
-        return await _first_success(engine, flight, racing, flights)
+        return await _first_success(engine, flight, racing)
     finally:
         for task, left in racing.items():  # only when the race itself was cut (cancelled, or raised)
             task.cancel()
             engine.abandon(left.admission)
 
 
-async def _first_success(
-    engine: Engine,
-    flight: Flight,
-    racing: dict[asyncio.Future[tuple[Verdict, Reply | None]], Raced],
-    flights: dict[asyncio.Future[tuple[Verdict, Reply | None]], Flight],
-) -> Raced:
+def _quiet(task: _Sent) -> _Sent:
+    """``task``, whose failure counts as seen once it ends: a cancelled loser's error is nobody's to report."""
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return task
+
+
+async def _first_success(engine: Engine, flight: Flight, racing: dict[_Sent, _Runner]) -> Raced:
     """Wait for the racing attempts until one succeeds (the others are cancelled) or all have failed."""
     clock = engine.clock
     while True:
         done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            entry = racing.pop(task)
-            who = flights.pop(task)
+            runner = racing.pop(task)
             failure = task.exception()
             if failure is not None:
-                engine.abandon(entry.admission)
+                engine.abandon(runner.admission)
                 if racing:
                     continue
                 raise failure
             verdict, reply = task.result()
-            ended = Raced(Tried(verdict, reply is not None, reply), entry.admission, entry.started, entry.tick)
+            who = runner.flight
             if racing and not verdict.ok:
-                duration = clock.monotonic() - entry.tick
-                engine.settle(who, entry.admission, verdict, duration, answered=reply is not None)
-                engine.record_at(who, who.route, verdict, entry.admission, entry.started, clock.now(), None)
+                duration = clock.monotonic() - runner.tick
+                engine.settle(who, runner.admission, verdict, duration, answered=reply is not None)
+                engine.record_at(who, who.route, verdict, runner.admission, runner.started, clock.now(), None)
                 flight.far_attempts += 1
                 continue
-            for loser, lost in racing.items():
+            for loser in list(racing):
                 loser.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await loser
-                engine.cancelled(flights[loser], lost.admission, lost.started)
+                await asyncio.wait((loser,))  # its end, whatever it is; a cancellation of this task still propagates
+                lost = racing.pop(loser)
+                engine.cancelled(lost.flight, lost.admission, lost.started)
                 flight.far_attempts += 1
-            racing.clear()
             if who is not flight:
                 engine.adopt(flight, who)
-            return ended
+            return Raced(Tried(verdict, reply is not None, reply), runner.admission, runner.started, runner.tick)
 
 
 async def _send(engine: Engine, flight: Flight, now: float) -> Tried:
