@@ -154,6 +154,17 @@ class Engine:
             moved.reason,
         )
 
+    def refusal_of(self, route: RouteLike, verdict: Verdict) -> Verdict:
+        """``verdict`` of an answer from ``route``, as a refusal of the instance when it proves nothing ran there
+        (:func:`~reach_plugins.policy.classify.refused_before_running`; only for a reach agent answering us
+        directly, with the token our issuer signed), logged."""
+        if self.hop is not None or route.agent.protocol != "reach" or verdict.ok:
+            return verdict
+        verdict = refused_before_running(verdict)
+        if verdict.refusal:
+            self._log_refusal(route, verdict)
+        return verdict
+
     def _log_refusal(self, route: RouteLike, verdict: Verdict) -> None:
         """Warn that an instance refused a call before running it (at most once a minute per instance and cause):
         a token refusal of a token our issuer just signed usually means the instance's clock is off."""
@@ -405,11 +416,7 @@ class Engine:
             if not verdict.delivered:
                 flight.ran_at = before
             return verdict, None
-        verdict = classify_reply(reply)
-        if self.hop is None and route.agent.protocol == "reach":
-            verdict = refused_before_running(verdict)
-            if verdict.refusal:
-                self._log_refusal(route, verdict)
+        verdict = self.refusal_of(route, classify_reply(reply))
         if not verdict.delivered:
             flight.ran_at = before
         if verdict.ok:
