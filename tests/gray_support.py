@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faultproxy import FaultProxy, Mode, _Link
+from faultproxy import FaultProxy, _Link
 from servers import free_port
 
 AGENT = """
@@ -77,23 +77,29 @@ class LossyProxy(FaultProxy):
         self.loss = loss
         self.hang = hang
         self.rng = random.Random(seed)
+        self.requests = 0
         self.lost = 0
 
     async def _replies(self, reader: asyncio.StreamReader, link: _Link) -> None:
         if not self.hang:
-            return await super()._replies(reader, link)
+            await super()._replies(reader, link)
+            return
         while chunk := await reader.read(65536):
             if not link.lose_reply:
                 link.client.write(chunk)
                 await link.client.drain()
         link.client.transport.abort()
-        return None
 
-    def _fault(self) -> Mode:
-        if self.rng.random() < self.loss:
-            self.lost += 1
-            return "lose_reply"
-        return "pass"
+    async def _requests(self, reader: asyncio.StreamReader, link: _Link) -> None:
+        """Forward requests; one draw per HTTP request (at its request line), so each reply is lost with ``loss``."""
+        while chunk := await reader.read(65536):
+            if chunk.startswith((b"POST ", b"GET ")):
+                link.lose_reply = self.rng.random() < self.loss
+                self.requests += 1
+                self.lost += link.lose_reply
+            link.upstream.write(chunk)
+            await link.upstream.drain()
+        link.upstream.transport.abort()
 
 
 @dataclass

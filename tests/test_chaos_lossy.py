@@ -25,7 +25,7 @@ from reach_plugins import ReachClient
 from reach_plugins.errors import ReachError
 
 CALLS = 600
-RATE = 60.0
+RATE = 100.0
 LOSS = 0.2
 MAX_ATTEMPTS = 3
 
@@ -70,9 +70,9 @@ async def test_a_lossy_instance_costs_at_most_its_binomial_share(tmp_path: Path,
 
                 async with asyncio.timeout(CALLS / RATE + 60):
                     await paced(RATE, CALLS, one)
-            lost = proxy.lost
+            lost, sent = proxy.lost, proxy.requests
         executions = cluster.executions()
-    print(f"lossy 20 %: lost={lost} final={dict(outcomes.final)} there={dict(lossy_calls.final)}")
+    print(f"lossy 20 %: lost {lost} of {sent} final={dict(outcomes.final)} there={dict(lossy_calls.final)}")
     assert {key: count for key, count in executions.items() if count > 1} == {}
     assert lost > 0 and lossy_calls.calls >= CALLS // 5
     allowed = binomial_upper(lossy_calls.calls, LOSS**MAX_ATTEMPTS, 1e-4)

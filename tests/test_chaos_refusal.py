@@ -22,7 +22,7 @@ from reach_plugins.security.keys import ENV_KEYS, KeyRing, SigningKey
 from reach_plugins.security.source import LocalTokens
 
 CALLS = 800
-RATE = 80.0
+RATE = 100.0
 SKEW = 300.0
 
 
