@@ -1,15 +1,19 @@
 """A lossy instance (issue 25, deliverable 9): 20 % of its replies lost after executing, keys checked by the agent.
 
 Three agent processes, each checking idempotency keys in its own store (no shared idempotency: a keyed
-call whose answer was lost may be retried only where it ran). One sits behind a real TCP proxy that resets
-the connection instead of relaying the agent's answer, for each reply with probability 0.2 (seeded). Every
-call is keyed; the agents log each execution by key.
+call whose answer was lost may be retried only where it ran). One sits behind a real TCP proxy that
+swallows the agent's answer and leaves the connection hanging, for each reply with probability 0.2
+(seeded). Every call is keyed (deadline 4 s); the agents log each execution by key.
 
-A call whose first attempt lands on the lossy instance is retried there with its key; the agent replays
-the stored result. Each attempt there is lost independently with p = 0.2, so with max_attempts 3 such a
-call fails with probability p**3 = 0.008 and the success rate of those calls is 0.992 >= 0.99; the
-breaker judges requests, not attempts (a retry that succeeds keeps it closed), so it does not open on an
-instance whose retries succeed. The failures allowed are the 1e-4 upper quantile of Binomial(n, p**3).
+On the first release the hung attempt took the whole deadline (the per-attempt timeout is the response
+timeout, 120 s), so every lost answer failed its call: 46 of 600. Now, once the capability's latency is
+known, an attempt of a keyed call takes at most its share of the deadline; a call whose first attempt
+lands on the lossy instance is retried there with its key and the agent replays the stored result.
+Each attempt there is lost independently with p = 0.2, so with max_attempts 3 such a call fails with
+probability p**3 = 0.008: the success rate of those calls is 0.992 >= 0.99. The breaker judges requests,
+not attempts (a retry that succeeds keeps it closed), so it does not open on an instance whose retries
+succeed: it executes everything and 80 % of its answers arrive, shutting it out would only shift load.
+The failures allowed are the 1e-4 upper quantile of Binomial(n, p**3).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import asyncio
 import math
 from pathlib import Path
 
-import pytest
 from gray_support import LossyProxy, Outcomes, gray_cluster, paced
 
 from reach_plugins import ReachClient
@@ -40,15 +43,14 @@ def binomial_upper(n: int, p: float, tail: float) -> int:
         k += 1
 
 
-@pytest.mark.parametrize("hang", [False, True], ids=["reset", "hang"])
-async def test_a_lossy_instance_costs_at_most_its_binomial_share(tmp_path: Path, hang: bool) -> None:
+async def test_a_lossy_instance_costs_at_most_its_binomial_share(tmp_path: Path) -> None:
     """20 % of one instance's replies lost after executing, 600 keyed calls: success of the calls that went
     there >= 0.99 within a binomial margin, 0 duplicates, and the other calls all succeed."""
     outcomes = Outcomes()
     lossy_calls = Outcomes()
     with gray_cluster(tmp_path) as cluster:
         cluster.start(3, "memory://")
-        async with LossyProxy(("127.0.0.1", cluster.agents[0].port), loss=LOSS, hang=hang) as proxy:
+        async with LossyProxy(("127.0.0.1", cluster.agents[0].port), loss=LOSS, hang=True) as proxy:
             registry = cluster.registry(f"    retry: {{max_attempts: {MAX_ATTEMPTS}}}\n", ports={0: proxy.port})
             async with ReachClient(registry, tenant="demo") as client:
 
