@@ -68,30 +68,17 @@ uvicorn.Server(uvicorn_config(served, host="127.0.0.1", port=int(port), log_leve
 
 
 class LossyProxy(FaultProxy):
-    """A :class:`FaultProxy` that loses each reply with probability ``loss`` (seeded): the agent has executed
-    the request and answered; the caller sees the connection reset instead of the answer, or (``hang``)
-    nothing at all until its own timeout."""
+    """A :class:`FaultProxy` that loses each reply with probability ``loss`` (seeded, one draw per HTTP request):
+    the agent has executed the request and answered; the caller sees nothing at all until its own timeout."""
 
-    def __init__(self, upstream: tuple[str, int], *, loss: float, hang: bool = False, seed: int = 25) -> None:
+    def __init__(self, upstream: tuple[str, int], *, loss: float, seed: int = 25) -> None:
         super().__init__(upstream)
         self.loss = loss
-        self.hang = hang
         self.rng = random.Random(seed)
         self.requests = 0
         self.lost = 0
 
-    async def _replies(self, reader: asyncio.StreamReader, link: _Link) -> None:
-        if not self.hang:
-            await super()._replies(reader, link)
-            return
-        while chunk := await reader.read(65536):
-            if not link.lose_reply:
-                link.client.write(chunk)
-                await link.client.drain()
-        link.client.transport.abort()
-
     async def _requests(self, reader: asyncio.StreamReader, link: _Link) -> None:
-        """Forward requests; one draw per HTTP request (at its request line), so each reply is lost with ``loss``."""
         while chunk := await reader.read(65536):
             if chunk.startswith((b"POST ", b"GET ")):
                 link.lose_reply = self.rng.random() < self.loss
@@ -100,6 +87,13 @@ class LossyProxy(FaultProxy):
             link.upstream.write(chunk)
             await link.upstream.drain()
         link.upstream.transport.abort()
+
+    async def _replies(self, reader: asyncio.StreamReader, link: _Link) -> None:
+        while chunk := await reader.read(65536):
+            if not link.lose_reply:
+                link.client.write(chunk)
+                await link.client.drain()
+        link.client.transport.abort()
 
 
 @dataclass
