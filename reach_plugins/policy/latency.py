@@ -20,24 +20,32 @@ _MAX_TRACKED = 4096
 """(agent, capability) pairs tracked at most; the oldest pair is forgotten beyond that."""
 
 
-class _Window:
-    """The last :data:`WINDOW` latencies of one capability, with its sorted view cached until the next sample."""
+RESORT_EVERY = 16
+"""A full window's sorted view is rebuilt after this many new samples, not after each (a sort per call is not
+free on the hot path; a quantile lagging 16 of 200 samples moves little)."""
 
-    __slots__ = ("_ordered", "samples")
+
+class _Window:
+    """The last :data:`WINDOW` latencies of one capability, with a sorted view rebuilt as samples come in."""
+
+    __slots__ = ("_ordered", "_stale", "samples")
 
     def __init__(self) -> None:
         self.samples: deque[float] = deque(maxlen=WINDOW)
-        self._ordered: list[float] | None = None
+        self._ordered: list[float] = []
+        self._stale = 0
 
     def add(self, seconds: float) -> None:
         self.samples.append(seconds)
-        self._ordered = None
+        self._stale += 1
 
     def quantile(self, q: float) -> float:
-        """The nearest-rank ``q`` quantile of the window (not empty)."""
+        """The nearest-rank ``q`` quantile of the window (not empty), at most :data:`RESORT_EVERY` samples old
+        once the window is full."""
+        if self._stale and (self._stale >= RESORT_EVERY or len(self.samples) < WINDOW):
+            self._ordered = sorted(self.samples)
+            self._stale = 0
         ordered = self._ordered
-        if ordered is None:
-            ordered = self._ordered = sorted(self.samples)
         return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
