@@ -126,6 +126,10 @@ def test_a_descriptor_may_not_name_a_tenants_token_as_its_secret() -> None:
     assert "agents.yaml: agents[0].auth.value_env: environment variable BETA_TOKEN holds a tenant's token" in message
     assert "give the agent a variable of its own" in message
     assert parse_config(_config("ORDERS_KEY")).agents[0].auth.value_env == "ORDERS_KEY"
+    doc = _config("ORDERS_KEY")
+    doc["tenants"]["acme"]["credentials"] = {"orders": {"value_env": "BETA_TOKEN"}}
+    with pytest.raises(errors.ConfigError, match=r"tenants\.acme\.credentials\.orders\.value_env: .*BETA_TOKEN"):
+        parse_config(doc)
 
 
 def test_with_a_secrets_prefix_descriptors_name_only_allowed_variables() -> None:

@@ -184,8 +184,8 @@ def token_envs(tenants: Mapping[str, TenantConfig]) -> frozenset[str]:
     return frozenset(tenant.token_env for tenant in tenants.values() if tenant.token_env)
 
 
-def _auth_envs(auth: Auth) -> list[tuple[str, str]]:
-    """``(field, variable)`` for each environment variable ``auth`` names."""
+def _auth_envs(auth: Auth | CredentialRef) -> list[tuple[str, str]]:
+    """``(field, variable)`` for each environment variable ``auth`` (an agent's, or a tenant's own) names."""
     named = (("value_env", auth.value_env), ("client_cert_env", auth.client_cert_env))
     return [(key, name) for key, name in (*named, ("client_key_env", auth.client_key_env)) if name]
 
@@ -193,14 +193,23 @@ def _auth_envs(auth: Auth) -> list[tuple[str, str]]:
 def unallowed_secrets(
     agents: list[tuple[str, AgentDescriptor]], tenants: Mapping[str, TenantConfig], secrets: SecretsPolicy
 ) -> Problems:
-    """Descriptors naming a variable the operator did not allow as their secret."""
+    """Descriptors naming a variable the operator did not allow as their secret, and tenants' own credentials
+    naming a tenant's token (it would be sent downstream as the tenant's key)."""
     reserved = token_envs(tenants)
-    return [
+    problems: Problems = [
         (f"{path}.auth.{key}", problem)
         for path, agent in agents
         for key, name in _auth_envs(agent.auth)
         if (problem := secrets.problem(name, reserved)) is not None
     ]
+    problems += [
+        (f"tenants.{tenant}.credentials.{agent}.{key}", problem)
+        for tenant, config in tenants.items()
+        for agent, ref in config.credentials.items()
+        for key, name in _auth_envs(ref)
+        if (problem := NO_SECRETS_POLICY.problem(name, reserved)) is not None
+    ]
+    return problems
 
 
 class AuthDefaults(Strict):
