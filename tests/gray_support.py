@@ -7,8 +7,10 @@ own, so duplicates are counted where they happen, at the agents. Options:
 * ``slow="2,5"``: every ``POST /reach`` waits uniform(2, 5) s before the agent
   sees it (a starved host or a long accept queue: probes of ``/readyz`` and
   ``/healthz`` still answer at once, so the instance looks healthy);
-* ``skew=300``: the agent verifies tokens (keys from ``REACH_ISSUER_KEYS``) on a
-  clock 300 s ahead of the real one;
+* ``skew=300``: the agent verifies tokens on a clock 300 s ahead of the real one.
+
+Every agent verifies tokens of the cluster's own issuer key (``REACH_ISSUER_KEYS``
+in its environment); callers take theirs from :meth:`GrayCluster.tokens`.
 
 Replies lost after executing are a proxy's doing (:class:`LossyProxy`).
 """
@@ -30,21 +32,23 @@ from pathlib import Path
 from faultproxy import FaultProxy, _Link
 from servers import free_port
 
+from reach_plugins.security.issuer import TokenIssuer
+from reach_plugins.security.keys import ENV_KEYS, KeyRing, SigningKey
+from reach_plugins.security.source import LocalTokens
+
 AGENT = """
-import asyncio, os, random, sys, time
+import asyncio, random, sys, time
 import uvicorn
 from reach_plugins.agent import ReachAgent, ReachContext
+from reach_plugins.security.issuer import RingKeys
+from reach_plugins.security.keys import KeyRing
+from reach_plugins.security.verifier import TokenVerifier
 from reach_plugins.server.uvicorn import uvicorn_config
 
 name, port, store, log, instance_id, slow, skew = sys.argv[1:8]
 out = open(log, "a", buffering=1)
-tokens = None
-if os.environ.get("REACH_ISSUER_KEYS"):
-    from reach_plugins.security.issuer import RingKeys
-    from reach_plugins.security.keys import KeyRing
-    from reach_plugins.security.verifier import TokenVerifier
-    offset = float(skew)
-    tokens = TokenVerifier(issuer="reach", keys=RingKeys(KeyRing.load()), clock=lambda: time.time() + offset)
+offset = float(skew)
+tokens = TokenVerifier(issuer="reach", keys=RingKeys(KeyRing.load()), clock=lambda: time.time() + offset)
 agent = ReachAgent(name, idempotency=store, tokens=tokens)
 
 @agent.capability("work", description="Do some work once per key")
@@ -116,6 +120,12 @@ class GrayCluster:
     folder: Path
     name: str = "gray"
     agents: list[GrayAgent] = field(default_factory=list)
+    key: SigningKey = field(default_factory=SigningKey.generate)
+    """The issuer key every agent of the cluster verifies tokens with."""
+
+    def tokens(self, *, ttl: float = 300.0) -> LocalTokens:
+        """A caller's token source: tokens signed with the cluster's key, living ``ttl`` seconds."""
+        return LocalTokens(TokenIssuer(KeyRing([self.key]), ttl=ttl))
 
     def start(
         self,
@@ -124,7 +134,6 @@ class GrayCluster:
         *,
         slow: dict[int, str] | None = None,
         skew: dict[int, float] | None = None,
-        env: dict[str, str] | None = None,
     ) -> None:
         for index in range(count):
             instance_id = f"{self.name}-{index}"
@@ -144,7 +153,7 @@ class GrayCluster:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", ENV_KEYS: self.key.pem().decode()},
             )
             self.agents.append(GrayAgent(instance_id, port, log, process))
         for agent in self.agents:

@@ -32,7 +32,7 @@ async def test_hedging_keeps_every_keyed_call_off_a_slow_instance(tmp_path: Path
     with gray_cluster(tmp_path) as cluster:
         cluster.start(3, store, slow={1: f"{SLOW[0]},{SLOW[1]}"})
         registry = cluster.registry(DESCRIPTOR)
-        async with ReachClient(registry, tenant="demo") as client:
+        async with ReachClient(registry, tenant="demo", tokens=cluster.tokens()) as client:
 
             async def one(n: int) -> None:
                 try:

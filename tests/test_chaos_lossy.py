@@ -52,7 +52,7 @@ async def test_a_lossy_instance_costs_at_most_its_binomial_share(tmp_path: Path)
         cluster.start(3, "memory://")
         async with LossyProxy(("127.0.0.1", cluster.agents[0].port), loss=LOSS) as proxy:
             registry = cluster.registry(f"    retry: {{max_attempts: {MAX_ATTEMPTS}}}\n", ports={0: proxy.port})
-            async with ReachClient(registry, tenant="demo") as client:
+            async with ReachClient(registry, tenant="demo", tokens=cluster.tokens()) as client:
 
                 async def one(n: int) -> None:
                     try:

@@ -17,9 +17,6 @@ from gray_support import Outcomes, gray_cluster, paced
 
 from reach_plugins import ReachClient
 from reach_plugins.errors import ReachError
-from reach_plugins.security.issuer import TokenIssuer
-from reach_plugins.security.keys import ENV_KEYS, KeyRing, SigningKey
-from reach_plugins.security.source import LocalTokens
 
 CALLS = 800
 RATE = 100.0
@@ -28,14 +25,12 @@ SKEW = 300.0
 
 async def test_an_instance_with_a_skewed_clock_costs_no_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """One of 3 agents' clock +300 s, 800 keyed calls: 0 failed; its refusals failed over, counted and logged."""
-    key = SigningKey.generate()
-    issuer = TokenIssuer(KeyRing([key]), ttl=120.0)
     outcomes = Outcomes()
     refused_at: list[str] = []
     with gray_cluster(tmp_path) as cluster:
-        cluster.start(3, "memory://", skew={2: SKEW}, env={ENV_KEYS: key.pem().decode()})
+        cluster.start(3, "memory://", skew={2: SKEW})
         registry = cluster.registry()
-        async with ReachClient(registry, tenant="demo", tokens=LocalTokens(issuer)) as client:
+        async with ReachClient(registry, tenant="demo", tokens=cluster.tokens(ttl=120.0)) as client:
 
             async def one(n: int) -> None:
                 try:
