@@ -186,12 +186,24 @@ async def test_queue_wait_is_bounded_by_max_wait() -> None:
     assert isinstance(outcomes[1], RateLimited) and len(fake.calls) == 1
 
 
-async def test_capability_max_concurrency_applies() -> None:
-    """A capability's max_concurrency queues calls beyond it even when the pool has room."""
-    clock, _, pipeline = setup(capability=Capability(name="query_order", max_concurrency=1))
+async def test_capability_max_concurrency_applies_per_instance() -> None:
+    """max_concurrency 1 on one instance: it runs 1 and holds 1 in line (AGENT_QUEUE), so a third call waits."""
+    clock, _, pipeline = setup(instances=1, capability=Capability(name="query_order", max_concurrency=1))
     start = clock.now()
-    await asyncio.gather(pipeline.run(order()), pipeline.run(order()))
+    await asyncio.gather(*(pipeline.run(order()) for _ in range(3)))
     assert clock.now() - start == pytest.approx(2.0)
+
+
+async def test_one_instances_overload_narrows_only_its_own_window() -> None:
+    """Backpressure from orders-0 shrinks orders-0's adaptive limit; its peers keep the whole pool's window."""
+    _, fake, pipeline = setup(pool=PoolConfig(max_conns=20))
+    fake.default("429", "orders-0")
+    for _ in range(30):
+        await pipeline.run(order())
+    guards = pipeline._engine.guards.get(make_agent(pool=PoolConfig(max_conns=20)), 0.0)
+    windows = {name: guards.instance(name)[0].limiter.limit for name in ("orders-0", "orders-1", "orders-2")}
+    assert windows["orders-0"] < 20 and windows["orders-1"] == windows["orders-2"] == 20, windows
+    assert pipeline.is_available("orders", "orders-0"), "overload never opens the breaker"
 
 
 async def test_a_wait_that_ends_at_the_deadline_sends_nothing() -> None:

@@ -195,7 +195,7 @@ class Engine:
         route = flight.route
         tick = self.clock.monotonic()
         guards = self.guards.get(route.agent, tick)
-        slot = guards.try_admit(route.capability)
+        slot = guards.try_admit(route.capability, route.instance.instance_id)
         if slot is None:
             return None
         breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
@@ -226,7 +226,7 @@ class Engine:
         while True:
             route = flight.route
             guards = self.guards.get(route.agent, self.clock.monotonic())
-            slot = await guards.admit(route.capability, self.clock, flight.deadline)
+            slot = await guards.admit(route.capability, route.instance.instance_id, self.clock, flight.deadline)
             breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
             tick = self.clock.monotonic()
             permit = breaker.acquire(tick, on_move=self.tell_moved(flight))
@@ -448,23 +448,24 @@ class Engine:
         failure: it goes to the hop's breaker and the instance is not blamed.
         """
         tick = self.clock.monotonic()
-        hop_fault = admission.hop is not None and not answered and verdict.instance_fault
+        overload = admission.guards.overloaded(admission.slot, verdict)
+        fault = verdict.instance_fault and not overload
+        """Overload is never a fault: it narrows the instance's window, no breaker (instance's or hop's) counts it."""
+        hop_fault = admission.hop is not None and not answered and fault
         tell = self.tell_moved(flight)
         if admission.hop is not None:
             admission.hop[0].record(admission.hop[1], tick, failure=hop_fault, duration=duration, on_move=tell)
-        if hop_fault or (again and verdict.instance_fault):
+        if hop_fault or (again and fault):
             admission.breaker.release(admission.permit)
         else:
-            failure = verdict.instance_fault
-            admission.breaker.record(admission.permit, tick, failure=failure, duration=duration, on_move=tell)
+            admission.breaker.record(admission.permit, tick, failure=fault, duration=duration, on_move=tell)
         if not hop_fault:
-            fault = verdict.instance_fault and not verdict.overload
             where = admission.breaker
             self.outliers.record(where.agent, where.instance, latency=duration, failure=fault, now=tick, on_move=tell)
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None
-        admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload)
+        admission.guards.done(admission.slot, tick, latency=latency, overload=overload)
 
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""
