@@ -111,10 +111,22 @@ def test_adaptive_limit_shrinks_when_latency_climbs_and_recovers() -> None:
         adaptive.record(now, 1.0, overload=False, in_flight=50)
     narrowed = adaptive.limit
     assert narrowed < 50
-    for _ in range(500):
+    for _ in range(50 * 50):
         now += 0.1
         adaptive.record(now, 0.1, overload=False, in_flight=adaptive.limit)
     assert adaptive.limit == 50
+
+
+def test_adaptive_limit_grows_by_one_per_window_of_successes() -> None:
+    """Additive increase is one per round trip (a window's worth of answers), so overload cuts can hold it down."""
+    adaptive = AdaptiveLimit(100)
+    adaptive.record(T0, None, overload=True, in_flight=100)
+    assert adaptive.limit == 90
+    for i in range(89):
+        adaptive.record(T0 + 1 + i * 0.01, None, overload=False, in_flight=90)
+    assert adaptive.limit == 90
+    adaptive.record(T0 + 2, None, overload=False, in_flight=90)
+    assert adaptive.limit == 91
 
 
 def test_adaptive_limit_does_not_grow_an_idle_window() -> None:

@@ -21,15 +21,10 @@ from reach_plugins.model import AgentDescriptor, Capability
 from reach_plugins.policy.budget import RetryBudget
 from reach_plugins.policy.classify import Verdict
 from reach_plugins.policy.deadline import Deadline
-from reach_plugins.policy.limits import AdaptiveLimit, TokenBucket
+from reach_plugins.policy.limits import AGENT_QUEUE, AdaptiveLimit, TokenBucket
 
 DEFAULT_MAX_WAIT = 3.0
 """Longest wait for a concurrency slot when the agent sets no ``rate_limit.max_wait``."""
-
-AGENT_QUEUE = 1
-"""How many calls beyond ``max_concurrency`` an agent SDK instance holds in line, per running one
-(:class:`~reach_plugins.agent.handlers.CapabilityHandler`). Callers keep that many more in flight to each
-instance, so it never idles for a round trip between calls (goodput stays at its capacity)."""
 
 MAX_INSTANCES = 1024
 """Instances whose guards one agent keeps; past it, the idle ones are dropped (instances come and go)."""
@@ -166,14 +161,16 @@ class AgentGuards:
             return limiter.in_flight >= limiter.limit
         return verdict.overload
 
-    def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool) -> None:
-        """Give the slots back and let the instance's adaptive limit learn from the attempt."""
+    def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool, refused: bool = False) -> None:
+        """Give the slots back and let the instance's adaptive limit learn from the attempt (``refused``: the
+        instance answered "not executed" at its limit)."""
         guards = slot.instance
         in_flight = guards.limiter.in_flight
         self._release(slot.limiters)
-        limit = guards.adaptive.record(now, latency, overload=overload, in_flight=in_flight)
+        limit = guards.adaptive.record(now, latency, overload=overload, in_flight=in_flight, refused=refused)
         if limit != guards.limiter.limit:
-            guards.limiter.limit = limit
+            # The line is as long as the window: a call waits about one round trip at most, then is shed.
+            guards.limiter.limit = guards.limiter.max_queue = limit
 
     def release(self, slot: Slot) -> None:
         """Give the slots back without a result to learn from (nothing was sent)."""

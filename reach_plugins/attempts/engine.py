@@ -465,7 +465,8 @@ class Engine:
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None
-        admission.guards.done(admission.slot, tick, latency=latency, overload=overload)
+        refused = overload and not verdict.delivered
+        admission.guards.done(admission.slot, tick, latency=latency, overload=overload, refused=refused)
 
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""
