@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 from hop_support import TOKENS, demo_tenants, free_port, write_config
+from servers import startup_seconds
 from test_chaos_agents import wait_listening
 
 from reach_plugins import ReachClient
@@ -172,13 +173,13 @@ async def test_ten_times_capacity_keeps_goodput_and_opens_no_breaker(
             capability["max_concurrency"] = LIMIT
         spec = {"endpoints": [f"http://127.0.0.1:{port}"], "capabilities": [capability]}
         config = write_config(tmp_path / "agents.yaml", {"orders": spec}, demo_tenants())
-        await wait_listening(port, 60)
+        await wait_listening(port, startup_seconds())
         transport = None
         if hop == "gateway":
             gateway_port = free_port()
             command = [GATEWAY, "gateway", "--config", str(config), "--host", "127.0.0.1", "--port", str(gateway_port)]
             processes.append(spawn(command, tmp_path / "gateway.err"))
-            await wait_listening(gateway_port, 60)
+            await wait_listening(gateway_port, startup_seconds())
             transport = GatewayTransport(f"http://127.0.0.1:{gateway_port}", token=TOKENS["DEMO_TOKEN"])
         async with asyncio.timeout(120), ReachClient(str(config), transport, tenant="demo", environ=TOKENS) as client:
             load = Load(client)

@@ -100,7 +100,7 @@ def test_overload_signals_and_breaker_faults() -> None:
 
 
 def test_429_and_503_with_retry_after_are_overload_never_a_fault() -> None:
-    """"Slow down" (429, or 503 with Retry-After) narrows the limit and is retried, but no breaker counts it."""
+    """ "Slow down" (429, or 503 with Retry-After) narrows the limit and is retried, but no breaker counts it."""
     for reply in (fail(code=429), fail(code=503, retry_after=1)):
         verdict = classify_reply(reply)
         assert verdict.overload and verdict.retryable and not verdict.instance_fault
