@@ -289,3 +289,29 @@ async def test_a_wall_clock_step_back_changes_neither_rate_limit_nor_breaker_tim
     clock.offset -= 3600.0
     clock.advance(5.0)
     assert pipeline.is_available("orders", "orders-0")
+
+
+async def test_a_full_instance_window_spills_to_its_peers() -> None:
+    """orders-0's window narrowed by its own overload: calls beyond it go to orders-1/2, none is shed."""
+    _, fake, pipeline = setup(pool=PoolConfig(max_conns=20))
+    guards = pipeline._engine.guards.get(make_agent(pool=PoolConfig(max_conns=20)), 0.0)
+    window = guards.instance("orders-0")[0].limiter
+    window.limit = window.max_queue = 1
+    outcomes = await asyncio.gather(*(pipeline.run(order()) for _ in range(30)), return_exceptions=True)
+    assert all(not isinstance(o, BaseException) and o.ok for o in outcomes), outcomes
+    assert fake.sent["orders-0"] <= 2 < fake.sent["orders-1"]
+
+
+async def test_a_timeout_at_the_instances_limit_is_overload_not_a_fault() -> None:
+    """Timeouts while orders-0 holds its whole window narrow it and leave its breaker closed; once the window is
+    at its narrowest, timeouts count as faults again, so a dead instance is still shut out."""
+    _, fake, pipeline = setup(instances=1, pool=PoolConfig(max_conns=4))
+    fake.default("hang")
+    request = order().model_copy(update={"timeout_ms": 1000})
+    await asyncio.gather(*(pipeline.run(request) for _ in range(4)), return_exceptions=True)
+    guards = pipeline._engine.guards.get(make_agent(instances=1, pool=PoolConfig(max_conns=4)), 0.0)
+    assert guards.instance("orders-0")[0].limiter.limit < 4
+    assert pipeline.is_available("orders", "orders-0")
+    for _ in range(40):
+        await asyncio.gather(pipeline.run(request), return_exceptions=True)
+    assert not pipeline.is_available("orders", "orders-0")

@@ -97,6 +97,12 @@ class AgentGuards:
             self._instances[instance] = found
         return found
 
+    def window_full(self, instance: str, capability: Capability | None) -> bool:
+        """Whether ``instance``'s own limits (its window, or the capability's there), not the pool, have no room."""
+        guards = self.instance(instance)[0]
+        own = (guards.limiter, guards.capability_limiter(capability))
+        return any(limiter is not None and limiter.in_flight >= limiter.limit for limiter in own)
+
     def try_admit(self, capability: Capability | None, instance: str) -> Slot | None:
         """The slot of an attempt that needs no wait (no rate limit, no capability limit, free slots), else None."""
         if self.bucket is not None or (capability is not None and capability.max_concurrency is not None):
@@ -155,10 +161,12 @@ class AgentGuards:
     @staticmethod
     def overloaded(slot: Slot, verdict: Verdict) -> bool:
         """Whether a failed attempt was its instance's overload, not its fault: an explicit signal (429, 503 with
-        Retry-After, a limit's refusal), or a timeout while the instance held as many calls as its window allows."""
+        Retry-After, a limit's refusal), or a timeout while the instance held as many calls as its window allows
+        (above the narrowest window)."""
         if verdict.outcome == "timeout":
-            limiter = slot.instance.limiter
-            return limiter.in_flight >= limiter.limit
+            # At the narrowest window a timeout is no longer read as load: a dead instance must open its breaker.
+            guards = slot.instance
+            return guards.limiter.in_flight >= guards.limiter.limit > guards.adaptive.min_limit
         return verdict.overload
 
     def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool, refused: bool = False) -> None:

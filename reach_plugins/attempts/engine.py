@@ -33,6 +33,7 @@ from reach_plugins.errors import (
     InvalidToken,
     NoHealthyAgent,
     OutcomeUnknown,
+    RateLimited,
     ReachError,
     Unauthenticated,
 )
@@ -226,7 +227,12 @@ class Engine:
         while True:
             route = flight.route
             guards = self.guards.get(route.agent, self.clock.monotonic())
-            slot = await guards.admit(route.capability, route.instance.instance_id, self.clock, flight.deadline)
+            try:
+                slot = await guards.admit(route.capability, route.instance.instance_id, self.clock, flight.deadline)
+            except RateLimited:
+                if not guards.window_full(route.instance.instance_id, route.capability) or not self._spill(flight):
+                    raise
+                continue
             breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
             tick = self.clock.monotonic()
             permit = breaker.acquire(tick, on_move=self.tell_moved(flight))
@@ -252,6 +258,15 @@ class Engine:
                     f"instance can take the request ({exc.message})",
                     reasons={route.instance.instance_id: f"breaker {state}", **exc.reasons},
                 ) from exc
+
+    def _spill(self, flight: Flight) -> bool:
+        """Whether a flight refused by its instance's full window went to another instance (limits are per
+        instance: one narrowed by its overload must not shed calls its peers have room for)."""
+        try:
+            self.fail_over(flight, f"{flight.route.instance.instance_id}: concurrency window full")
+        except ReachError:
+            return False
+        return True
 
     def pin(self, flight: Flight, where: str | None, shared: bool) -> None:
         """Keep the rest of the flight where its key can be checked (``where``, or any instance if ``shared``)."""
