@@ -64,9 +64,10 @@ async def test_one_unreachable_instance_of_three_fails_no_call(mode: Mode, etcd_
             await proxy.up()
             c.add_agents(3, "memory://", 0.02, ports={0: (listen, advertised)})
             outcomes: dict[str, list[str]] = {}
-            async with asyncio.timeout(RUN_FOR + RETRY_FOR + 30), ReachClient(
-                registry=c.registry, tenant="demo"
-            ) as client:
+            async with (
+                asyncio.timeout(RUN_FOR + RETRY_FOR + 30),
+                ReachClient(registry=c.registry, tenant="demo") as client,
+            ):
                 tasks = []
                 begin = time.monotonic()
                 while (now := time.monotonic() - begin) < RUN_FOR:
