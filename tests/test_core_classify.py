@@ -105,7 +105,8 @@ def test_429_and_503_with_retry_after_are_overload_never_a_fault() -> None:
         verdict = classify_reply(reply)
         assert verdict.overload and verdict.retryable and not verdict.instance_fault
         assert verdict.error is not None and verdict.error.type == "backpressure"
-    assert classify_reply(fail(code=503)).instance_fault
+    bare = classify_reply(fail(code=503))
+    assert bare.instance_fault and bare.overload
 
 
 def test_return_schema_check() -> None:

@@ -159,15 +159,13 @@ class AgentGuards:
             ) from None
 
     @staticmethod
-    def overloaded(slot: Slot, verdict: Verdict) -> bool:
-        """Whether a failed attempt was its instance's overload, not its fault: an explicit signal (429, 503 with
-        Retry-After, a limit's refusal), or a timeout while the instance held as many calls as its window allows
-        (above the narrowest window)."""
-        if verdict.outcome == "timeout":
-            # At the narrowest window a timeout is no longer read as load: a dead instance must open its breaker.
-            guards = slot.instance
-            return guards.limiter.in_flight >= guards.limiter.limit > guards.adaptive.min_limit
-        return verdict.overload
+    def at_capacity(slot: Slot, verdict: Verdict) -> bool:
+        """Whether a timeout came while its instance held as many calls as its window allows: its overload, not
+        its fault. At the narrowest window a timeout is no longer read as load: a dead instance must open its
+        breaker."""
+        guards = slot.instance
+        limiter = guards.limiter
+        return verdict.outcome == "timeout" and limiter.in_flight >= limiter.limit > guards.adaptive.min_limit
 
     def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool, refused: bool = False) -> None:
         """Give the slots back and let the instance's adaptive limit learn from the attempt (``refused``: the

@@ -463,9 +463,9 @@ class Engine:
         failure: it goes to the hop's breaker and the instance is not blamed.
         """
         tick = self.clock.monotonic()
-        overload = admission.guards.overloaded(admission.slot, verdict)
-        fault = verdict.instance_fault and not overload
-        """Overload is never a fault: it narrows the instance's window, no breaker (instance's or hop's) counts it."""
+        fault = verdict.instance_fault and not admission.guards.at_capacity(admission.slot, verdict)
+        """Overload is never a fault (backpressure is none by its class; a timeout at the instance's capacity is
+        excused here): it narrows the instance's window, no breaker (instance's or hop's) counts it."""
         hop_fault = admission.hop is not None and not answered and fault
         tell = self.tell_moved(flight)
         if admission.hop is not None:
@@ -475,13 +475,14 @@ class Engine:
         else:
             admission.breaker.record(admission.permit, tick, failure=fault, duration=duration, on_move=tell)
         if not hop_fault:
+            failure = verdict.instance_fault and not verdict.overload
             where = admission.breaker
-            self.outliers.record(where.agent, where.instance, latency=duration, failure=fault, now=tick, on_move=tell)
+            self.outliers.record(where.agent, where.instance, latency=duration, failure=failure, now=tick, on_move=tell)
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None
-        refused = overload and not verdict.delivered
-        admission.guards.done(admission.slot, tick, latency=latency, overload=overload, refused=refused)
+        refused = verdict.overload and not verdict.delivered
+        admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload, refused=refused)
 
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""

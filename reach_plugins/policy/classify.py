@@ -140,6 +140,9 @@ def classify_reply(reply: Reply) -> Verdict:
         # Overload, not a fault: an instance saying "slow down, try after N s" is alive (no breaker counts it).
         error = error or _info("backpressure", f"agent answered HTTP {code}", retry_after)
         return Verdict("backpressure", error, retry_after, overload=True)
+    if code == 503:
+        # No Retry-After: maybe overload (the window narrows), maybe a broken instance (the breaker counts it).
+        return Verdict("transient", error or _info("transient", f"agent answered HTTP {code}"), overload=True)
     if kind == "timeout":
         return Verdict("timeout", error, retry_after, delivery="unknown", overload=True)
     if code >= 500 or kind == "transient":
