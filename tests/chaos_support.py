@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servers import free_port, wait_until
+from servers import free_port, startup_seconds, wait_until
 
 TOKEN = "tok-chaos"
 CAPABILITY = "work"
@@ -176,7 +176,9 @@ class AgentProc:
         self.process = _spawn(AGENT, *self.args)
 
     def started(self) -> None:
-        wait_until(lambda: port_answers(self.port) or self._died(), 30, f"agent {self.instance_id} start")
+        wait_until(
+            lambda: port_answers(self.port) or self._died(), startup_seconds(), f"agent {self.instance_id} start"
+        )
         assert not self._died(), self._stderr()
 
     def _died(self) -> bool:
@@ -269,7 +271,7 @@ class Cluster:
         """A gateway (``kind="gateway"``) or node process routing over the same registry, with ``store``."""
         port = port or free_port()
         process = _spawn(HOP, kind, str(port), str(self.config()), self.registry, store)
-        wait_until(lambda: port_answers(port) or process.poll() is not None, 30, f"{kind} start")
+        wait_until(lambda: port_answers(port) or process.poll() is not None, startup_seconds(), f"{kind} start")
         assert process.poll() is None, process.stderr.read() if process.stderr else ""
         self.others.append(process)
         return process, port

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-from servers import STARTUP_SECONDS, _missing, free_port, wait_until
+from servers import _missing, free_port, startup_seconds, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
@@ -44,7 +44,9 @@ def peer(script: str, probe: str = "/", port: int | None = None, python: Path = 
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen([str(python), str(PEERS / script), str(port)], stdout=log, stderr=log)
         try:
-            wait_until(lambda: process.poll() is not None or _answers(url + probe), STARTUP_SECONDS, f"{script} start")
+            wait_until(
+                lambda: process.poll() is not None or _answers(url + probe), startup_seconds(), f"{script} start"
+            )
             if process.poll() is not None:
                 log.seek(0)
                 output = log.read()[-2000:].decode(errors="replace")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from servers import free_port
+from servers import free_port, startup_seconds
 
 from reach_plugins import ReachClient
 from reach_plugins.errors import ReachError
@@ -119,7 +119,7 @@ async def test_killing_one_of_three_instances_fails_no_call(
     calls = Calls()
     async with asyncio.timeout(KILLED_FOR + 40):
         for port in ports:
-            await wait_listening(port, 30)
+            await wait_listening(port, startup_seconds())
         async with ReachClient(registry) as first, ReachClient(registry) as second:
             loads = [asyncio.create_task(calls.load(client, 25.0, KILLED_FOR + 2.0)) for client in (first, second)]
             await asyncio.sleep(2.0)

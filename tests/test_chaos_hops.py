@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 from hop_support import TOKENS, demo_tenants, free_port, serve_agents, write_config
+from servers import startup_seconds
 
 from reach_plugins import ReachClient
 from reach_plugins.errors import ReachError
@@ -67,7 +68,7 @@ async def test_gateway_restart_opens_only_the_gateway_breaker(
         url = f"http://127.0.0.1:{port}"
         gateway = start_gateway(config, port)
         try:
-            await wait_answers(url, 30)
+            await wait_answers(url, startup_seconds())
             transport = GatewayTransport(url, token=TOKENS["DEMO_TOKEN"])
             async with (
                 asyncio.timeout(90),
@@ -100,7 +101,7 @@ async def test_gateway_restart_opens_only_the_gateway_breaker(
                 gateway.wait(10)
                 gateway = start_gateway(config, port)
                 traffic = asyncio.create_task(load(25.0))
-                ready = await wait_answers(url, 30)
+                ready = await wait_answers(url, startup_seconds())
                 await traffic
         finally:
             gateway.kill()

@@ -36,7 +36,8 @@ def fail(code: int = 200, kind: str | None = None, retry_after: float | None = N
         (Reply(status="success", data=1), "success", False, "success"),
         (fail(kind="business"), "business", False, "business"),
         (fail(code=503, kind="business"), "business", False, "business"),
-        (fail(code=429), "transient", True, "failed"),
+        (fail(code=429), "backpressure", True, "failed"),
+        (fail(code=503, retry_after=1), "backpressure", True, "failed"),
         (fail(code=503), "transient", True, "failed"),
         (fail(code=502), "transient", True, "failed"),
         (fail(code=504), "transient", True, "failed"),
@@ -96,6 +97,16 @@ def test_overload_signals_and_breaker_faults() -> None:
     assert not classify_reply(fail(code=502)).overload
     assert not classify_reply(fail(kind="business")).instance_fault
     assert classify_exception(InvalidResponse("x")).instance_fault
+
+
+def test_429_and_503_with_retry_after_are_overload_never_a_fault() -> None:
+    """ "Slow down" (429, or 503 with Retry-After) narrows the limit and is retried, but no breaker counts it."""
+    for reply in (fail(code=429), fail(code=503, retry_after=1)):
+        verdict = classify_reply(reply)
+        assert verdict.overload and verdict.retryable and not verdict.instance_fault
+        assert verdict.error is not None and verdict.error.type == "backpressure"
+    bare = classify_reply(fail(code=503))
+    assert bare.instance_fault and bare.overload
 
 
 def test_return_schema_check() -> None:

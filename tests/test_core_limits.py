@@ -111,10 +111,22 @@ def test_adaptive_limit_shrinks_when_latency_climbs_and_recovers() -> None:
         adaptive.record(now, 1.0, overload=False, in_flight=50)
     narrowed = adaptive.limit
     assert narrowed < 50
-    for _ in range(500):
+    for _ in range(50 * 50):
         now += 0.1
         adaptive.record(now, 0.1, overload=False, in_flight=adaptive.limit)
     assert adaptive.limit == 50
+
+
+def test_adaptive_limit_grows_by_one_per_window_of_successes() -> None:
+    """Additive increase is one per round trip (a window's worth of answers), so overload cuts can hold it down."""
+    adaptive = AdaptiveLimit(100)
+    adaptive.record(T0, None, overload=True, in_flight=100)
+    assert adaptive.limit == 90
+    for i in range(89):
+        adaptive.record(T0 + 1 + i * 0.01, None, overload=False, in_flight=90)
+    assert adaptive.limit == 90
+    adaptive.record(T0 + 2, None, overload=False, in_flight=90)
+    assert adaptive.limit == 91
 
 
 def test_adaptive_limit_does_not_grow_an_idle_window() -> None:
@@ -186,12 +198,24 @@ async def test_queue_wait_is_bounded_by_max_wait() -> None:
     assert isinstance(outcomes[1], RateLimited) and len(fake.calls) == 1
 
 
-async def test_capability_max_concurrency_applies() -> None:
-    """A capability's max_concurrency queues calls beyond it even when the pool has room."""
-    clock, _, pipeline = setup(capability=Capability(name="query_order", max_concurrency=1))
+async def test_capability_max_concurrency_applies_per_instance() -> None:
+    """max_concurrency 1 on one instance: it runs 1 and holds 1 in line (AGENT_QUEUE), so a third call waits."""
+    clock, _, pipeline = setup(instances=1, capability=Capability(name="query_order", max_concurrency=1))
     start = clock.now()
-    await asyncio.gather(pipeline.run(order()), pipeline.run(order()))
+    await asyncio.gather(*(pipeline.run(order()) for _ in range(3)))
     assert clock.now() - start == pytest.approx(2.0)
+
+
+async def test_one_instances_overload_narrows_only_its_own_window() -> None:
+    """Backpressure from orders-0 shrinks orders-0's adaptive limit; its peers keep the whole pool's window."""
+    _, fake, pipeline = setup(pool=PoolConfig(max_conns=20))
+    fake.default("429", "orders-0")
+    for _ in range(30):
+        await pipeline.run(order())
+    guards = pipeline._engine.guards.get(make_agent(pool=PoolConfig(max_conns=20)), 0.0)
+    windows = {name: guards.instance(name)[0].limiter.limit for name in ("orders-0", "orders-1", "orders-2")}
+    assert windows["orders-0"] < 20 and windows["orders-1"] == windows["orders-2"] == 20, windows
+    assert pipeline.is_available("orders", "orders-0"), "overload never opens the breaker"
 
 
 async def test_a_wait_that_ends_at_the_deadline_sends_nothing() -> None:
@@ -265,3 +289,29 @@ async def test_a_wall_clock_step_back_changes_neither_rate_limit_nor_breaker_tim
     clock.offset -= 3600.0
     clock.advance(5.0)
     assert pipeline.is_available("orders", "orders-0")
+
+
+async def test_a_full_instance_window_spills_to_its_peers() -> None:
+    """orders-0's window narrowed by its own overload: calls beyond it go to orders-1/2, none is shed."""
+    _, fake, pipeline = setup(pool=PoolConfig(max_conns=20))
+    guards = pipeline._engine.guards.get(make_agent(pool=PoolConfig(max_conns=20)), 0.0)
+    window = guards.instance("orders-0")[0].limiter
+    window.limit = window.max_queue = 1
+    outcomes = await asyncio.gather(*(pipeline.run(order()) for _ in range(30)), return_exceptions=True)
+    assert all(not isinstance(o, BaseException) and o.ok for o in outcomes), outcomes
+    assert fake.sent["orders-0"] <= 2 < fake.sent["orders-1"]
+
+
+async def test_a_timeout_at_the_instances_limit_is_overload_not_a_fault() -> None:
+    """Timeouts while orders-0 holds its whole window narrow it and leave its breaker closed; once the window is
+    at its narrowest, timeouts count as faults again, so a dead instance is still shut out."""
+    _, fake, pipeline = setup(instances=1, pool=PoolConfig(max_conns=4))
+    fake.default("hang")
+    request = order().model_copy(update={"timeout_ms": 1000})
+    await asyncio.gather(*(pipeline.run(request) for _ in range(4)), return_exceptions=True)
+    guards = pipeline._engine.guards.get(make_agent(instances=1, pool=PoolConfig(max_conns=4)), 0.0)
+    assert guards.instance("orders-0")[0].limiter.limit < 4
+    assert pipeline.is_available("orders", "orders-0")
+    for _ in range(40):
+        await asyncio.gather(pipeline.run(request), return_exceptions=True)
+    assert not pipeline.is_available("orders", "orders-0")

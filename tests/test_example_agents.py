@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from servers import free_port
+from servers import free_port, startup_seconds
 
 from reach_plugins import ReachClient, ReachResponse
 from reach_plugins.config.loader import ReachConfig, load_config
@@ -39,7 +39,6 @@ IN_YAML = {
 }
 SCRIPTS = [*IN_YAML, "notification", "private_orders"]
 SECRETS = {"DEMO_ORDERS_KEY": "orders-key", "DEMO_CLOUD_SALES_TOKEN": "sales-token"}
-STARTUP_SECONDS = 20.0
 
 
 def start(script: str, *arguments: str) -> subprocess.Popen[str]:
@@ -59,7 +58,9 @@ def wait_ready(process: subprocess.Popen[str], url: str, deadline: float) -> Non
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            raise AssertionError(f"the script for {url} was not ready within {STARTUP_SECONDS:g}s")
+            process.kill()
+            out, err = process.communicate()
+            raise AssertionError(f"the script for {url} was not ready in time (load-derived bound):\n{out}\n{err}")
         time.sleep(0.05)
 
 
@@ -99,7 +100,7 @@ def urls() -> Iterator[dict[str, str]]:
     processes = {script: start(script, "--port", str(port)) for script, port in ports.items()}
     urls = {script: f"http://127.0.0.1:{port}" for script, port in ports.items()}
     try:
-        deadline = time.monotonic() + STARTUP_SECONDS
+        deadline = time.monotonic() + startup_seconds(len(processes))
         for script, process in processes.items():
             wait_ready(process, urls[script], deadline)
         yield urls
@@ -254,7 +255,7 @@ async def test_registry_flag_registers_then_deregisters_on_shutdown(etcd_url: st
     url, port = f"{etcd_url}/reach-examples-{uuid.uuid4().hex[:8]}/", free_port()
     process = start("notification", "--port", str(port), "--registry", url)
     try:
-        wait_ready(process, f"http://127.0.0.1:{port}", time.monotonic() + STARTUP_SECONDS)
+        wait_ready(process, f"http://127.0.0.1:{port}", time.monotonic() + startup_seconds())
         async with ReachClient(url) as client:
             [instance] = client.registry.instances("notification").values()
             sent = ok(await client.reach("send_message", {"to": "u-1", "text": "hi", "channel": "app"}))

@@ -44,6 +44,7 @@ from reach_plugins.errors import (
     DeadlineExceeded,
     EntryTooLarge,
     IdempotencyConflict,
+    RateLimited,
     ReachError,
     RemoteError,
     RequestError,
@@ -80,15 +81,24 @@ class _Prepared:
     ctx: ReachContext
 
 
-def _not_executed(request_id: Any, why: str) -> Outcome:
+def _not_executed(request_id: Any, why: str, kind: str = Backpressure.code) -> Outcome:
     """A retryable "not executed" answer: callers fail over or retry after ``Retry-After`` (DESIGN 11.1)."""
     body = {
         "request_id": request_id,
         "status": "fail",
         "data": None,
-        "error": {"type": Backpressure.code, "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
+        "error": {"type": kind, "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
     }
     return Outcome(503, body, {"Retry-After": str(IN_PROGRESS_RETRY)})
+
+
+def _busy(request_id: Any, handler: CapabilityHandler) -> Outcome:
+    """The "not executed" answer of a capability at its ``max_concurrency``: overload (``rate_limited``), so callers
+    narrow their window for this instance and go elsewhere or come back after ``Retry-After``; no breaker counts it."""
+    seats = handler.seats
+    assert seats is not None
+    why = f"{handler.capability.name!r} runs at most {seats.limit} calls at once and {seats.queued} more are waiting"
+    return _not_executed(request_id, why, RateLimited.code)
 
 
 def _deadline(headers: Mapping[str, str], body: WireBody) -> float | None:
@@ -295,10 +305,23 @@ class ReachAgent:
         return _Prepared(handler, payload, kwargs, ctx)
 
     async def handle(self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None) -> Outcome:
-        """Answer one ``POST /reach`` body of a caller the server layer admitted (``headers`` with lowercase names)."""
+        """Answer one ``POST /reach`` body of a caller the server layer admitted (``headers`` with lowercase names).
+
+        A capability declaring ``max_concurrency`` runs that many at once and holds as many more in line; a call
+        past them is answered "not executed" (503, ``rate_limited``, Retry-After) before its key is claimed.
+        """
         prepared = self._prepare(body, headers, claims)
         if isinstance(prepared, Outcome):
             return prepared
+        handler = prepared.handler
+        if not await handler.take_seat(prepared.ctx.remaining()):
+            return _busy(prepared.ctx.request_id, handler)
+        try:
+            return await self._handle(prepared, headers)
+        finally:
+            handler.leave_seat()
+
+    async def _handle(self, prepared: _Prepared, headers: Mapping[str, str]) -> Outcome:
         ctx = prepared.ctx
         with self._span(ctx, headers):
             if not ctx.idempotency_key:

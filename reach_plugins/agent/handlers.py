@@ -7,6 +7,7 @@ and async generators stream: each item is one event.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -20,10 +21,16 @@ from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 from pydantic import BaseModel
 
-from reach_plugins.errors import ConfigError, InvalidPayload
+from reach_plugins.attempts.limiter import ConcurrencyLimiter
+from reach_plugins.errors import ConfigError, InvalidPayload, RateLimited
 from reach_plugins.model import Capability
+from reach_plugins.policy.limits import AGENT_QUEUE
 
 _DONE = object()
+
+SEAT_WAIT = 1.0
+"""The longest a call waits in a capability's line for one of its ``max_concurrency`` seats (less when the
+caller's deadline is nearer); then it is answered "not executed" (503, Retry-After) and goes elsewhere."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,26 @@ class CapabilityHandler:
                 message = f"params_schema of {capability.name!r} is not a valid JSON Schema: {exc.message}"
                 raise ConfigError(message) from None
         self._validator = validator_for(schema)(schema) if schema is not None else None
+        limit = capability.max_concurrency
+        self.seats = None if limit is None else ConcurrencyLimiter(limit, max_queue=limit * AGENT_QUEUE)
+        """The declared ``max_concurrency``, enforced here: that many run, as many more wait, the rest are refused."""
+
+    async def take_seat(self, remaining: float | None) -> bool:
+        """One of the capability's seats, waiting in line at most :data:`SEAT_WAIT` (or ``remaining``, if sooner);
+        False when the line is full or no seat frees up in time. Give it back with :meth:`leave_seat`."""
+        seats = self.seats
+        if seats is None or seats.try_acquire():
+            return True
+        try:
+            async with asyncio.timeout(SEAT_WAIT if remaining is None else min(SEAT_WAIT, remaining)):
+                await seats.acquire()
+        except (RateLimited, TimeoutError):
+            return False
+        return True
+
+    def leave_seat(self) -> None:
+        if self.seats is not None:
+            self.seats.release()
 
     def arguments(self, payload: Mapping[str, Any], ctx: ReachContext) -> dict[str, Any]:
         """The keyword arguments for one call; :class:`InvalidPayload` names what does not fit."""

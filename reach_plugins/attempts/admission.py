@@ -1,9 +1,12 @@
-"""Per-agent admission state: retry budget, rate limit, adaptive concurrency, per-capability limits.
+"""Admission state: per agent a retry budget, a rate limit and the pool's cap; per instance an adaptive limit.
 
 One :class:`AgentGuards` per target agent, built from its descriptor and
-rebuilt when the descriptor's limits change (a registry reload). ``admit``
-is the only place that waits: for a rate-limit token, then for a
-concurrency slot, both bounded by ``max_wait`` and the request's deadline.
+rebuilt when the descriptor's limits change (a registry reload). The adaptive
+concurrency limit and a declared ``max_concurrency`` are kept per *instance*
+(:class:`InstanceGuards`): one overloaded or unreachable instance narrows only
+its own window, never its healthy peers'. ``admit`` is the only place that
+waits: for a rate-limit token, then for concurrency slots, both bounded by
+``max_wait`` and the request's deadline.
 """
 
 from __future__ import annotations
@@ -16,19 +19,50 @@ from reach_plugins.clock import Clock
 from reach_plugins.errors import RateLimited
 from reach_plugins.model import AgentDescriptor, Capability
 from reach_plugins.policy.budget import RetryBudget
+from reach_plugins.policy.classify import Verdict
 from reach_plugins.policy.deadline import Deadline
-from reach_plugins.policy.limits import AdaptiveLimit, TokenBucket
+from reach_plugins.policy.limits import AGENT_QUEUE, AdaptiveLimit, TokenBucket
 
 DEFAULT_MAX_WAIT = 3.0
 """Longest wait for a concurrency slot when the agent sets no ``rate_limit.max_wait``."""
 
+MAX_INSTANCES = 1024
+"""Instances whose guards one agent keeps; past it, the idle ones are dropped (instances come and go)."""
+
+
+class InstanceGuards:
+    """One instance's adaptive concurrency window and its declared per-capability limits."""
+
+    def __init__(self, agent: AgentDescriptor, instance: str) -> None:
+        size = agent.pool.max_conns
+        self.adaptive = AdaptiveLimit(size)
+        self.limiter = ConcurrencyLimiter(size, max_queue=size, name=f"instance {agent.name}/{instance}")
+        self.by_capability: dict[str, ConcurrencyLimiter] = {}
+
+    def capability_limiter(self, capability: Capability | None) -> ConcurrencyLimiter | None:
+        """The limiter of a capability declaring ``max_concurrency`` (running plus the agent's line), else None."""
+        if capability is None or capability.max_concurrency is None:
+            return None
+        size = capability.max_concurrency * (1 + AGENT_QUEUE)
+        limiter = self.by_capability.get(capability.name)
+        if limiter is None or limiter.limit != size:
+            name = f"{self.limiter.name} capability {capability.name!r}"
+            limiter = ConcurrencyLimiter(size, max_queue=size, name=name)
+            self.by_capability[capability.name] = limiter
+        return limiter
+
+    @property
+    def idle(self) -> bool:
+        return self.limiter.in_flight == 0 and self.limiter.queued == 0
+
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """The concurrency slots one attempt holds, and how long it waited for them."""
+    """The concurrency slots one attempt holds, the instance they are for, and how long it waited for them."""
 
     limiters: tuple[ConcurrencyLimiter, ...]
     waited: float
+    instance: InstanceGuards
 
 
 class AgentGuards:
@@ -41,37 +75,49 @@ class AgentGuards:
         self.bucket = TokenBucket(limit.qps, limit.burst, now=now) if limit else None
         self.max_wait = limit.max_wait if limit else DEFAULT_MAX_WAIT
         size = agent.pool.max_conns
-        self.adaptive = AdaptiveLimit(size)
         self.limiter = ConcurrencyLimiter(size, max_queue=size, name=f"agent {agent.name!r}")
-        self._alone = Slot((self.limiter,), 0.0)
-        """The slot of an attempt that got the agent's limiter at once (the usual case): immutable, so shared."""
-        self._by_capability: dict[str, ConcurrencyLimiter] = {}
+        """The agent's pool: at most ``pool.max_conns`` attempts in flight over all its instances."""
+        self._instances: dict[str, tuple[InstanceGuards, Slot]] = {}
+        """Each instance's guards, and the slot of an attempt that got both limiters at once (the usual case):
+        immutable, so shared."""
 
     def fits(self, agent: AgentDescriptor) -> bool:
         """Whether these guards were built from limits equal to ``agent``'s (else they are rebuilt)."""
         mine = self.agent
         return mine.retry == agent.retry and mine.rate_limit == agent.rate_limit and mine.pool == agent.pool
 
-    def _capability_limiter(self, capability: Capability | None) -> ConcurrencyLimiter | None:
-        if capability is None or capability.max_concurrency is None:
-            return None
-        limiter = self._by_capability.get(capability.name)
-        if limiter is None or limiter.limit != capability.max_concurrency:
-            size = capability.max_concurrency
-            limiter = ConcurrencyLimiter(size, max_queue=size, name=f"capability {capability.name!r}")
-            self._by_capability[capability.name] = limiter
-        return limiter
+    def instance(self, instance: str) -> tuple[InstanceGuards, Slot]:
+        """The guards of ``instance`` (made on first use) and its shared no-wait slot."""
+        found = self._instances.get(instance)
+        if found is None:
+            if len(self._instances) >= MAX_INSTANCES:
+                self._instances = {name: pair for name, pair in self._instances.items() if not pair[0].idle}
+            guards = InstanceGuards(self.agent, instance)
+            found = guards, Slot((guards.limiter, self.limiter), 0.0, guards)
+            self._instances[instance] = found
+        return found
 
-    def try_admit(self, capability: Capability | None) -> Slot | None:
-        """The slot of an attempt that needs no wait (no rate limit, no capability limit, a free slot), else None."""
-        unlimited = capability is None or capability.max_concurrency is None
-        if self.bucket is None and unlimited and self.limiter.try_acquire():
-            return self._alone
+    def window_full(self, instance: str, capability: Capability | None) -> bool:
+        """Whether ``instance``'s own limits (its window, or the capability's there), not the pool, have no room."""
+        guards = self.instance(instance)[0]
+        own = (guards.limiter, guards.capability_limiter(capability))
+        return any(limiter is not None and limiter.in_flight >= limiter.limit for limiter in own)
+
+    def try_admit(self, capability: Capability | None, instance: str) -> Slot | None:
+        """The slot of an attempt that needs no wait (no rate limit, no capability limit, free slots), else None."""
+        if self.bucket is not None or (capability is not None and capability.max_concurrency is not None):
+            return None
+        guards, alone = self.instance(instance)
+        if guards.limiter.try_acquire():
+            if self.limiter.try_acquire():
+                return alone
+            guards.limiter.release()
         return None
 
-    async def admit(self, capability: Capability | None, clock: Clock, deadline: Deadline) -> Slot:
+    async def admit(self, capability: Capability | None, instance: str, clock: Clock, deadline: Deadline) -> Slot:
         """Wait (bounded) for a rate token and concurrency slots; raise RateLimited when none frees up."""
-        extra = self._capability_limiter(capability)
+        guards, _ = self.instance(instance)
+        extra = guards.capability_limiter(capability)
         start = clock.now()
         wait_until = start + min(self.max_wait, deadline.remaining(start))
         if self.bucket is not None:
@@ -88,9 +134,9 @@ class AgentGuards:
                     self.bucket.refund(clock.monotonic())
                     raise
         held: list[ConcurrencyLimiter] = []
-        limiters = [self.limiter]
-        if extra is not None:
-            limiters.append(extra)
+        # The instance's own limits first: a call waiting for a busy instance holds none of the agent's pool.
+        limiters = [guards.limiter] if extra is None else [guards.limiter, extra]
+        limiters.append(self.limiter)
         try:
             for limiter in limiters:
                 if not limiter.try_acquire():
@@ -99,7 +145,7 @@ class AgentGuards:
         except BaseException:
             self._release(held)
             raise
-        return Slot(tuple(held), clock.now() - start)
+        return Slot(tuple(held), clock.now() - start, guards)
 
     @staticmethod
     async def _queue(limiter: ConcurrencyLimiter, clock: Clock, wait_until: float, start: float) -> None:
@@ -112,13 +158,25 @@ class AgentGuards:
                 f"freed up within {wait_until - start:.3g}s; slow down or raise the concurrency limit"
             ) from None
 
-    def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool) -> None:
-        """Give the slots back and let the adaptive limit learn from the attempt."""
-        in_flight = self.limiter.in_flight
+    @staticmethod
+    def at_capacity(slot: Slot, verdict: Verdict) -> bool:
+        """Whether a timeout came while its instance held as many calls as its window allows: its overload, not
+        its fault. At the narrowest window a timeout is no longer read as load: a dead instance must open its
+        breaker."""
+        guards = slot.instance
+        limiter = guards.limiter
+        return verdict.outcome == "timeout" and limiter.in_flight >= limiter.limit > guards.adaptive.min_limit
+
+    def done(self, slot: Slot, now: float, *, latency: float | None, overload: bool, refused: bool = False) -> None:
+        """Give the slots back and let the instance's adaptive limit learn from the attempt (``refused``: the
+        instance answered "not executed" at its limit)."""
+        guards = slot.instance
+        in_flight = guards.limiter.in_flight
         self._release(slot.limiters)
-        limit = self.adaptive.record(now, latency, overload=overload, in_flight=in_flight)
-        if limit != self.limiter.limit:
-            self.limiter.limit = limit
+        limit = guards.adaptive.record(now, latency, overload=overload, in_flight=in_flight, refused=refused)
+        if limit != guards.limiter.limit:
+            # The line is as long as the window: a call waits about one round trip at most, then is shed.
+            guards.limiter.limit = guards.limiter.max_queue = limit
 
     def release(self, slot: Slot) -> None:
         """Give the slots back without a result to learn from (nothing was sent)."""

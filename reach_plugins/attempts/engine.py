@@ -33,6 +33,7 @@ from reach_plugins.errors import (
     InvalidToken,
     NoHealthyAgent,
     OutcomeUnknown,
+    RateLimited,
     ReachError,
     Unauthenticated,
 )
@@ -195,7 +196,7 @@ class Engine:
         route = flight.route
         tick = self.clock.monotonic()
         guards = self.guards.get(route.agent, tick)
-        slot = guards.try_admit(route.capability)
+        slot = guards.try_admit(route.capability, route.instance.instance_id)
         if slot is None:
             return None
         breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
@@ -226,7 +227,12 @@ class Engine:
         while True:
             route = flight.route
             guards = self.guards.get(route.agent, self.clock.monotonic())
-            slot = await guards.admit(route.capability, self.clock, flight.deadline)
+            try:
+                slot = await guards.admit(route.capability, route.instance.instance_id, self.clock, flight.deadline)
+            except RateLimited:
+                if not guards.window_full(route.instance.instance_id, route.capability) or not self._spill(flight):
+                    raise
+                continue
             breaker = self.breakers.get(route.agent, route.instance.instance_id, flight.request.tenant)
             tick = self.clock.monotonic()
             permit = breaker.acquire(tick, on_move=self.tell_moved(flight))
@@ -252,6 +258,15 @@ class Engine:
                     f"instance can take the request ({exc.message})",
                     reasons={route.instance.instance_id: f"breaker {state}", **exc.reasons},
                 ) from exc
+
+    def _spill(self, flight: Flight) -> bool:
+        """Whether a flight refused by its instance's full window went to another instance (limits are per
+        instance: one narrowed by its overload must not shed calls its peers have room for)."""
+        try:
+            self.fail_over(flight, f"{flight.route.instance.instance_id}: concurrency window full")
+        except ReachError:
+            return False
+        return True
 
     def pin(self, flight: Flight, where: str | None, shared: bool) -> None:
         """Keep the rest of the flight where its key can be checked (``where``, or any instance if ``shared``)."""
@@ -448,23 +463,26 @@ class Engine:
         failure: it goes to the hop's breaker and the instance is not blamed.
         """
         tick = self.clock.monotonic()
-        hop_fault = admission.hop is not None and not answered and verdict.instance_fault
+        fault = verdict.instance_fault and not admission.guards.at_capacity(admission.slot, verdict)
+        """Overload is never a fault (backpressure is none by its class; a timeout at the instance's capacity is
+        excused here): it narrows the instance's window, no breaker (instance's or hop's) counts it."""
+        hop_fault = admission.hop is not None and not answered and fault
         tell = self.tell_moved(flight)
         if admission.hop is not None:
             admission.hop[0].record(admission.hop[1], tick, failure=hop_fault, duration=duration, on_move=tell)
-        if hop_fault or (again and verdict.instance_fault):
+        if hop_fault or (again and fault):
             admission.breaker.release(admission.permit)
         else:
-            failure = verdict.instance_fault
-            admission.breaker.record(admission.permit, tick, failure=failure, duration=duration, on_move=tell)
+            admission.breaker.record(admission.permit, tick, failure=fault, duration=duration, on_move=tell)
         if not hop_fault:
-            fault = verdict.instance_fault and not verdict.overload
+            failure = verdict.instance_fault and not verdict.overload
             where = admission.breaker
-            self.outliers.record(where.agent, where.instance, latency=duration, failure=fault, now=tick, on_move=tell)
+            self.outliers.record(where.agent, where.instance, latency=duration, failure=failure, now=tick, on_move=tell)
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None
-        admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload)
+        refused = verdict.overload and not verdict.delivered
+        admission.guards.done(admission.slot, tick, latency=latency, overload=verdict.overload, refused=refused)
 
     def abandon(self, admission: Admission) -> None:
         """Free an admission whose attempt was cancelled before it produced a result."""

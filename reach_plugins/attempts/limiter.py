@@ -35,6 +35,15 @@ class ConcurrencyLimiter:
         self._wake()
 
     @property
+    def max_queue(self) -> int:
+        return self._max_queue
+
+    @max_queue.setter
+    def max_queue(self, value: int) -> None:
+        """A shorter line refuses newcomers only; those already waiting keep their place."""
+        self._max_queue = max(0, value)
+
+    @property
     def in_flight(self) -> int:
         return self._in_flight
 

@@ -28,6 +28,7 @@ from reach_plugins.errors import (
     InvalidResponse,
     InvalidToken,
     OutcomeUnknown,
+    RateLimited,
     ReachError,
     ReadTimeout,
     RemoteError,
@@ -124,17 +125,24 @@ def classify_reply(reply: Reply) -> Verdict:
     retry_after = reply.retry_after if reply.retry_after is not None else (error.retry_after if error else None)
     if kind == "business":
         return Verdict("business", error)
-    if kind == "backpressure":
+    if kind in ("backpressure", RateLimited.code):
+        # Both say "not executed". Only a limit's refusal is overload; "in progress elsewhere", "draining" or "key
+        # cannot be checked now" say nothing about load, so they do not narrow the instance's limit.
         message = error.message if error else "agent asked to slow down"
-        info = _info("backpressure", message, retry_after)
-        return Verdict("backpressure", info, retry_after, delivery="not_delivered", overload=True)
+        info = _info(kind, message, retry_after)
+        overload = kind == RateLimited.code
+        return Verdict("backpressure", info, retry_after, delivery="not_delivered", overload=overload)
     if kind == "invalid_response":
         return Verdict("invalid_response", error)
     if kind == OUTCOME_UNKNOWN:
         return Verdict("transient", error, retry_after, delivery="unknown")
-    if code in (429, 503):
-        error = error or _info("transient", f"agent answered HTTP {code}", retry_after)
-        return Verdict("transient", error, retry_after, overload=True)
+    if code == 429 or (code == 503 and retry_after is not None):
+        # Overload, not a fault: an instance saying "slow down, try after N s" is alive (no breaker counts it).
+        error = error or _info("backpressure", f"agent answered HTTP {code}", retry_after)
+        return Verdict("backpressure", error, retry_after, overload=True)
+    if code == 503:
+        # No Retry-After: maybe overload (the window narrows), maybe a broken instance (the breaker counts it).
+        return Verdict("transient", error or _info("transient", f"agent answered HTTP {code}"), overload=True)
     if kind == "timeout":
         return Verdict("timeout", error, retry_after, delivery="unknown", overload=True)
     if code >= 500 or kind == "transient":

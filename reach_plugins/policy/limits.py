@@ -11,6 +11,11 @@ import math
 
 from reach_plugins.errors import ConfigError
 
+AGENT_QUEUE = 1
+"""How many calls beyond ``max_concurrency`` an agent SDK instance holds in line, per running one. Callers keep
+that many more in flight to each instance, so it never idles for a round trip between calls (goodput stays at its
+capacity); past the line the agent answers "not executed" at once."""
+
 
 class TokenBucket:
     """``rate`` tokens a second up to ``burst``; a reservation may run into debt it then waits out."""
@@ -47,15 +52,16 @@ class TokenBucket:
 
 
 class AdaptiveLimit:
-    """AIMD concurrency: shrink by ``backoff`` on overload or rising latency, grow by one when the window is used.
+    """AIMD concurrency: shrink by ``backoff`` on overload or rising latency, grow by one a window when it is used.
 
     Latency "rises" when a short moving average exceeds ``tolerance`` times a
     long one (a gradient, as in Netflix's concurrency-limits); a lasting
     change becomes the new normal as the long average catches up. At most one
-    decrease per observed round trip, so one burst of errors costs one step.
+    decrease per usual round trip (the long average: under overload the short
+    one swells and would slow the cuts), so one burst of errors costs one step.
     """
 
-    __slots__ = ("_calm_until", "_long", "_short", "backoff", "limit", "max_limit", "min_limit", "tolerance")
+    __slots__ = ("_calm_until", "_growth", "_long", "_short", "backoff", "limit", "max_limit", "min_limit", "tolerance")
 
     def __init__(self, max_limit: int, *, min_limit: int = 1, backoff: float = 0.9, tolerance: float = 2.0) -> None:
         if not 1 <= min_limit <= max_limit or not 0 < backoff < 1 or tolerance <= 1:
@@ -71,9 +77,20 @@ class AdaptiveLimit:
         self._short: float | None = None
         self._long: float | None = None
         self._calm_until = 0.0
+        self._growth = 0
 
-    def record(self, now: float, latency: float | None, *, overload: bool, in_flight: int) -> int:
-        """Feed one finished call (``latency`` None when it says nothing about speed); return the new limit."""
+    def record(
+        self, now: float, latency: float | None, *, overload: bool, in_flight: int, refused: bool = False
+    ) -> int:
+        """Feed one finished call (``latency`` None when it says nothing about speed); return the new limit.
+
+        ``refused``: the downstream refused it at its own limit ("not executed"), which is exact news: it held
+        fewer than the ``in_flight`` calls sent, so the window drops below that at once (undamped); else each
+        freed slot would be refilled at once and refused again, a loop of refusals costing the agent its time.
+        """
+        if refused:
+            self.limit = max(self.min_limit, min(self.limit, in_flight - 1))
+            return self.limit
         slow = False
         if latency is not None:
             self._short = latency if self._short is None else self._short + 0.2 * (latency - self._short)
@@ -82,7 +99,12 @@ class AdaptiveLimit:
         if overload or slow:
             if now >= self._calm_until:
                 self.limit = max(self.min_limit, int(self.limit * self.backoff))
-                self._calm_until = now + (self._short or 0.0)
+                self._calm_until = now + (self._long or 0.0)
         elif in_flight * 2 >= self.limit:
-            self.limit = min(self.max_limit, self.limit + 1)
+            # One more per window's worth of good answers (one a round trip), not one per answer: growing by one
+            # per success outpaces the cuts under overload and keeps the window far above the instance's capacity.
+            self._growth += 1
+            if self._growth >= self.limit:
+                self._growth = 0
+                self.limit = min(self.max_limit, self.limit + 1)
         return self.limit

@@ -14,7 +14,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.model import PoolConfig
 from reach_plugins.protocols import HttpRequest, HttpResponse
 from reach_plugins.wire.body import MAX_REPLY
-from transports.direct.boundary import FOREIGN, mapped, read_capped
+from transports.direct.boundary import FOREIGN, TrackedBody, mapped, read_capped
 
 
 class AiohttpStream:
@@ -73,11 +73,12 @@ class AiohttpEngine:
 
     async def send(self, request: HttpRequest, *, timeout: float, connect_timeout: float) -> HttpResponse:
         limits = self._timeout(timeout, connect_timeout)
+        body = None if request.body is None else TrackedBody(request.body)
         try:
             async with self._session.request(
                 request.method,
                 request.url,
-                data=request.body,
+                data=body,
                 headers=request.headers,
                 params=request.params or None,
                 timeout=limits,
@@ -85,26 +86,27 @@ class AiohttpEngine:
             ) as response:
                 return HttpResponse(response.status, response.headers, await read_capped(response, self.max_reply))
         except FOREIGN as exc:
-            raise mapped(exc, request) from exc
+            raise mapped(exc, request, written=body is None or body.written) from exc
 
     @asynccontextmanager
     async def stream(
         self, request: HttpRequest, *, timeout: float, connect_timeout: float
     ) -> AsyncIterator[AiohttpStream]:
         limits = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
+        body = None if request.body is None else TrackedBody(request.body)
         try:
             async with asyncio.timeout(timeout):
                 response = await self._session.request(
                     request.method,
                     request.url,
-                    data=request.body,
+                    data=body,
                     headers=request.headers,
                     params=request.params or None,
                     timeout=limits,
                     allow_redirects=False,
                 )
         except FOREIGN as exc:
-            raise mapped(exc, request) from exc
+            raise mapped(exc, request, written=body is None or body.written) from exc
         try:
             yield AiohttpStream(response, request)
         finally:

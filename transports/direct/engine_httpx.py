@@ -22,8 +22,36 @@ from reach_plugins.protocols import HttpRequest, HttpResponse
 from reach_plugins.wire.redact import describe, safe_url, url_path
 
 
-def mapped(exc: BaseException, request: HttpRequest) -> Exception:
-    """httpx's exception as ours; a pool timeout means the request was never sent.
+class TrackedContent(httpx.AsyncByteStream):
+    """A request body that records when httpcore has written all of it (it asks for more only after a write).
+
+    httpcore reads the answer after a failed write (an early error reply may be waiting), so a reset while
+    writing surfaces as a ``ReadError``: the body is the one witness of what was written.
+    """
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.written = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._body
+        self.written = True
+
+
+def _content(request: HttpRequest) -> tuple[TrackedContent | None, dict[str, str]]:
+    """The tracked body and the headers to send it with (its length given, so it is not sent chunked)."""
+    if request.body is None:
+        return None, request.headers
+    return TrackedContent(request.body), {**request.headers, "Content-Length": str(len(request.body))}
+
+
+def mapped(exc: BaseException, request: HttpRequest, *, written: bool = True) -> Exception:
+    """httpx's exception as ours: what reached the agent decides the class (STYLE 18).
+
+    A failed or timed-out connect, a pool timeout, or a write that failed (reset before the whole request was
+    written: the agent holds at most a truncated request, which it cannot run) is :class:`ConnectError`, not
+    delivered; a loss while reading the answer is :class:`ConnectionLost` or :class:`ReadTimeout`, unknown.
+    ``written``: whether the whole body was written (a :class:`TrackedContent`'s verdict; True, "maybe", untracked).
 
     As with the aiohttp engine, the message names the exception's kind and the URL's path, never httpx's
     text (which can carry the query string) nor the host.
@@ -33,10 +61,12 @@ def mapped(exc: BaseException, request: HttpRequest) -> Exception:
         return ConnectError(f"cannot connect for {where}: {describe(exc)}")
     if isinstance(exc, httpx.PoolTimeout):
         return ConnectError(f"no pooled connection became free for {where}")
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
-        return ReadTimeout(f"no complete answer to {where} in time")
     if isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
         return ConfigError(f"the agent endpoint is not a valid URL: {safe_url(request.url)!r}")
+    if not written or isinstance(exc, httpx.WriteError | httpx.WriteTimeout):
+        return ConnectError(f"the connection was reset before the request for {where} was written: {describe(exc)}")
+    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+        return ReadTimeout(f"no complete answer to {where} in time")
     return ConnectionLost(f"the connection broke during {where}: {describe(exc)}")
 
 
@@ -89,18 +119,19 @@ class HttpxEngine:
 
     async def send(self, request: HttpRequest, *, timeout: float, connect_timeout: float) -> HttpResponse:
         limits = httpx.Timeout(timeout, connect=connect_timeout)
+        content, headers = _content(request)
         try:
             async with asyncio.timeout(timeout):
                 response = await self._client.request(
                     request.method,
                     request.url,
-                    content=request.body,
-                    headers=request.headers,
+                    content=content,
+                    headers=headers,
                     params=request.params or None,
                     timeout=limits,
                 )
         except FOREIGN as exc:
-            raise mapped(exc, request) from exc
+            raise mapped(exc, request, written=content is None or content.written) from exc
         return HttpResponse(response.status_code, response.headers, response.content)
 
     @asynccontextmanager
@@ -108,11 +139,12 @@ class HttpxEngine:
         self, request: HttpRequest, *, timeout: float, connect_timeout: float
     ) -> AsyncIterator[HttpxStream]:
         limits = httpx.Timeout(None, connect=connect_timeout)
+        content, headers = _content(request)
         built = self._client.build_request(
             request.method,
             request.url,
-            content=request.body,
-            headers=request.headers,
+            content=content,
+            headers=headers,
             params=request.params or None,
             timeout=limits,
         )
@@ -120,7 +152,7 @@ class HttpxEngine:
             async with asyncio.timeout(timeout):
                 response = await self._client.send(built, stream=True)
         except FOREIGN as exc:
-            raise mapped(exc, request) from exc
+            raise mapped(exc, request, written=content is None or content.written) from exc
         try:
             yield HttpxStream(response, request)
         finally:

@@ -27,12 +27,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("reach_plugins.transports.direct")
 
 
+CONNECT_SHARE = 0.95
+"""The most of an attempt's time its connect may take: the connect phase ends strictly before the attempt's own
+timers, so a connect that never completes is reported as one (``ConnectError``, not delivered, fail over at once)
+rather than as an attempt timeout (outcome unknown)."""
+
+
 def _connect_timeout(call: Call) -> float:
     """The agent's connect timeout, overridden by the capability's when it sets one, within the attempt's time."""
     agent: Timeouts = call.agent.timeouts
     own = call.capability.timeouts if call.capability else None
     connect = own.connect if own is not None and "connect" in own.model_fields_set else agent.connect
-    return min(connect, call.timeout)
+    return min(connect, call.timeout * CONNECT_SHARE)
 
 
 def _error_event(exc: ReachError) -> StreamEvent:

@@ -32,7 +32,8 @@ from reach_plugins.wire.headers import (
     HEADER_TARGET,
     TARGET,
 )
-from transports.direct.boundary import FOREIGN, mapped, read_capped
+from transports.direct.boundary import FOREIGN, TrackedBody, mapped, read_capped
+from transports.direct.transport import CONNECT_SHARE
 
 
 def wire_body(call: Call) -> dict[str, Any]:
@@ -158,17 +159,20 @@ class GatewayTransport(BaseTransport):
         return HttpRequest("POST", f"{self.url}{path}", headers, body)
 
     def _limits(self, total: float | None) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, sock_connect=self._connect_timeout)
+        """The connect ends before the attempt's own timers, so a hung connect is a ConnectError (not delivered)."""
+        connect = self._connect_timeout if total is None else min(self._connect_timeout, total * CONNECT_SHARE)
+        return aiohttp.ClientTimeout(total=total, sock_connect=connect)
 
     async def send(self, call: Call) -> Reply:
         request = self._request(call, "/v1/reach", "application/json")
+        body = TrackedBody(request.body or b"")
         try:
             async with self._client().post(
-                request.url, data=request.body, headers=request.headers, timeout=self._limits(call.timeout)
+                request.url, data=body, headers=request.headers, timeout=self._limits(call.timeout)
             ) as response:
                 raw = await read_capped(response, MAX_REPLY)
         except FOREIGN as exc:
-            raise mapped(exc, request) from exc
+            raise mapped(exc, request, written=body.written) from exc
         return parse_reply(call, response.status, raw)
 
     async def stream(self, call: Call) -> EventStream:
