@@ -80,13 +80,13 @@ class _Prepared:
     ctx: ReachContext
 
 
-def _not_executed(request_id: Any, why: str) -> Outcome:
+def _not_executed(request_id: Any, why: str, kind: str = Backpressure.code) -> Outcome:
     """A retryable "not executed" answer: callers fail over or retry after ``Retry-After`` (DESIGN 11.1)."""
     body = {
         "request_id": request_id,
         "status": "fail",
         "data": None,
-        "error": {"type": Backpressure.code, "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
+        "error": {"type": kind, "message": f"not executed: {why}", "retry_after": IN_PROGRESS_RETRY},
     }
     return Outcome(503, body, {"Retry-After": str(IN_PROGRESS_RETRY)})
 
@@ -311,7 +311,8 @@ class ReachAgent:
                 return refused(ctx.request_id, exc)
             except BackendUnavailable:
                 log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
-                return _not_executed(ctx.request_id, "its idempotency key cannot be checked now")
+                why = f"agent {self.name!r} cannot check its idempotency key now: its idempotency store is unreachable"
+                return _not_executed(ctx.request_id, why, BackendUnavailable.code)
             outcome, replayed = claimed
             if outcome is None:
                 return _not_executed(ctx.request_id, "a request with this idempotency key is in progress elsewhere")

@@ -16,11 +16,15 @@ lets callers retry a lost answer on any of its instances (DESIGN 11.1/11.2).
 * Keys are namespaced by tenant, agent and capability (:func:`scope`, a
   :class:`~reach_plugins.stores.keys.ScopedKey`; a request without a tenant
   is the default tenant's), and the memory store is bounded in entries and bytes.
-* A handler that commits its effect and its key in one transaction of its
-  own passes ``committed`` (the lookup of that key in its store): when a
-  claim lapsed because an instance died after committing but before the
-  result was stored here, the committed result is answered instead of a
-  second run. ``ReachContext.idempotency_scope`` is the key to commit with.
+* A claim whose lease lapsed (its instance died or lost the store
+  mid-handler) is ``unknown``, never a fresh key: the handler may have run,
+  so it is not run again. A handler that commits its effect and its key in
+  one transaction of its own passes ``committed`` (the lookup of that key in
+  its store): the committed result is then answered; without it, or when
+  nothing was committed, the answer is ``outcome_unknown`` (the caller ends
+  with :class:`~reach_plugins.errors.OutcomeUnknown`, carrying the key) and
+  the key stays unknown for the window. ``ReachContext.idempotency_scope`` is
+  the key to commit with.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 from reach_plugins.agent.outcome import Outcome
 from reach_plugins.clock import Clock, as_clock
-from reach_plugins.errors import ConfigError
+from reach_plugins.errors import ConfigError, OutcomeUnknown
 from reach_plugins.model import ReachResponse
 from reach_plugins.stores.budget import Budget
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
@@ -100,12 +104,11 @@ class Claims:
             return Outcome(200, _body(begin.result)), True
         if begin.state == "inflight":
             return None, False
-        if self._committed is not None:
-            saved = await self._committed(commit_key(key))
-            if saved is not None:
-                kept = Outcome(200, {"request_id": None, "status": "success", "data": saved, "error": None})
-                await self.store.complete(key, _stored(kept))
-                return kept, True
+        kept = await self._kept(key)
+        if kept is not None:
+            return kept, True
+        if begin.state == "unknown":
+            return await self._unknown(key, begin.where), False
         future: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
         self._running[key] = future
         outcome: Outcome | None = None
@@ -119,6 +122,25 @@ class Claims:
             else:
                 await self.store.fail(key)
         return outcome, False
+
+    async def _kept(self, key: ScopedKey) -> Outcome | None:
+        """The result the handler committed with this key in its own transaction (now stored here too), if any."""
+        saved = await self._committed(commit_key(key)) if self._committed is not None else None
+        if saved is None:
+            return None
+        kept = Outcome(200, {"request_id": None, "status": "success", "data": saved, "error": None})
+        await self.store.complete(key, _stored(kept))
+        return kept
+
+    async def _unknown(self, key: ScopedKey, where: str | None) -> Outcome:
+        """A lapsed claim nothing was committed for: ``outcome_unknown``, not run again, the key left unknown."""
+        await self.store.unknown(key, where)
+        message = (
+            f"idempotency key {key.id.rpartition(SEP)[2]!r} was claimed before and its claim lapsed unsettled: "
+            "it may have run, so it was not run again; its outcome is unknown"
+        )
+        error = {"type": OutcomeUnknown.code, "message": message}
+        return Outcome(OutcomeUnknown.http_status, {"request_id": None, "status": "fail", "data": None, "error": error})
 
     async def aclose(self) -> None:
         await self.store.aclose()

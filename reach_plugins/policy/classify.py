@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from reach_plugins.errors import (
     WIRE_CODES,
+    BackendUnavailable,
     Backpressure,
     BusinessError,
     ConnectError,
@@ -115,6 +116,8 @@ def classify_reply(reply: Reply) -> Verdict:
         message = error.message if error else "agent asked to slow down"
         info = _info("backpressure", message, retry_after)
         return Verdict("backpressure", info, retry_after, delivery="not_delivered", overload=True)
+    if kind == BackendUnavailable.code:  # "not executed": its store could not check the key; no overload
+        return Verdict("backpressure", error, retry_after, delivery="not_delivered")
     if kind == "invalid_response":
         return Verdict("invalid_response", error)
     if kind == OUTCOME_UNKNOWN:
