@@ -3,20 +3,32 @@
 Each key is a hash ``{prefix}{ScopedKey.encode()}`` (the tenant first) holding a claim
 (``policy.dedup.CLAIM_TRANSITIONS``): the payload hash, the state (``in_flight``, ``done``, ``unknown``), the
 owner's token, the lease end (``exp``), the window end (``wend``), where the owner sent it (``w``) and, once
-done, the response JSON. Each transition is one Lua
-script, atomic in Redis: a live entry for another payload is a conflict; an ``in_flight`` entry whose lease
-passed (its owner crashed) reads as ``unknown`` and is taken over, never run as new; only the owner's token
-may settle a claim, so a late owner cannot overwrite someone's newer claim. Expiry is judged by the clock the
-store is given (every process's, or a test's fake one); Redis's own PX only collects garbage.
+done, the response JSON. Each transition is one Lua script, atomic in Redis: a live entry for another payload
+is a conflict; an ``in_flight`` entry whose lease passed (its owner crashed) reads as ``unknown`` and is taken
+over, never run as new; only the owner's token may settle a claim, so a late owner cannot overwrite someone's
+newer claim. **Time is Redis's**: every lease and window is judged by ``TIME`` inside the script, never by a
+caller's clock (a process whose clock is off by a minute neither steals nor stretches a claim); a ``clock``
+given to the store replaces it for tests only. Redis's own PX only collects garbage.
+
+**Restarts.** A dataset is stamped with an epoch (``{prefix}dedup:epoch``, the time its first script ran).
+Every script answers with it, so a process notices a Redis that came back empty (no persistence, or a lost
+tail of the append-only file) at its next call, and at most :data:`EPOCH_CHECK` s later while it holds recent
+claims (it looks in the background). It then writes back what it journaled (its claims and results of the
+last :data:`JOURNAL_SPAN` s, within :data:`JOURNAL_BUDGET`), never over an entry written since; and missing keys
+are held (``BackendUnavailable``, retry shortly) for ``restore_hold`` s after the new epoch began, so a key is
+not read as free before its owner wrote it back. A claim whose ``begin`` lost its answer is released, and a
+result that could not be stored is written, once Redis answers again. What no live process remembers (a
+result of a process that died meanwhile, or older than the journal) is lost with the data: persistence
+(``appendonly``/``appendfsync``) is the operator's.
 
 A response longer than ``max_value_bytes`` is not stored: the key is left ``unknown`` and ``complete``
 raises ``EntryTooLarge``. Waiters are woken by a message on ``{prefix}dedup:settled`` (the encoded key) that
 the settling scripts publish; a waiter in the same process is woken directly first, and no waiter waits past
 the owner's lease. While Redis is unreachable ``begin`` raises ``BackendUnavailable`` (unless
 ``on_outage="open"``); the pipeline then refuses the keyed call unless its target agent declares shared
-idempotency (its own store guards the key).
-``unknown``/``fail`` never raise, nor does ``complete`` for an outage (the response is already in hand; the
-claim lapses by its lease).
+idempotency (its own store guards the key), and an agent answers "not executed" (``backend_unavailable``).
+``unknown``/``fail`` never raise, nor does ``complete`` for an outage (the response is already in hand; it is
+written when Redis is back).
 """
 
 from __future__ import annotations
@@ -262,6 +274,8 @@ class RedisDedupStore(RedisStore):
         self._journal: LruTable[_Journaled] = LruTable(journal, "dedup journal")
         self._pending: set[ScopedKey] = set()
         """Keys settled here while Redis could not be told."""
+        self._abandoned: dict[ScopedKey, str] = {}
+        """Claims whose ``begin`` lost its answer (by owner token): Redis may hold them, nobody runs them."""
         self._restoring = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
         self._claims: dict[ScopedKey, str] = {}
@@ -323,13 +337,16 @@ class RedisDedupStore(RedisStore):
 
     async def _watching(self) -> None:
         probe = ScopedKey("-", KIND_EPOCH, "-")
-        while len(self._journal) or self._pending:
+        while len(self._journal) or self._pending or self._abandoned:
             await asyncio.sleep(EPOCH_CHECK)
             self._forget_old()
             try:
                 await self._run("epoch", probe)
                 if self._pending:
                     await self._restore(list(self._pending))
+                for key, token in list(self._abandoned.items()):
+                    await self._run("fail", key, token, self._settled.channel, key.encode())
+                    del self._abandoned[key]
             except OUTAGE_ERRORS:
                 continue
 
@@ -341,6 +358,8 @@ class RedisDedupStore(RedisStore):
         try:
             reply = await self._run("begin", key, *args)
         except OUTAGE_ERRORS as exc:
+            self._abandoned[key] = token  # the claim may have been written: release it once Redis answers
+            self._watch()
             if self.on_outage == "closed":
                 raise unavailable(
                     self.redis,
