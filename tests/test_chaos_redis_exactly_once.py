@@ -22,8 +22,13 @@ from typing import Any
 
 import chaos_support
 import pytest
+import redis.asyncio as aioredis
 from chaos_support import AGENT, Cluster, cluster, go, results, tally, wait_for_executions
+from dedup_store_conformance import K, answer, key
 from servers import Server, _binary, free_port, redis_answers
+
+from reach_plugins.errors import BackendUnavailable
+from reach_plugins.stores.redis_dedup import RESTORE_HOLD, RedisDedupStore
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -108,3 +113,66 @@ async def test_agents_with_skewed_clocks_run_no_key_twice(
         go(callers)
         merged = await finish(f"agents' clocks skewed {skews}", c, callers)
         assert succeeded(merged) == 300, tally(merged).final
+
+
+async def test_a_dataset_that_lost_a_claim_gets_it_back_from_its_owner_before_anyone_takes_the_key(
+    redis_url: str,
+) -> None:
+    """Every key of a store wiped (a restart without persistence): a twin's begin is held, not new; the owner notices
+    the new epoch by itself (it watches while it holds claims) and writes its claim back, so once the hold ends the
+    twin sees it in flight, never free; the owner's result lands."""
+    prefix = f"restore-{uuid.uuid4().hex[:8]}:"
+    owner = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    twin = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    claim, other = key("claimed"), key("other")
+    assert (await owner.begin(claim, "h", 30)).state == "new"
+    assert (await twin.begin(other, "h", 30)).state == "new"
+    wiper = aioredis.Redis.from_url(redis_url)
+    await wiper.delete(*await wiper.keys(f"{prefix}*"))
+    await wiper.aclose()
+    with pytest.raises(BackendUnavailable, match="restoring the claims"):
+        await twin.begin(claim, "h", 30)
+    assert await held_out(twin, claim) == "inflight"
+    await owner.complete(claim, answer("once"))
+    done = await twin.begin(claim, "h", 30)
+    assert done.state == "done" and done.result is not None and done.result.data == "once"
+    await owner.aclose()
+    await twin.aclose()
+
+
+async def held_out(store: RedisDedupStore, claimed: Any) -> str:
+    """The first answer to ``begin`` after the restore hold (at most a few seconds)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5 * RESTORE_HOLD
+    while True:
+        try:
+            return (await store.begin(claimed, "h", 30)).state
+        except BackendUnavailable:
+            assert loop.time() < end, "still held after five restore holds"
+            await asyncio.sleep(0.05)
+
+
+async def test_a_claim_whose_begin_lost_its_answer_is_released_when_redis_answers(redis_url: str) -> None:
+    """begin wrote its claim but the answer was lost (the caller saw an outage): once Redis answers again, the
+    claim is released, so the key is free instead of blocked for its lease and then ``unknown``."""
+    prefix = f"abandon-{uuid.uuid4().hex[:8]}:"
+    store = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    other = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    lost = store._scripts["begin"]
+
+    async def written_then_lost(**kwargs: Any) -> Any:
+        await lost(**kwargs)
+        raise ConnectionError("the answer was lost")
+
+    store._scripts["begin"] = written_then_lost
+    with pytest.raises(BackendUnavailable):
+        await store.begin(K, "h", 30)
+    store._scripts["begin"] = lost
+    assert (await other.begin(K, "h", 30)).state == "inflight"
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5
+    while (state := (await other.begin(K, "h", 30)).state) == "inflight" and loop.time() < end:
+        await asyncio.sleep(0.05)
+    assert state == "new"
+    await store.aclose()
+    await other.aclose()
