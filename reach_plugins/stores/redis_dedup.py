@@ -49,6 +49,7 @@ from reach_plugins.stores.dedup import Begin, conflict, shown
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.redis import (
     MAX_VALUE_BYTES,
+    NOW_LUA,
     OUTAGE_ERRORS,
     OnOutage,
     RedisStore,
@@ -71,12 +72,9 @@ JOURNAL_BUDGET: Final = Budget(max_entries=10_000, max_bytes=64 * MIB)
 """What the journal of one process may hold."""
 KIND_EPOCH: Final = "dedup-epoch"
 
-_PRELUDE: Final = """
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+_PRELUDE: Final = (
+    NOW_LUA
+    + """
 local epoch = redis.call('GET', KEYS[2])
 if not epoch then
   epoch = string.format('%.6f', now)
@@ -86,13 +84,21 @@ if ARGV[2] ~= '' and ARGV[2] ~= epoch then
   local hold = tonumber(ARGV[3])
   redis.call('SET', KEYS[3], tonumber(epoch) + hold, 'NX', 'PX', math.ceil(hold * 1000) + 1000)
 end
-local function fields() return redis.call('HGETALL', KEYS[1]) end
+local function fields()
+  local all, out = redis.call('HGETALL', KEYS[1]), {}
+  for i = 1, #all, 2 do
+    if all[i] ~= 'r' then out[#out + 1] = all[i]; out[#out + 1] = all[i + 1] end
+  end
+  return out
+end
 """
+)
 """Every script starts here. KEYS: entry, the dataset's epoch marker, the restore hold. ARGV: a test clock's now
 ('' for Redis ``TIME``: leases are judged by the store's clock, never a caller's), the epoch this process last saw,
 the restore hold in seconds. A dataset without a marker is new (a first start, or a restart that lost the data):
 it is stamped with the time; a process that saw another epoch before then holds missing keys for the restore
-hold (every live process writes back the claims it journaled meanwhile). Own ARGV start at 4."""
+hold (every live process writes back the claims it journaled meanwhile). ``fields()`` is the entry without its
+response (the caller has that already). Own ARGV start at 4."""
 
 _BEGIN: Final = (
     _PRELUDE
@@ -424,7 +430,7 @@ class RedisDedupStore(RedisStore):
                 self._pending.add(key)
             return
         if reply[0] == 1:
-            self._journal_put(key, _fields(reply[1]), "")
+            self._journal_put(key, {**_fields(reply[1]), **change}, "")
 
     async def sent(self, key: ScopedKey, where: str) -> None:
         token = self._claims.get(key)

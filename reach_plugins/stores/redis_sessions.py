@@ -36,6 +36,7 @@ from reach_plugins.errors import ConfigError, SessionClosed
 from reach_plugins.stores.keys import SEP, ScopedKey
 from reach_plugins.stores.redis import (
     MAX_VALUE_BYTES,
+    NOW_LUA,
     OUTAGE_ERRORS,
     OnOutage,
     RedisStore,
@@ -51,17 +52,8 @@ logger = logging.getLogger(__name__)
 
 _CLOSED: Final = "closed"
 
-_NOW: Final = """
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-"""
-"""Every liveness script starts here: ``now`` is Redis ``TIME`` (ARGV[1] '' ), or a test clock's reading."""
-
 _CHECK: Final = (
-    _NOW
+    NOW_LUA
     + """
 local value = redis.call('GET', KEYS[1])
 if value == 'closed' then return 'closed' end
@@ -73,7 +65,7 @@ return 'open'
 """KEYS: session. ARGV: now ('' for Redis's), ttl seconds, key lifetime in ms."""
 
 _OPEN: Final = (
-    _NOW
+    NOW_LUA
     + """
 redis.call('SET', KEYS[1], tostring(now + tonumber(ARGV[2])), 'PX', ARGV[3])
 return 1
@@ -82,7 +74,7 @@ return 1
 """KEYS: session. ARGV: now ('' for Redis's), ttl seconds, key lifetime in ms."""
 
 _ALIVE: Final = (
-    _NOW
+    NOW_LUA
     + """
 local value = redis.call('GET', KEYS[1])
 if (not value) or value == 'closed' or tonumber(value) <= now then return 0 end
