@@ -17,6 +17,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,9 @@ import yaml
 from servers import free_port, wait_until
 
 from reach_plugins import ReachClient
-from reach_plugins.stores.budget import DEFAULT_BUDGET, MIB
+from reach_plugins.agent import ReachAgent
+from reach_plugins.stores.budget import DEFAULT_BUDGET, MIB, Budget
+from reach_plugins.stores.dedup import MemoryDedupStore
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
 
@@ -189,3 +192,23 @@ async def test_token_less_a2a_messages_grow_an_agent_by_its_task_budget_at_most(
 
         await asyncio.gather(*(one(n) for n in range(CALLS)))
     bound(rss(agent) - before, "agent answering A2A")
+
+
+async def test_a_reply_over_the_agents_byte_bound_is_answered_then_never_replayed_nor_run_again() -> None:
+    """A keyed reply larger than the agent's store may hold: its caller gets it; the same key again is
+    ``outcome_unknown`` (not kept, so not replayable), and the handler ran once."""
+    executed: list[int] = []
+    agent = ReachAgent("big", idempotency=MemoryDedupStore(budget=Budget(max_entries=10, max_bytes=4096)))
+
+    @agent.capability("blob")
+    def blob(n: int) -> dict[str, Any]:
+        executed.append(n)
+        return {"n": n, "blob": "x" * 10_000}
+
+    request = {"request_id": "r-1", "capability": "blob", "payload": {"n": 1}}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://127.0.0.1") as http:
+        first = await http.post("/reach", json=request, headers={"Idempotency-Key": "k-1"})
+        again = await http.post("/reach", json=request, headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == 200 and len(first.json()["data"]["blob"]) == 10_000
+    assert again.json()["error"]["type"] == "outcome_unknown" and "too large" in again.json()["error"]["message"]
+    assert executed == [1]

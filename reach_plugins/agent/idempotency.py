@@ -25,22 +25,28 @@ lets callers retry a lost answer on any of its instances (DESIGN 11.1/11.2).
   with :class:`~reach_plugins.errors.OutcomeUnknown`, carrying the key) and
   the key stays unknown for the window. ``ReachContext.idempotency_scope`` is
   the key to commit with.
+* A result over the store's byte bound (its :class:`~reach_plugins.stores.budget.Budget`,
+  or a Redis store's ``max_value_bytes``) is answered but not kept: its key
+  stays unknown, so a replay is ``outcome_unknown`` (never a second run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from reach_plugins.agent.outcome import Outcome
 from reach_plugins.clock import Clock, as_clock
-from reach_plugins.errors import ConfigError, OutcomeUnknown
+from reach_plugins.errors import ConfigError, EntryTooLarge, OutcomeUnknown
 from reach_plugins.model import ReachResponse
 from reach_plugins.stores.budget import Budget
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.stores.keys import SEP, ScopedKey
 from reach_plugins.stores.urls import open_store
+
+log = logging.getLogger(__name__)
 
 LEASE_GRACE = 2.0
 """Seconds a claim outlives the request's deadline."""
@@ -118,10 +124,17 @@ class Claims:
             del self._running[key]
             future.set_result(outcome if outcome is not None and outcome.status < 500 else None)
             if outcome is not None and outcome.status < 500:
-                await self.store.complete(key, _stored(outcome))
+                await self._complete(key, outcome)
             else:
                 await self.store.fail(key)
         return outcome, False
+
+    async def _complete(self, key: ScopedKey, outcome: Outcome) -> None:
+        """Store the result; one over the store's byte bound is answered all the same, its key left unknown."""
+        try:
+            await self.store.complete(key, _stored(outcome))
+        except EntryTooLarge as exc:
+            log.warning("%s", exc.message)
 
     async def _kept(self, key: ScopedKey) -> Outcome | None:
         """The result the handler committed with this key in its own transaction (now stored here too), if any."""
@@ -136,8 +149,8 @@ class Claims:
         """A lapsed claim nothing was committed for: ``outcome_unknown``, not run again, the key left unknown."""
         await self.store.unknown(key, where)
         message = (
-            f"idempotency key {key.id.rpartition(SEP)[2]!r} was claimed before and its claim lapsed unsettled: "
-            "it may have run, so it was not run again; its outcome is unknown"
+            f"idempotency key {key.id.rpartition(SEP)[2]!r} was claimed before and has no stored result (its claim "
+            "lapsed, or its result was too large to keep): it may have run, so it was not run again"
         )
         error = {"type": OutcomeUnknown.code, "message": message}
         return Outcome(OutcomeUnknown.http_status, {"request_id": None, "status": "fail", "data": None, "error": error})
