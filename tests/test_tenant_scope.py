@@ -1,4 +1,4 @@
-"""Tenant-scoped state on real servers: sessions, closes and pins; a served LangGraph thread; A2A tasks.
+"""Tenant-scoped state on real servers: sessions, closes and pins; a served LangGraph thread; A2A tasks; MCP sessions.
 
 Two tenants name the same conversation (``conv-1``) or the same thread (``1``): each gets its own state. Agents
 run under uvicorn on 127.0.0.1; the tenant comes from a token the agent verifies (an ``X-Tenant`` header would
@@ -11,11 +11,13 @@ import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from hop_support import write_config
 from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
@@ -23,6 +25,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext, add_langgraph
 from reach_plugins.errors import SessionClosed
+from reach_plugins.gateway import create_app
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.security import HEADER_TOKEN, KeyRing, SigningKey, TokenIssuer
 from reach_plugins.stores.budget import DEFAULT_BUDGET
@@ -186,3 +189,32 @@ def test_an_a2a_task_is_read_only_by_the_tenant_that_created_it(
         assert theirs["error"]["code"] == -32001 and "result" not in theirs
         anonymous = rpc(server.url, get, {"id": task_id}, None)
         assert anonymous.status_code == 401 and "found refunds" not in anonymous.text
+
+
+def test_an_mcp_session_belongs_to_the_tenant_that_opened_it(tmp_path: Path) -> None:
+    """demo's MCP session id, presented by acme (its own valid bearer), is unknown (404) for reading and for
+    ending it; demo's session keeps working until demo ends it."""
+    tenants = {
+        name: {"token_env": f"{name.upper()}_TOKEN", "agents": ["*"], "networks": ["127.0.0.0/8"]}
+        for name in ("demo", "acme")
+    }
+    config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, tenants)
+    environ = {"DEMO_TOKEN": "tok-demo", "ACME_TOKEN": "tok-acme"}
+
+    def mcp(url: str, token: str, session: str | None, method: str = "tools/list") -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"}
+        if session is not None:
+            headers["Mcp-Session-Id"] = session
+        if method == "DELETE":
+            return httpx.delete(f"{url}/mcp", headers=headers, timeout=WITHIN)
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"protocolVersion": "2025-06-18"}}
+        return httpx.post(f"{url}/mcp", json=body, headers=headers, timeout=WITHIN)
+
+    with BackgroundServer(create_app(config, environ=environ), proxy_headers=False) as server:
+        session = mcp(server.url, "tok-demo", None, "initialize").headers["Mcp-Session-Id"]
+        assert mcp(server.url, "tok-demo", session).status_code == 200
+        assert mcp(server.url, "tok-acme", session).status_code == 404
+        assert mcp(server.url, "tok-acme", session, "DELETE").status_code == 404
+        assert mcp(server.url, "tok-demo", session).status_code == 200
+        assert mcp(server.url, "tok-demo", session, "DELETE").status_code == 200
+        assert mcp(server.url, "tok-demo", session).status_code == 404
