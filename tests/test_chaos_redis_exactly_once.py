@@ -176,3 +176,35 @@ async def test_a_claim_whose_begin_lost_its_answer_is_released_when_redis_answer
     assert state == "new"
     await store.aclose()
     await other.aclose()
+
+
+async def test_a_result_kept_through_an_outage_settles_a_key_left_unknown_meanwhile(redis_url: str) -> None:
+    """The owner finished while Redis could not be told, and its lease lapsed meanwhile (a twin took the key as
+    ``unknown`` and left it so): once Redis answers the owner, it writes its result over the unknown, and the
+    twin gets that result."""
+    prefix = f"settle-{uuid.uuid4().hex[:8]}:"
+    owner = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    twin = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    assert (await owner.begin(K, "h", 0.3, window=60)).state == "new"
+    reachable = dict(owner._scripts)
+
+    async def unreachable(**_: Any) -> Any:
+        raise ConnectionError("redis went away")
+
+    owner._scripts.update(complete=unreachable, restore=unreachable)
+    await owner.complete(K, answer("ran once"))
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5
+    while (taken := await twin.begin(K, "h", 30, window=60)).state == "inflight":
+        assert loop.time() < end, "the lapsed lease never read as unknown"
+        await asyncio.sleep(0.05)
+    assert taken.state == "unknown"
+    await twin.unknown(K, None)
+    owner._scripts.update(reachable)
+    while (done := await twin.begin(K, "h", 30, window=60)).state == "unknown":
+        await twin.unknown(K, None)
+        assert loop.time() < end, "the owner's result was never written"
+        await asyncio.sleep(0.05)
+    assert done.state == "done" and done.result is not None and done.result.data == "ran once"
+    await owner.aclose()
+    await twin.aclose()

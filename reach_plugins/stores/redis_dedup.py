@@ -190,20 +190,24 @@ the seconds left of its lease (by the store's clock)."""
 _RESTORE: Final = (
     _PRELUDE
     + """
-if redis.call('EXISTS', KEYS[1]) == 1 and (ARGV[5] == '' or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5]) then
-  return {epoch, 0}
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local now_held = redis.call('HMGET', KEYS[1], 'owner', 'st')
+  local mine = ARGV[5] ~= '' and now_held[1] == ARGV[5]
+  local known = now_held[2] == 'unknown' and ARGV[6] == 'done'
+  if not (mine or known) then return {epoch, 0} end
 end
 local wend = tonumber(ARGV[4])
 if wend <= now then return {epoch, 0} end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 redis.call('PEXPIRE', KEYS[1], math.ceil((wend - now) * 1000))
 return {epoch, 1}
 """
 )
-"""Write a journaled claim back: into a dataset that lost it, or over this process's own claim it settled while
-Redis could not be told; never over anyone else's entry. ARGV: window end, the owner token the entry may still
-carry ('' for none), then the fields as name, value pairs."""
+"""Write a journaled claim back: into a dataset that lost it, over this process's own claim it settled while
+Redis could not be told, or as the result of a key left ``unknown`` meanwhile (its lease lapsed while Redis was
+away: the result is what it did); never over anyone else's live claim or result. ARGV: window end, the owner
+token the entry may still carry ('' for none), the journaled state, then the fields as name, value pairs."""
 
 _EPOCH: Final = (
     _PRELUDE
@@ -320,7 +324,8 @@ class RedisDedupStore(RedisStore):
             entry = self._journal.peek(key)
             if entry is not None:
                 wend = entry.fields.get("wend", "0")
-                await self._run("restore", key, wend, entry.owner, *entry.pairs(), notice=False)
+                state = entry.fields.get("st", "")
+                await self._run("restore", key, wend, entry.owner, state, *entry.pairs(), notice=False)
             self._pending.discard(key)
 
     def _journal_put(self, key: ScopedKey, fields: dict[str, str], owner: str, lease: float = 0.0) -> None:
