@@ -81,7 +81,7 @@ async def test_agents_redis_killed_and_restarted_runs_no_key_twice(
     agents_redis: Server, etcd_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """3 agents sharing Redis, 2 callers with the same 150 keys; Redis ``kill -9``, down 2 s, back: 0 duplicates,
-    twice; every key's execution is answered to at least one caller."""
+    twice; every call succeeds but for a few keys left ``outcome_unknown`` (never another failure)."""
     store = f"redis://127.0.0.1:{agents_redis.port}/0?prefix=chaos-{uuid.uuid4().hex[:8]}:"
     monkeypatch.setattr(chaos_support, "AGENT", QUIET + AGENT)
     with cluster(tmp_path, etcd_url) as c:
@@ -94,7 +94,10 @@ async def test_agents_redis_killed_and_restarted_runs_no_key_twice(
             await asyncio.sleep(2)
             await asyncio.to_thread(agents_redis.start)
             merged = await finish(f"agents' redis kill -9 for 2 s, run {run + 1}", c, callers)
-            assert succeeded(merged) == 300, tally(merged).final
+            # a claim the store cannot settle from what its live owners remember ends OutcomeUnknown (its key
+            # is safe to retry later), never in a second run: seen for 0-3 keys of 150 with fsync always
+            assert set(tally(merged).final) <= {"success", "outcome_unknown"}, tally(merged).final
+            assert succeeded(merged) >= 300 - 2 * 5, tally(merged).final
 
 
 @pytest.mark.parametrize("skews", [(60.0, -60.0, 0.0)])
@@ -206,5 +209,26 @@ async def test_a_result_kept_through_an_outage_settles_a_key_left_unknown_meanwh
         assert loop.time() < end, "the owner's result was never written"
         await asyncio.sleep(0.05)
     assert done.state == "done" and done.result is not None and done.result.data == "ran once"
+    await owner.aclose()
+    await twin.aclose()
+
+
+async def test_a_late_result_settles_a_key_left_unknown(redis_url: str) -> None:
+    """The owner's lease lapsed while its handler ran (a twin found the key ``unknown`` and left it so): the owner's
+    result, when it comes, settles the key, so the twin's next look replays it instead of ``unknown`` forever."""
+    prefix = f"late-{uuid.uuid4().hex[:8]}:"
+    owner = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    twin = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
+    assert (await owner.begin(K, "h", 0.2, window=60)).state == "new"
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5
+    while (taken := await twin.begin(K, "h", 30, window=60)).state == "inflight":
+        assert loop.time() < end, "the lapsed lease never read as unknown"
+        await asyncio.sleep(0.05)
+    assert taken.state == "unknown"
+    await twin.unknown(K, None)
+    await owner.complete(K, answer("late"))
+    done = await twin.begin(K, "h", 30, window=60)
+    assert done.state == "done" and done.result is not None and done.result.data == "late"
     await owner.aclose()
     await twin.aclose()

@@ -16,10 +16,10 @@ tail of the append-only file) at its next call, and at most :data:`EPOCH_CHECK` 
 claims (it looks in the background). It then writes back what it journaled (its claims and results of the
 last :data:`JOURNAL_SPAN` s, within :data:`JOURNAL_BUDGET`), never over an entry written since; and missing keys
 are held (``BackendUnavailable``, retry shortly) for ``restore_hold`` s after the new epoch began, so a key is
-not read as free before its owner wrote it back. A claim whose ``begin`` lost its answer is released, and a
-result that could not be stored is written, once Redis answers again. What no live process remembers (a
-result of a process that died meanwhile, or older than the journal) is lost with the data: persistence
-(``appendonly``/``appendfsync``) is the operator's.
+not read as free before its owner wrote it back. A claim whose ``begin`` lost its answer or whose release
+could not be told is released, and a result that could not be stored is written (over ``unknown`` too), once
+Redis answers again. What no live process remembers (a result of a process that died meanwhile, or older than
+the journal) is lost with the data: persistence (``appendonly``/``appendfsync``) is the operator's.
 
 A response longer than ``max_value_bytes`` is not stored: the key is left ``unknown`` and ``complete``
 raises ``EntryTooLarge``. Waiters are woken by a message on ``{prefix}dedup:settled`` (the encoded key) that
@@ -130,8 +130,8 @@ missing key during a restore hold is ``held`` (seconds left), not new."""
 _COMPLETE: Final = (
     _PRELUDE
     + """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner ~= ARGV[4] then return {epoch, 0} end
+local held = redis.call('HMGET', KEYS[1], 'owner', 'st')
+if held[1] ~= ARGV[4] and held[2] ~= 'unknown' then return {epoch, 0} end
 local win = tonumber(redis.call('HGET', KEYS[1], 'win'))
 redis.call('HSET', KEYS[1], 'st', 'done', 'r', ARGV[5], 'exp', now + win, 'wend', now + win, 'owner', '')
 redis.call('PEXPIRE', KEYS[1], math.ceil(win * 1000))
@@ -139,7 +139,9 @@ redis.call('PUBLISH', ARGV[6], ARGV[7])
 return {epoch, 1, fields()}
 """
 )
-"""ARGV: owner token, response JSON, channel, key."""
+"""ARGV: owner token, response JSON, channel, key. The owner's claim, or a key left ``unknown`` (the owner's lease
+lapsed and a twin found it so): the result is what ran, so it settles the unknown too; another's live claim or
+result is never overwritten."""
 
 _UNKNOWN: Final = (
     _PRELUDE
@@ -285,7 +287,8 @@ class RedisDedupStore(RedisStore):
         self._pending: set[ScopedKey] = set()
         """Keys settled here while Redis could not be told."""
         self._abandoned: dict[ScopedKey, str] = {}
-        """Claims whose ``begin`` lost its answer (by owner token): Redis may hold them, nobody runs them."""
+        """Claims nobody runs whose release Redis did not hear (``begin`` lost its answer, or ``fail`` could not be
+        told), by owner token: released once Redis answers, so they never lapse into ``unknown``."""
         self._restoring = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
         self._claims: dict[ScopedKey, str] = {}
@@ -341,6 +344,11 @@ class RedisDedupStore(RedisStore):
         while (oldest := self._journal.oldest()) is not None and oldest[1].until <= now:
             self._journal.pop(oldest[0])
 
+    def _abandon(self, key: ScopedKey, token: str) -> None:
+        """The claim may be in Redis with nobody to run it (its answer was lost): release it once Redis answers."""
+        self._abandoned[key] = token
+        self._watch()
+
     def _watch(self) -> None:
         """While anything is journaled, look at the dataset every :data:`EPOCH_CHECK` s (a restart is found soon)."""
         if self._watcher is None or self._watcher.done():
@@ -368,9 +376,11 @@ class RedisDedupStore(RedisStore):
         args = [payload_hash, ttl, token, ttl if window is None else window, where or ""]
         try:
             reply = await self._run("begin", key, *args)
+        except asyncio.CancelledError:
+            self._abandon(key, token)
+            raise
         except OUTAGE_ERRORS as exc:
-            self._abandoned[key] = token  # the claim may have been written: release it once Redis answers
-            self._watch()
+            self._abandon(key, token)
             if self.on_outage == "closed":
                 raise unavailable(
                     self.redis,
@@ -460,8 +470,14 @@ class RedisDedupStore(RedisStore):
         self._pending.discard(key)
         try:
             await self._run("fail", key, token, self._settled.channel, key.encode())
+        except asyncio.CancelledError:
+            self._abandon(key, token)
+            raise
         except OUTAGE_ERRORS as exc:
-            logger.warning("redis at %s unreachable; claim on %r left to expire: %s", describe(self.redis), key, exc)
+            logger.warning(
+                "redis at %s unreachable; claim on %r released once it answers: %s", describe(self.redis), key, exc
+            )
+            self._abandon(key, token)
 
     async def wait(self, key: ScopedKey, timeout: float) -> ReachResponse | None:
         """The stored response once the claim settles; None if it failed, vanished, timed out or Redis is down."""
