@@ -181,6 +181,17 @@ async def test_a_claim_whose_begin_lost_its_answer_is_released_when_redis_answer
     await other.aclose()
 
 
+async def left_unknown(twin: RedisDedupStore) -> None:
+    """Wait for the owner's short lease on ``K`` to lapse: the twin takes the key as ``unknown`` and leaves it so."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5
+    while (taken := await twin.begin(K, "h", 30, window=60)).state == "inflight":
+        assert loop.time() < end, "the lapsed lease never read as unknown"
+        await asyncio.sleep(0.05)
+    assert taken.state == "unknown"
+    await twin.unknown(K, None)
+
+
 async def test_a_result_kept_through_an_outage_settles_a_key_left_unknown_meanwhile(redis_url: str) -> None:
     """The owner finished while Redis could not be told, and its lease lapsed meanwhile (a twin took the key as
     ``unknown`` and left it so): once Redis answers the owner, it writes its result over the unknown, and the
@@ -196,14 +207,10 @@ async def test_a_result_kept_through_an_outage_settles_a_key_left_unknown_meanwh
 
     owner._scripts.update(complete=unreachable, restore=unreachable)
     await owner.complete(K, answer("ran once"))
+    await left_unknown(twin)
+    owner._scripts.update(reachable)
     loop = asyncio.get_running_loop()
     end = loop.time() + 5
-    while (taken := await twin.begin(K, "h", 30, window=60)).state == "inflight":
-        assert loop.time() < end, "the lapsed lease never read as unknown"
-        await asyncio.sleep(0.05)
-    assert taken.state == "unknown"
-    await twin.unknown(K, None)
-    owner._scripts.update(reachable)
     while (done := await twin.begin(K, "h", 30, window=60)).state == "unknown":
         await twin.unknown(K, None)
         assert loop.time() < end, "the owner's result was never written"
@@ -220,13 +227,7 @@ async def test_a_late_result_settles_a_key_left_unknown(redis_url: str) -> None:
     owner = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
     twin = RedisDedupStore(aioredis.Redis.from_url(redis_url), prefix=prefix, owns_client=True)
     assert (await owner.begin(K, "h", 0.2, window=60)).state == "new"
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 5
-    while (taken := await twin.begin(K, "h", 30, window=60)).state == "inflight":
-        assert loop.time() < end, "the lapsed lease never read as unknown"
-        await asyncio.sleep(0.05)
-    assert taken.state == "unknown"
-    await twin.unknown(K, None)
+    await left_unknown(twin)
     await owner.complete(K, answer("late"))
     done = await twin.begin(K, "h", 30, window=60)
     assert done.state == "done" and done.result is not None and done.result.data == "late"
