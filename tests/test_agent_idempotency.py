@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -12,7 +13,11 @@ from test_agent_sdk import Client, Clock, body, build_agent
 from transport_conformance import make_call
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.agent.idempotency import scope
 from reach_plugins.errors import ConnectionLost
+from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.stores.dedup import MemoryDedupStore
+from reach_plugins.testing.clock import FakeClock
 from transports.direct import DirectTransport
 
 
@@ -105,3 +110,20 @@ async def test_lost_reply_then_retry_executes_once() -> None:
             reply = await transport.send(call)
     assert reply.data["ticket"] == "T-W9"
     assert executed == ["W9"]
+
+
+async def test_a_lapsed_claim_is_outcome_unknown_never_a_fresh_run() -> None:
+    """An instance died holding the key (its lease passed): the next request with it is not run again; the answer
+    is ``outcome_unknown`` and the key stays unknown (a retry gets the same answer, still without a run)."""
+    clock = FakeClock()
+    store = MemoryDedupStore(budget=DEFAULT_BUDGET, clock=clock)
+    agent, executed = build_agent(idempotency=store)
+    request = body("create_ticket", {"wo_number": "W9"})
+    fingerprint = json.dumps(request["payload"], sort_keys=True)
+    await store.begin(scope(None, "orders", "create_ticket", "wo-W9"), fingerprint, 5.0, window=300)
+    clock.advance(6)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://agent") as http:
+        for _ in range(2):
+            answer = await http.post("/reach", json=request, headers={"Idempotency-Key": "wo-W9"})
+            assert answer.json()["error"]["type"] == "outcome_unknown", answer.text
+    assert executed == []

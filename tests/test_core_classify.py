@@ -48,6 +48,7 @@ def fail(code: int = 200, kind: str | None = None, retry_after: float | None = N
         (fail(kind="timeout"), "timeout", True, "unknown"),
         (fail(code=502, kind="outcome_unknown"), "transient", True, "unknown"),
         (fail(kind="backpressure", retry_after=2), "backpressure", True, "not_delivered"),
+        (fail(code=503, kind="backend_unavailable"), "backpressure", True, "not_delivered"),
         (fail(kind="invalid_response"), "invalid_response", False, "failed"),
         (Reply(status="success", status_code=302), "invalid_response", False, "failed"),
     ],

@@ -7,6 +7,14 @@ agent's capabilities. ``POST /a2a`` answers ``SendMessage`` /
 ``message/send`` / ``message/stream`` / ``tasks/get`` / ``tasks/cancel``), in
 the dialect of the method asked.
 
+The answered tasks are kept in an :class:`~reach_plugins.stores.budget.LruTable`
+within a :class:`~reach_plugins.stores.budget.Budget` (entries and bytes, the
+least recently read out first), each under its creator's tenant
+(:class:`~reach_plugins.stores.keys.ScopedKey`): ``GetTask`` by another tenant,
+or by a caller without the tenant, finds nothing. A task whose result alone is
+over the byte bound is answered but not kept (``GetTask`` then says "no task"),
+so no task can hold more than its share.
+
 A message runs one capability through :meth:`ReachAgent.handle` (so its
 checks, idempotency and tokens apply): the one named by the
 ``reach.capability`` metadata, else the agent's only one. Data parts are the
@@ -18,10 +26,10 @@ answer, so ``CancelTask`` answers "not cancelable" (-32002) for a known task.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,9 +37,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from reach_plugins.errors import ReachError
+from reach_plugins.errors import EntryTooLarge, ReachError
 from reach_plugins.protocols.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
 from reach_plugins.server.layer import Inbound, Stage
+from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget, LruTable, json_size
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.wire.body import WireBody, invalid
 from reach_plugins.wire.sse import encode_sse
 
@@ -40,7 +50,7 @@ if TYPE_CHECKING:
 
 CARD_PATH = "/.well-known/agent-card.json"
 RPC_PATH = "/a2a"
-TASKS_KEPT = 1024
+KIND = "a2a-task"
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32700, -32600, -32601, -32602, -32603
 TASK_NOT_FOUND, NOT_CANCELABLE = -32001, -32002
 _METHOD: dict[str, tuple[Dialect, str]] = {
@@ -114,13 +124,19 @@ class Finished:
         return {"kind": "task", **task} if dialect == "0.3" else task
 
 
+def _tenant(inbound: Inbound) -> str | None:
+    """Whose task: the verified token's tenant, else (tokens off) the ``X-Tenant`` the agent serves it as."""
+    claims = inbound.caller
+    return claims.tenant if claims is not None else inbound.headers.get("x-tenant")
+
+
 class A2AServer:
     """The A2A face of one agent: its card, its JSON-RPC endpoint and the tasks it answered."""
 
-    def __init__(self, agent: ReachAgent) -> None:
+    def __init__(self, agent: ReachAgent, *, budget: Budget = DEFAULT_BUDGET) -> None:
         self.agent = agent
-        self.tasks: OrderedDict[str, Finished] = OrderedDict()
-        """The tasks answered, by id; bounded, the oldest dropped."""
+        self.tasks: LruTable[Finished] = LruTable(budget, "A2A task")
+        """The tasks answered, by their tenant's key; within ``budget``, the least recently used dropped."""
 
     def card(self, base: str) -> dict[str, Any]:
         url = base.rstrip("/") + RPC_PATH
@@ -164,9 +180,10 @@ class A2AServer:
         dialect, kind = _METHOD[method]
         try:
             if kind == "get":
-                return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": self._known(params).shaped(dialect)})
+                task = self._known(params, inbound)
+                return JSONResponse({"jsonrpc": "2.0", "id": rpc_id, "result": task.shaped(dialect)})
             if kind == "cancel":
-                self._known(params)
+                self._known(params, inbound)
                 raise RpcError(NOT_CANCELABLE, "the task has finished: it can no longer be cancelled")
             task = await self._run(params, inbound)
         except RpcError as exc:
@@ -175,11 +192,13 @@ class A2AServer:
             return self._result(rpc_id, task.shaped(dialect), dialect, "task")
         return StreamingResponse(self._events(rpc_id, task, dialect), media_type="text/event-stream")
 
-    def _known(self, params: Mapping[str, Any]) -> Finished:
+    def _known(self, params: Mapping[str, Any], inbound: Inbound) -> Finished:
+        """The caller's tenant's task named by ``params.id`` (another tenant's is "no task", as an unknown one)."""
         task_id = params.get("id")
-        if not isinstance(task_id, str) or task_id not in self.tasks:
+        task = self.tasks.get(ScopedKey.of(_tenant(inbound), KIND, task_id)) if isinstance(task_id, str) else None
+        if task is None:
             raise RpcError(TASK_NOT_FOUND, f"no task {task_id!r}")
-        return self.tasks[task_id]
+        return task
 
     def _payload(self, params: Mapping[str, Any]) -> tuple[str, dict[str, Any], Mapping[str, Any]]:
         """(capability, payload, message) of a send request."""
@@ -233,9 +252,9 @@ class A2AServer:
         else:
             code = INVALID_PARAMS if 400 <= outcome.status < 500 else INTERNAL
             raise RpcError(code, str(error.get("message") or f"the agent answered HTTP {outcome.status}"))
-        self.tasks[task_id] = task
-        while len(self.tasks) > TASKS_KEPT:
-            self.tasks.popitem(last=False)
+        size = 96 + len(context_id) + len(task.reason or "") + json_size(task.result)
+        with contextlib.suppress(EntryTooLarge):  # too large alone: answered, not kept (see the module docstring)
+            self.tasks.put(ScopedKey.of(_tenant(inbound), KIND, task_id), task, size)
         return task
 
     async def _events(self, rpc_id: Any, task: Finished, dialect: Dialect) -> AsyncIterator[bytes]:

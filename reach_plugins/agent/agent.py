@@ -334,7 +334,8 @@ class ReachAgent:
                 return refused(ctx.request_id, exc)
             except BackendUnavailable:
                 log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
-                return _not_executed(ctx.request_id, "its idempotency key cannot be checked now")
+                why = f"agent {self.name!r} cannot check its idempotency key now: its idempotency store is unreachable"
+                return _not_executed(ctx.request_id, why, BackendUnavailable.code)
             outcome, replayed = claimed
             if outcome is None:
                 return _not_executed(ctx.request_id, "a request with this idempotency key is in progress elsewhere")

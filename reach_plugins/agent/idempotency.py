@@ -16,27 +16,37 @@ lets callers retry a lost answer on any of its instances (DESIGN 11.1/11.2).
 * Keys are namespaced by tenant, agent and capability (:func:`scope`, a
   :class:`~reach_plugins.stores.keys.ScopedKey`; a request without a tenant
   is the default tenant's), and the memory store is bounded in entries and bytes.
-* A handler that commits its effect and its key in one transaction of its
-  own passes ``committed`` (the lookup of that key in its store): when a
-  claim lapsed because an instance died after committing but before the
-  result was stored here, the committed result is answered instead of a
-  second run. ``ReachContext.idempotency_scope`` is the key to commit with.
+* A claim whose lease lapsed (its instance died or lost the store
+  mid-handler) is ``unknown``, never a fresh key: the handler may have run,
+  so it is not run again. A handler that commits its effect and its key in
+  one transaction of its own passes ``committed`` (the lookup of that key in
+  its store): the committed result is then answered; without it, or when
+  nothing was committed, the answer is ``outcome_unknown`` (the caller ends
+  with :class:`~reach_plugins.errors.OutcomeUnknown`, carrying the key) and
+  the key stays unknown for the window. ``ReachContext.idempotency_scope`` is
+  the key to commit with.
+* A result over the store's byte bound (its :class:`~reach_plugins.stores.budget.Budget`,
+  or a Redis store's ``max_value_bytes``) is answered but not kept: its key
+  stays unknown, so a replay is ``outcome_unknown`` (never a second run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from reach_plugins.agent.outcome import Outcome
 from reach_plugins.clock import Clock, as_clock
-from reach_plugins.errors import ConfigError
+from reach_plugins.errors import ConfigError, EntryTooLarge, OutcomeUnknown
 from reach_plugins.model import ReachResponse
 from reach_plugins.stores.budget import Budget
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.stores.keys import SEP, ScopedKey
 from reach_plugins.stores.urls import open_store
+
+log = logging.getLogger(__name__)
 
 LEASE_GRACE = 2.0
 """Seconds a claim outlives the request's deadline."""
@@ -100,12 +110,11 @@ class Claims:
             return Outcome(200, _body(begin.result)), True
         if begin.state == "inflight":
             return None, False
-        if self._committed is not None:
-            saved = await self._committed(commit_key(key))
-            if saved is not None:
-                kept = Outcome(200, {"request_id": None, "status": "success", "data": saved, "error": None})
-                await self.store.complete(key, _stored(kept))
-                return kept, True
+        kept = await self._kept(key)
+        if kept is not None:
+            return kept, True
+        if begin.state == "unknown":
+            return await self._unknown(key, begin.where), False
         future: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
         self._running[key] = future
         outcome: Outcome | None = None
@@ -115,10 +124,36 @@ class Claims:
             del self._running[key]
             future.set_result(outcome if outcome is not None and outcome.status < 500 else None)
             if outcome is not None and outcome.status < 500:
-                await self.store.complete(key, _stored(outcome))
+                await self._complete(key, outcome)
             else:
                 await self.store.fail(key)
         return outcome, False
+
+    async def _complete(self, key: ScopedKey, outcome: Outcome) -> None:
+        """Store the result; one over the store's byte bound is answered all the same, its key left unknown."""
+        try:
+            await self.store.complete(key, _stored(outcome))
+        except EntryTooLarge as exc:
+            log.warning("%s", exc.message)
+
+    async def _kept(self, key: ScopedKey) -> Outcome | None:
+        """The result the handler committed with this key in its own transaction (now stored here too), if any."""
+        saved = await self._committed(commit_key(key)) if self._committed is not None else None
+        if saved is None:
+            return None
+        kept = Outcome(200, {"request_id": None, "status": "success", "data": saved, "error": None})
+        await self.store.complete(key, _stored(kept))
+        return kept
+
+    async def _unknown(self, key: ScopedKey, where: str | None) -> Outcome:
+        """A lapsed claim nothing was committed for: ``outcome_unknown``, not run again, the key left unknown."""
+        await self.store.unknown(key, where)
+        message = (
+            f"idempotency key {key.id.rpartition(SEP)[2]!r} was claimed before and has no stored result (its claim "
+            "lapsed, or its result was too large to keep): it may have run, so it was not run again"
+        )
+        error = {"type": OutcomeUnknown.code, "message": message}
+        return Outcome(OutcomeUnknown.http_status, {"request_id": None, "status": "fail", "data": None, "error": error})
 
     async def aclose(self) -> None:
         await self.store.aclose()

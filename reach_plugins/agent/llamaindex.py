@@ -41,6 +41,8 @@ from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.agent.server import serve
 from reach_plugins.errors import ConfigError, InvalidPayload
+from reach_plugins.stores.keys import ScopedKey
+from reach_plugins.stores.sessions import session_key
 
 __all__ = ["STATE_KEY", "add_llamaindex", "normalise", "serve_llamaindex"]
 
@@ -136,14 +138,15 @@ def add_llamaindex(
     """
     if history_limit < 1:
         raise ConfigError(f"history_limit must be at least 1 message, got {history_limit}")
-    locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+    locks: weakref.WeakValueDictionary[ScopedKey, asyncio.Lock] = weakref.WeakValueDictionary()
+    """One lock per tenant's conversation: another tenant's session of the same id never waits on it."""
 
     @agent.capability(capability, description=description)
     async def chat(ctx: ReachContext, messages: list[Any] | None = None, input: str | None = None) -> dict[str, Any]:
         turns = _turns(capability, messages, input)
         if ctx.session_id is None:
             return await _run(workflow, ctx.state, turns, history_limit)
-        lock = locks.setdefault(ctx.session_id, asyncio.Lock())
+        lock = locks.setdefault(session_key(ctx.tenant, ctx.session_id), asyncio.Lock())
         async with lock:
             return await _run(workflow, ctx.state, turns, history_limit)
 

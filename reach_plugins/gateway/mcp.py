@@ -8,13 +8,17 @@ gateway's forwarder (routing, retries, breakers). The MCP session is the
 conversation: its id is the request's ``session_id``, so affinity keeps a
 client on one agent instance. Answers are single JSON responses (no server
 stream); ``DELETE /mcp`` ends a session.
+
+Sessions are kept under their tenant's :class:`~reach_plugins.stores.keys.ScopedKey`
+in an :class:`~reach_plugins.stores.budget.LruTable` within a
+:class:`~reach_plugins.stores.budget.Budget` (entries and bytes): a session id
+presented by another tenant is unknown (404), as is one pushed out by the bounds.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +28,8 @@ from reach_plugins.errors import ReachError
 from reach_plugins.model import ReachRequest
 from reach_plugins.server.inbound import BodyPlaces, InputLimits
 from reach_plugins.server.layer import JSON, Around, Authenticate, Inbound, ServerRoute, Stage
+from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget, LruTable
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.wire.headers import SOURCE
 from reach_plugins.wire.redact import without_addresses
 
@@ -33,7 +39,9 @@ if TYPE_CHECKING:
 VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 """The handshake revisions served, newest first; an unknown one is answered with the newest."""
 SESSION_HEADER = "mcp-session-id"
-SESSIONS_KEPT = 10_000
+KIND = "mcp-session"
+_SESSION_BYTES = 64
+"""Estimated bytes of one session entry besides its key."""
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 
 
@@ -58,10 +66,10 @@ def _result(rpc_id: Any, result: Mapping[str, Any], headers: dict[str, str] | No
 class McpEndpoint:
     """MCP over Streamable HTTP in front of one gateway's :class:`~reach_plugins.server.forwarder.Forwarder`."""
 
-    def __init__(self, forwarder: Forwarder) -> None:
+    def __init__(self, forwarder: Forwarder, *, budget: Budget = DEFAULT_BUDGET) -> None:
         self.forwarder = forwarder
-        self.sessions: OrderedDict[str, str | None] = OrderedDict()
-        """MCP session id -> the tenant that opened it (bounded: the oldest session is dropped)."""
+        self.sessions: LruTable[bool] = LruTable(budget, "MCP session")
+        """The open MCP sessions, each under the key of the tenant that opened it."""
 
     def routes(
         self, caller: Authenticate, *, limits: InputLimits, large: BodyPlaces, around: Around
@@ -85,7 +93,7 @@ class McpEndpoint:
     def _session(self, inbound: Inbound) -> tuple[str | None, Response | None]:
         """The caller's MCP session id, or the 404 when it names a session the caller's tenant did not open."""
         session = inbound.headers.get(SESSION_HEADER)
-        if session is not None and self.sessions.get(session, "-") != inbound.caller:
+        if session is not None and self.sessions.get(ScopedKey.of(inbound.caller, KIND, session)) is None:
             return session, _error(None, INVALID_REQUEST, "unknown MCP session: initialize a new one", 404)
         return session, None
 
@@ -96,7 +104,8 @@ class McpEndpoint:
         session, unknown = self._session(inbound)
         if unknown is not None:
             return unknown
-        self.sessions.pop(session or "", None)
+        if session is not None:
+            self.sessions.pop(ScopedKey.of(inbound.caller, KIND, session))
         return Response(status_code=200)
 
     async def post(self, inbound: Inbound) -> Response:
@@ -140,9 +149,7 @@ class McpEndpoint:
         asked = params.get("protocolVersion")
         version = asked if asked in VERSIONS else VERSIONS[0]
         session = secrets.token_hex(16)
-        self.sessions[session] = tenant
-        while len(self.sessions) > SESSIONS_KEPT:
-            self.sessions.popitem(last=False)
+        self.sessions.put(ScopedKey.of(tenant, KIND, session), True, _SESSION_BYTES)
         result = {
             "protocolVersion": version,
             "capabilities": {"tools": {"listChanged": False}},

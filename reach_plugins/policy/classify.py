@@ -132,6 +132,8 @@ def classify_reply(reply: Reply) -> Verdict:
         info = _info(kind, message, retry_after)
         overload = kind == RateLimited.code
         return Verdict("backpressure", info, retry_after, delivery="not_delivered", overload=overload)
+    if kind == BackendUnavailable.code:  # "not executed": its store could not check the key; no overload
+        return Verdict("backpressure", error, retry_after, delivery="not_delivered")
     if kind == "invalid_response":
         return Verdict("invalid_response", error)
     if kind == OUTCOME_UNKNOWN:

@@ -57,6 +57,15 @@ DEFAULT_PREFIX: Final = "reach:"
 DEFAULT_TIMEOUT: Final = 0.5
 MAX_VALUE_BYTES: Final = 8 << 20
 """Largest value a Redis store writes unless told (``max_value_bytes``): 8 MiB."""
+NOW_LUA: Final = """
+local now
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""
+"""How every script that judges time opens: ``now`` is Redis ``TIME`` (the store's clock, the same for every
+caller), or ARGV[1] when a test's clock gives it ('' otherwise)."""
 SUBSCRIBE_TIMEOUT: Final = 2.0
 OUTAGE_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 """What "Redis is unreachable" looks like (a refused or dropped connection, a timeout, a server still loading)."""

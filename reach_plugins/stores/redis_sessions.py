@@ -2,8 +2,8 @@
 
 Each session is one key, ``{prefix}`` + its :class:`~reach_plugins.stores.keys.ScopedKey`
 (tenant first, so one tenant's session id never names another's): its expiry time by the
-store's clock while open, ``closed`` once closed. Checking is one Lua script
-(closed? expired? else extend), so concurrent processes agree. Keys outlive the
+store's clock (Redis ``TIME`` in the scripts, never a caller's) while open, ``closed`` once
+closed. Checking is one Lua script (closed? expired? else extend), so concurrent processes agree. Keys outlive the
 session by ``tombstone_ttl`` (a day unless told) so a closed or expired
 conversation is refused for that long, then forgotten.
 
@@ -27,7 +27,6 @@ checks raise instead.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -37,6 +36,7 @@ from reach_plugins.errors import ConfigError, SessionClosed
 from reach_plugins.stores.keys import SEP, ScopedKey
 from reach_plugins.stores.redis import (
     MAX_VALUE_BYTES,
+    NOW_LUA,
     OUTAGE_ERRORS,
     OnOutage,
     RedisStore,
@@ -52,14 +52,36 @@ logger = logging.getLogger(__name__)
 
 _CLOSED: Final = "closed"
 
-_CHECK: Final = """
+_CHECK: Final = (
+    NOW_LUA
+    + """
 local value = redis.call('GET', KEYS[1])
 if value == 'closed' then return 'closed' end
-if value and tonumber(value) <= tonumber(ARGV[1]) then return 'expired' end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if value and tonumber(value) <= now then return 'expired' end
+redis.call('SET', KEYS[1], tostring(now + tonumber(ARGV[2])), 'PX', ARGV[3])
 return 'open'
 """
-"""KEYS: session. ARGV: now, new expiry, key lifetime in ms."""
+)
+"""KEYS: session. ARGV: now ('' for Redis's), ttl seconds, key lifetime in ms."""
+
+_OPEN: Final = (
+    NOW_LUA
+    + """
+redis.call('SET', KEYS[1], tostring(now + tonumber(ARGV[2])), 'PX', ARGV[3])
+return 1
+"""
+)
+"""KEYS: session. ARGV: now ('' for Redis's), ttl seconds, key lifetime in ms."""
+
+_ALIVE: Final = (
+    NOW_LUA
+    + """
+local value = redis.call('GET', KEYS[1])
+if (not value) or value == 'closed' or tonumber(value) <= now then return 0 end
+return 1
+"""
+)
+"""KEYS: session. ARGV: now ('' for Redis's)."""
 
 _CLAIM_PIN: Final = """
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
@@ -94,14 +116,20 @@ class RedisSessions(RedisStore):
         self.ttl = ttl
         self.tombstone_ttl = tombstone_ttl
         self.on_outage = on_outage
-        self._clock = clock or time.time
+        self._clock = clock
+        """A test's clock; None judges every expiry by Redis ``TIME`` (a caller's skewed clock never does)."""
         self._check = redis.register_script(_CHECK)
+        self._open = redis.register_script(_OPEN)
+        self._alive = redis.register_script(_ALIVE)
         self._claim_pin = redis.register_script(_CLAIM_PIN)
         self._origin = uuid.uuid4().hex
         self._inflight = InFlight()
         self._listeners: list[Listener] = []
         self._closes = Subscription(redis, f"{prefix}session:closed", self._on_remote_close, lambda: None)
         self._outage = False
+
+    def _now(self) -> str:
+        return "" if self._clock is None else repr(self._clock())
 
     def _lifetime_ms(self, seconds: float) -> int:
         return max(1, round((seconds + self.tombstone_ttl) * 1000))
@@ -110,8 +138,7 @@ class RedisSessions(RedisStore):
         """Open (or reopen, even after a close) a session for ``ttl`` seconds."""
         try:
             await self._listen()
-            expires = self._clock() + self.ttl
-            await self.redis.set(self._key(key), repr(expires), px=self._lifetime_ms(self.ttl))
+            await self._open(keys=[self._key(key)], args=[self._now(), self.ttl, self._lifetime_ms(self.ttl)])
         except OUTAGE_ERRORS as exc:
             self._degraded(f"conversation {key.id!r} cannot be opened", exc)
         else:
@@ -124,8 +151,7 @@ class RedisSessions(RedisStore):
         """Open an unknown session, extend a live one, raise ``SessionClosed`` for a closed or expired one."""
         try:
             await self._listen()
-            now = self._clock()
-            args = [repr(now), repr(now + self.ttl), self._lifetime_ms(self.ttl)]
+            args = [self._now(), self.ttl, self._lifetime_ms(self.ttl)]
             state = await self._check(keys=[self._key(key)], args=args)
         except OUTAGE_ERRORS as exc:
             self._degraded(f"conversation {key.id!r} cannot be checked", exc)
@@ -173,14 +199,11 @@ class RedisSessions(RedisStore):
 
     async def is_alive(self, key: ScopedKey) -> bool:
         try:
-            value = await self.redis.get(self._key(key))
+            alive = await self._alive(keys=[self._key(key)], args=[self._now()])
         except OUTAGE_ERRORS as exc:
             self._degraded(f"liveness of conversation {key.id!r} is unknown", exc)
             return True
-        if value is None:
-            return False
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        return text != _CLOSED and float(text) > self._clock()
+        return bool(alive)
 
     def guard(self, key: ScopedKey) -> AbstractAsyncContextManager[None]:
         """Cancel the enclosed work (raising ``SessionClosed``) if any process closes the session meanwhile."""
