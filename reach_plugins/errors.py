@@ -102,7 +102,7 @@ class ConfigError(ReachError):
 
 
 class NoApprover(ConfigError):
-    """A capability that needs approval (``danger_level: high``, ``require_approval``) on an agent without an approver."""
+    """A capability needing approval (``danger_level: high``, ``require_approval``) on an agent without an approver."""
 
     code = "no_approver"
 

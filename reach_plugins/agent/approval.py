@@ -124,9 +124,7 @@ class ApprovalGate:
         self.agent = agent
         self.approver: Approver = WebhookApprover(approver) if isinstance(approver, str) else approver
 
-    async def check(
-        self, capability: Capability, ctx: ReachContext, payload: object, claims: Claims | None
-    ) -> None:
+    async def check(self, capability: Capability, ctx: ReachContext, payload: object, claims: Claims | None) -> None:
         """Return when approved; ``BusinessError`` when denied, ``ApprovalRequired`` when nobody answered in time.
 
         ``claims`` are the verified token's (``None`` in the open mode): the approver's facts come from them.

@@ -92,9 +92,7 @@ class TokenIssuer:
         reason = self._refusal(tenant, audience)
         if reason is not None:
             raise TokenDenied(f"no token for agent {audience!r}: {reason}")
-        return self._sign(
-            subject=subject, audience=audience, tenant=tenant, chain=chain, via=via, ttl=ttl, trust=trust
-        )
+        return self._sign(subject=subject, audience=audience, tenant=tenant, chain=chain, via=via, ttl=ttl, trust=trust)
 
     def _refusal(self, tenant: str | None, audience: str) -> str | None:
         return None if self._may_reach is None else self._may_reach(tenant, audience)

@@ -21,6 +21,7 @@ from reach_plugins.security.claims import DEFAULT_TTL, MAX_TTL
 from reach_plugins.security.context import current
 from reach_plugins.security.held import received
 from reach_plugins.security.issuer import TokenIssuer
+from reach_plugins.security.keys import KeyRing
 from reach_plugins.security.urls import secure_url_problem
 
 _Key = tuple[str, str | None, str | None]
@@ -79,9 +80,7 @@ class _Cached(ABC):
         return token
 
     @abstractmethod
-    async def _fetch(
-        self, audience: str, tenant: str | None, held: str | None, trust: str | None
-    ) -> tuple[str, float]:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
         """A new token for ``audience`` and when it expires (wall clock): each source says where it comes from."""
 
 
@@ -93,9 +92,7 @@ class LocalTokens(_Cached):
         self._via = via
         super().__init__(self.issuer.clock)
 
-    async def _fetch(
-        self, audience: str, tenant: str | None, held: str | None, trust: str | None
-    ) -> tuple[str, float]:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
         if held is not None:
             served = current()
             presenter = served.agent if served is not None else ""
@@ -126,9 +123,7 @@ class RemoteTokens(_Cached):
         self._session: Any = None
         super().__init__(time.time)
 
-    async def _fetch(
-        self, audience: str, tenant: str | None, held: str | None, trust: str | None
-    ) -> tuple[str, float]:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
         import aiohttp
 
         body: dict[str, Any] = {"audience": audience}
@@ -168,8 +163,12 @@ _DEFAULT: TokenIssuer | None = None
 
 
 def default_issuer() -> TokenIssuer:
-    """This process's in-process issuer (a fresh key per process): the embedded default, no setup."""
+    """This process's in-process issuer: the embedded default, no setup.
+
+    It signs with the keys in ``$REACH_ISSUER_KEYS`` when set (so processes started with the same keys, the
+    gateway's issuer role included, accept each other's tokens), else with a fresh key of this process.
+    """
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = TokenIssuer(issuer="reach")
+        _DEFAULT = TokenIssuer(KeyRing.load(), issuer="reach")
     return _DEFAULT

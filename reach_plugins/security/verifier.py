@@ -201,8 +201,10 @@ class TokenVerifier:
                 )
         not_before = payload.get("nbf")
         if not_before is not None and float(not_before) - self.leeway > now:
-            raise TokenClockSkew(f"the token is not valid before {float(not_before):.0f}; this agent's clock reads "
-                                 f"{now:.0f} (leeway {self.leeway:g} s); nothing was executed")
+            raise TokenClockSkew(
+                f"the token is not valid before {float(not_before):.0f}; this agent's clock reads "
+                f"{now:.0f} (leeway {self.leeway:g} s); nothing was executed"
+            )
         if claims.expires_at + self.leeway < now:
             raise self._expired(claims.expires_at, now)
 
