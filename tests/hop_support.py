@@ -149,7 +149,7 @@ _AGENT_PROCESS = textwrap.dedent(
     import sys
     from reach_plugins.agent import ReachAgent, serve
 
-    agent = ReachAgent(sys.argv[1], tokens="open")
+    agent = ReachAgent(sys.argv[1])
 
     @agent.capability("query_order")
     def query_order(order_id: str) -> dict:
