@@ -132,3 +132,20 @@ async def test_a_forged_hops_header_on_a_raw_call_is_not_what_the_approver_sees(
     assert reply.status_code == 200 and reply.json()["error"]["type"] == "business"
     (asked,) = agent.asked
     assert (asked.caller, asked.chain, asked.request_id) == ("tenant:demo", ("tenant:demo",), FORGED_ID)
+
+
+async def test_an_a2a_message_id_with_a_newline_forges_no_audit_line(
+    payments: tuple[Payments, BackgroundServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An A2A message/send whose messageId carries a newline and an 'approved by=cfo' line: the approver is asked
+    once, the audit is one JSON denial keeping the messageId verbatim, and nothing ran."""
+    agent, server = payments
+    token = default_issuer().for_tenant("demo", "payments").token
+    message = {"messageId": FORGED_ID, "role": "user", "parts": [{"kind": "data", "data": PADDED}]}
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+    with caplog.at_level(logging.INFO, logger="reach_plugins.agent.approval"):
+        reply = httpx.post(f"{server.url}/a2a", json=rpc, headers={"X-Reach-Token": token})
+    assert reply.status_code == 200 and agent.ran == []
+    [record] = _audit(caplog)
+    assert (record["verdict"], record["request_id"], record["caller"]) == ("denied", FORGED_ID, "tenant:demo")
+    assert all(r.getMessage().startswith("{") for r in caplog.records if r.name == "reach_plugins.agent.approval")

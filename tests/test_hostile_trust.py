@@ -75,7 +75,7 @@ class UnixServer:
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    with serve_agents(("vault", "v1"), ("orders", "o1")) as (vault, orders):
+    with serve_agents(("vault", "v1"), ("orders", "o1"), ("local", "l1")) as (vault, orders, local):
         node_config = write_config(
             tmp_path / "node.yaml",
             {"vault": {"endpoints": [vault.url], "internal_only": True, "capabilities": ["query_order"]}},
@@ -86,7 +86,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
                 tmp_path / "gateway.yaml",
                 {
                     "hop": {"endpoints": [f"grpc://{node.target}"], "capabilities": ["query_order"]},
-                    "local": {"endpoints": [vault.url], "internal_only": True, "capabilities": ["whoami"]},
+                    "local": {"endpoints": [local.url], "internal_only": True, "capabilities": ["whoami"]},
                     "orders": {"endpoints": [orders.url], "capabilities": ["refuse"]},
                 },
                 TENANTS,
