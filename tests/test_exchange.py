@@ -18,9 +18,11 @@ import httpx
 import jwt
 import pytest
 from hop_support import TOKENS, write_config
+from typer.testing import CliRunner
 
 from reach_plugins import ReachClient, errors
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
+from reach_plugins.cli import app
 from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor
 from reach_plugins.registry import MemoryRegistry
@@ -215,3 +217,14 @@ async def test_the_chain_may_not_pass_its_hop_limit() -> None:
     short = issuer.issue(subject="agent0", audience="holder", tenant="demo").token
     with pytest.raises(errors.ExchangeDenied, match="a loop"):
         await issuer.exchange(short, audience="agent0", presenter="holder")
+
+
+def test_reach_issuer_names_a_malformed_agent_token_option(tmp_path: Path) -> None:
+    """`reach issuer --agent-token` takes NAME=ENV; anything else, or a variable that is unset, exits 2 saying so."""
+    config = write_config(tmp_path / "issuer.yaml", {"echo": ["http://127.0.0.1:9"]}, TENANTS)
+    runner = CliRunner()
+    base = ["issuer", "--config", str(config), "--port", "1"]
+    malformed = runner.invoke(app, [*base, "--agent-token", "echo"], env={"COLUMNS": "200"})
+    unset = runner.invoke(app, [*base, "--agent-token", "echo=NO_SUCH_VARIABLE"], env={"COLUMNS": "200", **TOKENS})
+    assert malformed.exit_code == 2 and "NAME=ENV_VARIABLE" in malformed.output
+    assert unset.exit_code == 2 and "NO_SUCH_VARIABLE is not set" in unset.output
