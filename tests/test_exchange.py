@@ -220,11 +220,14 @@ async def test_the_chain_may_not_pass_its_hop_limit() -> None:
 
 
 def test_reach_issuer_names_a_malformed_agent_token_option(tmp_path: Path) -> None:
-    """`reach issuer --agent-token` takes NAME=ENV; anything else, or a variable that is unset, exits 2 saying so."""
+    """`reach issuer --agent-token` takes NAME=ENV; anything else, an unset variable, or a token a tenant also holds
+    exits 2 saying so."""
     config = write_config(tmp_path / "issuer.yaml", {"echo": ["http://127.0.0.1:9"]}, TENANTS)
     runner = CliRunner()
     base = ["issuer", "--config", str(config), "--port", "1"]
     malformed = runner.invoke(app, [*base, "--agent-token", "echo"], env={"COLUMNS": "200"})
     unset = runner.invoke(app, [*base, "--agent-token", "echo=NO_SUCH_VARIABLE"], env={"COLUMNS": "200", **TOKENS})
+    shared = runner.invoke(app, [*base, "--agent-token", "echo=ACME_TOKEN"], env={"COLUMNS": "200", **TOKENS})
     assert malformed.exit_code == 2 and "NAME=ENV_VARIABLE" in malformed.output
     assert unset.exit_code == 2 and "NO_SUCH_VARIABLE is not set" in unset.output
+    assert shared.exit_code == 2 and "share a token with an agent" in shared.output

@@ -55,13 +55,13 @@ def create_issuer_app(
     async def healthz(inbound: Inbound) -> Response:
         return JSONResponse({"status": "alive", "issuer": issuer.issuer})
 
+    access = Access(tenants, environ)
+    agents = _agent_tokens(agent_tokens or {}, environ)
+    shared = sorted(tenant for tenant in tenants if access.token(tenant) in agents.values())
+    if shared:
+        raise ConfigError(f"tenants {shared} share a token with an agent; give every tenant and agent its own")
     routes = [
-        *issuer_routes(
-            issuer,
-            Access(tenants, environ).authenticate,
-            limits=limits,
-            agents=_agent_tokens(agent_tokens or {}, environ),
-        ),
+        *issuer_routes(issuer, access.authenticate, limits=limits, agents=agents),
         ServerRoute("/healthz", ("GET",), healthz, auth=OPEN),
     ]
     return ServerApp(routes)
