@@ -20,13 +20,24 @@ from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
-from reach_plugins.telemetry.traceview import find_trace, follow, trace_tree
+from reach_plugins.server.tls import ServerTls
+from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
 console = Console()
 TRACES = Path("reach-traces.jsonl")
 """Where ``reach demo`` writes its traces and ``reach trace`` reads them unless told otherwise."""
+TlsCert = Annotated[Path | None, typer.Option(help="Serve TLS with this certificate chain (PEM).")]
+TlsKey = Annotated[Path | None, typer.Option(help="The private key of --tls-cert (PEM, unencrypted).")]
+ClientCa = Annotated[Path | None, typer.Option(help="Require client certificates of this CA (mutual TLS).")]
+
+
+def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, str]:
+    """The TLS keywords of a server's ``serve`` function, checked now (files load, nothing half given)."""
+    ServerTls.given(cert, key, client_ca)
+    named = {"tls_cert": cert, "tls_key": key, "client_ca": client_ca}
+    return {name: str(path) for name, path in named.items() if path is not None}
 
 
 @contextmanager
@@ -79,9 +90,9 @@ def usage(
     table = Table("tenant", "agent", "capability", "calls", "ok", "tokens", "of which estimated", title="usage")
     for row in rows:
         table.add_row(
-            row.tenant,
-            row.agent,
-            row.capability,
+            terminal_text(row.tenant),
+            terminal_text(row.agent),
+            terminal_text(row.capability),
             str(row.calls),
             str(row.succeeded),
             str(row.tokens),
@@ -111,13 +122,26 @@ def gateway(
     dedup_store: Annotated[
         str | None, typer.Option(help="Idempotency store URL (redis://HOST:PORT/DB); needed with --workers > 1.")
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    client_ca: ClientCa = None,
+    metrics_token_env: Annotated[
+        str | None, typer.Option(help="Variable holding the bearer token /metrics requires (shows tenant names).")
+    ] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics on this port instead (one worker).")] = None,
+    metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
     from reach_plugins.gateway.workers import serve_workers
 
+    if metrics_port is not None and workers > 1:
+        console.print("[red]error:[/red] --metrics-port serves one process's metrics; use it with --workers 1")
+        raise typer.Exit(2)
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
+    options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
     with _named_errors():
+        options |= _tls(tls_cert, tls_key, client_ca)
         if workers == 1:
             serve_gateway(config, host, port, issuer_keys=issuer_key, **options)
         else:
@@ -135,10 +159,16 @@ def node(
     workers: Annotated[int, typer.Option(help="Requests served at once.")] = 64,
     node_id: Annotated[str | None, typer.Option(help="Name in x-reach-via chains (default: random).")] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics (Prometheus) over HTTP here.")] = None,
+    metrics_token_env: Annotated[
+        str | None, typer.Option(help="Variable holding the bearer token /metrics requires (shows tenant names).")
+    ] = None,
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
     callback_host: Annotated[
         list[str] | None, typer.Option(help="host or host:port that Submit callbacks may reach (repeat).")
     ] = None,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    client_ca: ClientCa = None,
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import run_node
@@ -153,8 +183,10 @@ def node(
             workers=workers,
             node_id=node_id,
             metrics_port=metrics_port,
+            metrics_token_env=metrics_token_env,
             allow_open=allow_open,
             callback_hosts=callback_host or (),
+            **_tls(tls_cert, tls_key, client_ca),
         )
 
 
@@ -172,6 +204,9 @@ def issuer(
         typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
     ] = [],  # noqa: B006
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: tokens for anyone, as any tenant.")] = False,
+    tls_cert: TlsCert = None,
+    tls_key: TlsKey = None,
+    client_ca: ClientCa = None,
 ) -> None:
     """Serve the token issuer: POST /v1/tokens (tenants and agents), GET /.well-known/jwks.json."""
     if new_key is not None:
@@ -186,7 +221,10 @@ def issuer(
 
     with _named_errors():
         agents = _pairs(agent_token, "--agent-token")
-        serve_issuer(config, host, port, keys=key, name=name, ttl=ttl, agent_tokens=agents, allow_open=allow_open)
+        tls = _tls(tls_cert, tls_key, client_ca)
+        serve_issuer(
+            config, host, port, keys=key, name=name, ttl=ttl, agent_tokens=agents, allow_open=allow_open, **tls
+        )
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from reach_plugins.errors import RequestError
 from reach_plugins.server.inbound import (
     SMALL_BODY,
+    BodyPlaces,
     BodyTimeout,
     BodyTooLarge,
     InputLimits,
@@ -31,7 +32,7 @@ async def _chunks(sizes: list[int], gate: asyncio.Event | None = None) -> AsyncI
 
 async def test_large_bodies_are_read_one_at_a_time() -> None:
     """With one large-body place, a second body past 64 KiB waits until the first is read; small ones do not."""
-    large = InputLimits(large_bodies=1).places()
+    large = InputLimits(large_bodies=1).places().of("acme")
     gate = asyncio.Event()
     first = asyncio.create_task(read_body(_chunks([SMALL_BODY + 1, 10], gate), {}, large=large))
     await asyncio.sleep(0.01)
@@ -44,9 +45,23 @@ async def test_large_bodies_are_read_one_at_a_time() -> None:
     assert not large.locked()
 
 
+async def test_each_tenant_has_large_body_places_of_its_own() -> None:
+    """A tenant holding its one place never makes another tenant wait; tenants past the cap share one set."""
+    places = BodyPlaces(1, tenants=2)
+    gate = asyncio.Event()
+    held = asyncio.create_task(read_body(_chunks([SMALL_BODY + 1, 10], gate), {}, large=places.of("acme")))
+    await asyncio.sleep(0.01)
+    other = await asyncio.wait_for(read_body(_chunks([SMALL_BODY + 1]), {}, large=places.of("globex")), 1.0)
+    assert len(other) == SMALL_BODY + 1 and not held.done()
+    assert places.of("acme") is not places.of("globex")
+    assert places.of("third") is places.of("fourth") is places.of(None)
+    gate.set()
+    await held
+
+
 async def test_a_place_is_released_when_the_body_is_refused() -> None:
     """An oversize or stalled body gives its large-body place back."""
-    large = InputLimits(large_bodies=1).places()
+    large = InputLimits(large_bodies=1).places().of("acme")
     with pytest.raises(BodyTooLarge):
         await read_body(_chunks([SMALL_BODY] * 40), {}, limit=1 << 20, large=large)
     with pytest.raises(BodyTimeout):

@@ -21,7 +21,7 @@ from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
 from reach_plugins.server.layer import JSON, OPEN, Inbound, ServerApp, ServerRoute, Stage
-from reach_plugins.wire.body import WireBody
+from reach_plugins.wire.body import WireBody, check_deadline
 
 if TYPE_CHECKING:
     from reach_plugins.agent.agent import ReachAgent
@@ -47,7 +47,10 @@ def build_app(agent: ReachAgent) -> ServerApp:
     large = agent.limits.places()
 
     async def caller(request: Request, headers: Mapping[str, str]) -> Any:
-        return await agent.authenticate(headers)
+        """The token's claims, then the headers the agent reads as numbers (a 400 naming one, before the body)."""
+        claims = await agent.authenticate(headers)
+        check_deadline(headers)
+        return claims
 
     async def reach(inbound: Inbound) -> Response:
         handled = agent.handle(inbound.body, inbound.headers, inbound.caller)

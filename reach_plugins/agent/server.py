@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 from typing import Any
 
@@ -10,6 +11,7 @@ import uvicorn
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.errors import ConfigError
 from reach_plugins.registry.base import Registry
+from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 
 
@@ -20,13 +22,21 @@ def serve(
     *,
     registry: Registry | None = None,
     endpoint: str | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    client_ca: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> None:
-    """Serve ``agent`` until interrupted; with ``registry``, register at ``endpoint`` (default from host/port)."""
+    """Serve ``agent`` until interrupted; with ``registry``, register at ``endpoint`` (default from host/port).
+
+    ``tls_cert``/``tls_key`` serve https; ``client_ca`` also requires a client certificate of that CA
+    (mutual TLS, which an L1 agent must have).
+    """
+    options |= uvicorn_tls(tls_cert, tls_key, client_ca)
     mutual = options.get("ssl_cert_reqs") == ssl.CERT_REQUIRED
     if agent.trust == "L1" and not mutual:
         raise ConfigError(
-            f"agent {agent.name!r} is L1: serve it with mutual TLS, serve(agent, ..., **mtls(cert, key, client_ca))"
+            f"agent {agent.name!r} is L1: serve it with mutual TLS: serve(agent, ..., tls_cert=, tls_key=, client_ca=)"
         )
     if registry is not None:
         scheme = "https" if options.get("ssl_certfile") else "http"

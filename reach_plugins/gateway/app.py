@@ -12,6 +12,7 @@ backpressure answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -27,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError
+from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, Unauthenticated
 from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.protocols import encode_sse
@@ -37,7 +38,7 @@ from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_routes import issuer_routes
 from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute, Stage
-from reach_plugins.telemetry.prometheus import CONTENT_TYPE, Metrics
+from reach_plugins.telemetry.prometheus import CONTENT_TYPE, Metrics, scrape_allowed
 from reach_plugins.telemetry.spans import (
     ATTR_AGENT,
     ATTR_CAPABILITY,
@@ -122,6 +123,8 @@ class Gateway:
         limits: InputLimits | None = None,
         issuer: TokenIssuer | None = None,
         worker: int | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -145,6 +148,10 @@ class Gateway:
         self.metrics.declare(LATENCY, "histogram", "Time to answer, by endpoint.")
         self.metrics.declare(INFLIGHT, "gauge", "Requests being served now.")
         self.metrics.declare(REFUSED, "counter", "Requests refused before routing, by error type.")
+        self.metrics.before_render(lambda: self.metrics.set(INFLIGHT, self.inflight))
+        self.metrics_port = metrics_port
+        """Where ``/metrics`` is served instead of on the gateway's port (from a thread, on ``metrics_host``)."""
+        self.metrics_host = metrics_host
 
     # ------------------------------------------------------------------ request handling
 
@@ -342,8 +349,12 @@ class Gateway:
         return JSONResponse({"status": "ready"})
 
     async def metrics_text(self, inbound: Inbound) -> Response:
-        self.metrics.set(INFLIGHT, self.inflight)
-        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await self.metrics.scrape(), media_type=CONTENT_TYPE)
+
+    async def _scraper(self, request: Request, headers: Mapping[str, str]) -> None:
+        """The auth rule of ``/metrics`` when the metrics have a token: that bearer, nothing else."""
+        if not scrape_allowed(self.metrics.token, headers.get("authorization")):
+            raise Unauthenticated("GET /metrics needs the metrics token: Authorization: Bearer <token>")
 
     # ------------------------------------------------------------------ app
 
@@ -355,10 +366,15 @@ class Gateway:
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             self.draining = False
             await self.forwarder.start()
+            port = self.metrics_port
+            scrapes = None if port is None else self.metrics.serve_http(self.metrics_host, port)
             try:
                 yield
             finally:
                 self.draining = True
+                if scrapes is not None:
+                    await asyncio.to_thread(scrapes.shutdown)
+                    scrapes.server_close()
                 await self.forwarder.aclose()
 
         limits, large = self.limits, self.large
@@ -390,9 +406,15 @@ class Gateway:
             ServerRoute("/v1/agents", ("GET",), self.agents, auth=self.caller, refuse=self._refuser("agents")),
             ServerRoute("/healthz", ("GET",), self.healthz, auth=OPEN),
             ServerRoute("/readyz", ("GET",), self.readyz, auth=OPEN),
-            ServerRoute("/metrics", ("GET",), self.metrics_text, auth=OPEN),
+            *self._metrics_routes(),
             *McpEndpoint(self.forwarder).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
         ]
         if self.issuer is not None:
             routes += issuer_routes(self.issuer, self.access.authenticate, limits=limits)
         return ServerApp(routes, lifespan=lifespan, hot="/v1/reach")
+
+    def _metrics_routes(self) -> list[ServerRoute]:
+        if self.metrics_port is not None:
+            return []
+        auth = OPEN if self.metrics.token is None else self._scraper
+        return [ServerRoute("/metrics", ("GET",), self.metrics_text, auth=auth)]

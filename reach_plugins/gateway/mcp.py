@@ -12,7 +12,6 @@ stream); ``DELETE /mcp`` ends a session.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from collections import OrderedDict
@@ -23,9 +22,10 @@ from starlette.responses import Response
 
 from reach_plugins.errors import ReachError
 from reach_plugins.model import ReachRequest
-from reach_plugins.server.inbound import InputLimits
+from reach_plugins.server.inbound import BodyPlaces, InputLimits
 from reach_plugins.server.layer import JSON, Around, Authenticate, Inbound, ServerRoute, Stage
 from reach_plugins.wire.headers import SOURCE
+from reach_plugins.wire.redact import without_addresses
 
 if TYPE_CHECKING:
     from reach_plugins.server.forwarder import Forwarder
@@ -64,7 +64,7 @@ class McpEndpoint:
         """MCP session id -> the tenant that opened it (bounded: the oldest session is dropped)."""
 
     def routes(
-        self, caller: Authenticate, *, limits: InputLimits, large: asyncio.Semaphore, around: Around
+        self, caller: Authenticate, *, limits: InputLimits, large: BodyPlaces, around: Around
     ) -> list[ServerRoute]:
         """``POST /mcp`` (one JSON-RPC message) and ``GET``/``DELETE /mcp`` (no body), through the server layer."""
         return [
@@ -175,7 +175,8 @@ class McpEndpoint:
             )
             response = await self.forwarder.run(reach)
         except ReachError as exc:
-            return _result(rpc_id, {"content": [{"type": "text", "text": exc.message}], "isError": True})
+            text = without_addresses(exc.message)
+            return _result(rpc_id, {"content": [{"type": "text", "text": text}], "isError": True})
         except ValueError as exc:
             return _error(rpc_id, INVALID_PARAMS, f"tools/call: {exc}")
         if response.status != "success":

@@ -18,7 +18,9 @@ from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_role import build_issuer
 from reach_plugins.server.layer import ServerApp
+from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
+from reach_plugins.telemetry.labels import Vocabulary, metrics_token
 from reach_plugins.telemetry.prometheus import Metrics
 
 if TYPE_CHECKING:
@@ -41,11 +43,22 @@ def create_app(
     audit: AuditHook | str | None = None,
     store: DedupStore | str | None = None,
     worker: int | None = None,
+    metrics_token_env: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> ServerApp:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
-    ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz)."""
-    issuer = build_issuer(load_config(Path(config)).tenants, keys=issuer_keys, environ=environ)
-    metrics = Metrics()
+    ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz).
+
+    ``/metrics`` shows only names the gateway knows (its agents, capabilities, instances and tenants); with
+    ``metrics_token_env`` a scrape must present that variable's value as its bearer, and only then are tenant
+    names shown; with ``metrics_port`` it is served on ``metrics_host:metrics_port`` instead of the gateway's port.
+    """
+    tenants = load_config(Path(config)).tenants
+    issuer = build_issuer(tenants, keys=issuer_keys, environ=environ)
+    token = metrics_token(metrics_token_env, environ)
+    known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
+    metrics = Metrics(vocabulary=known, token=token)
     forwarder, access = build_forwarder(
         config,
         registry=registry,
@@ -67,6 +80,8 @@ def create_app(
         issuer=issuer,
         metrics=metrics,
         worker=worker,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     return gateway.app()
 
@@ -83,6 +98,12 @@ def serve_gateway(
     store: str | None = None,
     worker: int | None = None,
     sockets: list[socket.socket] | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    client_ca: str | None = None,
+    metrics_token_env: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -90,8 +111,10 @@ def serve_gateway(
     ``X-Forwarded-For`` is ignored unless ``proxy_headers=True`` is passed:
     the source address decides who reaches ``internal_only`` agents. A worker
     of :mod:`reach_plugins.gateway.workers` serves the listening ``sockets``
-    its supervisor handed down instead of binding ``host:port``.
+    its supervisor handed down instead of binding ``host:port``. ``tls_cert``/``tls_key`` serve https,
+    ``client_ca`` requires callers' certificates of that CA too (:mod:`reach_plugins.server.tls`).
     """
+    options |= uvicorn_tls(tls_cert, tls_key, client_ca)
     app = create_app(
         config,
         registry=registry,
@@ -100,6 +123,9 @@ def serve_gateway(
         audit=audit,
         store=store,
         worker=worker,
+        metrics_token_env=metrics_token_env,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     options.setdefault("proxy_headers", False)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run(sockets=sockets)

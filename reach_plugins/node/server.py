@@ -7,11 +7,13 @@ import os
 import signal
 import uuid
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
 import grpc
 
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.node.gate import AuthFirst
 from reach_plugins.node.queue import WorkQueue
@@ -22,7 +24,9 @@ from reach_plugins.server.access import Access
 from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import MAX_BODY
+from reach_plugins.server.tls import ServerTls
 from reach_plugins.stores.budget import DEFAULT_BUDGET
+from reach_plugins.telemetry.labels import Vocabulary, metrics_token
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -47,7 +51,8 @@ class NodeServer:
     ``node_id`` names the node in ``x-reach-via`` chains (node-to-node loop
     detection); by default a random one. ``callback_hosts`` are the hosts
     (``host`` or ``host:port``) Submit callbacks may go to; none by default.
-    ``options`` are grpc server options, over :data:`SLOW_CLIENTS`.
+    ``options`` are grpc server options, over :data:`SLOW_CLIENTS`. With ``tls`` the port speaks TLS
+    (mutual TLS when it names a client CA), else plaintext gRPC.
     """
 
     def __init__(
@@ -65,8 +70,10 @@ class NodeServer:
         metrics: Metrics | None = None,
         metrics_port: int = 0,
         callback_hosts: Collection[str] = (),
+        tls: ServerTls | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls
         self.metrics = metrics
         self.metrics_port = metrics_port
         """Where ``/metrics`` is served over HTTP when ``metrics`` is given (0 picks a free port)."""
@@ -95,7 +102,15 @@ class NodeServer:
         gate = AuthFirst(self.service.access, self.service.refuse, node_id=self.node_id)
         server = grpc.aio.server(options=self._options, interceptors=[gate])
         pb_grpc.add_ReachNodeServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
-        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        if self.tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            key, cert, client_ca = self.tls.pem()
+            credentials = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=client_ca, require_client_auth=self.tls.mutual
+            )
+            bound = server.add_secure_port(address, credentials)
         if bound == 0:
             raise ConfigError(f"the node cannot listen on {self.host}:{self.port} (in use, or not a local address)")
         self.port = bound
@@ -140,21 +155,32 @@ def build_node(
     workers: int = 64,
     node_id: str | None = None,
     metrics_port: int | None = None,
+    metrics_token_env: str | None = None,
     allow_open: bool = False,
     callback_hosts: Collection[str] = (),
     options: list[tuple[str, Any]] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    client_ca: str | os.PathLike[str] | None = None,
 ) -> NodeServer:
     """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started.
 
+    ``tls_cert``/``tls_key`` serve gRPC over TLS; ``client_ca`` requires client certificates of that CA.
+
     With ``metrics_port`` the node serves ``/metrics`` (Prometheus text, through the
-    OpenTelemetry exporter) over HTTP on that port of ``host``.
+    OpenTelemetry exporter) over HTTP on that port of ``host``: only names the node
+    knows, tenant names only behind the bearer token ``metrics_token_env`` names.
     """
+    tls = ServerTls.given(tls_cert, tls_key, client_ca)
     node_id = node_id or f"node-{uuid.uuid4().hex[:8]}"
     metrics = None
     if metrics_port is not None:
         from reach_plugins.telemetry.prometheus import Metrics  # the server extra's exporter, only when asked for
 
-        metrics = Metrics()
+        token = metrics_token(metrics_token_env, environ)
+        tenants = load_config(Path(config)).tenants
+        known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
+        metrics = Metrics(vocabulary=known, token=token)
     forwarder, access = build_forwarder(
         config,
         registry=registry,
@@ -177,6 +203,7 @@ def build_node(
         metrics_port=metrics_port or 0,
         callback_hosts=callback_hosts,
         options=options,
+        tls=tls,
     )
 
 

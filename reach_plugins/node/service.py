@@ -40,6 +40,7 @@ from reach_plugins.wire.headers import (
 )
 from reach_plugins.wire.proto import reach_pb2 as pb
 from reach_plugins.wire.protocodec import body_from_message, dumps, error_message, result_message
+from reach_plugins.wire.redact import without_addresses
 
 log = logging.getLogger("reach_plugins.node")
 
@@ -121,7 +122,7 @@ class NodeService:
 
     async def refuse(self, context: Context, exc: ReachError) -> NoReturn:
         """Abort the call with the error's gRPC code, its wire code and HTTP status in the trailers."""
-        message = exc.message
+        message = without_addresses(exc.message)
         if isinstance(exc, ConfigError):
             log.error("the node's configuration cannot serve a request: %s", exc.message)
             message = "the node's configuration cannot serve this request; its log names the problem"

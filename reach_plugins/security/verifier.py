@@ -153,14 +153,14 @@ class TokenVerifier:
     async def _check(self, token: str) -> Claims:
         header = _header(token)
         if header.get("alg") != ALGORITHM:
-            raise InvalidToken(f"the token is signed with {header.get('alg')!r}; Reach tokens use {ALGORITHM}")
+            raise InvalidToken(f"the token is not signed with {ALGORITHM}, the only algorithm of Reach tokens")
         kid = str(header.get("kid") or "")
         key = self.keys.key(kid)
         if key is None:
             await self.keys.refresh()
             key = self.keys.key(kid)
         if key is None:
-            raise InvalidToken(f"the token was signed by key {kid!r}, which issuer {self.issuer!r} does not publish")
+            raise InvalidToken(f"the token was signed by a key issuer {self.issuer!r} does not publish")
         try:
             payload = jwt.decode(
                 token,

@@ -5,14 +5,19 @@ sends nothing, nor one that trickles its headers a byte at a time: each such
 socket is held for as long as the caller likes. :func:`guarded` wraps
 uvicorn's HTTP protocol class so a request head must arrive whole within
 ``header_timeout`` seconds and ``max_header_bytes`` bytes, or the connection
-is closed (with a 431 for an oversized head). Slow *bodies* are the app's to
-time out (:func:`reach_plugins.server.inbound.read_body`).
+is closed (with a 431 for an oversized head, a 400 for an ambiguous one:
+:func:`~reach_plugins.server.framing.framing_problem`). Slow *bodies* are the
+app's to time out (:func:`reach_plugins.server.inbound.read_body`); a body the
+app answered without reading (a health route, a refusal) must end within
+``header_timeout`` of the answer, or the connection is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any, Final
+
+from reach_plugins.server.framing import framing_problem
 
 HEADER_TIMEOUT: Final = 10.0
 """Default seconds from a connection's first byte (or its opening) to the end of a request head."""
@@ -25,6 +30,24 @@ _TOO_LARGE: Final = (
 )
 
 
+def _bad_request(problem: str) -> bytes:
+    text = f"the request is framed ambiguously: {problem}.\n".encode()
+    return (
+        b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(text), text)
+    )
+
+
+def _head_end(window: bytes, start: int) -> int:
+    """The length of the request head in ``window``, blank line included (a bare-LF one too), or -1 if not yet whole.
+
+    ``start`` is where to look from (the bytes before it were searched already).
+    """
+    found = [(window.find(b"\n\r\n", start), 3), (window.find(b"\n\n", start), 2)]
+    ends = [at + size for at, size in found if at >= 0]
+    return min(ends) if ends else -1
+
+
 def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) -> type[asyncio.Protocol]:
     """A subclass of uvicorn's ``base`` protocol (httptools or h11) enforcing the two head limits."""
 
@@ -33,8 +56,7 @@ def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) ->
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
-            self._head_bytes = 0
-            self._tail = b""
+            self._head = b""
             self._head_timer: asyncio.TimerHandle | None = None
             self._arm()
 
@@ -46,8 +68,7 @@ def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) ->
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
-            self._head_bytes = 0
-            self._tail = b""
+            self._head = b""
 
         def _reading_head(self) -> bool:
             """No request in progress: the previous one was answered and its body read to the end (or none yet)."""
@@ -55,25 +76,43 @@ def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) ->
             return cycle is None or bool(cycle.response_complete and not cycle.more_body)
 
         def _too_slow(self) -> None:
+            """No request is being answered: the caller is sending a head, or a body nobody reads, too slowly."""
             self._head_timer = None
-            if self._reading_head() and not self.transport.is_closing():
+            cycle = self.cycle
+            if (cycle is None or cycle.response_complete) and not self.transport.is_closing():
                 self.transport.close()
 
+        def on_response_complete(self) -> None:
+            """An answer sent before its request's body ended (never read): the rest must come within the limit."""
+            super().on_response_complete()
+            if self.cycle is not None and self.cycle.more_body:
+                self._arm()
+
+        def _refuse(self, answer: bytes) -> None:
+            self._disarm()
+            self.transport.write(answer)
+            self.transport.close()
+
         def data_received(self, data: bytes) -> None:
-            """Count the bytes up to the head's blank line (body bytes never count) before the parser sees them."""
+            """Gather the head up to its blank line (body bytes never count) and check its size and framing before
+            the parser sees it."""
             if self.transport.is_closing():
                 return
             before = self.cycle
             if self._reading_head():
-                window = self._tail + data
-                end = window.find(b"\r\n\r\n")
-                self._head_bytes += len(data) if end < 0 else end + 4 - len(self._tail)
-                self._tail = window[-3:]
-                if self._head_bytes > max_header_bytes:
-                    self._disarm()
-                    self.transport.write(_TOO_LARGE)
-                    self.transport.close()
+                window = self._head + data
+                end = _head_end(window, max(0, len(self._head) - 2))
+                if (end < 0 and len(window) > max_header_bytes) or end > max_header_bytes:
+                    self._refuse(_TOO_LARGE)
                     return
+                if end < 0:
+                    self._head = window
+                else:
+                    problem = framing_problem(window[:end].lstrip(b"\r\n"))
+                    if problem is not None:
+                        self._refuse(_bad_request(problem))
+                        return
+                    self._head = b""
                 self._arm()
             super().data_received(data)
             if self.cycle is not before:

@@ -14,6 +14,7 @@ from reach_plugins.security.issuer import MayReach, TokenIssuer
 from reach_plugins.security.keys import ENV_KEYS, KeyRing
 from reach_plugins.security.source import LocalTokens, default_issuer
 from reach_plugins.security.token_transport import TokenTransport
+from reach_plugins.security.trust_guard import TrustGuard, l1_problem
 
 if TYPE_CHECKING:
     from reach_plugins.config.loader import TenantConfig
@@ -54,10 +55,11 @@ def build_issuer(
 def agent_transport(
     issuer: TokenIssuer, *, via: str | None, audit: AuditHook | str | None = None, inner: Transport | None = None
 ) -> Transport:
-    """How a server reaches agents: DirectTransport with its own token per agent, L3 calls audited (else refused)."""
+    """How a server reaches agents: DirectTransport with its own token per agent, L3 calls audited (else refused),
+    L1 calls only over https with a client certificate, as the client's own (refused before a token is made)."""
     if inner is None:
         from transports.direct import DirectTransport
 
         inner = DirectTransport()
     inner = AuditTransport(inner, audit)
-    return TokenTransport(inner, LocalTokens(issuer, via=via))
+    return TrustGuard(TokenTransport(inner, LocalTokens(issuer, via=via)), check=l1_problem)

@@ -19,6 +19,7 @@ from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_role import build_issuer
 from reach_plugins.server.issuer_routes import issuer_routes
 from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute
+from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 
 log = logging.getLogger("reach_plugins.server.issuer")
@@ -83,7 +84,18 @@ def _agent_tokens(names: Mapping[str, str], environ: Mapping[str, str]) -> dict[
     return tokens
 
 
-def serve_issuer(config: str | os.PathLike[str], host: str, port: int, **options: Any) -> None:
-    """Serve the issuer under uvicorn until interrupted."""
+def serve_issuer(
+    config: str | os.PathLike[str],
+    host: str,
+    port: int,
+    *,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    client_ca: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> None:
+    """Serve the issuer under uvicorn until interrupted (https with ``tls_cert``/``tls_key``, mutual with
+    ``client_ca``); ``options`` go to :func:`create_issuer_app`."""
+    tls = uvicorn_tls(tls_cert, tls_key, client_ca)
     app = create_issuer_app(config, **options)
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, proxy_headers=False)).run()
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, proxy_headers=False, **tls)).run()

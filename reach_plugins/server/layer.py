@@ -15,7 +15,6 @@ the route's ``refuse`` answer (a 4xx JSON naming the problem by default).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -28,8 +27,10 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Lifespan, Receive, Scope, Send
 
 from reach_plugins.errors import ConfigError, ReachError
-from reach_plugins.server.inbound import InputLimits, loads, read_body, require_json, single_headers
+from reach_plugins.security.claims import Claims
+from reach_plugins.server.inbound import BodyPlaces, InputLimits, loads, read_body, require_json, single_headers
 from reach_plugins.wire.body import invalid
+from reach_plugins.wire.redact import without_addresses
 
 Stage = Literal["auth", "read", "parse", "serve"]
 """Where a refusal arose: before the body (``auth``), reading it (``read``), decoding it (``parse``), or in the
@@ -75,8 +76,9 @@ Handler = Callable[[Inbound], Awaitable[Response]]
 
 
 def refusal(exc: ReachError, stage: Stage) -> Response:
-    """The default refusal: the error's status and ``{"error": {type, message}}``."""
-    return JSONResponse({"error": {"type": exc.error_type, "message": exc.message}}, status_code=exc.http_status)
+    """The default refusal: the error's status and ``{"error": {type, message}}`` (no backend's address)."""
+    error = {"type": exc.error_type, "message": without_addresses(exc.message)}
+    return JSONResponse({"error": error}, status_code=exc.http_status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +91,8 @@ class ServerRoute:
     auth: Authenticate | _Open
     body: BodyModel = None
     limits: InputLimits = field(default_factory=InputLimits)
-    large: asyncio.Semaphore | None = None
-    """Places for large bodies shared by the routes of one server (:meth:`InputLimits.places`)."""
+    large: BodyPlaces | None = None
+    """Places for large bodies shared by the routes of one server, per tenant (:meth:`InputLimits.places`)."""
     json_only: bool = False
     """The body must be declared ``Content-Type: application/json`` (checked right after the caller)."""
     refuse: Refuse = refusal
@@ -123,9 +125,10 @@ class ServerRoute:
         if self.body is None:
             return await self._handle(Inbound(request, headers, caller, None))
         limits = self.limits
+        large = None if self.large is None else self.large.of(_tenant(caller))
         try:
             raw = await read_body(
-                request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=self.large
+                request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=large
             )
         except ReachError as exc:
             return self._unread(self.refuse(exc, "read"))
@@ -155,6 +158,13 @@ class ServerRoute:
             return self.body.model_validate(value)
         except ValidationError as exc:
             raise invalid(exc) from None
+
+
+def _tenant(caller: Any) -> str | None:
+    """The tenant whose large-body places a caller waits for: a tenant name, or the tenant of token claims."""
+    if isinstance(caller, Claims):
+        return caller.tenant
+    return caller if isinstance(caller, str) else None
 
 
 class LayerRoute(Route):

@@ -12,14 +12,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-import ssl
 import threading
 from typing import Any
 
 import uvicorn
 
-from reach_plugins.errors import ConfigError
 from reach_plugins.server.guard import HEADER_TIMEOUT, MAX_HEADER_BYTES, guarded
+from reach_plugins.server.tls import ServerTls
 
 KEEP_ALIVE = 100
 """Seconds the server keeps an idle connection: longer than the client pools' 90 s idle timeout."""
@@ -73,17 +72,9 @@ def mtls(
     """uvicorn options serving TLS that requires a client certificate signed by ``ca_file`` (an L1 agent's).
 
     ``serve(agent, port=8443, **mtls("agent.pem", "agent-key.pem", "ca.pem"))``, or the same
-    options to :class:`BackgroundServer`.
+    options to :class:`BackgroundServer` (``serve(agent, tls_cert=..., tls_key=..., client_ca=...)`` says the same).
     """
-    for path in (cert_file, key_file, ca_file):
-        if not os.path.isfile(path):
-            raise ConfigError(f"TLS file not found: {os.fspath(path)!r} (the agent's certificate, key, or client CA)")
-    return {
-        "ssl_certfile": os.fspath(cert_file),
-        "ssl_keyfile": os.fspath(key_file),
-        "ssl_ca_certs": os.fspath(ca_file),
-        "ssl_cert_reqs": ssl.CERT_REQUIRED,
-    }
+    return ServerTls(os.fspath(cert_file), os.fspath(key_file), os.fspath(ca_file)).uvicorn()
 
 
 class _Server(uvicorn.Server):

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation, get_meter
 
+from reach_plugins.telemetry.labels import Vocabulary
 from reach_plugins.telemetry.spans import (
     _VERSION,
     ATTR_AFFINITY,
@@ -138,9 +139,15 @@ class RunningTotals:
 
 
 class ReachMetrics:
-    """The instruments of reach-plugins on ``meter_provider`` (the global one by default); a trace sink."""
+    """The instruments of reach-plugins on ``meter_provider`` (the global one by default); a trace sink.
 
-    def __init__(self, meter_provider: MeterProvider | None = None) -> None:
+    Every label set goes through ``vocabulary`` (:mod:`reach_plugins.telemetry.labels`): a server passes one that
+    knows its registry and tenants, so a name a caller made up is counted as ``unknown``; by default names pass
+    as they are, under the series cap.
+    """
+
+    def __init__(self, meter_provider: MeterProvider | None = None, *, vocabulary: Vocabulary | None = None) -> None:
+        self.vocabulary = vocabulary if vocabulary is not None else Vocabulary()
         meter = get_meter(INSTRUMENTATION_NAME, _VERSION, meter_provider=meter_provider)
         self.tool_duration = meter.create_histogram(
             GEN_AI_OPERATION_DURATION, unit="s", description="GenAI operation duration (execute_tool).",
@@ -196,57 +203,62 @@ class ReachMetrics:
         agent = route.agent if route is not None else ""
         instance = route.instance if route is not None else ""
         where = {ATTR_CAPABILITY: trace.capability, ATTR_AGENT: agent, ATTR_INSTANCE: instance}
-        self.requests.add(1, {**where, ATTR_STATUS: trace.status})
-        self.request_duration.record(trace.duration_ms / 1000.0, {**where, ATTR_STATUS: trace.status})
+        finished = {**where, ATTR_STATUS: trace.status}
+        self.requests.add(1, self._labels(REQUESTS, finished))
+        self.request_duration.record(trace.duration_ms / 1000.0, self._labels(REQUEST_DURATION, finished))
         if route is not None:
-            self.route_decisions.add(
-                1, {**where, ATTR_AFFINITY: route.affinity, ATTR_DEGRADED: str(route.degraded).lower()}
-            )
+            decided = {**where, ATTR_AFFINITY: route.affinity, ATTR_DEGRADED: str(route.degraded).lower()}
+            self.route_decisions.add(1, self._labels(ROUTE_DECISIONS, decided))
         if trace.dedup_hit:
-            self.dedup_hits.add(1, {ATTR_CAPABILITY: trace.capability})
+            self.dedup_hits.add(1, self._labels(DEDUP_HITS, {ATTR_CAPABILITY: trace.capability}))
         self._usage(trace, agent)
         for attempt in trace.attempts:
             outcome = attempt_outcome(attempt)
             at = {ATTR_CAPABILITY: trace.capability, ATTR_AGENT: attempt.agent, ATTR_INSTANCE: attempt.instance}
-            self.attempts.add(1, {**at, ATTR_OUTCOME: outcome})
+            self.attempts.add(1, self._labels(ATTEMPTS, {**at, ATTR_OUTCOME: outcome}))
             if outcome == "cancelled":
-                self.cancellations.add(1, at)
+                self.cancellations.add(1, self._labels(CANCELLATIONS, at))
         self._events(trace.capability, trace.events)
+
+    def _labels(self, instrument: str, attributes: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self.vocabulary.labels(instrument, attributes)
 
     def _usage(self, trace: ReachTrace, agent: str) -> None:
         """Calls and tokens per tenant, agent and capability (:mod:`reach_plugins.telemetry.usage`)."""
         who = {ATTR_TENANT: trace.tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: trace.capability}
-        self.usage_calls.add(1, who)
+        self.usage_calls.add(1, self._labels(USAGE_CALLS, who))
         reported, estimated = tokens_of(trace)
         if reported:
-            self.usage_tokens.add(reported, {**who, ATTR_USAGE_SOURCE: "reported"})
+            self.usage_tokens.add(reported, self._labels(USAGE_TOKENS, {**who, ATTR_USAGE_SOURCE: "reported"}))
         if estimated:
-            self.usage_tokens.add(estimated, {**who, ATTR_USAGE_SOURCE: "estimated"})
+            self.usage_tokens.add(estimated, self._labels(USAGE_TOKENS, {**who, ATTR_USAGE_SOURCE: "estimated"}))
 
     def _events(self, capability: str, events: Iterable[Mapping[str, object]]) -> None:
+        of = {ATTR_CAPABILITY: capability}
         for event in events:
             name = event.get("event")
             if name == EVENT_CONSISTENCY:
                 score = event.get("score")
                 if isinstance(score, int | float):
-                    self.consistency_scores.record(float(score), {ATTR_CAPABILITY: capability})
+                    self.consistency_scores.record(float(score), self._labels(CONSISTENCY_SCORES, of))
             elif name == EVENT_CONSISTENCY_STATE and event.get(ATTR_BREAKER_TO) == "ejected":
-                self.consistency_ejections.add(
-                    1, {ATTR_CAPABILITY: capability, ATTR_INSTANCE: str(event.get("instance"))}
-                )
+                ejected = {ATTR_CAPABILITY: capability, ATTR_INSTANCE: str(event.get("instance"))}
+                self.consistency_ejections.add(1, self._labels(CONSISTENCY_EJECTIONS, ejected))
             elif name == EVENT_RETRY:
-                self.retries.add(1, {ATTR_CAPABILITY: capability})
+                self.retries.add(1, self._labels(RETRIES, of))
             elif name == EVENT_FAILOVER:
-                self.failovers.add(1, {ATTR_CAPABILITY: capability})
+                self.failovers.add(1, self._labels(FAILOVERS, of))
             elif name == EVENT_BREAKER:
                 before, after = str(event.get(ATTR_BREAKER_FROM)), str(event.get(ATTR_BREAKER_TO))
                 self.breaker(str(event.get("instance", "")), before, after)
 
     def breaker(self, instance: str, before: str, after: str) -> None:
         """A breaker moved from ``before`` to ``after``: counted, and the instance's state gauge set."""
-        self.breaker_transitions.add(1, {ATTR_INSTANCE: instance, ATTR_BREAKER_FROM: before, ATTR_BREAKER_TO: after})
+        moved = {ATTR_INSTANCE: instance, ATTR_BREAKER_FROM: before, ATTR_BREAKER_TO: after}
+        self.breaker_transitions.add(1, self._labels(BREAKER_TRANSITIONS, moved))
+        shown = self._labels(BREAKER_STATE, {ATTR_INSTANCE: instance}).get(ATTR_INSTANCE, instance)
         with self._lock:
-            self._breakers[instance] = BREAKER_STATES.get(after, -1)
+            self._breakers[shown] = BREAKER_STATES.get(after, -1)
 
     def _breaker_states(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
@@ -258,14 +270,15 @@ class ReachMetrics:
     def tool_route(self, tool: str, rule: str, remote: bool) -> None:
         """Where a framework tool call went: the mapping rule (the semantic route distribution) and the side."""
         side = "remote" if remote else "local"
-        self.tool_routes.add(1, {ATTR_GEN_AI_TOOL_NAME: tool, ATTR_RULE: rule, ATTR_SIDE: side})
+        routed = {ATTR_GEN_AI_TOOL_NAME: tool, ATTR_RULE: rule, ATTR_SIDE: side}
+        self.tool_routes.add(1, self._labels(TOOL_ROUTES, routed))
 
     def tool_call(self, tool: str, seconds: float, error: str | None = None) -> None:
         """How long one reached tool call took as the framework saw it (GenAI ``execute_tool`` duration)."""
         attributes = {ATTR_GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, ATTR_GEN_AI_TOOL_NAME: tool}
         if error is not None:
             attributes[ATTR_ERROR_TYPE] = error
-        self.tool_duration.record(seconds, attributes)
+        self.tool_duration.record(seconds, self._labels(GEN_AI_OPERATION_DURATION, attributes))
 
     def session_closed(self) -> None:
         """A conversation was closed (later reaches in it are refused, calls in flight cancelled)."""
@@ -273,17 +286,18 @@ class ReachMetrics:
 
     def cancellation(self, capability: str) -> None:
         """A call in flight was cancelled because its conversation closed."""
-        self.cancellations.add(1, {ATTR_CAPABILITY: capability})
+        self.cancellations.add(1, self._labels(CANCELLATIONS, {ATTR_CAPABILITY: capability}))
 
     def registration(self, agent: str, ok: bool) -> None:
         """An instance of ``agent`` tried to register (the agent SDK's registration reports each try)."""
-        self.registrations.add(1, {ATTR_AGENT: agent, ATTR_RESULT: "success" if ok else "failure"})
+        registered = {ATTR_AGENT: agent, ATTR_RESULT: "success" if ok else "failure"}
+        self.registrations.add(1, self._labels(REGISTRATIONS, registered))
 
     async def watch(self, registry: Registry) -> None:
         """Count heartbeat expiry (``instance_down``) from ``registry``'s watch stream until it ends."""
         async for event in registry.watch():
             if event.kind == "instance_down":
-                self.heartbeat_expirations.add(1, {ATTR_AGENT: event.agent})
+                self.heartbeat_expirations.add(1, self._labels(HEARTBEAT_EXPIRATIONS, {ATTR_AGENT: event.agent}))
 
 
 class FanOut:

@@ -6,6 +6,9 @@ picks one by request id, :func:`follow` yields records as they are appended,
 and :func:`trace_tree` draws the route decision (candidates, scores, pick,
 reason), every attempt and every event with times from the request's start,
 rounded for people (seed 001, section 6: a replay of each routing decision).
+Everything taken from a trace file is data, never terminal input: it goes
+through :func:`terminal_text`, so a record cannot clear the screen, move the
+cursor, rewrite a line or style itself (``reach usage`` prints the same way).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from pydantic import ValidationError
 from rich.markup import escape
@@ -23,7 +26,24 @@ from rich.tree import Tree
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import Attempt, ReachTrace
 
+_BIDI: Final = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_CONTROLS: Final = {
+    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in (*range(0x20), *range(0x7F, 0xA0), *_BIDI)
+}
+"""C0 and C1 controls (ESC, CR, BEL, the 8-bit CSI ...), DEL and the bidirectional overrides, written out as escapes."""
+
 _STATUS_STYLE = {"success": "green", "fail": "red", "timeout": "red", "error": "red", "cancelled": "yellow"}
+
+
+def terminal_text(value: object) -> str:
+    """``value`` as inert text for a rich console: controls shown as ``\\x1b``-style escapes, markup escaped.
+
+    With the controls written out, an ANSI sequence is only its printable
+    tail (``\\x1b[2J`` prints as those five characters), and a ``\\r`` cannot
+    rewrite the line before it; :func:`rich.markup.escape` keeps ``[bold]``
+    and the like literal.
+    """
+    return escape(str(value).translate(_CONTROLS))
 
 
 def rounded(value: Any) -> Any:
@@ -88,8 +108,8 @@ def summary(trace: ReachTrace) -> str:
     where = f"{route.agent}/{route.instance}" if route is not None else "not routed"
     style = _STATUS_STYLE.get(trace.status, "white")
     return (
-        f"[bold]{escape(trace.request_id)}[/bold] {escape(trace.capability)} -> {escape(where)} "
-        f"[{style}]{escape(trace.status)}[/{style}] {rounded(trace.duration_ms)} ms"
+        f"[bold]{terminal_text(trace.request_id)}[/bold] {terminal_text(trace.capability)} -> {terminal_text(where)} "
+        f"[{style}]{terminal_text(trace.status)}[/{style}] {rounded(trace.duration_ms)} ms"
     )
 
 
@@ -99,7 +119,7 @@ def trace_tree(trace: ReachTrace) -> Tree:
     known = (("tenant", trace.tenant), ("session", trace.session_id))
     context = [f"{label} {value}" for label, value in known if value]
     if context:
-        tree.add("[dim]" + escape(", ".join(context)) + "[/dim]")
+        tree.add("[dim]" + terminal_text(", ".join(context)) + "[/dim]")
     _route(tree, trace)
     items: list[Attempt | dict[str, Any]] = [*trace.attempts, *trace.events]
     timeline = [(item.started_at if isinstance(item, Attempt) else float(item.get("at", 0.0)), n, item)
@@ -111,9 +131,9 @@ def trace_tree(trace: ReachTrace) -> Tree:
         else:
             details = {key: rounded(value) for key, value in item.items() if key not in ("event", "at")}
             text = json.dumps(details, ensure_ascii=False, default=str) if details else ""
-            tree.add(f"+{offset} ms [yellow]{escape(str(item.get('event', '?')))}[/yellow] {escape(text)}")
+            tree.add(f"+{offset} ms [yellow]{terminal_text(item.get('event', '?'))}[/yellow] {terminal_text(text)}")
     if trace.error is not None:
-        tree.add(f"[red]{escape(trace.error.type)}: {escape(trace.error.message)}[/red]")
+        tree.add(f"[red]{terminal_text(trace.error.type)}: {terminal_text(trace.error.message)}[/red]")
     return tree
 
 
@@ -121,15 +141,15 @@ def _attempt(tree: Tree, offset: float, attempt: Attempt) -> None:
     style = "green" if attempt.outcome == "success" else "red"
     delivered = "" if attempt.delivered else " [yellow]not delivered[/yellow]"
     node = tree.add(
-        f"+{offset} ms attempt {attempt.number} -> {escape(attempt.agent)}/{escape(attempt.instance)} "
-        f"[{style}]{escape(attempt.outcome)}[/{style}]{delivered} {rounded(attempt.duration_ms)} ms"
+        f"+{offset} ms attempt {attempt.number} -> {terminal_text(attempt.agent)}/{terminal_text(attempt.instance)} "
+        f"[{style}]{terminal_text(attempt.outcome)}[/{style}]{delivered} {rounded(attempt.duration_ms)} ms"
     )
     if attempt.error:
-        node.add(f"[red]{escape(attempt.error)}[/red]")
+        node.add(f"[red]{terminal_text(attempt.error)}[/red]")
     if attempt.retry_delay_ms is not None:
         node.add(f"retry after {rounded(attempt.retry_delay_ms)} ms")
     if attempt.breaker_state:
-        node.add(f"breaker {escape(attempt.breaker_state)}")
+        node.add(f"breaker {terminal_text(attempt.breaker_state)}")
 
 
 def _route(tree: Tree, trace: ReachTrace) -> None:
@@ -139,14 +159,15 @@ def _route(tree: Tree, trace: ReachTrace) -> None:
         return
     flags = [flag for flag, on in (("context_restore", route.context_restore), ("degraded", route.degraded)) if on]
     node = tree.add(
-        f"route: [bold]{escape(route.agent)}/{escape(route.instance)}[/bold] affinity {escape(route.affinity)}"
+        f"route: [bold]{terminal_text(route.agent)}/{terminal_text(route.instance)}[/bold]"
+        + f" affinity {terminal_text(route.affinity)}"
         + (f" [yellow]{', '.join(flags)}[/yellow]" if flags else "")
         + f" [dim]({rounded(route.elapsed_us)} µs)[/dim]"
     )
-    node.add(f"reason: {escape(route.reason)}")
+    node.add(f"reason: {terminal_text(route.reason)}")
     for candidate in route.candidates:
         name = candidate.agent + (f"/{candidate.instance}" if candidate.instance else "")
         score = f" score {rounded(candidate.score)}" if candidate.score is not None else ""
-        skipped = f" [red]skipped: {escape(candidate.skipped)}[/red]" if candidate.skipped else ""
+        skipped = f" [red]skipped: {terminal_text(candidate.skipped)}[/red]" if candidate.skipped else ""
         picked = " [green]<- picked[/green]" if candidate.instance == route.instance else ""
-        node.add(f"candidate {escape(name)}{score}{skipped}{picked}")
+        node.add(f"candidate {terminal_text(name)}{score}{skipped}{picked}")

@@ -40,6 +40,7 @@ from reach_plugins.wire.headers import (
     UNKNOWN_SOURCE,
     VIA,
 )
+from reach_plugins.wire.redact import without_addresses
 
 REFUSED: Final = "refused"
 """Body field of a hop's refusal: true when no agent saw the request (the client raises the error)."""
@@ -84,9 +85,11 @@ def parse_body(raw: Any) -> WireBody:
         raise invalid(exc) from None
 
 
-def _deadline_ms(header: str | None, body: WireBody) -> int | None:
+def _deadline_ms(header: str | None, default: int | None) -> int | None:
+    """``X-Reach-Deadline`` as milliseconds (``default`` without it); digits only, so ``nan``, ``-5``, ``1e3`` or
+    ``²`` are a RequestError naming the header, never a deadline."""
     if header is None:
-        return body.deadline_ms
+        return default
     text = header.strip()
     if not (text.isascii() and text.isdigit() and len(text) <= 9) or int(text) > MAX_DEADLINE_MS:
         raise RequestError(
@@ -123,7 +126,7 @@ def to_request(
     ``header(name)`` looks a header up case-insensitively. A remaining budget
     of 0 ms means the caller has already given up: ``DeadlineExceeded``.
     """
-    deadline_ms = _deadline_ms(header(HEADER_DEADLINE), body)
+    deadline_ms = _deadline_ms(header(HEADER_DEADLINE), body.deadline_ms)
     if deadline_ms == 0:
         raise DeadlineExceeded("the caller's deadline had passed on arrival; nothing was sent")
     metadata: dict[str, str] = {}
@@ -178,7 +181,7 @@ def response_body(response: ReachResponse) -> dict[str, Any]:
         "request_id": response.request_id,
         "status": response.status,
         "data": response.data,
-        "error": response.error.model_dump(exclude_none=True) if response.error else None,
+        "error": _error_info(response.error) if response.error else None,
         "agent": response.agent,
         "instance": response.instance,
         "attempts": response.attempts,
@@ -186,6 +189,11 @@ def response_body(response: ReachResponse) -> dict[str, Any]:
         "context_restore": response.context_restore,
         "degraded": response.degraded,
     }
+
+
+def _error_info(error: ErrorInfo) -> dict[str, Any]:
+    """An agent's or an attempt's error for the caller: the message without the addresses of backends or agents."""
+    return {**error.model_dump(exclude_none=True), "message": without_addresses(error.message)}
 
 
 def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]:
@@ -198,7 +206,7 @@ def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]
         ``error.type`` is the error's own code (:data:`reach_plugins.errors.WIRE_CODES`), so the client
         raises the same class as when it refuses a request itself (:func:`raise_refusal`).
     """
-    error: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
+    error: dict[str, Any] = {"type": exc.error_type, "message": without_addresses(exc.message)}
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         error["retry_after"] = retry_after
@@ -223,6 +231,11 @@ def check_headers(headers: Mapping[str, str]) -> None:
                 f"header {name} cannot carry {value!r}: header values are printable ASCII; "
                 "use an ASCII idempotency key, tenant and session id"
             )
+
+
+def check_deadline(headers: Mapping[str, str]) -> None:
+    """Refuse an ``X-Reach-Deadline`` that is not a number of milliseconds (``headers`` with lowercase names)."""
+    _deadline_ms(headers.get(HEADER_DEADLINE.lower()), None)
 
 
 def header_lookup(headers: Mapping[str, str]) -> Callable[[str], str | None]:

@@ -27,6 +27,7 @@ from reach_plugins.wire.headers import (
     VIA,
 )
 from reach_plugins.wire.proto import reach_pb2 as pb
+from reach_plugins.wire.redact import without_addresses
 
 _STATUS = {"success": pb.SUCCESS, "fail": pb.FAIL, "timeout": pb.TIMEOUT}
 _STATUS_NAME = {value: key for key, value in _STATUS.items()}
@@ -173,7 +174,8 @@ def result_message(response: ReachResponse) -> pb.Result:
 
 
 def error_message(error: ErrorInfo) -> pb.Error:
-    return pb.Error(type=error.type, message=error.message, retry_after=error.retry_after or 0.0)
+    """An error as the node sends it to its callers: without the addresses of backends or agents."""
+    return pb.Error(type=error.type, message=without_addresses(error.message), retry_after=error.retry_after or 0.0)
 
 
 def metadata_lookup(metadata: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:

@@ -9,7 +9,17 @@ query and, for a malformed answer, the request headers) nor from a raw URL.
 from __future__ import annotations
 
 import os
+import re
+from typing import Final
 from urllib.parse import urlsplit
+
+_ADDRESS: Final = re.compile(
+    r"[a-z][a-z0-9+.-]*://[^\s'\"),;]+"  # a URL (redis://, etcd://, https://...)
+    r"|\[[0-9a-f:.]+\](?::\d+)?"  # [IPv6]:port
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?"  # IPv4[:port]
+    r"|\b[a-z0-9][a-z0-9.-]*:\d{2,5}\b",  # host:port
+    re.IGNORECASE,
+)
 
 
 def safe_url(url: str) -> str:
@@ -43,3 +53,9 @@ def describe(exc: BaseException) -> str:
     if isinstance(cause, OSError) and cause.errno:
         return f"{kind} ({os.strerror(cause.errno)})"
     return kind
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with every URL, IP address and ``host:port`` replaced by ``<address>``: what a caller may read of
+    an error that names a backend (Redis, etcd, the issuer) — its kind stays, where it runs does not."""
+    return _ADDRESS.sub("<address>", text)

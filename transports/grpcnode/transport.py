@@ -73,6 +73,7 @@ class GrpcNodeTransport(BaseTransport):
     ``token`` is the bearer token presented to the node. With
     ``use_credential=True`` (node-to-node forwarding) a call's bearer
     credential is presented instead: the tenant's credential for the next node.
+    ``credentials`` (``grpc.ssl_channel_credentials(...)``) reach a node served over TLS.
     """
 
     owns_retries = True
@@ -84,6 +85,7 @@ class GrpcNodeTransport(BaseTransport):
         token: str | None = None,
         use_credential: bool = False,
         options: list[tuple[str, Any]] | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         target = target.removeprefix(NODE_SCHEME).rstrip("/")
         host, _, port = target.rpartition(":")
@@ -94,12 +96,16 @@ class GrpcNodeTransport(BaseTransport):
         self._token = token
         self._use_credential = use_credential
         self._options = options or []
+        self._credentials = credentials
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
 
     def _node(self) -> Any:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            else:
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
             self._stub = pb_grpc.ReachNodeStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
