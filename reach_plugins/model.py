@@ -138,6 +138,28 @@ class ConsistencyPolicy(Strict):
     max_eject: Duration = 300.0
 
 
+class Hedging(Strict):
+    """Hedged attempts (gRPC's hedging policy, "The Tail at Scale"): when the first attempt has not answered after
+    a latency percentile of its capability, a second one goes to another instance; the first answer wins.
+
+    Only for calls that may run twice: capabilities declared ``safe`` (reads), or keyed calls to an agent that
+    declares shared idempotency (every instance checks the key). Never for an unkeyed write.
+    """
+
+    percentile: float = Field(default=0.95, gt=0.0, lt=1.0)
+    """The hedge waits this percentile of the capability's recent successful latencies."""
+    min_delay: Duration = 0.01
+    max_delay: Duration = 1.0
+    """The delay until ``min_samples`` latencies are known, and the cap of the percentile."""
+    min_samples: int = Field(default=20, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Hedging:
+        if self.min_delay > self.max_delay:
+            raise ValueError(f"hedging min_delay {self.min_delay} is above max_delay {self.max_delay}")
+        return self
+
+
 class PoolConfig(Strict):
     """Connection pool per agent; 64 / 90 s is what the seeds settled on under load."""
 
@@ -157,9 +179,10 @@ class Routing(Strict):
 class HealthCheck(Strict):
     """How liveness is judged: heartbeats every ``interval``, down after ``missed_heartbeats``; active probes.
 
-    Active probes (:mod:`reach_plugins.routing.probes`, seed 003 section 5.2): a cheap connect every
-    ``probe_interval``, ``GET {endpoint}{path}`` every ``ready_interval``;
-    ``refusals_to_down`` consecutive refused connections mark an instance down at once.
+    Active probes (:mod:`reach_plugins.routing.probes`, seed 003 section 5.2): ``GET {endpoint}/healthz``
+    (answered 200 within a second) every ``probe_interval``, ``GET {endpoint}{path}`` every ``ready_interval``;
+    ``refusals_to_down`` consecutive failed liveness probes (refused, reset, timed out, not 200) mark an instance
+    down at once.
     """
 
     path: HealthPath = "/readyz"
@@ -225,6 +248,10 @@ class Capability(Strict):
     idempotency_key: str | None = None
     """Template such as ``${params.wo_number}``: the business key that makes a retry safe."""
     retryable: bool = True
+    safe: bool = False
+    """Running it twice changes nothing (a read): it may be hedged without an idempotency key."""
+    hedging: Hedging | None = None
+    """Overrides the agent's ``hedging`` for this capability."""
     max_concurrency: int | None = Field(default=None, ge=1)
     cost: float | None = Field(default=None, ge=0)
     """Relative cost of a call; overrides the agent's ``routing.cost``: cheapest healthy first within a tier."""
@@ -295,6 +322,8 @@ class AgentDescriptor(Strict):
     rate_limit: RateLimit | None = None
     circuit_breaker: CircuitBreakerConfig = Field(default_factory=CircuitBreakerConfig)
     idempotency: Idempotency = Field(default_factory=Idempotency)
+    hedging: Hedging | None = None
+    """Hedged attempts for the capabilities that may take them (off unless given)."""
     internal_only: bool = False
     tenants: list[str] | None = None
     """Tenants allowed to reach this agent; ``None`` means every tenant the tenant table allows."""
@@ -434,6 +463,8 @@ class RouteDecision(BaseModel):
     context_restore: bool = False
     degraded: bool = False
     elapsed_us: float = 0.0
+    outliers: dict[str, str] = Field(default_factory=dict)
+    """Candidates judged outliers against their peers (``agent/instance`` -> why): a cut weight, or ejected."""
 
 
 class Attempt(BaseModel):

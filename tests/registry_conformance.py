@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from reach_plugins.config.loader import TenantConfig
-from reach_plugins.errors import RequestError
+from reach_plugins.errors import ConfigError, RequestError
 from reach_plugins.model import AgentDescriptor, HealthCheck, Instance
 from reach_plugins.registry import Registry, RegistryEvent
 
@@ -144,6 +144,14 @@ class RegistryConformance:
         down = Instance(agent="orders", instance_id="o-down", endpoint="http://o.test", status="down")
         await registry.register_agent(agent("orders", "query_order", instances=[down]))
         assert not registry.is_alive(registry.instances("orders")["o-down"], clock())
+
+    async def test_descriptor_listing_another_agents_instance_is_refused(self, registry: Registry) -> None:
+        """An instance is who it is filed under: agent rogue listing an instance that says agent echo is a
+        ConfigError naming both, and nothing is registered (issue 24)."""
+        forged = Instance(agent="echo", instance_id="echo-9", endpoint="http://127.0.0.1:9")
+        with pytest.raises(ConfigError, match="instance 'echo-9' says agent 'echo'"):
+            await registry.register_agent(agent("rogue", "query_order", instances=[forged]))
+        assert "rogue" not in registry.agents() and registry.instances("echo") == {}
 
     async def test_instance_of_unknown_agent_is_refused(self, registry: Registry, clock: FakeClock) -> None:
         """Registering an instance before its agent is a RequestError that says to register the agent."""

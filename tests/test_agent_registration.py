@@ -9,6 +9,8 @@ import httpx
 from test_agent_sdk import body, build_agent
 
 from reach_plugins.agent import BackgroundServer, MemorySnapshotStore, ReachAgent, Registration
+from reach_plugins.errors import BackendUnavailable
+from reach_plugins.model import Instance
 from reach_plugins.registry.memory import MemoryRegistry
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 
@@ -76,3 +78,37 @@ async def test_serving_registers_drains_and_restores_sessions() -> None:
         assert response.json()["data"]["n"] == expected
         assert "orders-c" not in registry.instances("orders")
         assert json.loads(json.dumps(await store.load("orders"))) == {"s": {"tickets": expected}}
+
+
+async def test_registry_down_at_start_is_retried_in_the_background() -> None:
+    """A registry that cannot be reached at start does not stop the agent: start() returns, registration is retried
+    after 0.5 s, 1 s, 2 s... until it succeeds, then heartbeats go on at the interval."""
+
+    class DownAtFirst(MemoryRegistry):
+        refusals = 3
+
+        async def register_instance(self, instance: Instance) -> None:
+            if self.refusals:
+                self.refusals -= 1
+                raise BackendUnavailable("etcd at 127.0.0.1:9 could not write an instance: unavailable")
+            await super().register_instance(instance)
+
+    registry = DownAtFirst()
+    agent, _ = build_agent()
+    slept: list[float] = []
+    beating = asyncio.Event()
+
+    async def fake_sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if registration.registered:
+            beating.set()
+            await asyncio.Event().wait()
+
+    registration = Registration(agent, registry, "http://127.0.0.1:8104", instance_id="orders-d", sleep=fake_sleep)
+    await registration.start()
+    assert not registration.registered
+    await beating.wait()
+    assert slept == [0.5, 1.0, 2.0, 10.0]
+    assert registry.instances("orders")["orders-d"].status == "ready"
+    await registration.stop()
+    assert "orders-d" not in registry.instances("orders")

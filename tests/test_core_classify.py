@@ -16,7 +16,12 @@ from reach_plugins.errors import (
     RemoteError,
 )
 from reach_plugins.model import Capability, ErrorInfo
-from reach_plugins.policy.classify import check_return_schema, classify_exception, classify_reply
+from reach_plugins.policy.classify import (
+    check_return_schema,
+    classify_exception,
+    classify_reply,
+    refused_before_running,
+)
 from reach_plugins.transport import Reply
 
 
@@ -101,3 +106,22 @@ def test_return_schema_check() -> None:
     assert verdict.error is not None and "n: " in verdict.error.message
     assert check_return_schema(cap, {"n": 7}) is None
     assert check_return_schema(Capability(name="query_order"), "anything") is None
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [fail(401, "invalid_token"), fail(401, "unauthenticated"), fail(503, "backend_unavailable")],
+)
+def test_a_refusal_before_running_is_not_delivered_and_the_instance_fault(reply: Reply) -> None:
+    """A token the instance cannot verify, or its key store down: nothing ran; fail over, count it, never retry it."""
+    verdict = refused_before_running(classify_reply(reply))
+    assert verdict.refusal and verdict.stage == "not_delivered" and not verdict.delivered
+    assert verdict.instance_fault and not verdict.retryable
+    assert verdict.error is not None and verdict.error.type == reply.error.type  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("reply", [fail(403, "permission_denied"), fail(200, "business"), fail(503, "backpressure")])
+def test_other_refusals_keep_their_verdict(reply: Reply) -> None:
+    """A business refusal, a denied permission or plain backpressure are not the instance's fault."""
+    verdict = classify_reply(reply)
+    assert refused_before_running(verdict) is verdict

@@ -33,11 +33,11 @@ def test_low_rate_ejects_then_a_probe_restores_or_doubles() -> None:
     monitor.record("orders", "o1", POLICY, 0.0, now=1.0)  # 2 of 4 low: 50 %
     assert monitor.state("orders", "o1") == "ejected" and not monitor.available("orders", "o1", 5.9)
     assert monitor.available("orders", "o1", 6.0) and monitor.state("orders", "o1") == "probing"
-    monitor.sent("orders", "o1")
+    monitor.sent("orders", "o1", 6.0)
     assert not monitor.available("orders", "o1", 6.0), "only one probe at a time"
     monitor.record("orders", "o1", POLICY, 0.0, now=6.1)  # a bad probe: ejected for 10 s now
     assert not monitor.available("orders", "o1", 16.0) and monitor.available("orders", "o1", 16.2)
-    monitor.sent("orders", "o1")
+    monitor.sent("orders", "o1", 16.2)
     monitor.record("orders", "o1", POLICY, 0.8, now=16.3)
     assert monitor.state("orders", "o1") == "healthy" and monitor.available("orders", "o1", 16.3)
     assert [m.after for m in moves] == ["ejected", "probing", "ejected", "probing", "healthy"]
@@ -53,7 +53,7 @@ def test_ejection_time_is_capped_and_instances_are_independent() -> None:
     for _ in range(5):
         now += 100.0
         assert monitor.available("orders", "o1", now)
-        monitor.sent("orders", "o1")
+        monitor.sent("orders", "o1", now)
         monitor.record("orders", "o1", POLICY, 0.0, now=now)
     assert not monitor.available("orders", "o1", now + 19.9) and monitor.available("orders", "o1", now + 20.0)
     assert monitor.state("orders", "o2") == "healthy" and monitor.available("orders", "o2", now)
@@ -107,3 +107,20 @@ async def test_an_instance_that_starts_answering_off_topic_is_ejected() -> None:
         total(found, CONSISTENCY_SCORES) == 30
         and total(found, CONSISTENCY_EJECTIONS, **{"reach.instance": off_topic}) == 1
     )
+
+
+def test_a_probe_that_brings_no_score_is_a_failed_probe_and_another_follows() -> None:
+    """A probe that errs or times out (no reply scored) re-ejects for twice as long, then a new probe goes out."""
+    moves: list[ConsistencyTransition] = []
+    monitor = ConsistencyMonitor(listener=moves.append)
+    for _ in range(4):
+        monitor.record("orders", "o1", POLICY, 0.0, now=0.0)
+    assert monitor.available("orders", "o1", 5.0)
+    monitor.sent("orders", "o1", 5.0)  # the probe: its call fails, nothing is scored
+    assert not monitor.available("orders", "o1", 9.9), "the probe has the last ejection's length to come back"
+    assert not monitor.available("orders", "o1", 10.0) and monitor.state("orders", "o1") == "ejected"
+    assert "no scored reply within 5s" in moves[-1].reason and "ejected for 10s" in moves[-1].reason
+    assert not monitor.available("orders", "o1", 19.9) and monitor.available("orders", "o1", 20.0)
+    monitor.sent("orders", "o1", 20.0)
+    monitor.record("orders", "o1", POLICY, 0.9, now=20.5)
+    assert monitor.state("orders", "o1") == "healthy"

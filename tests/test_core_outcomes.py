@@ -9,13 +9,15 @@ import pytest
 from core_fakes import FakeAgent, FakeRouter, make_agent
 
 from reach_plugins.attempts.pipeline import Pipeline
-from reach_plugins.errors import OutcomeUnknown
-from reach_plugins.model import AgentDescriptor, Idempotency, ReachRequest, RetryPolicy
+from reach_plugins.errors import InvalidToken, OutcomeUnknown
+from reach_plugins.model import AgentDescriptor, ErrorInfo, Idempotency, ReachRequest, RetryPolicy
+from reach_plugins.policy.deadline import RETRY_ROOM_SAMPLES
 from reach_plugins.policy.dedup import payload_hash
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import MemoryDedupStore, store_key
 from reach_plugins.telemetry.spans import EVENT_RETRY
 from reach_plugins.testing.clock import FakeClock
+from reach_plugins.transport import Call, MockTransport, Reply
 
 
 def setup(
@@ -158,3 +160,49 @@ async def test_failing_over_a_refused_connect_spends_no_retry_budget() -> None:
     fake.default("503")
     await pipeline.run(order(op="x"))
     assert budget.tokens < before
+
+
+async def test_an_instance_refusing_valid_tokens_is_failed_over_and_counted() -> None:
+    """orders-0 answers 401 invalid_token (its clock is off): the call fails over at once, orders-0's breaker
+    counts each refusal and opens, and a call refused by every instance still ends with the refusal."""
+    clock = FakeClock()
+    agent = make_agent(retry=RetryPolicy(max_attempts=1))
+    served: list[str] = []
+    refusing = {"orders-0"}
+
+    async def handle(call: Call) -> Reply:
+        served.append(call.instance.instance_id)
+        if call.instance.instance_id in refusing:
+            error = ErrorInfo(type="invalid_token", message="the token expired at 1700000000 (unix time)")
+            return Reply(status="fail", status_code=401, error=error)
+        return Reply(status="success", data={"ok": True}, instance=call.instance.instance_id)
+
+    router = FakeRouter([agent])
+    pipeline = Pipeline(router=router, transport=MockTransport(handle), clock=clock, rng=random.Random(1))
+    router.is_available = pipeline.is_available
+    for n in range(30):
+        response = await pipeline.run(order(f"op-{n}"))
+        assert response.ok and response.instance != "orders-0"
+    assert served.count("orders-0") == agent.circuit_breaker.min_calls  # then its breaker opened
+    refusing.update({"orders-1", "orders-2"})
+    await clock.sleep(120)
+    with pytest.raises(InvalidToken):
+        (await pipeline.run(order("op-x"))).raise_for_status()
+
+
+async def test_a_keyed_attempt_leaves_its_retries_time_once_the_latency_is_known() -> None:
+    """A hung attempt takes the whole deadline while the capability's latency is unknown; after 20 answers of
+    10 ms it is cut at its share of the deadline (3 s / 3 attempts) and retried there with its key."""
+    clock, fake, pipeline, _ = setup(make_agent(instances=1), honours_idempotency=True)
+    fake.script("orders-0", "hang")
+    cold = await pipeline.run(order("op-cold", idempotency_key="k-cold", timeout_ms=3000))
+    assert cold.status == "timeout"
+    for n in range(RETRY_ROOM_SAMPLES):
+        assert (await pipeline.run(order(f"op-{n}", idempotency_key=f"k-{n}", timeout_ms=3000))).ok
+    fake.script("orders-0", "hang")
+    start = clock.now()
+    response = await pipeline.run(order("op-h", idempotency_key="k-h", timeout_ms=3000), trace=True)
+    assert response.ok and response.trace is not None
+    first, second = response.trace.attempts
+    assert (first.outcome, first.duration_ms) == ("timeout", pytest.approx(1000.0))
+    assert second.outcome == "success" and clock.now() - start < 1.5

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aetcd
@@ -265,3 +265,64 @@ async def test_etcd_that_lost_its_data_is_relisted(private_etcd: Server) -> None
     assert {(await until(stream, "agent_deleted", 5.0)).agent for _ in range(3)} == {"orders", "tickets", "billing"}
     assert dict(reader.agents()) == {}
     await reader.aclose()
+
+
+@pytest.mark.parametrize("skew", [-300.0, 300.0])
+async def test_heartbeat_age_is_counted_by_the_reader_not_the_writers_clock(
+    open_etcd: RegistryFactory, skew: float
+) -> None:
+    """A writer whose clock is 300 s behind or ahead: its heartbeats count from when the reader saw them (alive at
+    once, down after the 30 s grace without one, alive again at the next), never from the writer's stamp."""
+    clock, skewed = FakeClock(), FakeClock()
+    skewed.now = clock.now + skew
+    writer, reader = await open_etcd(skewed), await open_etcd(clock)
+    await writer.register_agent(agent("orders", "query_order"))
+    await writer.register_instance(tracked("orders", "o-1", skewed, endpoint="http://127.0.0.1:9"))
+    await until_true(lambda: "o-1" in reader.instances("orders"), 5.0)
+    assert reader.is_alive(reader.instances("orders")["o-1"], clock.now)
+    clock.advance(29)
+    await writer.heartbeat("orders", "o-1", 1)
+    await until_true(lambda: reader.instances("orders")["o-1"].heartbeat_seq == 1, 5.0)
+    clock.advance(29)
+    assert reader.is_alive(reader.instances("orders")["o-1"], clock.now)
+    clock.advance(2)
+    assert not reader.is_alive(reader.instances("orders")["o-1"], clock.now)
+    await writer.aclose()
+    await reader.aclose()
+
+
+async def test_a_revoked_lease_is_replaced_and_its_instances_written_again(
+    open_etcd: RegistryFactory, raw: aetcd.Client, prefix: str
+) -> None:
+    """etcd revoking a live process's lease (as on resuming from a hang longer than the TTL) deletes its instance
+    keys; the process writes them again at once under a new lease. A key deleted while the lease lives stays gone."""
+    clock = FakeClock()
+    writer = await open_etcd(clock)
+    await writer.register_agent(agent("orders", "query_order"))
+    for instance_id in ("o-1", "o-2"):
+        await writer.register_instance(tracked("orders", instance_id, clock, endpoint="http://127.0.0.1:9"))
+    keys = {i: f"{prefix}instances/orders/{i}".encode() for i in ("o-1", "o-2")}
+    first = await raw.get(keys["o-1"])
+    assert first is not None and first.lease
+    await raw.revoke_lease(first.lease)
+
+    async def rewritten() -> bool:
+        found = [await raw.get(key) for key in keys.values()]
+        return all(kv is not None and kv.lease not in (0, first.lease) for kv in found)
+
+    await until_async(rewritten, 5.0)
+    await raw.delete(keys["o-2"])
+    await until_true(lambda: "o-2" not in writer.instances("orders"), 5.0)
+    restoring = writer._lease._restoring
+    assert restoring is not None
+    await restoring
+    assert await raw.get(keys["o-2"]) is None
+    assert set(writer.instances("orders")) == {"o-1"}
+    await writer.aclose()
+
+
+async def until_async(check: Callable[[], Awaitable[bool]], timeout: float) -> None:
+    """Await ``check()`` until it holds, failing after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.01)

@@ -17,21 +17,23 @@ from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor, HealthCheck
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.routing.probes import JITTER, ProbeBook, Prober
+from reach_plugins.routing.probes import JITTER, PROBE_TIMEOUT, ProbeBook, Prober
 from transports.direct import DirectTransport
 
 CHECK = HealthCheck(probe_interval=5, ready_interval=30, refusals_to_down=2)
 
 
-def test_two_refusals_in_a_row_mark_down_and_one_success_restores() -> None:
-    """One refusal is noise, two in a row are down; a timeout neither counts nor clears; a connect restores."""
+def test_two_failed_probes_in_a_row_mark_down_and_one_answer_restores() -> None:
+    """One failed liveness probe is noise, two in a row are down (a timeout counts); an answer restores."""
     book = ProbeBook()
-    book.connected("orders", "o1", refused=True, ok=False, check=CHECK)
+    book.alive("orders", "o1", ok=False, why="refused", check=CHECK)
     assert book.available("orders", "o1")
-    book.connected("orders", "o1", refused=False, ok=False, check=CHECK)  # a timeout
-    book.connected("orders", "o1", refused=True, ok=False, check=CHECK)
+    book.alive("orders", "o1", ok=True, check=CHECK)
+    book.alive("orders", "o1", ok=False, why="TimeoutError", check=CHECK)
+    assert book.available("orders", "o1"), "the answer in between reset the count"
+    book.alive("orders", "o1", ok=False, why="TimeoutError", check=CHECK)
     assert not book.available("orders", "o1") and book.available("orders", "o2")
-    book.connected("orders", "o1", refused=False, ok=True, check=CHECK)
+    book.alive("orders", "o1", ok=True, check=CHECK)
     assert book.available("orders", "o1")
 
 
@@ -110,7 +112,49 @@ async def test_the_readiness_probe_gets_the_configured_path() -> None:
         await prober.aclose()
     assert prober.available("custom", "custom-0"), "the configured path answered 200: ready"
     assert not prober.available("default", "default-0"), "the default path is /readyz, which answered 503"
-    assert sorted(seen) == ["/ops/ready", "/readyz"]
+    assert sorted(seen) == ["/healthz", "/healthz", "/ops/ready", "/readyz"], "liveness is /healthz, for both"
+
+
+async def test_liveness_is_the_agents_answer_not_a_tcp_accept() -> None:
+    """A port that accepts and never answers, and a /healthz answering 503, go down; a live agent stays up."""
+    agent = ReachAgent("orders")
+
+    @agent.capability("query_order")
+    def query_order(order_id: str) -> dict[str, str]:
+        return {"order_id": order_id}
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def blackhole(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepted, read by nobody, never answered
+
+    async def sick(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 503, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+
+    hole = await asyncio.start_server(blackhole, "127.0.0.1", 0)
+    hole_url = f"http://127.0.0.1:{hole.sockets[0].getsockname()[1]}"
+    with BackgroundServer(agent.app) as live, BackgroundServer(sick, lifespan="off") as unwell:
+        registry = MemoryRegistry()
+        endpoints = [live.url, hole_url, unwell.url]
+        registry.put_agent(AgentDescriptor(name="orders", endpoints=endpoints, capabilities=["query_order"]))
+        ids = {i.endpoint: i.instance_id for i in registry.instances("orders").values()}
+        clock = [0.0]
+        prober = Prober(registry, clock=lambda: clock[0])
+        started = asyncio.get_running_loop().time()
+        for _ in range(2):
+            await prober.probe_once()
+            clock[0] += 10
+        took = asyncio.get_running_loop().time() - started
+        await prober.aclose()
+    hole.close()
+    for writer in held:
+        writer.close()
+    assert prober.available("orders", ids[live.url])
+    assert not prober.available("orders", ids[hole_url]), "an accepted connection that never answers is not alive"
+    assert not prober.available("orders", ids[unwell.url])
+    assert took < 2 * (PROBE_TIMEOUT + 1.0), "each probe is bounded by PROBE_TIMEOUT"
 
 
 def test_one_prober_per_registry() -> None:
@@ -200,6 +244,3 @@ async def test_the_gateway_probes_the_instances_behind_it(tmp_path: Path) -> Non
                 settled = [await ask(len(answers)) for _ in range(20)]
     assert all(answer["status"] == "success" and answer["attempts"] == 1 for answer in settled)
     assert {answer["instance"] for answer in settled} == {answers[-1]["instance"]}
-    assert any(answer["attempts"] == 2 for answer in answers), (
-        f"the dead instance was never tried at all: {answers[:6]}"
-    )

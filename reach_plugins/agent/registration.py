@@ -5,6 +5,10 @@ On start: one Instance (``ready``), and the agent's descriptor if the registry h
 agent's readiness says no; a registry that forgot the instance (restarted,
 lease lost) gets it registered again. On stop: a last ``draining`` heartbeat, then
 deregistration, so routers stop sending before the process goes.
+
+A registry that cannot be reached at start (``BackendUnavailable``) does not stop the agent: it serves, and the
+registration is retried in the background (0.5 s, doubling up to the heartbeat interval) until it succeeds, so an
+instance can be added while the registry is down (issue 25).
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from reach_plugins.errors import RequestError
+from reach_plugins.errors import BackendUnavailable, RequestError
 from reach_plugins.model import Instance, InstanceStatus
 from reach_plugins.registry.base import Registry
 
@@ -25,6 +29,10 @@ if TYPE_CHECKING:
     from reach_plugins.telemetry.metrics import ReachMetrics
 
 log = logging.getLogger("reach_plugins.agent")
+
+RETRY_FIRST: Final = 0.5
+"""Seconds before the first retry of a registration the registry could not take at start; doubles up to the
+heartbeat interval."""
 
 
 class Registration:
@@ -49,14 +57,19 @@ class Registration:
         descriptor = agent.descriptor()
         self.interval = interval if interval is not None else descriptor.health_check.interval
         self.seq = 0
+        self.registered = False
+        """Whether the registry took this instance (False while a registry down at start is retried)."""
         self._load = load
         self._sleep = sleep
         self._metrics = metrics
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Register the descriptor and this instance, then start the heartbeat loop."""
-        await self._register()
+        """Register the descriptor and this instance (in the background if the registry is down), then heartbeat."""
+        try:
+            await self._register()
+        except BackendUnavailable as exc:
+            log.warning("%s; %s serves and registers once the registry answers", exc, self.instance_id)
         self._task = asyncio.create_task(self._beat_forever(), name=f"heartbeat {self.instance_id}")
 
     async def _register(self) -> None:
@@ -66,6 +79,7 @@ class Registration:
             if self._metrics is not None:
                 self._metrics.registration(self.agent.name, ok=False)
             raise
+        self.registered = True
         if self._metrics is not None:
             self._metrics.registration(self.agent.name, ok=True)
 
@@ -96,6 +110,11 @@ class Registration:
         await self.registry.heartbeat(self.agent.name, self.instance_id, self.seq, load=load, status=status)
 
     async def _beat_forever(self) -> None:
+        delay = RETRY_FIRST
+        while not self.registered:
+            await self._sleep(delay)
+            delay = min(delay * 2, self.interval)
+            await self._reregister()
         while True:
             await self._sleep(self.interval)
             try:
@@ -121,8 +140,10 @@ class Registration:
             self._task = None
 
     async def stop(self) -> None:
-        """Stop heartbeats, announce ``draining``, deregister the instance."""
+        """Stop heartbeats, announce ``draining``, deregister the instance (if it ever was registered)."""
         await self.halt()
+        if not self.registered:
+            return
         await self.beat("draining")
         await self.registry.deregister_instance(self.agent.name, self.instance_id)
 

@@ -14,8 +14,10 @@ attempt and of each breaker or consistency change it causes through
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from reach_plugins.attempts.admission import GuardTable
@@ -25,14 +27,36 @@ from reach_plugins.attempts.hooks import AttemptHooks, AttemptRecord, Moved
 from reach_plugins.attempts.lifecycle import after
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.clock import Clock
-from reach_plugins.errors import CircuitOpen, DeadlineExceeded, NoHealthyAgent, OutcomeUnknown, ReachError
-from reach_plugins.model import ErrorInfo, ReachResponse
+from reach_plugins.errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    InvalidToken,
+    NoHealthyAgent,
+    OutcomeUnknown,
+    ReachError,
+    Unauthenticated,
+)
+from reach_plugins.model import ErrorInfo, Hedging, ReachResponse
 from reach_plugins.policy.backoff import retry_delay
 from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
-from reach_plugins.policy.classify import Verdict, check_return_schema, classify_exception, classify_reply
+from reach_plugins.policy.classify import (
+    Verdict,
+    check_return_schema,
+    classify_exception,
+    classify_reply,
+    refused_before_running,
+)
 from reach_plugins.policy.consistency import ConsistencyMonitor, ConsistencyTransition, score_reply
-from reach_plugins.policy.deadline import per_attempt_timeout
+from reach_plugins.policy.deadline import (
+    RETRY_ROOM_QUANTILE,
+    RETRY_ROOM_SAMPLES,
+    per_attempt_timeout,
+    retry_room,
+)
+from reach_plugins.policy.hedging import hedging_of
+from reach_plugins.policy.latency import Latencies
 from reach_plugins.policy.loopguard import check_target, hops_header
+from reach_plugins.policy.outliers import OutlierDetector, OutlierTransition
 from reach_plugins.telemetry.spans import EVENT_CONSISTENCY, EVENT_FAILOVER, EVENT_GIVE_UP
 from reach_plugins.transport import Call, Credential, Reply, Transport
 from reach_plugins.wire.headers import HEADER_DEADLINE, HEADER_HOPS
@@ -43,6 +67,9 @@ Status = Literal["success", "fail", "timeout"]
 
 
 _NO_CREDENTIAL = Credential()
+
+_REFUSAL_LOG_EVERY = 60.0
+"""Seconds between two warnings about the same instance refusing calls for the same cause."""
 
 
 def _no_credential(agent: Any, tenant: str | None) -> Credential:
@@ -77,7 +104,13 @@ class Engine:
         self.breakers = Breakers(self._log_move)
         self.consistency = ConsistencyMonitor(listener=self._log_move)
         """Per-instance reply consistency (capabilities with ``consistency:``): ejects instances answering beside."""
+        self.outliers = OutlierDetector(listener=self._log_move)
+        """Each instance's latency and failure trend against its peers: slows then ejects an outlier."""
         self.guards = GuardTable()
+        self._refusals_logged: dict[tuple[str, str, str], float] = {}
+        """When each (agent, instance, cause) of a refusal may be logged again."""
+        self.latencies = Latencies()
+        """Recent winning latencies of the calls that may be retried safely: when to hedge, when to cut."""
         self.hop: str | None = transport.hop
         """The address of the gateway or node every attempt goes through; its own failures open its breaker."""
 
@@ -111,7 +144,7 @@ class Engine:
         flight.rec.event(EVENT_CONSISTENCY, self.clock.now(), instance=route.instance.instance_id, score=score, low=low)
 
     @staticmethod
-    def _log_move(moved: BreakerTransition | ConsistencyTransition) -> None:
+    def _log_move(moved: BreakerTransition | ConsistencyTransition | OutlierTransition) -> None:
         """Log an instance's state change: a warning when it is shut out (opened, ejected)."""
         logger.log(
             logging.WARNING if moved.after in ("open", "ejected") else logging.INFO,
@@ -122,6 +155,39 @@ class Engine:
             moved.before,
             moved.after,
             moved.reason,
+        )
+
+    def refusal_of(self, route: RouteLike, verdict: Verdict) -> Verdict:
+        """``verdict`` of an answer from ``route``, as a refusal of the instance when it proves nothing ran there
+        (:func:`~reach_plugins.policy.classify.refused_before_running`; only for a reach agent answering us
+        directly, with the token our issuer signed), logged."""
+        if self.hop is not None or route.agent.protocol != "reach" or verdict.ok:
+            return verdict
+        verdict = refused_before_running(verdict)
+        if verdict.refusal:
+            self._log_refusal(route, verdict)
+        return verdict
+
+    def _log_refusal(self, route: RouteLike, verdict: Verdict) -> None:
+        """Warn that an instance refused a call before running it (at most once a minute per instance and cause):
+        a token refusal of a token our issuer just signed usually means the instance's clock is off."""
+        error = verdict.error
+        kind = error.type if error else "refusal"
+        where = (route.agent.name, route.instance.instance_id, kind)
+        tick = self.clock.monotonic()
+        if tick < self._refusals_logged.get(where, -math.inf):
+            return
+        if len(self._refusals_logged) >= 1024:
+            self._refusals_logged.clear()
+        self._refusals_logged[where] = tick + _REFUSAL_LOG_EVERY
+        hint = " (is its clock skewed?)" if kind in (Unauthenticated.code, InvalidToken.code) else ""
+        logger.warning(
+            "%s/%s refused a call before running it%s: %s: %s; failing over, and counting it against the instance",
+            route.agent.name,
+            route.instance.instance_id,
+            hint,
+            kind,
+            error.message if error else "",
         )
 
     def admit_now(self, flight: Flight) -> Admission | None:
@@ -232,7 +298,91 @@ class Engine:
             to=route.instance.instance_id,
         )
 
+    def hedging(self, flight: Flight) -> Hedging | None:
+        """The hedging policy of ``flight`` when this layer may hedge it (it routes and retries, no hop owns
+        that, the call is not bound to a conversation's instance, and it may run twice: see
+        :func:`~reach_plugins.policy.hedging.hedging_of`), else None."""
+        if self.hop is not None or not flight.retries_here or flight.request.session_id is not None:
+            return None
+        if flight.pin is not None and not flight.pin.shared:
+            return None
+        return hedging_of(flight.route.agent, flight.route.capability, keyed=flight.key is not None)
+
+    def hedge(self, flight: Flight) -> tuple[Flight, Admission] | None:
+        """A second attempt of ``flight`` at another instance of the same agent, admitted without waiting; None
+        when there is no such instance, it cannot be admitted now, or the retry budget says no (a hedge spends a
+        retry token, as gRPC's throttling counts hedges: under a full outage hedging adds no load)."""
+        route = flight.route
+        exclude = {*flight.excluded, (route.agent.name, route.instance.instance_id)}
+        try:
+            other = self.router.route(flight.request, exclude=exclude)
+        except ReachError:
+            return None
+        if other.agent.name != route.agent.name:
+            return None
+        sibling = replace(flight, route=other, excluded=exclude, attempts=flight.attempts + 1)
+        admission = self.admit_now(sibling)
+        if admission is None:
+            return None
+        if not admission.guards.budget.spend():
+            self.abandon(admission)
+            return None
+        sibling.spent_retry = True
+        return sibling, admission
+
+    def adopt(self, flight: Flight, winner: Flight) -> None:
+        """Carry on ``flight`` from the hedge that ended the race: its instance, and where it may have run."""
+        flight.excluded.add((flight.route.agent.name, flight.route.instance.instance_id))
+        flight.route = winner.route
+        flight.rec.route = winner.route
+        flight.ran_at = winner.ran_at
+        flight.spent_retry = flight.spent_retry or winner.spent_retry
+
+    def cancelled(self, flight: Flight, admission: Admission, started: float) -> None:
+        """Free the admission of an attempt that lost its race, and record it as ``cancelled``."""
+        self.abandon(admission)
+        route = flight.route
+        record = AttemptRecord(
+            number=flight.attempts,
+            agent=route.agent.name,
+            instance=route.instance.instance_id,
+            endpoint=route.instance.endpoint,
+            started_at=started,
+            duration_ms=(self.clock.now() - started) * 1000.0,
+            outcome="cancelled",
+            error="another attempt of the request answered first",
+            retry_delay_ms=None,
+            breaker_state=admission.breaker.state(self.clock.monotonic()),
+            delivery="unknown",
+        )
+        flight.rec.attempt(record)
+        for hook in self.hooks:
+            hook.attempt(record)
+
+    @staticmethod
+    def _retry_safe(flight: Flight) -> bool:
+        """Whether this layer retries the call and a retry is checked (a key) or harmless (a ``safe`` capability)."""
+        return flight.retries_here and (flight.key is not None or flight.route.capability.safe)
+
+    def _retry_room(self, flight: Flight, now: float) -> float:
+        """What an attempt may take so that its answer lost leaves the retries their share of the deadline
+        (:func:`~reach_plugins.policy.deadline.retry_room`): the first attempt never uses the whole deadline once
+        the capability's latency is known."""
+        route = flight.route
+        policy = route.capability.retry or route.agent.retry
+        p99 = self.latencies.quantile(
+            route.agent.name, route.capability.name, RETRY_ROOM_QUANTILE, min_samples=RETRY_ROOM_SAMPLES
+        )
+        return retry_room(flight.deadline.remaining(now), policy.max_attempts - flight.counted, p99)
+
+    def won(self, flight: Flight, seconds: float) -> None:
+        """A call that may be retried safely succeeded in ``seconds`` at its last attempt: remember its latency."""
+        if self._retry_safe(flight):
+            self.latencies.record(flight.route.agent.name, flight.route.capability.name, seconds)
+
     def prepare(self, flight: Flight, timeout: float, now: float) -> Call:
+        """The call of the next attempt. Downstream credentials are resolved only where they are sent: through a
+        gateway or node the hop holds and injects them (DESIGN 11.4), so the caller needs none of them."""
         route = flight.route
         headers = dict(flight.headers)
         headers[HEADER_DEADLINE] = str(max(0, int((flight.deadline.at - now) * 1000.0)))
@@ -243,7 +393,7 @@ class Engine:
             timeout=timeout,
             attempt=flight.attempts,
             capability=route.capability,
-            credential=self.credentials(route.agent, flight.request.tenant),
+            credential=self.credentials(route.agent, flight.request.tenant) if self.hop is None else _NO_CREDENTIAL,
             headers=headers,
         )
 
@@ -252,9 +402,11 @@ class Engine:
         now = self.clock.now()
         route = flight.route
         timeout = flight.deadline.attempt_timeout(now, per_attempt_timeout(route.agent, route.capability))
+        if self._retry_safe(flight):
+            timeout = min(timeout, self._retry_room(flight, now))
         call = self.prepare(flight, timeout, now)
         before, flight.ran_at = flight.ran_at, where_of(route)
-        self.consistency.sent(route.agent.name, route.instance.instance_id)
+        self.consistency.sent(route.agent.name, route.instance.instance_id, self.clock.monotonic())
         if flight.claim is not None and flight.claim.where != flight.ran_at:
             await flight.claim.moved(flight.ran_at)
         try:
@@ -267,7 +419,7 @@ class Engine:
             if not verdict.delivered:
                 flight.ran_at = before
             return verdict, None
-        verdict = classify_reply(reply)
+        verdict = self.refusal_of(route, classify_reply(reply))
         if not verdict.delivered:
             flight.ran_at = before
         if verdict.ok:
@@ -305,6 +457,10 @@ class Engine:
         else:
             failure = verdict.instance_fault
             admission.breaker.record(admission.permit, tick, failure=failure, duration=duration, on_move=tell)
+        if not hop_fault:
+            fault = verdict.instance_fault and not verdict.overload
+            where = admission.breaker
+            self.outliers.record(where.agent, where.instance, latency=duration, failure=fault, now=tick, on_move=tell)
         if verdict.ok:
             admission.guards.budget.record_success(retry=flight.spent_retry)
         latency = duration if verdict.ok else None

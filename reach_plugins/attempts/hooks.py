@@ -13,9 +13,10 @@ from typing import Protocol
 
 from reach_plugins.policy.breaker import BreakerTransition
 from reach_plugins.policy.consistency import ConsistencyTransition
+from reach_plugins.policy.outliers import OutlierTransition
 
-Moved = BreakerTransition | ConsistencyTransition
-"""A state change of one instance: its breaker, or its reply-consistency standing."""
+Moved = BreakerTransition | ConsistencyTransition | OutlierTransition
+"""A state change of one instance: its breaker, its reply-consistency standing, or its standing among its peers."""
 
 
 @dataclass(frozen=True, slots=True)

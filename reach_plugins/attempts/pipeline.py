@@ -40,6 +40,7 @@ from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
 from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
+from reach_plugins.policy.outliers import Standing
 from reach_plugins.policy.validation import check_payload
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
@@ -141,22 +142,32 @@ class Pipeline:
         if breaker is not None and not breaker.is_closed and not breaker.available(self._clock.monotonic()):
             return False
         consistency = engine.consistency
+        if not engine.outliers.available(agent, instance_id, self._clock.monotonic()):
+            return False
         return consistency.healthy(agent, instance_id) or consistency.available(
             agent, instance_id, self._clock.monotonic()
         )
 
-    async def run(self, request: ReachRequest, *, trace: bool = False) -> ReachResponse:
-        """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it)."""
+    def standing(self, agent: str, instance_id: str) -> Standing:
+        """The share of its routing weight the instance keeps against its peers, and why (the router's outlier port)."""
+        return self._engine.outliers.standing(agent, instance_id, self._clock.monotonic())
+
+    async def run(self, request: ReachRequest, *, trace: bool = False, route: RouteLike | None = None) -> ReachResponse:
+        """One request, start to end. ``trace=True`` attaches the ReachTrace (failures always carry it).
+
+        ``route``: where the first attempt goes, when the caller has routed already (a conversation's pin agreed
+        with a shared store): routing once keeps that decision, its ``context_restore`` included.
+        """
         started = self._clock.now()
         if self._spans_off(started):
-            return await self._run(request, otel.get_current_span(), started, trace)
+            return await self._run(request, otel.get_current_span(), started, trace, route)
         with self._tracer.start_as_current_span(
             span_name(request.capability),
             kind=SpanKind.CLIENT,
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            return await self._run(request, span, started, trace)
+            return await self._run(request, span, started, trace, route)
 
     async def stream(self, request: ReachRequest) -> AsyncGenerator[StreamEvent, None]:
         """Stream one request's events; retried only before the first event, never deduplicated."""
@@ -176,10 +187,12 @@ class Pipeline:
 
     # ------------------------------------------------------------------ internals
 
-    def _prepare(self, request: ReachRequest, rec: TraceRecorder, context: Context | None) -> Flight:
+    def _prepare(
+        self, request: ReachRequest, rec: TraceRecorder, context: Context | None, routed: RouteLike | None = None
+    ) -> Flight:
         check_length(request.hops, self._max_hops)
         engine = self._engine
-        route = engine.router.route(request)
+        route = routed if routed is not None else engine.router.route(request)
         rec.route = route
         check_target(request.hops, route.agent.name, route.capability.name)
         check_payload(route.capability, request.payload)
@@ -220,11 +233,13 @@ class Pipeline:
         self._spans_recheck = now + (_SPANS_RECHECK if self._tracer_provider is None else math.inf)
         return off
 
-    async def _run(self, request: ReachRequest, span: Span, started: float, trace: bool) -> ReachResponse:
+    async def _run(
+        self, request: ReachRequest, span: Span, started: float, trace: bool, routed: RouteLike | None
+    ) -> ReachResponse:
         rec = TraceRecorder(request, started, span, keep=trace or self._sink is not None)
         _start_span(span, request)
         try:
-            flight = self._prepare(request, rec, None)
+            flight = self._prepare(request, rec, None, routed)
             if flight.key is None:
                 response = await run_unary(self._engine, flight)
             else:

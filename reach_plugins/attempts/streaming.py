@@ -89,7 +89,7 @@ async def _open(engine: Engine, flight: Flight, started: float) -> Tried:
     except BaseException:
         await events.aclose()
         raise
-    return Tried(classify_event(first), True, events=events, first=first)
+    return Tried(engine.refusal_of(flight.route, classify_event(first)), True, events=events, first=first)
 
 
 def _error_of(verdict: Verdict) -> StreamEvent:

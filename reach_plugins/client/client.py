@@ -17,12 +17,13 @@ from reach_plugins.client.broadcast import Aggregate, AgreeKey, BroadcastResult,
 from reach_plugins.config.loader import TenantConfig, resolve_credential
 from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
+from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
 from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.probes import Prober
 from reach_plugins.routing.route import Route
-from reach_plugins.routing.sharedpins import agree_on_pin
+from reach_plugins.routing.sharedpins import agree_on_pin, follow_failover
 from reach_plugins.security.caller import caller_transport
 from reach_plugins.stores.sessions import session_key
 from reach_plugins.stores.urls import open_sessions, open_store
@@ -132,6 +133,7 @@ class ReachClient:
             self.registry,
             tenants=self.tenants,
             is_available=self._available,
+            standing=self._standing,
             clock=clock,
             rng=rng,
         )
@@ -154,6 +156,10 @@ class ReachClient:
         return self.pipeline.is_available(agent, instance_id) and (
             probes is None or probes.available(agent, instance_id)
         )
+
+    def _standing(self, agent: str, instance_id: str) -> Standing:
+        """The router's outlier port: the instance's share of its weight against its peers (the pipeline judges)."""
+        return self.pipeline.standing(agent, instance_id)
 
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         config = self.tenants.get(tenant) if self.tenants is not None and tenant is not None else None
@@ -225,9 +231,11 @@ class ReachClient:
             return await self.pipeline.run(request, trace=trace)
         conversation = session_key(request.tenant, request.session_id)
         await self.sessions.check(conversation)
-        await agree_on_pin(self.router, self.sessions, request)
+        agreed = await agree_on_pin(self.router, self.sessions, request)
         async with self.sessions.guard(conversation):
-            return await self.pipeline.run(request, trace=trace)
+            response = await self.pipeline.run(request, trace=trace, route=agreed)
+        await follow_failover(self.router, self.sessions, request, agreed, response)
+        return response
 
     async def reach(
         self,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -46,6 +46,7 @@ from reach_plugins.model import (
     Capability,
     CircuitBreakerConfig,
     HealthCheck,
+    Hedging,
     Idempotency,
     PoolConfig,
     Protocol,
@@ -139,6 +140,78 @@ def _network(text: str) -> str:
         raise ValueError(f"{text!r} has host bits set; did you mean {loose}?") from None
 
 
+class SecretsPolicy(Strict):
+    """Which environment variables an agent descriptor may name as its secret (``auth.value_env`` and the
+    ``*_env`` of a client certificate): the secret is sent to that descriptor's endpoint, so a descriptor must
+    not be able to pull any variable of the gateway or node into its auth.
+
+    A tenant's ``token_env`` (the bearer a tenant presents to a gateway or node) is never allowed. With
+    ``env_prefix`` or ``env_allow`` given, only variables starting with the prefix or listed are.
+    """
+
+    env_prefix: str | None = None
+    """For example ``REACH_SECRET_``: descriptors may name only variables starting with it (or in ``env_allow``)."""
+    env_allow: list[EnvName] = Field(default_factory=list)
+
+    def problem(self, name: str, tenant_tokens: Collection[str]) -> str | None:
+        """Why a descriptor may not name variable ``name`` (None: it may)."""
+        if name in tenant_tokens:
+            return (
+                f"environment variable {name} holds a tenant's token (its token_env): a descriptor's auth may not "
+                "name it, or that token would go to the descriptor's endpoint; give the agent a variable of its own"
+            )
+        if self.env_prefix is None and not self.env_allow:
+            return None
+        if name in self.env_allow or (self.env_prefix is not None and name.startswith(self.env_prefix)):
+            return None
+        allowed = " or ".join(
+            part
+            for part in (
+                f"start with {self.env_prefix!r}" if self.env_prefix else "",
+                f"be one of {self.env_allow}" if self.env_allow else "",
+            )
+            if part
+        )
+        return f"environment variable {name} is not allowed for descriptors' secrets (secrets:): it must {allowed}"
+
+
+NO_SECRETS_POLICY = SecretsPolicy()
+"""Any variable but a tenant's token (the default when a config has no ``secrets:`` block)."""
+
+
+def token_envs(tenants: Mapping[str, TenantConfig]) -> frozenset[str]:
+    """The variables holding the tenants' own tokens: never a descriptor's secret."""
+    return frozenset(tenant.token_env for tenant in tenants.values() if tenant.token_env)
+
+
+def _auth_envs(auth: Auth | CredentialRef) -> list[tuple[str, str]]:
+    """``(field, variable)`` for each environment variable ``auth`` (an agent's, or a tenant's own) names."""
+    named = (("value_env", auth.value_env), ("client_cert_env", auth.client_cert_env))
+    return [(key, name) for key, name in (*named, ("client_key_env", auth.client_key_env)) if name]
+
+
+def unallowed_secrets(
+    agents: list[tuple[str, AgentDescriptor]], tenants: Mapping[str, TenantConfig], secrets: SecretsPolicy
+) -> Problems:
+    """Descriptors naming a variable the operator did not allow as their secret, and tenants' own credentials
+    naming a tenant's token (it would be sent downstream as the tenant's key)."""
+    reserved = token_envs(tenants)
+    problems: Problems = [
+        (f"{path}.auth.{key}", problem)
+        for path, agent in agents
+        for key, name in _auth_envs(agent.auth)
+        if (problem := secrets.problem(name, reserved)) is not None
+    ]
+    problems += [
+        (f"tenants.{tenant}.credentials.{agent}.{key}", problem)
+        for tenant, config in tenants.items()
+        for agent, ref in config.credentials.items()
+        for key, name in _auth_envs(ref)
+        if (problem := NO_SECRETS_POLICY.problem(name, reserved)) is not None
+    ]
+    return problems
+
+
 class AuthDefaults(Strict):
     """A partial ``auth`` for ``defaults:``: each agent completes it (say, with its own ``value_env``)."""
 
@@ -173,6 +246,7 @@ class AgentDefaults(Strict):
     rate_limit: RateLimitDefaults | None = None
     circuit_breaker: CircuitBreakerConfig | None = None
     idempotency: Idempotency | None = None
+    hedging: Hedging | None = None
     internal_only: bool | None = None
     tenants: list[str] | None = None
     trust_level: Literal["L1", "L2", "L3"] | None = None
@@ -190,6 +264,8 @@ class ReachConfig(BaseModel):
     defaults: AgentDefaults = Field(default_factory=AgentDefaults)
     tools: dict[str, Capability] = Field(default_factory=dict)
     """Top-level ``tools:`` catalogue: capability declarations merged into agents offering them."""
+    secrets: SecretsPolicy = NO_SECRETS_POLICY
+    """Which variables descriptors may name as their secrets."""
     source: str = "<config>"
 
     @model_validator(mode="after")
@@ -278,14 +354,18 @@ def parse_config(
     shaped = collect_agents(doc, problems)
     agents = [_agent(one, defaults_body, catalogue_body, problems) for one in shaped]
     tenants = _tenants(doc.get("tenants", {}), problems)
+    secrets = _validate(SecretsPolicy, Shaped("secrets", doc.get("secrets", {})), problems)
     _raise_if(problems, source)
+    secrets = secrets or NO_SECRETS_POLICY
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
-    _raise_if(cross_check(placed, tenants) + outside(placed, endpoints), source)
+    checked = cross_check(placed, tenants) + outside(placed, endpoints) + unallowed_secrets(placed, tenants, secrets)
+    _raise_if(checked, source)
     return ReachConfig(
         agents=[agent for _, agent in placed],
         tenants=tenants,
         defaults=defaults or AgentDefaults(),
         tools=catalogue,
+        secrets=secrets,
         source=source,
     )
 
@@ -370,19 +450,30 @@ def _tenants(raw: Any, problems: Problems) -> dict[str, TenantConfig]:
 
 
 def resolve_credential(
-    agent: AgentDescriptor, tenant: TenantConfig | None, environ: Mapping[str, str] = os.environ
+    agent: AgentDescriptor,
+    tenant: TenantConfig | None,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    secrets: SecretsPolicy = NO_SECRETS_POLICY,
+    tenant_tokens: Collection[str] = (),
 ) -> Credential:
     """The credential to present to ``agent`` on behalf of ``tenant``.
 
     The tenant's own credential for this agent wins; without one, the agent's
     ``auth`` applies. Secrets are read from ``environ`` now, so a missing
     variable is a ``ConfigError`` naming it. For certificates, ``*_env``
-    variables hold file paths.
+    variables hold file paths. A descriptor (read from a registry, say) that
+    names a variable ``secrets`` does not allow, or one of ``tenant_tokens``,
+    is a ``ConfigError`` and nothing is read.
     """
     ref = tenant.credentials.get(agent.name) if tenant is not None else None
     auth = agent.auth
     if ref is None:
         whose = f"agent {agent.name!r}"
+        for key, name in _auth_envs(auth):
+            problem = secrets.problem(name, tenant_tokens)
+            if problem is not None:
+                raise ConfigError(f"{whose}: auth.{key}: {problem}", env=name)
         return Credential(
             type=auth.type,
             key=auth.key,

@@ -6,6 +6,12 @@ or overloaded, and how long did it ask us to wait. Its :attr:`Verdict.stage`
 is the attempt's outcome in DESIGN 11.1's words: ``not_delivered`` (never ran:
 connect failure, explicit backpressure or "not executed"), ``unknown`` (sent,
 answer lost), ``failed`` (a transient answer), ``business``, ``success``.
+
+A refusal that proves the instance ran nothing (:func:`refused_before_running`:
+a token the issuer signed that the instance cannot verify, as a skewed clock
+makes it; its key store unreachable) is ``not_delivered`` too, and it is the
+instance's fault: the call fails over to a peer and the instance's breaker
+counts it. Refused by every instance, it ends as the refusal it is.
 """
 
 from __future__ import annotations
@@ -15,16 +21,19 @@ from typing import Any, Literal
 
 from reach_plugins.errors import (
     WIRE_CODES,
+    BackendUnavailable,
     Backpressure,
     BusinessError,
     ConnectError,
     InvalidResponse,
+    InvalidToken,
     OutcomeUnknown,
     ReachError,
     ReadTimeout,
     RemoteError,
     StreamIdle,
     TransportError,
+    Unauthenticated,
 )
 from reach_plugins.model import Capability, ErrorInfo
 from reach_plugins.policy.validation import check_reply
@@ -56,6 +65,8 @@ class Verdict:
     """The instance could not be reached at all: the next try should go elsewhere."""
     overload: bool = False
     """The downstream signalled overload (timeout, 429/503, backpressure): adaptive concurrency narrows."""
+    refusal: bool = False
+    """The instance refused before running anything, by its own fault (:func:`refused_before_running`)."""
 
     @property
     def ok(self) -> bool:
@@ -69,6 +80,8 @@ class Verdict:
     @property
     def stage(self) -> Stage:
         """The attempt's outcome as DESIGN 11.1 names it."""
+        if self.refusal:
+            return "not_delivered"
         if self.outcome in ("success", "business"):
             return self.outcome
         if self.delivery == "answered":
@@ -83,7 +96,7 @@ class Verdict:
     @property
     def instance_fault(self) -> bool:
         """Counts against the instance's circuit breaker (a business refusal or backpressure does not)."""
-        return self.outcome in _INSTANCE_FAULTS
+        return self.refusal or self.outcome in _INSTANCE_FAULTS
 
 
 SUCCESS = Verdict("success")
@@ -129,6 +142,25 @@ def classify_reply(reply: Reply) -> Verdict:
     if reply.status == "success":
         return Verdict("invalid_response", _info("invalid_response", f"a success reply with HTTP status {code}"))
     return Verdict("business", error or _info("business", f"agent refused with HTTP {code}"))
+
+
+_REFUSED_BEFORE_RUNNING: frozenset[str] = frozenset({Unauthenticated.code, InvalidToken.code, BackendUnavailable.code})
+"""Error types an agent answers before it runs anything: it could not verify the caller's token, or it cannot
+check the idempotency key now."""
+
+
+def refused_before_running(verdict: Verdict) -> Verdict:
+    """``verdict`` as a refusal of the instance when its answer proves nothing ran there by the instance's fault.
+
+    Apply it only to answers of an agent reached directly with a token the caller's issuer signed: from a
+    gateway or node, ``unauthenticated`` is about the caller's own credential and stays final. The refusal
+    keeps its outcome (``business``: never retried at that instance) and its error, so a call that every
+    instance refuses ends with the same error as before.
+    """
+    error = verdict.error
+    if verdict.ok or error is None or error.type not in _REFUSED_BEFORE_RUNNING:
+        return verdict
+    return Verdict("business", error, verdict.retry_after, delivery="not_delivered", refusal=True)
 
 
 def classify_exception(exc: ReachError | TimeoutError) -> Verdict:

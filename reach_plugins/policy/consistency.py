@@ -16,7 +16,13 @@ instance's last ``window`` verdicts and follows a breaker's lifecycle:
     ejected       the ejection ends                           probing (one call admitted)
     probing       the probe's reply scores >= min_similarity  healthy (window cleared, n reset)
     probing       the probe's reply scores low                ejected (n + 1: twice as long)
+    probing       no scored reply within the last ejection's  ejected (n + 1: twice as long)
+                  length (failed, timed out, lost)
     ============  ==========================================  =============================
+
+A probe that fails (an error, a timeout, a lost answer) brings no score; it
+counts as a bad probe once the last ejection's length has passed since it was
+sent, so another probe follows later: an ejection is never permanent.
 
 Sans-IO: the time is an argument (monotonic seconds); the pipeline feeds it.
 """
@@ -52,8 +58,11 @@ class ConsistencyTransition:
 @dataclass(slots=True)
 class _Track:
     low: deque[bool]
+    policy: ConsistencyPolicy
     state: State = "healthy"
     until: float = 0.0
+    """While ejected: when the ejection ends; while a probe is out: when it counts as failed."""
+    ejected_for: float = 0.0
     ejections: int = 0
     probe_out: bool = False
 
@@ -75,15 +84,21 @@ class ConsistencyMonitor:
         track = self._tracks.get((agent, instance))
         if track is None or track.state == "healthy":
             return True
+        if track.probe_out and now >= track.until:
+            track.probe_out = False
+            why = f"the probe brought no scored reply within {track.ejected_for:g}s"
+            self._eject(agent, instance, track, track.policy, now, why, None)
         if track.state == "ejected" and now >= track.until:
             self._move(agent, instance, track, "probing", now, "the ejection ended: one probe call")
         return track.state == "probing" and not track.probe_out
 
-    def sent(self, agent: str, instance: str) -> None:
-        """A call went to the instance: while probing, it is the probe."""
+    def sent(self, agent: str, instance: str, now: float) -> None:
+        """A call went to the instance: while probing, it is the probe, failed unless scored within the last
+        ejection's length."""
         track = self._tracks.get((agent, instance))
-        if track is not None and track.state == "probing":
+        if track is not None and track.state == "probing" and not track.probe_out:
             track.probe_out = True
+            track.until = now + track.ejected_for
 
     def record(
         self,
@@ -99,7 +114,8 @@ class ConsistencyMonitor:
         key = (agent, instance)
         track = self._tracks.get(key)
         if track is None:
-            track = self._tracks[key] = _Track(deque(maxlen=policy.window))
+            track = self._tracks[key] = _Track(deque(maxlen=policy.window), policy)
+        track.policy = policy
         low = score < policy.min_similarity
         if track.state == "probing":
             track.probe_out = False
@@ -132,9 +148,10 @@ class ConsistencyMonitor:
         on_move: Callable[[ConsistencyTransition], None] | None,
     ) -> None:
         track.ejections += 1
-        track.until = now + min(policy.max_eject, policy.eject_for * 2 ** (track.ejections - 1))
+        track.ejected_for = min(policy.max_eject, policy.eject_for * 2 ** (track.ejections - 1))
+        track.until = now + track.ejected_for
         track.low.clear()
-        self._move(agent, instance, track, "ejected", now, f"{why}; ejected for {track.until - now:g}s", on_move)
+        self._move(agent, instance, track, "ejected", now, f"{why}; ejected for {track.ejected_for:g}s", on_move)
 
     def _move(
         self,

@@ -7,6 +7,7 @@ the next hop never works on a request its caller has already given up on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from reach_plugins.model import AgentDescriptor, Capability, ReachRequest, Timeouts
@@ -38,6 +39,22 @@ def timeouts_for(agent: AgentDescriptor, capability: Capability | None) -> Timeo
     if capability is not None and capability.timeouts is not None:
         return capability.timeouts
     return agent.timeouts
+
+
+RETRY_ROOM_QUANTILE = 0.99
+RETRY_ROOM_FACTOR = 3.0
+RETRY_ROOM_SAMPLES = 20
+"""An attempt is cut for its retries' sake only at 3x the capability's p99, known from 20 answers at least."""
+
+
+def retry_room(remaining: float, attempts_left: int, p99: float | None) -> float:
+    """The longest one attempt of a call that can be retried safely may take, so that a lost answer leaves its
+    retries time: its share of the remaining deadline (``remaining / attempts_left``), never below
+    :data:`RETRY_ROOM_FACTOR` times the capability's recent p99 (a call that is slow by nature is not cut);
+    unbounded until that p99 is known, and for the last attempt."""
+    if p99 is None or attempts_left <= 1:
+        return math.inf
+    return max(RETRY_ROOM_FACTOR * p99, remaining / attempts_left)
 
 
 def per_attempt_timeout(agent: AgentDescriptor, capability: Capability | None) -> float:

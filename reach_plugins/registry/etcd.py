@@ -12,20 +12,29 @@ etcd's minimum is 2 s) kept alive every TTL/3: that keepalive is the process's
 heartbeat, and when the process dies etcd deletes its instance keys, which every
 watcher turns into ``instance_deleted``. ``heartbeat()`` writes
 ``last_heartbeat``/``load``/``status`` into the instance key, judged at read time
-as in every backend. ``aclose()`` revokes the lease; a lease lost to a long
-stall makes the next ``heartbeat()`` raise ``RequestError`` (the agent SDK then
-registers again). While the watch is lost, the registry fails static: the view
-stays as last seen and heartbeat age stops counting
-(:mod:`reach_plugins.registry.failstatic`), so an etcd outage is not an
-outage of every agent; when etcd answers again the watch resumes and the view
-reconciles (dead instances' leases expire, new ones join).
+as in every backend (from when the watch showed it, by the reader's clock).
+``aclose()`` revokes the lease. A lease etcd revoked while this process lives
+(a stall, or etcd resuming from a hang longer than the TTL) is replaced at once
+and the process's instances are written again under the new one.
+
+While etcd is unreachable the registry fails static: the view stays as last
+seen and heartbeat age stops counting (:mod:`reach_plugins.registry.failstatic`),
+so an etcd outage is not an outage of every agent. A hung etcd (SIGSTOP) sends
+nothing and closes nothing, so the watch probes it every ``PROBE_INTERVAL`` with
+a ``PROBE_TIMEOUT`` (and HTTP/2 keepalive pings open streams): a hang is found
+within about 3 s and dated from etcd's last answer. When etcd answers again the
+watch resumes and the view reconciles (dead instances' leases expire, new ones
+join); a ready instance deleted in the first second (``SETTLE_WINDOW``) is held
+``SETTLE`` seconds for its owner to write it again.
 
 After a reconnect the watch resumes from the last applied revision; if etcd
 compacted it, or came back with less history than we saw, the registry relists
 the prefix and applies the difference as ordinary events. The client is
 ``aetcd`` (asyncio gRPC; the JSON gateway would need a hand-parsed watch stream
 and the same lease calls). ``from_url`` loads a first snapshot before returning
-(blocking, bounded by ``timeout``) so a new client can route at once.
+(blocking, bounded by ``timeout``) so a new client can route at once; with
+``preload=0`` it returns at once with an empty view, filled when etcd answers
+(an agent that must start, serve and register in the background while etcd is down).
 """
 
 from __future__ import annotations
@@ -44,8 +53,10 @@ from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent, default_clock
 from reach_plugins.registry.etcd_access import URL_OPTIONS as ACCESS_OPTIONS
 from reach_plugins.registry.etcd_access import EtcdAccess
+from reach_plugins.registry.etcd_lease import OwnLease
 from reach_plugins.registry.etcd_mirror import EtcdMirror, Keys
 from reach_plugins.registry.failstatic import Reachability
+from reach_plugins.registry.memory import check_filed
 
 try:
     from aetcd import transactions as etcd_txn
@@ -62,8 +73,21 @@ DEFAULT_PORT: Final = 2379
 DEFAULT_PREFIX: Final = "/reach/"
 DEFAULT_LEASE_TTL: Final = 10
 MIN_LEASE_TTL: Final = 2
-_URL_OPTIONS: Final = ("lease_ttl", "timeout")
-_CHANNEL_OPTIONS: Final = {"grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000}
+_URL_OPTIONS: Final = ("lease_ttl", "timeout", "preload")
+_CHANNEL_OPTIONS: Final = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 3_000,
+    "grpc.http2.max_pings_without_data": 0,
+}
+"""Reconnect fast; HTTP/2 keepalive pings on open streams (etcd refuses pings more often than every 5 s) so a
+connection to a dead peer is closed. A hung etcd is found faster by the watch's probes (PROBE_INTERVAL)."""
+PROBE_INTERVAL: Final = 1.0
+"""Seconds between the watch's probes: a hung etcd (SIGSTOP) sends no event and closes nothing, so silence is
+asked about every second."""
+PROBE_TIMEOUT: Final = 2.0
+"""A probe not answered within this is an outage: the view fails static from the last answer on (DESIGN 11.3)."""
 _RETRY_MIN, _RETRY_MAX = 0.1, 1.0
 
 
@@ -103,21 +127,29 @@ class EtcdRegistry:
         self._cache = self._mirror.cache
         self._reach = Reachability()
         """When the watch was lost: heartbeat age does not count then (fail static, DESIGN 11.3)."""
+        self._contact = self.clock()
+        """When etcd last answered (registry clock): an outage found later is dated from here."""
         self._client: Any = None
-        self._lease_id: int | None = None
+        self._lease = OwnLease(
+            ttl=lease_ttl, where=self.address, grant=self._grant, refresh=self._refresh, rewrite=self._rewrite
+        )
         self._relist = True
         self._watching = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
-        self._keepalive_task: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
     def clock(self) -> Clock:
-        return self._mirror.clock.base
+        return self._mirror.clock
 
     @clock.setter
     def clock(self, clock: Clock) -> None:
-        self._mirror.clock.base = clock
+        self._mirror.clock = clock
+
+    @property
+    def reachable(self) -> bool:
+        """Whether etcd answers: False from a lost watch or a missed probe until the watch is back."""
+        return self._reach.reachable
 
     @property
     def tenants(self) -> None:
@@ -163,6 +195,7 @@ class EtcdRegistry:
     # ------------------------------------------------------------------ writes
 
     async def register_agent(self, descriptor: AgentDescriptor) -> None:
+        check_filed(descriptor)
         self.endpoints.admit((i.endpoint for i in descriptor.static_instances()), f"agent {descriptor.name!r}")
         client = await self._ready()
         key = self._keys.agent(descriptor.name)
@@ -171,6 +204,7 @@ class EtcdRegistry:
 
     async def deregister_agent(self, name: str) -> None:
         """Delete the agent and every instance key under it, atomically."""
+        self._lease.forget(name)
         client = await self._ready()
         instances = self._keys.instances_of(name)
         ops = [
@@ -189,20 +223,22 @@ class EtcdRegistry:
         revision = None
         if instance.agent in self._cache.agents():
             try:
-                revision = await self._put_if_exists(guard, key, instance, await self._lease())
+                revision = await self._put_if_exists(guard, key, instance, await self._lease.get())
             except BackendUnavailable as exc:
                 if "lease not found" not in str(exc):
                     raise
-                self._lease_id = None
-                revision = await self._put_if_exists(guard, key, instance, await self._lease())
+                self._lease.id = None
+                revision = await self._put_if_exists(guard, key, instance, await self._lease.get())
         if revision is None:
             raise RequestError(
                 f"cannot register instance {instance.instance_id!r}: agent {instance.agent!r} is not registered; "
                 "register the agent first"
             )
+        self._lease.wrote(instance, new=True)
         await self._caught_up(revision)
 
     async def deregister_instance(self, agent: str, instance_id: str) -> None:
+        self._lease.forget(agent, instance_id)
         client = await self._ready()
         deleted = await self._call("deregister an instance", client.delete(self._keys.instance(agent, instance_id)))
         if deleted is not None:
@@ -237,9 +273,11 @@ class EtcdRegistry:
             changes["status"] = status
         key = self._keys.instance(agent, instance_id)
         lease = self._mirror.lease_of(agent, instance_id)
-        revision = await self._put_if_exists(key, key, current.model_copy(update=changes), lease)
+        record = current.model_copy(update=changes)
+        revision = await self._put_if_exists(key, key, record, lease)
         if revision is None:
             raise RequestError(unknown)
+        self._lease.wrote(record, new=False)
         await self._caught_up(revision)
 
     # ------------------------------------------------------------------ lifecycle
@@ -266,28 +304,29 @@ class EtcdRegistry:
         (grpc and aetcd give no such promise) is logged and left behind, never waited on forever.
         """
         self._closed = True
-        tasks = [task for task in (self._keepalive_task, self._watch_task) if task is not None]
-        for task in tasks:
-            task.cancel()
+        tasks = self._lease.stop()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            tasks.append(self._watch_task)
         if tasks:
             _, stuck = await asyncio.wait(tasks, timeout=self.timeout)
             if stuck:
                 logger.warning(
                     "etcd registry %s: %d task(s) did not stop within %gs", self.address, len(stuck), self.timeout
                 )
-        self._keepalive_task = self._watch_task = None
+        self._watch_task = None
         client, self._client = self._client, None
         if client is not None:
-            if self._lease_id is not None:
+            if self._lease.id is not None:
                 with contextlib.suppress(BackendUnavailable):
                     await self._call(
-                        "revoke the lease", asyncio.wait_for(client.revoke_lease(self._lease_id), self.timeout)
+                        "revoke the lease", asyncio.wait_for(client.revoke_lease(self._lease.id), self.timeout)
                     )
             try:
                 await asyncio.wait_for(client.close(), self.timeout)
             except TimeoutError:
                 logger.warning("etcd registry %s: the channel did not close within %gs", self.address, self.timeout)
-        self._lease_id = None
+        self._lease.id = None
         await self._cache.aclose()
 
     # ------------------------------------------------------------------ etcd calls
@@ -322,28 +361,16 @@ class EtcdRegistry:
         )
         return int(replies[0].response_put.header.revision) if ok else None
 
-    async def _lease(self) -> int:
-        """This registry's lease, granted on first use and kept alive every TTL/3 from then on."""
-        if self._lease_id is None:
-            lease = await self._call("grant a lease", self._connect().lease(self.lease_ttl))
-            self._lease_id = int(lease.id)
-        if self._keepalive_task is None:
-            self._keepalive_task = asyncio.create_task(self._keep_alive(), name=f"reach-etcd-lease {self.address}")
-        return self._lease_id
+    async def _grant(self) -> int:
+        return int((await self._call("grant a lease", self._connect().lease(self.lease_ttl))).id)
 
-    async def _keep_alive(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_ttl / 3)
-            if self._lease_id is None:
-                continue
-            try:
-                reply = await self._call("keep the lease alive", self._connect().refresh_lease(self._lease_id))
-            except BackendUnavailable as exc:
-                logger.warning("%s; this process's instances expire %ds after the last success", exc, self.lease_ttl)
-                continue
-            if reply is None or reply.TTL <= 0:
-                logger.warning("etcd lease at %s expired: instances are gone until registered again", self.address)
-                self._lease_id = None
+    async def _refresh(self, lease: int) -> int:
+        reply = await self._call("keep the lease alive", self._connect().refresh_lease(lease))
+        return 0 if reply is None else int(reply.TTL)
+
+    async def _rewrite(self, instance: Instance, lease: int) -> bool:
+        key = self._keys.instance(instance.agent, instance.instance_id)
+        return await self._put_if_exists(self._keys.agent(instance.agent), key, instance, lease) is not None
 
     async def _caught_up(self, revision: int) -> None:
         """Wait until the watch has applied our own write (bounded: a lagging watch only logs)."""
@@ -369,10 +396,10 @@ class EtcdRegistry:
                 await self._resync(client)
                 watch = await client.watch_prefix(self._keys.prefix, start_revision=self._mirror.applied + 1)
                 self._watching.set()
-                self._reach.found(self.clock())
+                self._contact = self.clock()
+                self._reach.found(self._contact)
                 delay = _RETRY_MIN
-                async for event in watch:
-                    await self._mirror.apply_event(event)
+                await self._follow(client, watch)
             except RevisionCompactedError:
                 logger.info("etcd compacted past revision %d; relisting %s", self._mirror.applied, self.prefix)
                 self._relist = True
@@ -381,7 +408,7 @@ class EtcdRegistry:
                     return  # aclose ended the stream (a cancellation aetcd may have turned into an error)
                 self._watching.clear()
                 first = self._reach.reachable
-                self._reach.lost(self.clock())
+                self._reach.lost(self._contact if first else self.clock())
                 lost = isinstance(exc, (ClientError, TimeoutError))
                 self._relist = self._relist or not lost
                 logger.log(
@@ -395,15 +422,52 @@ class EtcdRegistry:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
 
+    async def _follow(self, client: Any, watch: Any) -> None:
+        """Apply watch events until the stream ends, or until etcd misses a probe (raising ``TimeoutError``).
+
+        A hung etcd keeps the stream open and silent; a read bounded by PROBE_TIMEOUT every PROBE_INTERVAL tells
+        it from a quiet one within a few seconds.
+        """
+        events = asyncio.ensure_future(self._apply(watch))
+        try:
+            while True:
+                done, _ = await asyncio.wait({events}, timeout=PROBE_INTERVAL)
+                if done:
+                    return events.result()
+                await asyncio.wait_for(client.get(self._keys.prefix + b"\x00"), PROBE_TIMEOUT)
+                self._contact = self.clock()
+                await self._mirror.expire()
+        finally:
+            events.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(watch.cancel(), PROBE_TIMEOUT)
+
+    async def _apply(self, watch: Any) -> None:
+        async for event in watch:
+            self._contact = self.clock()
+            parsed = self._keys.parse(event.kv.key) if event.kind == "DELETE" else None
+            lease = 0 if parsed is None or parsed[1] is None else self._mirror.lease_of(parsed[0], parsed[1])
+            await self._mirror.apply_event(event)
+            if parsed is not None and parsed[1] is not None:
+                self._lease.deleted(parsed[0], parsed[1], lease)
+
     async def _resync(self, client: Any) -> None:
         """Relist when asked to, or when etcd is behind what we saw (it lost its data); else resume."""
         if not self._relist:
             probe = await client.get_prefix(self._keys.prefix + b"\x00")
+            self._answered()
             if probe.header.revision >= self._mirror.applied:
                 return
             logger.warning("etcd at %s restarted without its data; relisting %s", self.address, self.prefix)
-        await self._mirror.apply_listing(await client.get_prefix(self._keys.prefix))
+        listing = await client.get_prefix(self._keys.prefix)
+        self._answered()
+        await self._mirror.apply_listing(listing)
         self._relist = False
+
+    def _answered(self) -> None:
+        """etcd answered: if that ends an outage, the mirror holds the deletions that follow at once (SETTLE)."""
+        if not self._reach.reachable:
+            self._mirror.outage_over()
 
     def _preload(self) -> None:
         """Load the current state now, blocking (on a thread of its own: works inside a running loop too)."""
@@ -426,7 +490,8 @@ class EtcdRegistry:
 
 
 def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> EtcdRegistry:
-    """``etcd://host:port[/prefix][?lease_ttl=10&timeout=5]`` -> a registry holding the current snapshot."""
+    """``etcd://host:port[/prefix][?lease_ttl=10&timeout=5&preload=1]`` -> a registry holding the current snapshot
+    (``preload=0``: an empty one, filled by the watch once etcd answers)."""
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     unknown = sorted(options.keys() - set(_URL_OPTIONS) - set(ACCESS_OPTIONS))
@@ -445,6 +510,9 @@ def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy 
         port = parts.port or DEFAULT_PORT
         lease_ttl = int(options.get("lease_ttl", DEFAULT_LEASE_TTL))
         timeout = float(options.get("timeout", 5.0))
+        preload = {"1": True, "0": False}[options.get("preload", "1")]
+    except KeyError:
+        raise ConfigError(f"registry URL {url!r}: preload is 1 (load a snapshot first, the default) or 0") from None
     except ValueError as exc:
         raise ConfigError(f"registry URL {url!r}: {exc}; port and lease_ttl are integers, timeout is seconds") from exc
     prefix = parts.path if parts.path.strip("/") else DEFAULT_PREFIX
@@ -459,5 +527,6 @@ def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy 
         access=access,
         endpoints=endpoints,
     )
-    registry._preload()
+    if preload:
+        registry._preload()
     return registry

@@ -23,7 +23,7 @@ from reach_plugins.endpoints import ANY_NETWORK, EndpointPolicy
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Instance, InstanceStatus
 from reach_plugins.registry.base import Clock, RegistryEvent
-from reach_plugins.registry.memory import MemoryRegistry
+from reach_plugins.registry.memory import MemoryRegistry, check_filed
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ class FileRegistry:
                 self.last_error = None
                 return False
             config = load_config(self.path, endpoints=self._memory.endpoints)
+            for agent in config.agents:
+                check_filed(agent)
         except ConfigError as exc:
             if self.last_error is None or str(exc) != str(self.last_error):
                 logger.error("registry file %s not applied, keeping the last good state: %s", self.path, exc)

@@ -69,6 +69,21 @@ class _Watcher:
         return event
 
 
+def check_filed(descriptor: AgentDescriptor) -> None:
+    """Refuse a descriptor listing an instance of another agent: a record agrees with where it is filed.
+
+    An instance's identity is where it was allowed to be written (here: under
+    its agent's descriptor), never what its value claims (issue 24).
+    """
+    for instance in descriptor.instances:
+        if instance.agent != descriptor.name:
+            raise ConfigError(
+                f"agent {descriptor.name!r}: its instance {instance.instance_id!r} says agent {instance.agent!r}; "
+                f"an agent lists only its own instances (write agent: {descriptor.name}, or list it under "
+                f"{instance.agent})"
+            )
+
+
 class MemoryRegistry:
     """In-process :class:`~reach_plugins.registry.base.Registry`; passes the conformance suite.
 
@@ -131,6 +146,7 @@ class MemoryRegistry:
         name = descriptor.name
         if self._agents.get(name) == descriptor:
             return False
+        check_filed(descriptor)
         self.endpoints.admit((i.endpoint for i in descriptor.static_instances()), f"agent {descriptor.name!r}")
         self._agents[name] = descriptor
         check = descriptor.health_check

@@ -21,6 +21,7 @@ import random
 from dataclasses import dataclass
 
 from reach_plugins.model import CandidateScore, Instance
+from reach_plugins.policy.outliers import is_outlier
 from reach_plugins.routing.affinity import InstanceKey
 from reach_plugins.routing.index import Offer
 from reach_plugins.routing.policy import Plan
@@ -37,6 +38,8 @@ class Entry:
     offer: Offer
     instance: Instance
     weight: int
+    why: str | None = None
+    """Why the weight is cut (an outlier against its peers), when it is."""
 
     @property
     def key(self) -> InstanceKey:
@@ -78,6 +81,7 @@ class Pool:
         "_rechecked",
         "by_key",
         "expires",
+        "flagged",
         "keys",
         "look",
         "plan",
@@ -100,6 +104,8 @@ class Pool:
         self.seeds: list[int] | None = None
         """The rendezvous digests of ``keys`` (computed on the first session placed over this look)."""
         self.reason = ""
+        self.flagged: dict[InstanceKey, str] = {}
+        """The outliers of the look: a usable entry's why its weight is cut, a skipped one's why it is ejected."""
         self._cursor = 0
         self._rechecked = 0
 
@@ -115,6 +121,8 @@ class Pool:
         self.shown = None
         self.seeds = None
         self.reason = f"smooth weighted round robin over {len(self.usable)} healthy instance(s) in {look.where}"
+        self.flagged = {entry.key: entry.why for entry in self.usable if entry.why}
+        self.flagged.update(((agent, instance), why) for agent, instance, why in look.skipped if is_outlier(why))
 
     @property
     def where(self) -> str:
@@ -127,11 +135,15 @@ class Pool:
     def pick(self) -> Entry:
         return self.by_key[self.rr.pick()]
 
-    def reweigh(self, entry: Entry, weight: int) -> None:
-        """A usable entry's load moved: its round-robin weight follows, its explanation is redone."""
-        entry.weight = weight
+    def reweigh(self, entry: Entry, weight: int, why: str | None) -> None:
+        """A usable entry's load or outlier standing moved: its round-robin weight follows, its why is redone."""
+        entry.weight, entry.why = weight, why
         self.rr.set(entry.key, weight)
         self.shown = None
+        if why:
+            self.flagged[entry.key] = why
+        else:
+            self.flagged.pop(entry.key, None)
 
     def due(self) -> Entry | None:
         """The next entry of the rotation (each call re-checks one), or ``None`` before the first look."""

@@ -1,16 +1,20 @@
 """Active health probes (seed 003, section 5.2): see a dead or unready instance before a caller does.
 
 Heartbeats say a process is alive; breakers learn from failed calls. Between
-the two, an instance that stops accepting connections keeps receiving calls
-until a heartbeat expires or a breaker opens. A :class:`Prober` looks itself:
+the two, an instance that stops answering keeps receiving calls until a
+heartbeat expires or a breaker opens. A :class:`Prober` looks itself:
 
-* often (``health_check.probe_interval``, 5 s): a TCP connect to the endpoint —
-  ``refusals_to_down`` (2) consecutive refusals mark the instance down at once;
+* often (``health_check.probe_interval``, 5 s): ``GET {endpoint}/healthz`` must
+  answer 200 within :data:`PROBE_TIMEOUT` (an agent of another protocol: any
+  answer under 500 at its endpoint) — ``refusals_to_down`` (2) consecutive
+  failures (refused, reset, timed out, a wrong status) mark the instance down
+  at once. An accepted TCP connection proves nothing: a blackholed or hung
+  process accepts and never answers (issue 25);
 * rarely (``health_check.ready_interval``, 30 s): ``GET {endpoint}{health_check.path}``
   (``/readyz`` by default), which runs the agent's own readiness callback — "alive" is not "can work".
 
-An instance is down until a connect succeeds and (if it answered readiness)
-readiness is back. Intervals are jittered (±20 %) so probes never march in
+An instance is down until a liveness probe is answered and (if it answered
+readiness) readiness is back. Intervals are jittered (±20 %) so probes never march in
 step, and there is one prober per registry per process (:meth:`Prober.shared`),
 whatever the number of clients. :class:`ProbeBook` is the sans-IO part.
 """
@@ -24,7 +28,6 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from reach_plugins.model import HealthCheck, Instance
 from reach_plugins.registry.base import RegistryView
@@ -37,15 +40,17 @@ log = logging.getLogger("reach_plugins.routing.probes")
 JITTER = 0.2
 """Each wait is the interval times U(1 - JITTER, 1 + JITTER)."""
 PROBE_TIMEOUT = 1.0
-"""Seconds a connect or a readiness check may take before it counts as failed."""
+"""Seconds a liveness or a readiness check may take before it counts as failed."""
+LIVENESS_PATH = "/healthz"
+"""What a ``reach`` agent answers 200 on while its process serves (DESIGN section 4)."""
 
 
 @dataclass(slots=True)
 class _Health:
-    refusals: int = 0
-    connect_down: bool = False
+    failures: int = 0
+    down: bool = False
     unready: bool = False
-    next_connect: float = 0.0
+    next_alive: float = 0.0
     next_ready: float = 0.0
 
 
@@ -58,31 +63,33 @@ class ProbeBook:
 
     def available(self, agent: str, instance: str) -> bool:
         health = self._health.get((agent, instance))
-        return health is None or not (health.connect_down or health.unready)
+        return health is None or not (health.down or health.unready)
 
     def due(self, agent: str, instance: str, check: HealthCheck, now: float) -> tuple[bool, bool]:
-        """Whether a connect probe and a readiness probe are due now (and schedule the next ones)."""
-        health = self._health.setdefault((agent, instance), _Health(next_connect=now, next_ready=now))
-        connect = now >= health.next_connect
+        """Whether a liveness probe and a readiness probe are due now (and schedule the next ones)."""
+        health = self._health.setdefault((agent, instance), _Health(next_alive=now, next_ready=now))
+        alive = now >= health.next_alive
         ready = now >= health.next_ready
-        if connect:
-            health.next_connect = now + self._jittered(check.probe_interval)
+        if alive:
+            health.next_alive = now + self._jittered(check.probe_interval)
         if ready:
             health.next_ready = now + self._jittered(check.ready_interval)
-        return connect, ready
+        return alive, ready
 
-    def connected(self, agent: str, instance: str, *, refused: bool, ok: bool, check: HealthCheck) -> None:
-        """A connect probe's result: ``refused`` counts toward down; a timeout neither counts nor clears."""
+    def alive(self, agent: str, instance: str, *, ok: bool, why: str = "", check: HealthCheck) -> None:
+        """A liveness probe's result: answered in time (``ok``), or ``why`` not; failures in a row mark down."""
         health = self._health.setdefault((agent, instance), _Health())
         if ok:
-            if health.connect_down:
-                log.info("probe: %s/%s accepts connections again", agent, instance)
-            health.refusals, health.connect_down = 0, False
-        elif refused:
-            health.refusals += 1
-            if health.refusals >= check.refusals_to_down and not health.connect_down:
-                health.connect_down = True
-                log.warning("probe: %s/%s refused %d connections in a row: down", agent, instance, health.refusals)
+            if health.down:
+                log.info("probe: %s/%s answers its liveness probe again", agent, instance)
+            health.failures, health.down = 0, False
+            return
+        health.failures += 1
+        if health.failures >= check.refusals_to_down and not health.down:
+            health.down = True
+            log.warning(
+                "probe: %s/%s failed %d liveness probes in a row (%s): down", agent, instance, health.failures, why
+            )
 
     def readiness(self, agent: str, instance: str, *, ready: bool) -> None:
         health = self._health.setdefault((agent, instance), _Health())
@@ -160,9 +167,10 @@ class Prober:
                 present.add((name, instance.instance_id))
                 if not check.probe or instance.status != "ready" or not instance.endpoint.startswith("http"):
                     continue
-                connect, ready = self.book.due(name, instance.instance_id, check, now)
-                if connect:
-                    jobs.append(self._connect(instance, check))
+                alive, ready = self.book.due(name, instance.instance_id, check, now)
+                if alive:
+                    path = LIVENESS_PATH if descriptor.protocol == "reach" else ""
+                    jobs.append(self._alive(instance, check, path))
                 if ready:
                     jobs.append(self._ready(instance, check))
         self.book.forget(present)
@@ -176,33 +184,38 @@ class Prober:
                 log.exception("probe round failed; probing goes on")
             await asyncio.sleep(self._tick)
 
-    async def _connect(self, instance: Instance, check: HealthCheck) -> None:
-        parts = urlsplit(instance.endpoint)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        refused = ok = False
+    async def _alive(self, instance: Instance, check: HealthCheck, path: str) -> None:
+        """GET ``path`` (``/healthz`` of a reach agent): 200 within the timeout (any answer under 500 at the
+        endpoint itself, for another protocol) is alive; anything else counts toward down."""
+        import aiohttp  # imported when probing starts: importing reach_plugins pulls in no HTTP client
+
+        ok, why = False, ""
         try:
-            async with asyncio.timeout(PROBE_TIMEOUT):
-                _, writer = await asyncio.open_connection(parts.hostname, port)
-            writer.close()
-            ok = True
-        except ConnectionRefusedError:
-            refused = True
-        except (OSError, TimeoutError):
-            pass
-        self.book.connected(instance.agent, instance.instance_id, refused=refused, ok=ok, check=check)
+            async with self._http().get(instance.endpoint.rstrip("/") + path, allow_redirects=False) as answer:
+                ok = answer.status == 200 if path else answer.status < 500
+                why = f"status {answer.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        self.book.alive(instance.agent, instance.instance_id, ok=ok, why=why, check=check)
 
     async def _ready(self, instance: Instance, check: HealthCheck) -> None:
         import aiohttp  # imported when probing starts: importing reach_plugins pulls in no HTTP client
 
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
         url = instance.endpoint.rstrip("/") + check.path
         try:
-            async with self._session.get(url, allow_redirects=False) as answer:
+            async with self._http().get(url, allow_redirects=False) as answer:
                 ready = answer.status == 200
         except (aiohttp.ClientError, OSError, TimeoutError):
-            return  # unreachable: the connect probe decides
+            return  # unreachable: the liveness probe decides
         self.book.readiness(instance.agent, instance.instance_id, ready=ready)
+
+    def _http(self) -> aiohttp.ClientSession:
+        """The probes' HTTP session (every request bounded by :data:`PROBE_TIMEOUT`), opened on first use."""
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
+        return self._session
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()

@@ -7,9 +7,14 @@ from typing import Literal, Protocol, runtime_checkable
 
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Capability, Instance, RouteDecision
+from reach_plugins.policy.outliers import Standing
 
 AvailabilityHook = Callable[[str, str], bool]
 """``is_available(agent, instance_id)``: ``False`` when the instance's circuit breaker is open."""
+
+StandingHook = Callable[[str, str], Standing]
+"""``standing(agent, instance_id)``: the share of its weight an instance keeps against its peers (outlier detection,
+:mod:`reach_plugins.policy.outliers`; 0.0 while ejected) and why it is below 1.0."""
 
 Affinity = Literal["none", "new", "pinned", "restored", "degraded"]
 """How a session's request was placed (``none`` without a session)."""

@@ -45,7 +45,7 @@ from reach_plugins.routing.affinity import InstanceKey, Placement, Rendezvous, S
 from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.policy import Plan, make_plan, payload_tokens
 from reach_plugins.routing.pool import Entry, Look, Pool, Skip
-from reach_plugins.routing.route import Affinity, AvailabilityHook, Route, TenantLike
+from reach_plugins.routing.route import Affinity, AvailabilityHook, Route, StandingHook, TenantLike
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.sessions import session_key
@@ -71,6 +71,7 @@ class Router:
         *,
         tenants: Mapping[str, TenantLike] | None = None,
         is_available: AvailabilityHook | None = None,
+        standing: StandingHook | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         bounded_load: float = 1.25,
@@ -83,6 +84,8 @@ class Router:
         self.tenants = tenants
         self._is_available = is_available
         """The health port (breaker, ejection, probes), fixed at construction: nobody swaps it under a live router."""
+        self._standing = standing
+        """The outlier port: the share of its weight each instance keeps against its peers (0: ejected), and why."""
         self.refresh = refresh
         self._clock: Clock = clock or time.time
         self._rng = rng or random.Random()
@@ -117,7 +120,8 @@ class Router:
             shown = pool.shown = self._cards(
                 [(*entry.key, float(entry.weight)) for entry in pool.usable[:MAX_RECORDED]], pool.skipped
             )
-        return self._answer(request, entry.offer, entry.instance, "none", started, _told(shown, pool.reason))
+        flagged = dict(pool.flagged) if pool.flagged else None
+        return self._answer(request, entry.offer, entry.instance, "none", started, _told(shown, pool.reason), flagged)
 
     def candidates(self, request: ReachRequest, *, limit: int | None = None) -> list[Route]:
         """Every healthy instance, best tier first (broadcast, failover lists); touches no pin and no counter.
@@ -353,7 +357,7 @@ class Router:
         if live is None or (self._unusable(live, now, (), sticky=False) is None) != (entry.weight > 0):
             self._reload(pool, now)
         elif entry.weight > 0:
-            _adopt(pool, entry, live)
+            self._adopt(pool, entry, live)
 
     def _reload(self, pool: Pool, now: float) -> None:
         pool.load(self._look(pool.plan, now, ()), now + self.refresh)
@@ -363,8 +367,23 @@ class Router:
         live = self.view.instances(entry.offer.name).get(entry.instance.instance_id)
         if live is None or self._unusable(live, now, (), sticky=False) is not None:
             return False
-        _adopt(pool, entry, live)
+        self._adopt(pool, entry, live)
         return True
+
+    def _adopt(self, pool: Pool, entry: Entry, live: Instance) -> None:
+        """Take the registry's latest record of a usable entry (a heartbeat replaced it); its weight follows its load
+        and its standing against its peers."""
+        if live is entry.instance and self._standing is None:
+            return
+        entry.instance = live
+        weight, why = self._weigh(entry.offer, live)
+        if weight != entry.weight or why != entry.why:
+            pool.reweigh(entry, weight, why)
+
+    def _weigh(self, offer: Offer, inst: Instance) -> tuple[int, str | None]:
+        """A usable instance's round-robin weight: the offer's, scaled by ``1 - load`` and by its outlier share."""
+        share, why = (1.0, None) if self._standing is None else self._standing(inst.agent, inst.instance_id)
+        return _weight(offer.weight, inst.load, share), why
 
     def _look(self, plan: Plan, now: float, exclude: Collection[tuple[str, str]]) -> Look:
         """Judge every instance, tier by tier, up to the first tier with a usable one (O(n): on reloads only)."""
@@ -398,7 +417,7 @@ class Router:
             for inst in found.values():
                 why = self._unusable(inst, now, exclude, sticky=False)
                 if why is None:
-                    judged.append(Entry(offer, inst, _weight(offer.weight, inst.load)))
+                    judged.append(Entry(offer, inst, *self._weigh(offer, inst)))
                 else:
                     judged.append(Entry(offer, inst, 0))
                     skipped.append((offer.name, inst.instance_id, why))
@@ -416,6 +435,11 @@ class Router:
         if not self.view.is_alive(inst, now):
             seen = inst.last_heartbeat
             return "not alive" if seen is None else f"heartbeat missed: last one {now - seen:.0f}s ago"
+        standing = self._standing
+        if standing is not None:
+            share, outlier = standing(inst.agent, inst.instance_id)
+            if share <= 0.0:
+                return outlier or "outlier ejected"
         hook = self._is_available
         if hook is not None and not hook(inst.agent, inst.instance_id):
             return _CIRCUIT_OPEN
@@ -424,9 +448,17 @@ class Router:
     # ------------------------------------------------------------------ answers
 
     def _answer(
-        self, request: ReachRequest, offer: Offer, inst: Instance, affinity: Affinity, started: int, told: Told
+        self,
+        request: ReachRequest,
+        offer: Offer,
+        inst: Instance,
+        affinity: Affinity,
+        started: int,
+        told: Told,
+        flagged: Mapping[InstanceKey, str] | None = None,
     ) -> Route:
-        """The route to ``inst``; its decision is built from ``told`` (candidates, reason) only if it is read."""
+        """The route to ``inst``; its decision is built from ``told`` (candidates, reason) only if it is read.
+        ``flagged``: the outliers among the candidates, as of routing time."""
         elapsed_us = (perf_counter_ns() - started) / 1000
         capability = request.capability
 
@@ -443,6 +475,7 @@ class Router:
                 context_restore=affinity == "restored",
                 degraded=affinity == "degraded",
                 elapsed_us=elapsed_us,
+                outliers={f"{agent}/{instance}": why for (agent, instance), why in (flagged or {}).items()},
             )
 
         return Route(offer.agent, inst, offer.capability, explain=explain, affinity=affinity)
@@ -474,18 +507,9 @@ def _told(shown: list[CandidateScore], reason: str) -> Told:
     return lambda: (shown, reason)
 
 
-def _weight(weight: int, load: float) -> int:
-    """Load-aware SWRR weight: the agent's weight scaled by ``1 - load``, never below 1."""
-    return weight if load == 0.0 else max(1, round(weight * (1.0 - load)))
-
-
-def _adopt(pool: Pool, entry: Entry, live: Instance) -> None:
-    """Take the registry's latest record of a usable entry (a heartbeat replaced it); its weight follows its load."""
-    if live is not entry.instance:
-        entry.instance = live
-        weight = _weight(entry.offer.weight, live.load)
-        if weight != entry.weight:
-            pool.reweigh(entry, weight)
+def _weight(weight: int, load: float, share: float = 1.0) -> int:
+    """Load-aware SWRR weight: the agent's weight scaled by ``1 - load`` and the outlier ``share``, never below 1."""
+    return weight if load == 0.0 and share == 1.0 else max(1, round(weight * (1.0 - load) * share))
 
 
 def _nobody(capability: str, skipped: list[Skip]) -> NoHealthyAgent:

@@ -54,7 +54,8 @@ def build_forwarder(
     """
     path = Path(config)
     endpoints = EndpointPolicy.from_environ(environ)
-    tenants = load_config(path, endpoints=endpoints).tenants
+    loaded = load_config(path, endpoints=endpoints)
+    tenants = loaded.tenants
     if not tenants and not allow_open:
         raise ConfigError(
             f"{path}: no 'tenants:' section, so the server would serve anyone as any tenant it names; "
@@ -68,6 +69,7 @@ def build_forwarder(
         source,
         tenants=tenants,
         environ=environ,
+        secrets=loaded.secrets,
         tracer_provider=tracer_provider,
         node_id=node_id,
         route_ttl=route_ttl,

@@ -23,9 +23,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from reach_plugins.attempts.pipeline import Pipeline
-from reach_plugins.config.loader import TenantConfig, resolve_credential
+from reach_plugins.config.loader import (
+    NO_SECRETS_POLICY,
+    SecretsPolicy,
+    TenantConfig,
+    resolve_credential,
+    token_envs,
+)
 from reach_plugins.errors import UnknownCapability
 from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
+from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
 from reach_plugins.registry.routetable import RouteTable, watch_task
@@ -111,6 +118,7 @@ class Forwarder:
         transport: Transport | None = None,
         store: DedupStore | str | None = None,
         environ: Mapping[str, str] = os.environ,
+        secrets: SecretsPolicy = NO_SECRETS_POLICY,
         tracer_provider: TracerProvider | None = None,
         route_ttl: float = 1.0,
         default_timeout: float = 30.0,
@@ -124,8 +132,11 @@ class Forwarder:
         self._owns_registry = owns_registry
         self.tenants = tenants
         self._environ = environ
+        self._secrets = secrets
+        self._tenant_tokens = token_envs(tenants)
+        """The tenants' own token variables: never sent as an agent's secret, whatever a descriptor names."""
         self.table = RouteTable(registry, ttl=route_ttl)
-        self.router = Router(self.table, tenants=tenants, is_available=self._available)
+        self.router = Router(self.table, tenants=tenants, is_available=self._available, standing=self._standing)
         self.rule = SourceRule(self.router, self.table, tenants)
         self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
         self._owned_store = open_store(store) if isinstance(store, str) else None
@@ -148,10 +159,16 @@ class Forwarder:
         prober = self.prober
         return self.pipeline.is_available(agent, instance) and (prober is None or prober.available(agent, instance))
 
+    def _standing(self, agent: str, instance: str) -> Standing:
+        """The router's outlier port: the instance's share of its weight against its peers (the pipeline judges)."""
+        return self.pipeline.standing(agent, instance)
+
     def _credential(self, agent: AgentDescriptor, tenant: str | None) -> Credential:
         """The tenant's own credential for ``agent`` (else the agent's): never another tenant's."""
         config = self.tenants.get(tenant) if tenant is not None else None
-        return resolve_credential(agent, config, self._environ)
+        return resolve_credential(
+            agent, config, self._environ, secrets=self._secrets, tenant_tokens=self._tenant_tokens
+        )
 
     async def start(self) -> None:
         """Follow registry changes (the route table then never waits out its TTL); poll a YAML file registry."""

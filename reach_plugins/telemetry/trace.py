@@ -22,6 +22,7 @@ from reach_plugins.telemetry.spans import (
     EVENT_ATTEMPT,
     EVENT_BREAKER,
     EVENT_CONSISTENCY_STATE,
+    EVENT_OUTLIER,
 )
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def _fields(record: AttemptRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__slots__}
 
 
-_MOVED_EVENTS = {"breaker": EVENT_BREAKER, "consistency": EVENT_CONSISTENCY_STATE}
+_MOVED_EVENTS = {"breaker": EVENT_BREAKER, "consistency": EVENT_CONSISTENCY_STATE, "outlier": EVENT_OUTLIER}
 """The trace event of each kind of instance state change."""
 
 
