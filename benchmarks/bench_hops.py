@@ -67,7 +67,7 @@ AGENT = textwrap.dedent(
     import sys
     from reach_plugins.agent import ReachAgent, serve
 
-    agent = ReachAgent("orders")
+    agent = ReachAgent("orders", tokens="open")  # nginx/Envoy/Python peers forward no token
 
     @agent.capability("echo")
     async def echo(order_id: str) -> dict:

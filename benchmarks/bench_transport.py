@@ -56,7 +56,7 @@ def serve(port: int) -> None:
     """Child process: a trivial reach agent."""
     from reach_plugins.agent import ReachAgent, serve
 
-    agent = ReachAgent("bench")
+    agent = ReachAgent("bench", tokens="open")  # raw POSTs carry no token; bench_tokens.py measures the check
 
     @agent.capability("query_order")
     async def query_order(order_id: str, fields: list[str]) -> dict[str, Any]:

@@ -7,7 +7,10 @@ Two peers, two protocols, one line in the agent (``enhanced_by=...``):
   read with ``tools/list`` into the registry as capabilities; each
   conversation gets its own MCP session;
 * an A2A agent: the knowledge agent, which answers A2A (every ReachAgent
-  publishes an agent card and serves ``SendMessage``).
+  publishes an agent card and serves ``SendMessage``). A2A peers carry no Reach
+  token, so this one agent is served in the named open mode (``tokens="open"``,
+  which warns at start); the inventory agent behind the gateway verifies the
+  gateway's tokens.
 
 A scripted chat model stands in for an LLM, so it runs with no API key.
 
@@ -44,7 +47,7 @@ def check_stock(sku: str) -> str:
 
 
 async def main() -> None:
-    inventory, knowledge = inventory_agent(), knowledge_agent()
+    inventory, knowledge = inventory_agent(), knowledge_agent(tokens="open")
     with tempfile.TemporaryDirectory() as folder:
         behind_gateway = MemoryRegistry()
         config = Path(folder) / "gateway.yaml"

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from reach_plugins.config.loader import load_config
 from reach_plugins.endpoints import EndpointPolicy
-from reach_plugins.errors import ReachError
+from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
@@ -199,6 +199,11 @@ def issuer(
     name: Annotated[str, typer.Option(help="The tokens' 'iss' claim.")] = "reach",
     ttl: Annotated[float, typer.Option(help="Token lifetime in seconds (at most 900).")] = 300.0,
     new_key: Annotated[Path | None, typer.Option(help="Write a fresh Ed25519 key (PEM) here and exit.")] = None,
+    agent_token: Annotated[
+        list[str],
+        typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
+    ] = [],  # noqa: B006
+    allow_open: Annotated[bool, typer.Option(help="Serve without tenants: tokens for anyone, as any tenant.")] = False,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     client_ca: ClientCa = None,
@@ -215,7 +220,22 @@ def issuer(
     from reach_plugins.server.issuer_server import serve_issuer
 
     with _named_errors():
-        serve_issuer(config, host, port, keys=key, name=name, ttl=ttl, **_tls(tls_cert, tls_key, client_ca))
+        agents = _pairs(agent_token, "--agent-token")
+        tls = _tls(tls_cert, tls_key, client_ca)
+        serve_issuer(
+            config, host, port, keys=key, name=name, ttl=ttl, agent_tokens=agents, allow_open=allow_open, **tls
+        )
+
+
+def _pairs(values: list[str], option: str) -> dict[str, str]:
+    """``NAME=VALUE`` options as a dict (``ConfigError`` naming the option for anything else)."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        name, equals, rest = value.partition("=")
+        if not equals or not name or not rest:
+            raise ConfigError(f"{option} {value!r}: write NAME=ENV_VARIABLE")
+        pairs[name] = rest
+    return pairs
 
 
 @app.command()

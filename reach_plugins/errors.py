@@ -7,6 +7,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
 
     ReachError
     ├── ConfigError                  bad YAML, unknown key, literal secret
+    │   └── NoApprover               a capability needing approval on an agent without an approver
     ├── RequestError                 the request itself is refused; nothing is sent
     │   ├── UnknownCapability        nobody offers it (names the closest known ones)
     │   ├── InvalidPayload           payload does not fit params_schema (names the field)
@@ -14,7 +15,9 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     │   ├── PermissionDenied         tenant not allowed, internal_only (HTTP 403)
     │   │   ├── Unauthenticated      no credential, or one nobody holds (HTTP 401)
     │   │   │   └── InvalidToken     no X-Reach-Token, or not a valid unexpired one of the issuer
+    │   │   │       └── TokenClockSkew   exp/nbf/iat outside the leeway: expired, or clocks apart
     │   │   ├── TokenDenied          a valid token that does not entitle this call
+    │   │   │   └── ExchangeDenied   the issuer refused to exchange a token (presenter, audience, chain)
     │   │   └── AuditRefused         the content audit refused an L3 exchange
     │   ├── BodyTooLarge             a request body over the server's limit (HTTP 413)
     │   ├── BodyTimeout              a body that did not arrive in time (HTTP 408)
@@ -98,6 +101,12 @@ class ConfigError(ReachError):
     grpc_code = "INTERNAL"
 
 
+class NoApprover(ConfigError):
+    """A capability needing approval (``danger_level: high``, ``require_approval``) on an agent without an approver."""
+
+    code = "no_approver"
+
+
 class RequestError(ReachError):
     """The request was refused before anything was sent."""
 
@@ -161,10 +170,27 @@ class InvalidToken(Unauthenticated):
     code = "invalid_token"
 
 
+class TokenClockSkew(InvalidToken):
+    """A correctly signed token whose ``exp``, ``nbf`` or ``iat`` does not fit the verifier's clock beyond its leeway.
+
+    Either the token expired, or the verifier's clock and the issuer's are apart: a caller whose token is valid by
+    its own clock reads this refusal as the target's skew (nothing ran there) and may fail over to another instance.
+    """
+
+    code = "token_clock_skew"
+
+
 class TokenDenied(PermissionDenied):
     """A valid token that does not entitle this call: another audience, a refused chain or trust level."""
 
     code = "token_denied"
+
+
+class ExchangeDenied(TokenDenied):
+    """The issuer refused an exchange: the presenter is not the token's holder, the tenant may not reach the new
+    audience, the chain may not extend, or an L3 agent asked for a direct hop."""
+
+    code = "exchange_denied"
 
 
 class AuditRefused(PermissionDenied):

@@ -45,7 +45,8 @@ async def committed(scope: str):
     row = database().execute("SELECT n FROM executions WHERE scope = ? LIMIT 1", (scope,)).fetchone()
     return None if row is None else {"n": row[0], "by": "the ledger"}
 
-agent = ReachAgent(name, idempotency=store, committed=committed if effects != "-" else None)
+# The callers are other processes with keys of their own: this agent runs in the named open mode.
+agent = ReachAgent(name, idempotency=store, committed=committed if effects != "-" else None, tokens="open")
 
 @agent.capability("work", description="Do some work once per key")
 async def work_(n: int, ctx: ReachContext) -> dict:

@@ -8,7 +8,8 @@ from reach_plugins.agent import ReachAgent, ReachContext
 
 SECRET_DSN = "postgres://svc:PaSsWoRd-4e1d@127.0.0.1:5432/orders"
 
-agent = ReachAgent("notes", max_sessions=50)
+agent = ReachAgent("notes", max_sessions=50, tokens="open")
+"""Open (no token): these tests probe what an agent does with hostile bodies and headers, past any token."""
 
 
 @agent.capability("note")

@@ -19,7 +19,8 @@ from reach_plugins.model import AgentDescriptor
 from reach_plugins.registry.memory import MemoryRegistry
 from transports.direct import DirectTransport
 
-agent = ReachAgent("kb")
+agent = ReachAgent("kb", tokens="open")
+"""Open: the official A2A client (a foreign peer) carries no Reach token."""
 EXECUTED: list[dict[str, Any]] = []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -61,7 +62,8 @@ def served() -> Iterator[Callable[[Approver | str], tuple[BackgroundServer, list
 
 
 async def test_approved_reach_runs_once_and_the_approver_sees_who_asks(served: Any) -> None:
-    """The approver is asked with the tenant, the chain and a payload summary; on yes the handler runs once."""
+    """The approver is asked with the verified tenant, caller and chain (not the X-Reach-Hops the caller wrote) and
+    the whole payload; on yes the handler runs once."""
     asked: list[ApprovalRequest] = []
 
     async def approve(request: ApprovalRequest) -> ApprovalDecision:
@@ -72,8 +74,8 @@ async def test_approved_reach_runs_once_and_the_approver_sees_who_asks(served: A
     response = await reach_it(server, "refund_payment", hops=["desk/handle_refund"])
     assert response.ok and response.data == {"refunded": "P-1"} and executed == ["P-1"]
     (request,) = asked
-    assert (request.capability, request.tenant, request.caller) == ("refund_payment", "acme", "desk")
-    assert request.hops == ("desk/handle_refund", "payments/refund_payment") and '"P-1"' in request.summary
+    assert (request.capability, request.tenant, request.caller) == ("refund_payment", "acme", "tenant:acme")
+    assert request.chain == ("tenant:acme",) and request.verified and request.payload == {"payment_id": "P-1"}
 
 
 async def test_denied_reach_is_a_business_error_naming_who_denied(
@@ -90,7 +92,9 @@ async def test_denied_reach_is_a_business_error_naming_who_denied(
     )
     with pytest.raises(errors.BusinessError):
         response.raise_for_status()
-    assert "approval denied: payments/refund_payment" in caplog.text and "tenant=acme" in caplog.text
+    [record] = [json.loads(r.getMessage()) for r in caplog.records if r.name == "reach_plugins.agent.approval"]
+    assert (record["verdict"], record["agent"], record["capability"]) == ("denied", "payments", "refund_payment")
+    assert (record["tenant"], record["by"], record["reason"]) == ("acme", "bob@risk", "refund above the daily limit")
 
 
 async def test_an_approver_that_never_answers_ends_in_approval_required(served: Any) -> None:

@@ -41,7 +41,7 @@ async def test_same_idempotency_key_executes_once(client: Client) -> None:
 
 async def test_concurrent_duplicates_share_one_execution() -> None:
     """Two concurrent calls with one key run the handler once, and both get its result."""
-    agent = ReachAgent("slow")
+    agent = ReachAgent("slow", tokens="open")
     started, release = asyncio.Event(), asyncio.Event()
     runs: list[int] = []
 

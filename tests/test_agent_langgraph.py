@@ -28,7 +28,7 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
     builder = StateGraph(MessagesState)
     builder.add_node("reply", reply)
     builder.add_edge(START, "reply")
-    agent = ReachAgent("assistant")
+    agent = ReachAgent("assistant", tokens="open")
     add_langgraph(agent, builder.compile(checkpointer=InMemorySaver()))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as client:
         yield client

@@ -56,7 +56,7 @@ def respond(messages: Sequence[ChatMessage], **kwargs: Any) -> ChatMessage:
 
 
 def assistant(snapshots: MemorySnapshotStore | None = None, **options: Any) -> ReachAgent:
-    agent = ReachAgent("assistant", snapshots=snapshots)
+    agent = ReachAgent("assistant", snapshots=snapshots, tokens="open")
     llm = MockFunctionCallingLLM(response_generator=respond)
     add_llamaindex(agent, FunctionAgent(tools=[add, visit], llm=llm), **options)
     return agent
@@ -169,7 +169,7 @@ async def test_agent_workflow_keeps_the_current_agent_per_session() -> None:
         ],
         root_agent="desk",
     )
-    agent = ReachAgent("front")
+    agent = ReachAgent("front", tokens="open")
     add_llamaindex(agent, workflow, capability="ask")
     async with client_of(agent) as http:
         answers = []

@@ -33,7 +33,7 @@ async def test_registration_heartbeats_with_sequence_numbers() -> None:
 async def test_heartbeat_reports_draining_when_not_ready() -> None:
     """A heartbeat while readiness says no marks the instance draining, so routers skip it."""
     registry = MemoryRegistry()
-    agent = ReachAgent("workers", readiness=lambda: False)
+    agent = ReachAgent("workers", readiness=lambda: False, tokens="open")
     registration = Registration(agent, registry, "http://127.0.0.1:8102", instance_id="w-1")
     await registration.start()
     await registration.beat()

@@ -31,6 +31,7 @@ class Clock:
 
 def build_agent(**options: Any) -> tuple[ReachAgent, list[str]]:
     """An orders agent whose handlers record every execution."""
+    options.setdefault("tokens", "open")  # these tests speak the wire protocol by hand, without tokens
     agent = ReachAgent("orders", version="1.2", **options)
     executed: list[str] = []
 
@@ -116,7 +117,7 @@ async def test_return_values_are_encoded_or_refused(caplog: pytest.LogCaptureFix
     class Order(BaseModel):
         order_id: str
 
-    agent = ReachAgent("typed")
+    agent = ReachAgent("typed", tokens="open")
 
     @agent.capability("model")
     def model() -> Order:
@@ -202,7 +203,7 @@ async def test_expired_deadline_is_not_executed(client: Client) -> None:
 
 async def test_handler_outliving_the_deadline_is_cut() -> None:
     """An async handler still running at the caller's deadline is cancelled and answered with a timeout."""
-    agent = ReachAgent("slow")
+    agent = ReachAgent("slow", tokens="open")
     cancelled = asyncio.Event()
 
     @agent.capability("think")
@@ -244,7 +245,7 @@ async def test_readiness_callback_drives_readyz() -> None:
     async def ready() -> bool:
         return not full
 
-    agent = ReachAgent("workers", readiness=ready)
+    agent = ReachAgent("workers", readiness=ready, tokens="open")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
         assert (await http.get("/readyz")).status_code == 200
         full = True
@@ -315,7 +316,7 @@ def test_invalid_params_schema_is_a_config_error() -> None:
 
 async def test_handlers_know_the_request_they_serve() -> None:
     """Plain and streaming handlers run inside the served request, so nested reaches extend its hop chain."""
-    agent = ReachAgent("router")
+    agent = ReachAgent("router", tokens="open")
 
     @agent.capability("route")
     def route() -> list[str]:

@@ -18,7 +18,7 @@ DEAD_REDIS = "redis://127.0.0.1:1/0?timeout=0.2"
 
 def instance(store: str, executed: list[str], gate: asyncio.Event | None = None, **options: Any) -> ReachAgent:
     """One instance of a ``tickets`` agent recording each completed execution."""
-    agent = ReachAgent("tickets", idempotency=store, **options)
+    agent = ReachAgent("tickets", idempotency=store, tokens="open", **options)
 
     @agent.capability("create_ticket")
     async def create_ticket(title: str, ctx: ReachContext) -> dict[str, Any]:

@@ -122,7 +122,12 @@ def test_return_schema_check() -> None:
 
 @pytest.mark.parametrize(
     "reply",
-    [fail(401, "invalid_token"), fail(401, "unauthenticated"), fail(503, "backend_unavailable")],
+    [
+        fail(401, "invalid_token"),
+        fail(401, "token_clock_skew"),
+        fail(401, "unauthenticated"),
+        fail(503, "backend_unavailable"),
+    ],
 )
 def test_a_refusal_before_running_is_not_delivered_and_the_instance_fault(reply: Reply) -> None:
     """A token the instance cannot verify, or its key store down: nothing ran; fail over, count it, never retry it."""

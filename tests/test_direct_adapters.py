@@ -104,7 +104,7 @@ async def a2a_rpc(request: Request) -> Response:
     return JSONResponse({"jsonrpc": "2.0", "id": body["id"], "result": _task(state, f"answer to {text}")})
 
 
-kb = ReachAgent("kb")
+kb = ReachAgent("kb", tokens="open")  # reached by the bare transport, which adds no token
 
 
 @kb.capability("search_kb")

@@ -18,7 +18,7 @@ from reach_plugins.model import Instance, ReachRequest, Timeouts
 from reach_plugins.transport import Call, StreamEvent
 from transports.direct import DirectTransport
 
-agent = ReachAgent("streamer")
+agent = ReachAgent("streamer", tokens="open")
 
 
 @agent.capability("spell")

@@ -86,11 +86,11 @@ async def test_a_bad_session_key_is_a_400_naming_the_field(
 async def test_snapshots_keep_sessions_apart_by_tenant() -> None:
     """A restarted agent restores each tenant's state under that tenant only."""
     store = MemorySnapshotStore(budget=DEFAULT_BUDGET)
-    first = ReachAgent("notes", snapshots=store)
+    first = ReachAgent("notes", snapshots=store, tokens="open")
     first.capability("note")(agent._handlers["note"].fn)
     async with first.lifespan():
         first.sessions.state("a", "s1")["note"] = "for a"
-    second = ReachAgent("notes", snapshots=store)
+    second = ReachAgent("notes", snapshots=store, tokens="open")
     async with second.lifespan():
         assert second.sessions.state("a", "s1") == {"note": "for a"}
         assert second.sessions.state("b", "s1") == {}
@@ -201,7 +201,7 @@ def test_oversize_bodies_cost_at_most_three_body_limits() -> None:
 
 def test_slow_clients_are_dropped_by_the_agent_server() -> None:
     """The agent's server closes a silent socket and a stalled body, as the gateway does."""
-    limited = ReachAgent("slow", limits=InputLimits(body_timeout=1.0))
+    limited = ReachAgent("slow", limits=InputLimits(body_timeout=1.0), tokens="open")
     limited.capability("note")(agent._handlers["note"].fn)
     with BackgroundServer(limited.app, header_timeout=1.0) as server:
         with socket.create_connection(("127.0.0.1", server.port)) as sock:

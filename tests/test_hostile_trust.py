@@ -34,10 +34,12 @@ TENANTS: dict[str, Any] = {
         "token_env": "DEMO_TOKEN",
         "agents": ["hop", "local", "orders"],
         "networks": ["127.0.0.0/8"],
-        "credentials": {"hop": {"type": "bearer", "value_env": "DEMO_TOKEN"}},
+        "credentials": {"hop": {"type": "bearer", "value_env": "NODE_DEMO_TOKEN"}},
     },
     "acme": {"token_env": "ACME_TOKEN", "agents": ["orders"], "networks": ["127.0.0.0/8"]},
 }
+ENV = {**TOKENS, "NODE_DEMO_TOKEN": "tok-node-demo"}
+"""The gateway presents tenant demo to the node with a token of the node's own (never the tenant's gateway token)."""
 
 
 @dataclass
@@ -75,26 +77,26 @@ class UnixServer:
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    with serve_agents(("vault", "v1"), ("orders", "o1")) as (vault, orders):
+    with serve_agents(("vault", "v1"), ("orders", "o1"), ("local", "l1")) as (vault, orders, local):
         node_config = write_config(
             tmp_path / "node.yaml",
             {"vault": {"endpoints": [vault.url], "internal_only": True, "capabilities": ["query_order"]}},
-            {"demo": {"token_env": "DEMO_TOKEN", "agents": ["vault"], "networks": ["127.0.0.0/8"]}},
+            {"demo": {"token_env": "NODE_DEMO_TOKEN", "agents": ["vault"], "networks": ["127.0.0.0/8"]}},
         )
-        async with build_node(node_config, environ=TOKENS) as node:
+        async with build_node(node_config, environ=ENV) as node:
             config = write_config(
                 tmp_path / "gateway.yaml",
                 {
                     "hop": {"endpoints": [f"grpc://{node.target}"], "capabilities": ["query_order"]},
-                    "local": {"endpoints": [vault.url], "internal_only": True, "capabilities": ["whoami"]},
+                    "local": {"endpoints": [local.url], "internal_only": True, "capabilities": ["whoami"]},
                     "orders": {"endpoints": [orders.url], "capabilities": ["refuse"]},
                 },
                 TENANTS,
             )
             uds = tmp_path / "gateway.sock"
-            unix = UnixServer(create_app(config, environ=TOKENS), uds)
+            unix = UnixServer(create_app(config, environ=ENV), uds)
             try:
-                with BackgroundServer(create_app(config, environ=TOKENS)) as tcp:
+                with BackgroundServer(create_app(config, environ=ENV)) as tcp:
                     yield World(tcp.url, uds, vault)
             finally:
                 unix.stop()

@@ -170,19 +170,22 @@ async def started_node(config: Path, registry: MemoryRegistry, node_id: str) -> 
 
 async def test_node_forwards_to_the_node_in_front_of_the_agent(tmp_path: Path) -> None:
     """An instance at grpc://host:port is reached through that node; retries stay with the first node."""
+    environ = {**TOKENS, "FAR_DEMO_TOKEN": "tok-far-demo"}  # near presents demo to far with far's own token
     with serve_agents(("orders", "o1")) as agents:
+        far_tenants = demo_tenants()
+        far_tenants["demo"]["token_env"] = "FAR_DEMO_TOKEN"
         far_config = write_config(
-            tmp_path / "far.yaml", {"orders": {"endpoints": [agents[0].url], "retry": FAST_RETRY}}, demo_tenants()
+            tmp_path / "far.yaml", {"orders": {"endpoints": [agents[0].url], "retry": FAST_RETRY}}, far_tenants
         )
-        async with build_node(far_config, environ=TOKENS, node_id="far") as far:
+        async with build_node(far_config, environ=environ, node_id="far") as far:
             tenants = demo_tenants()
-            tenants["demo"]["credentials"] = {"orders": {"type": "bearer", "value_env": "DEMO_TOKEN"}}
+            tenants["demo"]["credentials"] = {"orders": {"type": "bearer", "value_env": "FAR_DEMO_TOKEN"}}
             near_config = write_config(
                 tmp_path / "near.yaml",
                 {"orders": {"endpoints": [f"grpc://{far.target}"], "retry": FAST_RETRY}},
                 tenants,
             )
-            near = build_node(near_config, environ=TOKENS, node_id="near")
+            near = build_node(near_config, environ=environ, node_id="near")
             async with near, client_for(near_config, near) as client:
                 answer = await client.reach("whoami", timeout_ms=5000)
                 outage = await client.reach("outage", timeout_ms=5000)

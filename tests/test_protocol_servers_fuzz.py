@@ -69,7 +69,7 @@ mcp_bodies = (
     | json_values
 )
 
-agent = ReachAgent("fuzzed")
+agent = ReachAgent("fuzzed", tokens="open")
 
 
 @agent.capability("echo_text")

@@ -19,7 +19,7 @@ from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
 from reach_plugins.client.client import ReachClient
 from reach_plugins.model import AgentDescriptor
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.security import HEADER_TOKEN, KeyRing, LocalTokens, SigningKey, TokenIssuer, default_issuer
+from reach_plugins.security import HEADER_TOKEN, KeyRing, LocalTokens, SigningKey, TokenIssuer
 
 
 @dataclass
@@ -148,9 +148,9 @@ async def test_client_with_tokens_reaches_and_without_is_told_why(world: World) 
 
 
 async def test_agent_without_tokens_never_exchanges_what_it_was_sent(world: World) -> None:
-    """An agent with tokens off that receives some token reaches further with a fresh token of its own issuer,
+    """An agent in the open mode that receives some token reaches further with a fresh token of its own issuer,
     never by exchanging (or forwarding) the unverified one."""
-    relay = ReachAgent("relay")
+    relay = ReachAgent("relay", tokens="open")
 
     @relay.capability("ask_relay")
     async def ask_relay() -> Any:
@@ -165,8 +165,9 @@ async def test_agent_without_tokens_never_exchanges_what_it_was_sent(world: Worl
 
 
 async def test_embedded_default_needs_no_setup() -> None:
-    """Agents served in this process with the in-process issuer's verifier accept a plain ReachClient's reaches."""
-    agent = ReachAgent("orders", tokens=default_issuer().verifier())
+    """Agents served in this process with the in-process issuer's verifier (the default) accept a plain
+    ReachClient's reaches."""
+    agent = ReachAgent("orders")
 
     @agent.capability("ask_orders")
     def ask(ctx: ReachContext) -> str | None:

@@ -92,7 +92,8 @@ async def test_gateway_reaches_token_checking_agents_with_the_tenant_in_the_toke
 
 
 async def test_issuer_endpoint_serves_tenants_and_refuses_strangers(tmp_path: Path) -> None:
-    """POST /v1/tokens: a tenant's bearer gets a token; no bearer is 401; an agent outside its allow-list is 403."""
+    """POST /v1/tokens: a tenant's bearer gets a token; no bearer is 401; an agent outside its allow-list is 403;
+    an exchange without the presenting agent's own issuer token is 401 (the presented token proves nothing)."""
     config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
     with BackgroundServer(create_issuer_app(config, environ=TOKENS)) as issuer:
         url = f"{issuer.url}/v1/tokens"
@@ -104,7 +105,7 @@ async def test_issuer_endpoint_serves_tenants_and_refuses_strangers(tmp_path: Pa
     assert ok.status_code == 200 and 0 < ok.json()["expires_in"] <= 300
     assert anonymous.status_code == 401 and "Authorization" in anonymous.json()["error"]["message"]
     assert outside.status_code == 403 and "may not reach agent 'tickets'" in outside.json()["error"]["message"]
-    assert exchanged.status_code == 200
+    assert exchanged.status_code == 401 and "Authorization" in exchanged.json()["error"]["message"]
     assert forged.status_code == 401
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reach_plugins.config.loader import TenantConfig
-from reach_plugins.errors import ConfigError
+from reach_plugins.errors import ConfigError, TokenClockSkew
 from reach_plugins.security import (
     MAX_TTL,
     InvalidToken,
@@ -21,7 +21,9 @@ from reach_plugins.security import (
     TokenDenied,
     TokenIssuer,
 )
+from reach_plugins.security.context import serving
 from reach_plugins.security.held import holding
+from reach_plugins.security.verifier import LEEWAY
 from reach_plugins.server.issuer_role import tenant_rule
 
 
@@ -68,12 +70,12 @@ def test_ttl_longer_than_15_minutes_is_refused() -> None:
 
 
 async def test_expired_token_is_refused(issuer: TokenIssuer, clock: WallClock) -> None:
-    """A token past exp (plus the 5 s leeway) is refused with 'expired', even after being verified once."""
+    """A token past exp (plus the leeway) is refused with 'expired', even after being verified once."""
     token = issuer.for_tenant("alpha", "orders").token
     verifier = issuer.verifier()
     assert (await verifier.verify(token, audience="orders")).tenant == "alpha"
-    clock.now += 301 + 5
-    with pytest.raises(InvalidToken, match="expired"):
+    clock.now += 301 + LEEWAY
+    with pytest.raises(TokenClockSkew, match="expired"):
         await verifier.verify(token, audience="orders")
 
 
@@ -132,7 +134,7 @@ async def test_rotation_keeps_old_tokens_valid_and_signs_with_the_new_key(issuer
 async def test_exchange_binds_the_chain_and_never_returns_the_received_token(issuer: TokenIssuer) -> None:
     """front exchanges its token for one to orders: sub front, chain [tenant:alpha], tenant kept, a new token."""
     received = issuer.for_tenant("alpha", "front").token
-    exchanged = await issuer.exchange(received, audience="orders")
+    exchanged = await issuer.exchange(received, audience="orders", presenter="front")
     assert exchanged.token != received
     claims = await issuer.verifier().verify(exchanged.token, audience="orders")
     assert (claims.subject, claims.chain, claims.tenant) == ("front", ("tenant:alpha",), "alpha")
@@ -141,12 +143,12 @@ async def test_exchange_binds_the_chain_and_never_returns_the_received_token(iss
 async def test_exchange_refuses_loops_and_bad_tokens(issuer: TokenIssuer, clock: WallClock) -> None:
     """A chain cannot come back to an agent already in it, and an expired token cannot be exchanged."""
     to_front = issuer.for_tenant("alpha", "front").token
-    to_orders = (await issuer.exchange(to_front, audience="orders")).token
+    to_orders = (await issuer.exchange(to_front, audience="orders", presenter="front")).token
     with pytest.raises(TokenDenied, match="already in the token chain"):
-        await issuer.exchange(to_orders, audience="front")
+        await issuer.exchange(to_orders, audience="front", presenter="orders")
     clock.now += 400
     with pytest.raises(InvalidToken, match="expired"):
-        await issuer.exchange(to_orders, audience="tickets")
+        await issuer.exchange(to_orders, audience="tickets", presenter="orders")
 
 
 async def test_tenant_rule_refuses_tokens_outside_the_allow_list(clock: WallClock) -> None:
@@ -179,10 +181,11 @@ async def test_concurrent_misses_share_one_issue(issuer: TokenIssuer) -> None:
 
 
 async def test_local_tokens_exchange_inside_a_served_handler(issuer: TokenIssuer) -> None:
-    """Holding a received token (as the agent SDK does around a handler), the source exchanges it."""
+    """Serving front and holding its received token (as the agent SDK does around a handler), the source exchanges
+    it with front as the presenter."""
     received = issuer.for_tenant("alpha", "front").token
     tokens = LocalTokens(issuer)
-    with holding(received):
+    with serving("front", "handle"), holding(received):
         token = await tokens.token("orders", "ignored-tenant")
     claims = await issuer.verifier().verify(token, audience="orders")
     assert (claims.subject, claims.tenant) == ("front", "alpha")

@@ -69,7 +69,7 @@ async def test_a_served_graph_thread_is_its_tenants_own() -> None:
     builder = StateGraph(MessagesState)
     builder.add_node("reply", reply)
     builder.add_edge(START, "reply")
-    agent = ReachAgent("assistant")
+    agent = ReachAgent("assistant", tokens="open")
     add_langgraph(agent, builder.compile(checkpointer=InMemorySaver()))
 
     async def chat(http: httpx.AsyncClient, tenant: str) -> str:

@@ -201,8 +201,11 @@ async def test_a_client_reaches_agents_through_a_node_over_mutual_tls(tmp_path: 
     """``GrpcNodeTransport(credentials=...)`` to a node built with TLS flags: the call runs once at the agent."""
     vault = _vault(None)
     try:
-        orders = {"endpoints": [vault.server.url], "capabilities": ["open"]}
-        config = write_config(tmp_path / "agents.yaml", {"orders": orders}, demo_tenants())
+        agents = {
+            "vault": {"endpoints": [vault.server.url], "capabilities": ["open"]},
+            "orders": {"endpoints": ["http://127.0.0.1:9"], "capabilities": ["query_order"]},
+        }  # the agent verifies tokens bound to its own name; orders is only in acme's allow-list
+        config = write_config(tmp_path / "agents.yaml", agents, demo_tenants())
         tls = {"tls_cert": pki.server[0], "tls_key": pki.server[1], "client_ca": pki.ca}
         async with build_node(config, environ=TOKENS, **tls) as node:
             credentials = _channel_credentials(pki, pki.client)

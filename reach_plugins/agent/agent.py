@@ -10,6 +10,12 @@
 The agent answers business errors (a raised :class:`BusinessError`) as
 ``error.type == "business"``, runs each ``Idempotency-Key`` once, honours
 ``X-Reach-Deadline``, and reports readiness from a user callback.
+
+Secure by default (DESIGN.md 11.4): every call must carry a token of the Reach
+issuer for this agent (``tokens=``, by default this process's in-process issuer),
+and a capability needing approval is refused at registration unless the agent has
+an ``approver=``. ``tokens="open"`` is the named development mode that verifies
+nothing; it logs a warning at start.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from opentelemetry import propagate, trace
 from pydantic import ValidationError
@@ -38,12 +44,14 @@ from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.clock import as_clock
 from reach_plugins.errors import (
+    ApprovalRequired,
     BackendUnavailable,
     Backpressure,
     ConfigError,
     DeadlineExceeded,
     EntryTooLarge,
     IdempotencyConflict,
+    NoApprover,
     RateLimited,
     ReachError,
     RemoteError,
@@ -53,6 +61,7 @@ from reach_plugins.errors import (
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
+from reach_plugins.security.source import default_issuer
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.layer import ServerApp
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
@@ -69,6 +78,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("reach_plugins.agent")
 F = TypeVar("F", bound=Callable[..., Any])
 Readiness = Callable[[], "bool | Awaitable[bool]"]
+OPEN: Final = "open"
+"""``ReachAgent(..., tokens="open")``: the development mode that verifies no token (it warns at start)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +90,8 @@ class _Prepared:
     payload: dict[str, Any]
     kwargs: dict[str, Any]
     ctx: ReachContext
+    claims: TokenClaims | None
+    """The verified token's claims (``None`` in the open mode)."""
 
 
 def _not_executed(request_id: Any, why: str, kind: str = Backpressure.code) -> Outcome:
@@ -115,6 +128,19 @@ def _tenant(body: WireBody, headers: Mapping[str, str], claims: TokenClaims | No
     return claims.tenant if claims is not None else body.tenant or headers.get("x-tenant")
 
 
+def _token_gate(name: str, tokens: TokenVerifier | str | None, trust: TrustLevel) -> TokenGate | None:
+    """The gate of ``tokens`` (this process's issuer by default); ``None`` only in the named open mode."""
+    if not isinstance(tokens, str):
+        return TokenGate(name, default_issuer().verifier() if tokens is None else tokens, trust)
+    if tokens != OPEN:
+        raise ConfigError(f"agent {name!r}: tokens={tokens!r}; give a TokenVerifier, or 'open' (verify nothing)")
+    if trust != "L2":
+        raise ConfigError(
+            f"agent {name!r} is {trust}: it verifies every token (tokens='open' is for L2 agents in development)"
+        )
+    return None
+
+
 class ReachAgent:
     """A Reach agent: capabilities, their handlers, and the ASGI app that serves them."""
 
@@ -136,7 +162,7 @@ class ReachAgent:
         approver: Approver | str | None = None,
         limits: InputLimits | None = None,
         max_sessions: int = MAX_SESSIONS,
-        tokens: TokenVerifier | None = None,
+        tokens: TokenVerifier | Literal["open"] | None = None,
         trust: TrustLevel = "L2",
     ) -> None:
         try:
@@ -160,8 +186,8 @@ class ReachAgent:
         """Asked before a ``danger_level: high`` / ``require_approval`` capability runs (:mod:`.approval`)."""
         self._registrations: list[Registration] = []
         self.trust: TrustLevel = trust
-        self._gate = TokenGate(name, tokens, trust) if tokens is not None else None
-        """With ``tokens`` (a verifier of the Reach issuer), every call must carry a token for this agent."""
+        self._gate = _token_gate(name, tokens, trust)
+        """Every call must carry a token of the Reach issuer for this agent, unless started ``tokens="open"``."""
 
     # ------------------------------------------------------------------ declaring
 
@@ -208,6 +234,12 @@ class ReachAgent:
     def _add(self, capability: Capability, fn: F) -> F:
         if capability.name in self._handlers:
             raise ConfigError(f"agent {self.name!r} already has a capability {capability.name!r}")
+        if capability.needs_approval and self._approval is None:
+            raise NoApprover(
+                f"capability {capability.name!r} of agent {self.name!r} needs approval (danger_level "
+                f"{capability.danger_level!r}, require_approval {capability.require_approval}) and the agent has "
+                "no approver: pass ReachAgent(..., approver=callable or webhook URL)"
+            )
         self._handlers[capability.name] = CapabilityHandler(capability, fn)
         return fn
 
@@ -239,6 +271,11 @@ class ReachAgent:
             return True
         answer = self.readiness()
         return bool(await answer) if inspect.isawaitable(answer) else bool(answer)
+
+    @property
+    def clock_offset(self) -> float | None:
+        """Seconds the token issuer's clock is ahead of this agent's, from the last signed token (health reports it)."""
+        return None if self._gate is None else self._gate.verifier.clock_offset
 
     # ------------------------------------------------------------------ serving
 
@@ -302,7 +339,7 @@ class ReachAgent:
             kwargs = handler.arguments(payload, ctx)
         except ReachError as exc:
             return refused(request_id, exc)
-        return _Prepared(handler, payload, kwargs, ctx)
+        return _Prepared(handler, payload, kwargs, ctx, claims)
 
     async def handle(self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None) -> Outcome:
         """Answer one ``POST /reach`` body of a caller the server layer admitted (``headers`` with lowercase names).
@@ -344,10 +381,19 @@ class ReachAgent:
             return outcome
 
     async def _approve(self, prepared: _Prepared) -> None:
-        """Wait for the approver when the capability needs one (raises when it does not approve in time)."""
+        """Wait for the approver when the capability needs one (raises when it does not approve in time).
+
+        Registration already refuses such a capability without an approver; this refuses it again at call time,
+        so it can never run unapproved.
+        """
         capability = prepared.handler.capability
-        if self._approval is not None and capability.needs_approval:
-            await self._approval.check(capability, prepared.ctx, prepared.payload)
+        if not capability.needs_approval:
+            return
+        if self._approval is None:
+            raise ApprovalRequired(
+                f"{capability.name!r} needs approval and agent {self.name!r} has no approver; nothing was executed"
+            )
+        await self._approval.check(capability, prepared.ctx, prepared.payload, prepared.claims)
 
     async def _execute(self, prepared: _Prepared) -> Outcome:
         ctx = prepared.ctx
@@ -452,6 +498,12 @@ class ReachAgent:
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
         """Restore sessions and register on start; drain, deregister and save sessions on stop."""
+        if self._gate is None:
+            log.warning(
+                "agent %r runs OPEN (tokens='open'): it verifies no token and takes the tenant callers name; "
+                "for development only",
+                self.name,
+            )
         if self.snapshots is not None:
             self.sessions.restore(await self.snapshots.load(self.name))
         self.draining = False

@@ -15,8 +15,16 @@ the handler; it asks its approver (a callable, or a webhook URL it POSTs the
   callback mode (``Submit`` with a long ``timeout_ms``, then ``Result``): the
   gate waits within that deadline.
 
-Every decision is audited: a log line on ``reach_plugins.agent.approval`` and a
-``reach.approval`` event on the agent's server span.
+The approver sees verified facts only: the tenant, the caller and the chain
+come from the token the agent verified (never from ``X-Reach-Hops``, which any
+caller writes), and the whole payload as a structure (no cut a padded field
+could push ``amount`` past). In the named open mode (``tokens="open"``) nothing
+is verified, and the request says so (``verified=False``, no caller, no chain).
+
+Every decision is audited: one JSON object per line on
+``reach_plugins.agent.approval`` (``json.dumps`` of a dict, so no request field
+can write a line of its own) and a ``reach.approval`` event on the agent's
+server span.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from opentelemetry import trace
@@ -35,10 +44,11 @@ from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.errors import ApprovalRequired, BusinessError, ConfigError
 from reach_plugins.model import Capability
 
+if TYPE_CHECKING:
+    from reach_plugins.security.claims import Claims
+
 audit = logging.getLogger("reach_plugins.agent.approval")
 
-SUMMARY_CHARS = 500
-"""How much of the payload (as JSON) the approver sees."""
 EVENT_APPROVAL = "reach.approval"
 
 
@@ -51,12 +61,17 @@ class ApprovalRequest:
     capability: str
     danger_level: str
     tenant: str | None
+    """The tenant the verified token names."""
     caller: str | None
-    """The agent that reached this one (the last hop before it), or ``None`` for a direct caller."""
-    hops: tuple[str, ...]
-    summary: str
-    """The payload as JSON, cut to :data:`SUMMARY_CHARS` characters."""
+    """The verified token's subject: the agent that reached this one, or ``tenant:<name>`` for a tenant's caller
+    (``None`` when the agent runs open and nothing was verified)."""
+    chain: tuple[str, ...]
+    """Every holder of the call so far, from the verified token, ending with the caller."""
+    payload: Any
+    """The whole payload, as the handler will receive it."""
     remaining_ms: int | None
+    verified: bool
+    """Whether tenant, caller and chain come from a verified token (``False`` only in the open mode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +124,12 @@ class ApprovalGate:
         self.agent = agent
         self.approver: Approver = WebhookApprover(approver) if isinstance(approver, str) else approver
 
-    async def check(self, capability: Capability, ctx: ReachContext, payload: object) -> None:
-        """Return when approved; ``BusinessError`` when denied, ``ApprovalRequired`` when nobody answered in time."""
-        request = self._request(capability, ctx, payload)
+    async def check(self, capability: Capability, ctx: ReachContext, payload: object, claims: Claims | None) -> None:
+        """Return when approved; ``BusinessError`` when denied, ``ApprovalRequired`` when nobody answered in time.
+
+        ``claims`` are the verified token's (``None`` in the open mode): the approver's facts come from them.
+        """
+        request = self._request(capability, ctx, payload, claims)
         remaining = ctx.remaining()
         try:
             async with asyncio.timeout(None if remaining is None else remaining - _reply_margin(remaining)):
@@ -130,34 +148,38 @@ class ApprovalGate:
             why = f": {decision.reason}" if decision.reason else ""
             raise BusinessError(f"{capability.name!r} was denied by {decision.by}{why}; nothing was executed")
 
-    def _request(self, capability: Capability, ctx: ReachContext, payload: object) -> ApprovalRequest:
+    def _request(
+        self, capability: Capability, ctx: ReachContext, payload: object, claims: Claims | None
+    ) -> ApprovalRequest:
         remaining = ctx.remaining()
-        caller = ctx.hops[-2].partition("/")[0] if len(ctx.hops) >= 2 else None
         return ApprovalRequest(
             request_id=ctx.request_id,
             agent=self.agent,
             capability=capability.name,
             danger_level=capability.danger_level,
-            tenant=ctx.tenant,
-            caller=caller,
-            hops=ctx.hops,
-            summary=json.dumps(payload, ensure_ascii=False, default=str)[:SUMMARY_CHARS],
+            tenant=claims.tenant if claims is not None else ctx.tenant,
+            caller=claims.subject if claims is not None else None,
+            chain=(*claims.chain, claims.subject) if claims is not None else (),
+            payload=payload,
             remaining_ms=None if remaining is None else max(0, int(remaining * 1000)),
+            verified=claims is not None,
         )
 
     def _audit(self, request: ApprovalRequest, verdict: str, by: str, reason: str) -> None:
-        audit.info(
-            "approval %s: %s/%s request %s tenant=%s caller=%s hops=%s by=%s reason=%s",
-            verdict,
-            request.agent,
-            request.capability,
-            request.request_id,
-            request.tenant,
-            request.caller,
-            ",".join(request.hops),
-            by,
-            reason,
-        )
+        record = {
+            "event": "approval",
+            "verdict": verdict,
+            "agent": request.agent,
+            "capability": request.capability,
+            "request_id": request.request_id,
+            "tenant": request.tenant,
+            "caller": request.caller,
+            "chain": list(request.chain),
+            "verified": request.verified,
+            "by": by,
+            "reason": reason,
+        }
+        audit.info(json.dumps(record, ensure_ascii=True, default=str))
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event(

@@ -64,7 +64,7 @@ def build_app(agent: ReachAgent) -> ServerApp:
         return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def healthz(inbound: Inbound) -> Response:
-        return JSONResponse({"status": "alive", "agent": agent.name})
+        return JSONResponse({"status": "alive", "agent": agent.name, "clock_offset_s": agent.clock_offset})
 
     async def readyz(inbound: Inbound) -> Response:
         if await agent.is_ready():

@@ -35,6 +35,7 @@ from reach_plugins.errors import (
     OutcomeUnknown,
     RateLimited,
     ReachError,
+    TokenClockSkew,
     Unauthenticated,
 )
 from reach_plugins.model import ErrorInfo, Hedging, ReachResponse
@@ -181,7 +182,8 @@ class Engine:
         if len(self._refusals_logged) >= 1024:
             self._refusals_logged.clear()
         self._refusals_logged[where] = tick + _REFUSAL_LOG_EVERY
-        hint = " (is its clock skewed?)" if kind in (Unauthenticated.code, InvalidToken.code) else ""
+        skew = (Unauthenticated.code, InvalidToken.code, TokenClockSkew.code)
+        hint = " (is its clock skewed?)" if kind in skew else ""
         logger.warning(
             "%s/%s refused a call before running it%s: %s: %s; failing over, and counting it against the instance",
             route.agent.name,

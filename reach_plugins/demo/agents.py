@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry.trace import TracerProvider
 
 from reach_plugins.agent import ReachAgent, ReachContext
 from reach_plugins.errors import BusinessError
+from reach_plugins.security.verifier import TokenVerifier
 
 ORDERS: dict[str, dict[str, Any]] = {
     "A1001": {"status": "shipped", "items": ["blue kettle"], "carrier": "SF Express", "eta": "tomorrow"},
@@ -98,9 +99,15 @@ def tickets_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
     return agent
 
 
-def knowledge_agent(tracer_provider: TracerProvider | None = None) -> ReachAgent:
+def knowledge_agent(
+    tracer_provider: TracerProvider | None = None, *, tokens: TokenVerifier | Literal["open"] | None = None
+) -> ReachAgent:
+    """The help-centre agent; ``tokens`` as :class:`ReachAgent` takes them (it verifies by default)."""
     agent = ReachAgent(
-        "knowledge", description="Answers policy questions from the help centre", tracer_provider=tracer_provider
+        "knowledge",
+        description="Answers policy questions from the help centre",
+        tracer_provider=tracer_provider,
+        tokens=tokens,
     )
 
     @agent.capability(

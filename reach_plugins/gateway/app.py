@@ -187,7 +187,7 @@ class Gateway:
         status = exc.http_status
         if isinstance(exc, ConfigError):
             log.error("request %s failed on the gateway's configuration: %s", request_id, exc.message)
-            exc = ConfigError("the gateway's configuration cannot serve this request; its log names the problem")
+            exc = type(exc)("the gateway's configuration cannot serve this request; its log names the problem")
         headers = {}
         retry_after = getattr(exc, "retry_after", None)
         if isinstance(exc, Backpressure | RateLimited):

@@ -33,6 +33,7 @@ from reach_plugins.errors import (
     ReadTimeout,
     RemoteError,
     StreamIdle,
+    TokenClockSkew,
     TransportError,
     Unauthenticated,
 )
@@ -154,7 +155,9 @@ def classify_reply(reply: Reply) -> Verdict:
     return Verdict("business", error or _info("business", f"agent refused with HTTP {code}"))
 
 
-_REFUSED_BEFORE_RUNNING: frozenset[str] = frozenset({Unauthenticated.code, InvalidToken.code, BackendUnavailable.code})
+_REFUSED_BEFORE_RUNNING: frozenset[str] = frozenset(
+    {Unauthenticated.code, InvalidToken.code, TokenClockSkew.code, BackendUnavailable.code}
+)
 """Error types an agent answers before it runs anything: it could not verify the caller's token, or it cannot
 check the idempotency key now."""
 

@@ -29,6 +29,9 @@ class Claims:
     jti: str
     expires_at: float
     via: str | None = None
+    trust: str | None = None
+    """The trust level of the holder (the audience) when the issuer was told it: ``"L3"`` marks a sandboxed agent,
+    whose token the issuer never exchanges for a direct hop."""
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> Claims:
@@ -37,6 +40,7 @@ class Claims:
             raise ValueError("the chain claim must be a list of names")
         tenant = payload.get("tenant")
         via = payload.get("via")
+        trust = payload.get("trust")
         return cls(
             issuer=str(payload["iss"]),
             subject=str(payload["sub"]),
@@ -46,4 +50,5 @@ class Claims:
             jti=str(payload["jti"]),
             expires_at=float(payload["exp"]),
             via=str(via) if via is not None else None,
+            trust=str(trust) if trust is not None else None,
         )

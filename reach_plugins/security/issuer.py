@@ -4,12 +4,22 @@
 agent; ``exchange`` serves an agent reaching further: the token it received
 (audience = that agent) becomes a new token whose subject is that agent,
 bound to the chain so far. The received token itself is never sent on.
-``may_reach(tenant, agent)`` (the tenant allow-list) is asked before issuing
-to a tenant; an exchange continues a call already admitted.
+
+An exchange checks everything an issue does, and more (RFC 8693's "actor"
+rule): the *presenter* must be authenticated by the caller of
+:meth:`TokenIssuer.exchange` (an agent's own bearer at the HTTP route, the
+serving agent in-process) and must be the received token's holder; the
+tenant's allow-list (``may_reach``) must admit the new audience; the chain may
+not loop nor pass :data:`MAX_CHAIN`; a token held by an L3 agent is never
+exchanged (it reaches further only through the gateway). Every exchange,
+issued or refused, is one JSON record on the ``reach_plugins.security.exchange``
+logger.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -18,13 +28,15 @@ from typing import Any
 
 import jwt
 
-from reach_plugins.errors import ConfigError, TokenDenied
+from reach_plugins.errors import ConfigError, ExchangeDenied, ReachError, TokenDenied
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_CHAIN, MAX_TTL, TENANT_PREFIX, Claims
 from reach_plugins.security.keys import ALGORITHM, KeyRing
 from reach_plugins.security.verifier import KeySource, TokenVerifier
 
 MayReach = Callable[[str | None, str], "str | None"]
 """``(tenant, agent) -> None`` when allowed, else the reason it is not."""
+exchanges = logging.getLogger("reach_plugins.security.exchange")
+"""One JSON object per exchange (``json.dumps`` of a dict: no field is spliced into text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +85,17 @@ class TokenIssuer:
         chain: tuple[str, ...] = (),
         via: str | None = None,
         ttl: float | None = None,
+        trust: str | None = None,
     ) -> Issued:
-        """A token for ``subject`` to reach ``audience`` on ``tenant``'s behalf (``TokenDenied`` if not allowed)."""
-        if self._may_reach is not None:
-            reason = self._may_reach(tenant, audience)
-            if reason is not None:
-                raise TokenDenied(f"no token for agent {audience!r}: {reason}")
-        return self._sign(subject=subject, audience=audience, tenant=tenant, chain=chain, via=via, ttl=ttl)
+        """A token for ``subject`` to reach ``audience`` on ``tenant``'s behalf (``TokenDenied`` if not allowed);
+        ``trust`` is the audience's trust level when the caller knows it (the gateway does)."""
+        reason = self._refusal(tenant, audience)
+        if reason is not None:
+            raise TokenDenied(f"no token for agent {audience!r}: {reason}")
+        return self._sign(subject=subject, audience=audience, tenant=tenant, chain=chain, via=via, ttl=ttl, trust=trust)
+
+    def _refusal(self, tenant: str | None, audience: str) -> str | None:
+        return None if self._may_reach is None else self._may_reach(tenant, audience)
 
     def _sign(
         self,
@@ -90,6 +106,7 @@ class TokenIssuer:
         chain: tuple[str, ...],
         via: str | None,
         ttl: float | None,
+        trust: str | None = None,
     ) -> Issued:
         if len(chain) >= MAX_CHAIN:
             raise TokenDenied(f"the token chain is {len(chain)} hops long; at most {MAX_CHAIN} are issued")
@@ -108,25 +125,67 @@ class TokenIssuer:
         }
         if via is not None:
             payload["via"] = via
+        if trust is not None:
+            payload["trust"] = trust
         key = self.keys.active
         token = jwt.encode(payload, key.private, algorithm=ALGORITHM, headers={"kid": key.kid})
         return Issued(token, expires, Claims.from_payload(payload))
 
-    def for_tenant(self, tenant: str | None, audience: str, *, via: str | None = None) -> Issued:
+    def for_tenant(
+        self, tenant: str | None, audience: str, *, via: str | None = None, trust: str | None = None
+    ) -> Issued:
         """A token a tenant's caller presents to ``audience``."""
-        return self.issue(subject=f"{TENANT_PREFIX}{tenant or ''}", audience=audience, tenant=tenant, via=via)
+        subject = f"{TENANT_PREFIX}{tenant or ''}"
+        return self.issue(subject=subject, audience=audience, tenant=tenant, via=via, trust=trust)
 
-    async def exchange(self, subject_token: str, *, audience: str) -> Issued:
-        """The token an agent presents to ``audience`` in place of the one it received (never forwarded)."""
-        received = await self._verifier.verify(subject_token)
-        if received.audience == audience:
-            raise TokenDenied(f"agent {audience!r} cannot exchange a token for a call to itself")
+    async def exchange(self, subject_token: str, *, audience: str, presenter: str) -> Issued:
+        """The token ``presenter`` (an authenticated agent) sends to ``audience`` in place of the one it received.
+
+        ``ExchangeDenied`` names what does not hold; ``InvalidToken`` when the received token proves nothing.
+        """
+        record: dict[str, Any] = {"event": "token_exchange", "presenter": presenter, "audience": audience}
+        try:
+            received = await self._verifier.verify(subject_token)
+            record.update(subject=received.subject, holder=received.audience, tenant=received.tenant)
+            record["chain"] = [*received.chain, received.subject]
+            self._may_exchange(received, audience=audience, presenter=presenter)
+            issued = self._sign(
+                subject=received.audience,
+                audience=audience,
+                tenant=received.tenant,
+                chain=(*received.chain, received.subject),
+                via=None,
+                ttl=None,
+            )
+        except ReachError as exc:
+            exchanges.warning(json.dumps({**record, "verdict": "refused", "code": exc.code, "reason": exc.message}))
+            raise
+        exchanges.info(json.dumps({**record, "verdict": "issued", "jti": issued.claims.jti}))
+        return issued
+
+    def _may_exchange(self, received: Claims, *, audience: str, presenter: str) -> None:
+        """Raise ``ExchangeDenied`` unless ``presenter`` may turn ``received`` into a token for ``audience``."""
+        holder = received.audience
+        if presenter != holder:
+            raise ExchangeDenied(
+                f"{presenter!r} presented a token issued to agent {holder!r}: only the agent a token was issued to "
+                "may exchange it (authenticate as that agent)"
+            )
+        if received.trust == "L3":
+            raise ExchangeDenied(
+                f"agent {holder!r} is L3 (sandboxed): its token is never exchanged for a direct hop; it reaches "
+                f"{audience!r} only through the gateway"
+            )
+        if holder == audience:
+            raise ExchangeDenied(f"agent {audience!r} cannot exchange a token for a call to itself")
         chain = (*received.chain, received.subject)
         if audience in chain:
-            raise TokenDenied(f"agent {audience!r} is already in the token chain {' -> '.join(chain)}: a loop")
-        return self._sign(
-            subject=received.audience, audience=audience, tenant=received.tenant, chain=chain, via=None, ttl=None
-        )
+            raise ExchangeDenied(f"agent {audience!r} is already in the token chain {' -> '.join(chain)}: a loop")
+        if len(chain) >= MAX_CHAIN:
+            raise ExchangeDenied(f"the token chain is {len(chain)} hops long; at most {MAX_CHAIN} are issued")
+        reason = self._refusal(received.tenant, audience)
+        if reason is not None:
+            raise ExchangeDenied(f"no token for agent {audience!r} in exchange: {reason}")
 
 
 class RingKeys(KeySource):

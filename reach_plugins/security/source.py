@@ -3,7 +3,9 @@
 Both cache a token per (target, tenant, received token) until shortly before it
 expires, and share one fetch between concurrent misses. Inside a served
 handler (:func:`~reach_plugins.security.held.received`) they *exchange* the
-received token for one bound to the chain instead of asking as the tenant.
+received token for one bound to the chain instead of asking as the tenant:
+in-process the presenter is the agent being served (:func:`~reach_plugins.security.context.current`);
+over HTTP it authenticates with its own bearer (``RemoteTokens(url, bearer=the agent's issuer token)``).
 """
 
 from __future__ import annotations
@@ -16,16 +18,20 @@ from typing import Any, Protocol
 
 from reach_plugins.errors import WIRE_CODES, BackendUnavailable, ConfigError, InvalidToken, ReachError, TokenDenied
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_TTL
+from reach_plugins.security.context import current
 from reach_plugins.security.held import received
 from reach_plugins.security.issuer import TokenIssuer
+from reach_plugins.security.keys import KeyRing
+from reach_plugins.security.urls import secure_url_problem
 
 _Key = tuple[str, str | None, str | None]
 
 
 class TokenSource(Protocol):
-    """``await tokens.token(agent, tenant)``: a token whose audience is ``agent``."""
+    """``await tokens.token(agent, tenant)``: a token whose audience is ``agent``; ``trust`` is that agent's trust
+    level, which a gateway's issuer writes into the token (an L3 agent's token is never exchanged)."""
 
-    async def token(self, audience: str, tenant: str | None) -> str: ...
+    async def token(self, audience: str, tenant: str | None, *, trust: str | None = None) -> str: ...
 
 
 class TokenCache:
@@ -59,7 +65,7 @@ class _Cached(ABC):
         self._cache = TokenCache(clock=clock)
         self._flights: dict[_Key, asyncio.Future[tuple[str, float]]] = {}
 
-    async def token(self, audience: str, tenant: str | None) -> str:
+    async def token(self, audience: str, tenant: str | None, *, trust: str | None = None) -> str:
         held = received()
         key = (audience, tenant, held)
         found = self._cache.get(key)
@@ -67,14 +73,14 @@ class _Cached(ABC):
             return found
         flight = self._flights.get(key)
         if flight is None:
-            flight = self._flights[key] = asyncio.ensure_future(self._fetch(audience, tenant, held))
+            flight = self._flights[key] = asyncio.ensure_future(self._fetch(audience, tenant, held, trust))
             flight.add_done_callback(lambda _: self._flights.pop(key, None))
         token, expires_at = await asyncio.shield(flight)
         self._cache.put(key, token, expires_at)
         return token
 
     @abstractmethod
-    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
         """A new token for ``audience`` and when it expires (wall clock): each source says where it comes from."""
 
 
@@ -86,11 +92,13 @@ class LocalTokens(_Cached):
         self._via = via
         super().__init__(self.issuer.clock)
 
-    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
         if held is not None:
-            issued = await self.issuer.exchange(held, audience=audience)
+            served = current()
+            presenter = served.agent if served is not None else ""
+            issued = await self.issuer.exchange(held, audience=audience, presenter=presenter)
         else:
-            issued = self.issuer.for_tenant(tenant, audience, via=self._via)
+            issued = self.issuer.for_tenant(tenant, audience, via=self._via, trust=trust)
         return issued.token, issued.expires_at
 
 
@@ -102,22 +110,24 @@ def _refusal(code: Any, status: int) -> type[ReachError]:
 
 
 class RemoteTokens(_Cached):
-    """Tokens from a ``reach issuer`` (or a gateway's issuer role) at ``url``, asked with the tenant's bearer token."""
+    """Tokens from a ``reach issuer`` (or a gateway's issuer role) at ``url``, asked with ``bearer``: a tenant's token,
+    or, for an agent that exchanges what it received, that agent's own issuer token."""
 
     def __init__(self, url: str, *, bearer: str | None = None, timeout: float = 5.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"issuer URL {url!r}: write http(s)://host:port")
+        problem = secure_url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"issuer URL {url!r}: {problem}")
         self.url = url.rstrip("/") + "/v1/tokens"
         self._bearer = bearer
         self._timeout = timeout
         self._session: Any = None
         super().__init__(time.time)
 
-    async def _fetch(self, audience: str, tenant: str | None, held: str | None) -> tuple[str, float]:
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
         import aiohttp
 
         body: dict[str, Any] = {"audience": audience}
-        headers = {"Authorization": f"Bearer {self._bearer}"} if self._bearer and held is None else {}
+        headers = {"Authorization": f"Bearer {self._bearer}"} if self._bearer else {}
         if held is not None:
             body["subject_token"] = held
         elif tenant is not None:
@@ -153,8 +163,12 @@ _DEFAULT: TokenIssuer | None = None
 
 
 def default_issuer() -> TokenIssuer:
-    """This process's in-process issuer (a fresh key per process): the embedded default, no setup."""
+    """This process's in-process issuer: the embedded default, no setup.
+
+    It signs with the keys in ``$REACH_ISSUER_KEYS`` when set (so processes started with the same keys, the
+    gateway's issuer role included, accept each other's tokens), else with a fresh key of this process.
+    """
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = TokenIssuer(issuer="reach")
+        _DEFAULT = TokenIssuer(KeyRing.load(), issuer="reach")
     return _DEFAULT

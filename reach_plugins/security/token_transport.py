@@ -27,7 +27,7 @@ class TokenTransport(Wrapping):
     async def _signed(self, call: Call) -> Call:
         if call.agent.protocol != "reach":
             return call
-        token = await self.tokens.token(call.agent.name, call.request.tenant)
+        token = await self.tokens.token(call.agent.name, call.request.tenant, trust=call.agent.trust_level)
         headers = {**call.headers, HEADER_TOKEN: token}
         # Built field by field: dataclasses.replace introspects the fields on every call (a hot path).
         return Call(

@@ -20,12 +20,14 @@ from typing import Any, Final, Protocol
 
 import jwt
 
-from reach_plugins.errors import ConfigError, InvalidToken, TokenDenied
+from reach_plugins.errors import ConfigError, InvalidToken, TokenClockSkew, TokenDenied
 from reach_plugins.security.claims import MAX_CHAIN, Claims
 from reach_plugins.security.keys import ALGORITHM
+from reach_plugins.security.urls import secure_url_problem
 
-LEEWAY: Final = 5.0
-"""Seconds of clock skew tolerated on ``exp`` (checked here, on the verifier's clock, not by PyJWT's)."""
+LEEWAY: Final = 30.0
+"""Seconds of clock skew tolerated on ``exp``, ``nbf`` and ``iat`` (checked here, on the verifier's clock, not by
+PyJWT's): clocks a little apart never refuse a fresh token."""
 _REQUIRED: Final = ["iss", "sub", "aud", "exp", "jti"]
 
 
@@ -43,8 +45,9 @@ class RemoteJwks:
     def __init__(
         self, url: str, *, ttl: float = 300.0, min_interval: float = 5.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"JWKS URL {url!r}: write http(s)://issuer/.well-known/jwks.json")
+        problem = secure_url_problem(url)
+        if problem is not None:
+            raise ConfigError(f"JWKS URL {url!r}: {problem} (https://issuer/.well-known/jwks.json)")
         self.url, self.ttl, self.min_interval = url, ttl, min_interval
         self._clock = clock
         self._keys: dict[str, Any] = {}
@@ -118,6 +121,8 @@ class TokenVerifier:
         self._clock = clock
         self._cache_size = cache_size
         self._verified: OrderedDict[str, Claims] = OrderedDict()
+        self.clock_offset: float | None = None
+        """Seconds the issuer's clock is ahead of this one, as last seen (a signed token's ``iat`` minus now)."""
 
     async def verify(self, token: str | None, *, audience: str | None = None) -> Claims:
         """The token's claims; ``InvalidToken`` (401) or ``TokenDenied`` (403) naming what is wrong."""
@@ -132,7 +137,7 @@ class TokenVerifier:
             self._remember(token, claims)
         elif claims.expires_at + self.leeway < self._clock():
             del self._verified[token]
-            raise InvalidToken(f"the token expired at {claims.expires_at:.0f} (unix time); get a new one")
+            raise self._expired(claims.expires_at, self._clock())
         if audience is not None and claims.audience != audience:
             raise TokenDenied(
                 f"the token is for agent {claims.audience!r}, not {audience!r}: tokens are bound to one target and "
@@ -162,16 +167,49 @@ class TokenVerifier:
                 key,
                 algorithms=[ALGORITHM],
                 issuer=self.issuer,
-                leeway=self.leeway,
-                options={"require": _REQUIRED, "verify_aud": False, "verify_exp": False, "verify_iat": False},
+                options={
+                    "require": _REQUIRED,
+                    "verify_aud": False,
+                    "verify_exp": False,
+                    "verify_iat": False,
+                    "verify_nbf": False,
+                },
             )
             claims = Claims.from_payload(payload)
+            self._check_times(payload, claims)
         except jwt.InvalidIssuerError:
             raise InvalidToken(f"the token was not issued by {self.issuer!r}") from None
-        except (jwt.PyJWTError, ValueError, KeyError) as exc:
+        except (jwt.PyJWTError, ValueError, KeyError, TypeError) as exc:
             raise InvalidToken(f"the token is invalid: {exc}") from None
-        if claims.expires_at + self.leeway < self._clock():
-            raise InvalidToken(f"the token expired at {claims.expires_at:.0f} (unix time); get a new one")
         if len(claims.chain) > self.max_chain or claims.subject in claims.chain:
             raise TokenDenied(f"the token's chain {' -> '.join(claims.chain)} is too long or loops")
         return claims
+
+    def _check_times(self, payload: dict[str, Any], claims: Claims) -> None:
+        """``exp``, ``nbf`` and ``iat`` against this clock, each with :attr:`leeway`; records :attr:`clock_offset`.
+
+        Runs only on a signed token, so a forged one can neither pass nor move the offset.
+        """
+        now = self._clock()
+        issued = payload.get("iat")
+        if issued is not None:
+            self.clock_offset = float(issued) - now
+            if float(issued) - self.leeway > now:
+                raise TokenClockSkew(
+                    f"the token was issued at {float(issued):.0f}, {float(issued) - now:.0f} s ahead of this agent's "
+                    f"clock ({now:.0f}, leeway {self.leeway:g} s): the clocks are apart; nothing was executed"
+                )
+        not_before = payload.get("nbf")
+        if not_before is not None and float(not_before) - self.leeway > now:
+            raise TokenClockSkew(
+                f"the token is not valid before {float(not_before):.0f}; this agent's clock reads "
+                f"{now:.0f} (leeway {self.leeway:g} s); nothing was executed"
+            )
+        if claims.expires_at + self.leeway < now:
+            raise self._expired(claims.expires_at, now)
+
+    def _expired(self, expires_at: float, now: float) -> TokenClockSkew:
+        return TokenClockSkew(
+            f"the token expired at {expires_at:.0f} (unix time) and this agent's clock reads {now:.0f} (leeway "
+            f"{self.leeway:g} s): get a new one, or, if it was fresh, this agent's clock is off; nothing was executed"
+        )

@@ -3,28 +3,35 @@
 ``POST /v1/tokens`` with ``{"audience": agent}`` and the tenant's
 ``Authorization: Bearer`` token issues a token for the tenant; with
 ``{"audience": agent, "subject_token": received}`` it exchanges the token an
-agent received (its identity) for one bound to the chain (RFC 8693's shape,
-without forwarding). Answers ``{"token", "expires_in"}``; refusals are 401/403
+agent received for one bound to the chain (RFC 8693's shape, without
+forwarding). Answers ``{"token", "expires_in"}``; refusals are 401/403
 JSON naming the problem.
 
-Both routes go through the server layer. A bearer token is checked before a
-byte of the body is read. An exchange carries its credential in the body, so a
-caller without a bearer may send only a body the size of a token request
-(:data:`MAX_REQUEST`, its ``Content-Length`` declared up front: anything else
-is refused before the body), read within :data:`BODY_TIMEOUT`.
+An exchange is presented by the agent the token was issued to, authenticated
+by its own issuer token (``agents``: agent name -> its bearer token, e.g.
+``reach issuer --agent-token orders=ORDERS_ISSUER_TOKEN``): the presented
+token alone proves nothing about who presents it. The issuer then checks the
+tenant's allow-list, the chain and the trust level
+(:meth:`~reach_plugins.security.issuer.TokenIssuer.exchange`).
+
+Both routes go through the server layer. Every bearer (a tenant's, an agent's)
+is checked before a byte of the body is read; the body is at most
+:data:`MAX_REQUEST` bytes, read within :data:`BODY_TIMEOUT`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reach_plugins.errors import Unauthenticated
+from reach_plugins.errors import PermissionDenied, Unauthenticated
 from reach_plugins.security.issuer import TokenIssuer
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.layer import OPEN, Inbound, ServerRoute
@@ -38,11 +45,22 @@ BODY_TIMEOUT: Final = 5.0
 """Seconds a token request has to arrive whole once its head did."""
 JWKS_PATH = "/.well-known/jwks.json"
 TOKENS_PATH = "/v1/tokens"
-_ANONYMOUS: Final = (
-    "missing 'Authorization: Bearer <token>' header; a tenant presents its token, "
-    f"an agent exchanging a token sends it as subject_token in a body of at most {MAX_REQUEST} bytes "
-    "with its Content-Length declared"
+_PRESENTER: Final = (
+    "an exchange is presented by the agent the token was issued to, with its own issuer token "
+    "('Authorization: Bearer <agent token>', configured at the issuer with --agent-token NAME=ENV)"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCaller:
+    """Who asks for a token: an agent (by its own issuer token) or a tenant's caller."""
+
+    agent: str | None = None
+    tenant: str | None = None
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 class TokenRequest(BaseModel):
@@ -56,9 +74,15 @@ class TokenRequest(BaseModel):
 
 
 def issuer_routes(
-    issuer: TokenIssuer, authenticate: Authenticate, *, limits: InputLimits | None = None
+    issuer: TokenIssuer,
+    authenticate: Authenticate,
+    *,
+    limits: InputLimits | None = None,
+    agents: Mapping[str, str] | None = None,
 ) -> list[ServerRoute]:
-    """The issuer's two routes, to mount in any app of ours (``limits`` may only tighten the token request's)."""
+    """The issuer's two routes, to mount in any app of ours (``limits`` may only tighten the token request's);
+    ``agents`` (name -> its issuer token) are the agents that may exchange the tokens they receive."""
+    presenters = {_digest(token): name for name, token in (agents or {}).items()}
     given = limits or InputLimits()
     bounded = InputLimits(
         max_body=min(given.max_body, MAX_REQUEST),
@@ -67,27 +91,31 @@ def issuer_routes(
         large_bodies=1,
     )
 
-    async def caller(request: Request, headers: Mapping[str, str]) -> str | None:
-        """The tenant of a bearer token (checked before the body); none for an exchange, whose proof is the body."""
-        authorization = headers.get("authorization")
-        if authorization:
-            return authenticate(authorization, headers.get("x-tenant"))
-        declared = headers.get("content-length", "")
-        if not (declared.isascii() and declared.isdigit()) or int(declared) > MAX_REQUEST:
-            raise Unauthenticated(_ANONYMOUS)
-        return None
+    async def caller(request: Request, headers: Mapping[str, str]) -> TokenCaller:
+        """An agent by its issuer token, else the tenant of a bearer token: checked before the body is read."""
+        authorization = headers.get("authorization") or ""
+        scheme, _, bearer = authorization.strip().partition(" ")
+        agent = presenters.get(_digest(bearer.strip())) if scheme.lower() == "bearer" and bearer.strip() else None
+        if agent is not None:
+            return TokenCaller(agent=agent)
+        return TokenCaller(tenant=authenticate(authorization or None, headers.get("x-tenant")))
 
     async def tokens(inbound: Inbound) -> Response:
         body: TokenRequest = inbound.body
+        who: TokenCaller = inbound.caller
         if body.subject_token is not None:
-            issued = await issuer.exchange(body.subject_token, audience=body.audience)
+            if who.agent is None:
+                raise Unauthenticated(_PRESENTER)
+            issued = await issuer.exchange(body.subject_token, audience=body.audience, presenter=who.agent)
         else:
-            authorization = inbound.headers.get("authorization")
-            if not authorization:
-                raise Unauthenticated(_ANONYMOUS)
-            tenant = inbound.caller
+            if who.agent is not None:
+                raise PermissionDenied(
+                    f"agent {who.agent!r} authenticated with its issuer token, which only exchanges the tokens it "
+                    "received (send subject_token); tenants ask with their own bearer"
+                )
+            tenant = who.tenant
             if body.tenant is not None and body.tenant != tenant:
-                tenant = authenticate(authorization, body.tenant)
+                tenant = authenticate(inbound.headers.get("authorization"), body.tenant)
             issued = issuer.for_tenant(tenant, body.audience)
         expires_in = max(0, int(issued.expires_at - time.time()))
         return JSONResponse({"token": issued.token, "token_type": "Bearer", "expires_in": expires_in})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ import uvicorn
 from starlette.responses import JSONResponse, Response
 
 from reach_plugins.config.loader import load_config
+from reach_plugins.errors import ConfigError
 from reach_plugins.security.claims import DEFAULT_TTL
 from reach_plugins.server.access import Access
 from reach_plugins.server.inbound import InputLimits
@@ -19,6 +21,8 @@ from reach_plugins.server.issuer_routes import issuer_routes
 from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute
 from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
+
+log = logging.getLogger("reach_plugins.server.issuer")
 
 
 def create_issuer_app(
@@ -29,20 +33,55 @@ def create_issuer_app(
     ttl: float = DEFAULT_TTL,
     environ: Mapping[str, str] = os.environ,
     limits: InputLimits | None = None,
+    agent_tokens: Mapping[str, str] | None = None,
+    allow_open: bool = False,
 ) -> ServerApp:
     """The issuer's app: tenants (tokens, allow-lists) from ``config``, signing keys from ``keys`` or the env;
-    ``limits`` may tighten how much of a token request is read, and how long it may take."""
+    ``limits`` may tighten how much of a token request is read, and how long it may take.
+
+    ``agent_tokens`` (agent name -> the environment variable holding its issuer token) are the agents that may
+    exchange the tokens they receive. A config without tenants would sign tokens for anyone, as any tenant:
+    refused unless ``allow_open`` (then it says so loudly in the log).
+    """
     tenants = load_config(Path(config)).tenants
+    if not tenants and not allow_open:
+        raise ConfigError(
+            f"{config}: no 'tenants:' section, so the issuer would sign tokens for anyone as any tenant it names; "
+            "add tenants with token_env, or start it open on purpose with --allow-open (allow_open=True)"
+        )
+    if not tenants:
+        log.warning("the token issuer runs OPEN (--allow-open): it signs tokens for any caller, as any tenant")
     issuer = build_issuer(tenants, keys=keys, name=name, ttl=ttl, environ=environ)
 
     async def healthz(inbound: Inbound) -> Response:
         return JSONResponse({"status": "alive", "issuer": issuer.issuer})
 
+    access = Access(tenants, environ)
+    agents = _agent_tokens(agent_tokens or {}, environ)
+    shared = sorted(tenant for tenant in tenants if access.token(tenant) in agents.values())
+    if shared:
+        raise ConfigError(f"tenants {shared} share a token with an agent; give every tenant and agent its own")
     routes = [
-        *issuer_routes(issuer, Access(tenants, environ).authenticate, limits=limits),
+        *issuer_routes(issuer, access.authenticate, limits=limits, agents=agents),
         ServerRoute("/healthz", ("GET",), healthz, auth=OPEN),
     ]
     return ServerApp(routes)
+
+
+def _agent_tokens(names: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """Each agent's issuer token, read from the variable named for it (a missing one is a ConfigError)."""
+    tokens: dict[str, str] = {}
+    for agent, variable in names.items():
+        token = environ.get(variable)
+        if not token:
+            raise ConfigError(
+                f"agent {agent!r}: environment variable {variable} is not set; it holds the token this agent "
+                "presents to exchange the tokens it receives"
+            )
+        tokens[agent] = token
+    if len(set(tokens.values())) < len(tokens):
+        raise ConfigError("two agents share one issuer token; give each agent its own")
+    return tokens
 
 
 def serve_issuer(
