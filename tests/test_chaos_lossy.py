@@ -13,6 +13,8 @@ Each attempt there is lost independently with p = 0.2, so with max_attempts 3 su
 probability p**3 = 0.008: the success rate of those calls is 0.992 >= 0.99. The breaker judges requests,
 not attempts (a retry that succeeds keeps it closed), so it does not open on an instance whose retries
 succeed: it executes everything and 80 % of its answers arrive, shutting it out would only shift load.
+The outlier detector (policy/outliers.py) does see its cut attempts as slow ones and lowers its share, so
+how many calls go there varies; the margin is computed from the number that did.
 The failures allowed are the 1e-4 upper quantile of Binomial(n, p**3).
 """
 
@@ -76,7 +78,7 @@ async def test_a_lossy_instance_costs_at_most_its_binomial_share(tmp_path: Path)
         executions = cluster.executions()
     print(f"lossy 20 %: lost {lost} of {sent} final={dict(outcomes.final)} there={dict(lossy_calls.final)}")
     assert {key: count for key, count in executions.items() if count > 1} == {}
-    assert lost > 0 and lossy_calls.calls >= CALLS // 5
+    assert lost > 0 and lossy_calls.calls > 0
     allowed = binomial_upper(lossy_calls.calls, LOSS**MAX_ATTEMPTS, 1e-4)
     assert lossy_calls.failed <= allowed, f"{lossy_calls.failed} of {lossy_calls.calls} failed (allowed {allowed})"
     assert outcomes.failed == lossy_calls.failed  # the healthy instances failed nothing
