@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -143,14 +144,29 @@ else:
 
 
 def _spawn(code: str, *args: str, stdin: bool = False) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    """A Python process running ``code``; its stderr goes to a file (a pipe nobody reads would fill up and stall
+    it after a few dozen logged tracebacks), read back by :func:`errors_of`."""
+    with tempfile.NamedTemporaryFile("w", prefix="chaos-", suffix=".stderr", delete=False) as errors:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    _ERRORS[process.pid] = Path(errors.name)
+    return process
+
+
+_ERRORS: dict[int, Path] = {}
+"""Each spawned process's stderr file, by pid."""
+
+
+def errors_of(process: subprocess.Popen[str]) -> str:
+    """What ``process`` wrote to stderr so far."""
+    path = _ERRORS.get(process.pid)
+    return path.read_text(errors="replace") if path is not None and path.exists() else ""
 
 
 def port_answers(port: int) -> bool:
@@ -186,8 +202,8 @@ class AgentProc:
         return self.process is not None and self.process.poll() is not None
 
     def _stderr(self) -> str:
-        assert self.process is not None and self.process.stderr is not None
-        return self.process.stderr.read()
+        assert self.process is not None
+        return errors_of(self.process)
 
     def kill(self) -> None:
         """``kill -9``: no chance to answer, deregister or store anything."""
@@ -273,7 +289,7 @@ class Cluster:
         port = port or free_port()
         process = _spawn(HOP, kind, str(port), str(self.config()), self.registry, store)
         wait_until(lambda: port_answers(port) or process.poll() is not None, startup_seconds(), f"{kind} start")
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        assert process.poll() is None, errors_of(process)
         self.others.append(process)
         return process, port
 
@@ -302,19 +318,22 @@ class Cluster:
         for process in started:
             assert process.stdout is not None
             line = process.stdout.readline()
-            assert line.strip() == "ready", process.stderr.read() if process.stderr else line
+            assert line.strip() == "ready", errors_of(process) or line
         return started
 
     def stop(self) -> None:
         for agent in self.agents:
             agent.kill()
+            if agent.process is not None:
+                _ERRORS.pop(agent.process.pid, Path()).unlink(missing_ok=True)
         for process in self.others:
             if process.poll() is None:
                 process.kill()
             process.wait()
-            for stream in (process.stdin, process.stdout, process.stderr):
+            for stream in (process.stdin, process.stdout):
                 if stream is not None:
                     stream.close()
+            _ERRORS.pop(process.pid, Path()).unlink(missing_ok=True)
 
 
 def go(callers: list[subprocess.Popen[str]]) -> None:
