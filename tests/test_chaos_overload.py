@@ -117,7 +117,7 @@ class Load:
 async def test_the_agent_sdk_enforces_max_concurrency_before_claiming_the_key() -> None:
     """max_concurrency 1: one runs, one waits its turn, the rest are answered 503 "not executed" (rate_limited,
     Retry-After) without their key being claimed, so the same key runs once a seat is free."""
-    agent = ReachAgent("orders")
+    agent = ReachAgent("orders", tokens="open")  # the wire spoken by hand
     gate = asyncio.Event()
     ran: list[str] = []
 
@@ -135,8 +135,9 @@ async def test_the_agent_sdk_enforces_max_concurrency_before_claiming_the_key() 
             return await http.post("/reach", json=body, headers={"Idempotency-Key": f"k{n}"})
 
         first, second = asyncio.create_task(call(0)), asyncio.create_task(call(1))
-        while not ran:
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(10):
+            while not ran:
+                await asyncio.sleep(0.01)
         refused = await asyncio.gather(call(2), call(3))
         gate.set()
         answered = await asyncio.gather(first, second)
