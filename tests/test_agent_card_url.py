@@ -52,7 +52,7 @@ def test_a_forged_host_header_does_not_move_the_card_the_bound_address_does() ->
 
 
 def test_the_card_names_the_public_url_given() -> None:
-    """``ReachAgent(public_url=)`` is what the card publishes (behind a proxy the bound address is not the public one)."""
+    """``ReachAgent(public_url=)`` is what the card publishes (behind a proxy, the bound address is not public)."""
     with BackgroundServer(an_agent(public_url="https://127.0.0.5:8443/agents/cardy/").app) as server:
         assert urls(card_of(server.url)) == {"https://127.0.0.5:8443/agents/cardy/a2a"}
 
