@@ -8,6 +8,7 @@ large for the agent's budget too. Executions are counted at the agent, served by
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.gateway.serve import create_app
 from reach_plugins.model import ReachRequest
 from reach_plugins.stores.budget import Budget
-from reach_plugins.stores.dedup import MemoryDedupStore, store_key
+from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
 from transports.direct import DirectTransport
 
 pytestmark = pytest.mark.integration
@@ -98,13 +99,17 @@ async def test_through_a_gateway_the_call_succeeds_and_a_replay_never_runs_again
     assert served.store.bytes <= SMALL.max_bytes
 
 
+@pytest.mark.parametrize("kind", ["memory", "redis"])
 async def test_a_client_whose_store_cannot_keep_the_reply_gets_it_and_a_replay_never_runs_again(
-    served: Served,
+    served: Served, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    """The same with a ReachClient (direct to the agent) whose own dedup store is 4 KiB."""
-    client = ReachClient(
-        registry=str(served.config), transport=DirectTransport(), tenant="demo", store=MemoryDedupStore(budget=SMALL)
-    )
+    """The same with a ReachClient (direct to the agent) whose own dedup store takes 4 KiB: in memory, or the
+    shared Redis with ``max_value_bytes=4096``."""
+    store: DedupStore | str = MemoryDedupStore(budget=SMALL)
+    if kind == "redis":
+        redis_url: str = request.getfixturevalue("redis_url")
+        store = f"{redis_url}?max_value_bytes={SMALL.max_bytes}&prefix=too-large-{uuid.uuid4().hex[:8]}:"
+    client = ReachClient(registry=str(served.config), transport=DirectTransport(), tenant="demo", store=store)
     try:
         first = await client.reach("blob", {"n": 1}, idempotency_key="k-2", timeout_ms=30_000)
         assert first.ok and len(first.data["blob"]) == REPLY
