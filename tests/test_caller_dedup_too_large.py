@@ -45,8 +45,8 @@ class Served:
         """Whether the agent's own idempotency store can hold the reply (then a replay gets it back)."""
 
 
-def big_agent(executed: list[int], budget: Budget | None) -> ReachAgent:
-    agent = ReachAgent("big", idempotency_budget=budget)
+def big_agent(executed: list[int], budget: Budget | None, **options: Any) -> ReachAgent:
+    agent = ReachAgent("big", idempotency_budget=budget, **options)
 
     @agent.capability("blob", description="A reply larger than the caller's dedup budget")
     def blob(n: int) -> dict[str, Any]:
@@ -123,3 +123,24 @@ def test_an_idempotency_budget_with_a_store_that_brings_its_own_bound_is_refused
     """``idempotency_budget`` bounds the memory store; given with a Redis URL it would be ignored, so it is refused."""
     with pytest.raises(ConfigError, match="max_value_bytes"):
         ReachAgent("big", idempotency="redis://127.0.0.1:63790/0", idempotency_budget=SMALL)
+
+
+async def test_a_committed_result_too_large_for_the_agents_budget_is_answered_not_refused() -> None:
+    """A handler's own committed result over the agent's ``idempotency_budget``: the caller gets it (replayed), the
+    handler does not run (on main it was refused with EntryTooLarge)."""
+    executed: list[int] = []
+    committed: list[str] = []
+
+    async def lookup(scope: str) -> dict[str, Any]:
+        committed.append(scope)
+        return {"n": 1, "blob": "x" * REPLY}
+
+    agent = big_agent(executed, SMALL, tokens="open", committed=lookup)
+    request = {"request_id": "r-1", "capability": "blob", "payload": {"n": 1}}
+    with BackgroundServer(agent.app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            answer = await http.post("/reach", json=request, headers={"Idempotency-Key": "k-3"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "success" and len(answer.json()["data"]["blob"]) == REPLY
+    assert answer.headers["idempotent-replayed"] == "true"
+    assert executed == [] and len(committed) == 1
