@@ -198,7 +198,9 @@ async def test_a_reply_over_the_agents_byte_bound_is_answered_then_never_replaye
     """A keyed reply larger than the agent's store may hold: its caller gets it; the same key again is
     ``outcome_unknown`` (not kept, so not replayable), and the handler ran once."""
     executed: list[int] = []
-    agent = ReachAgent("big", idempotency=MemoryDedupStore(budget=Budget(max_entries=10, max_bytes=4096)))
+    agent = ReachAgent(
+        "big", idempotency=MemoryDedupStore(budget=Budget(max_entries=10, max_bytes=4096)), tokens="open"
+    )
 
     @agent.capability("blob")
     def blob(n: int) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 ``GET /.well-known/agent-card.json`` publishes a 1.x card (JSON-RPC 1.0 and
 0.3 interfaces at ``/a2a``, plus the 0.3 ``url``) whose skills are the
-agent's capabilities. ``POST /a2a`` answers ``SendMessage`` /
+agent's capabilities. Its URLs are the agent's own (``public_url``, else the
+endpoint it is served or registered at, else the address the server is bound
+to), never the caller's ``Host`` header, which anyone may forge. ``POST /a2a`` answers ``SendMessage`` /
 ``SendStreamingMessage`` / ``GetTask`` / ``CancelTask`` (and 0.3's
 ``message/send`` / ``message/stream`` / ``tasks/get`` / ``tasks/cancel``), in
 the dialect of the method asked.
@@ -130,6 +132,16 @@ def _tenant(inbound: Inbound) -> str | None:
     return claims.tenant if claims is not None else inbound.headers.get("x-tenant")
 
 
+def _bound(scope: Mapping[str, Any]) -> str:
+    """The base URL of the address this connection reached (the ASGI ``server``), or ``""`` if it has none."""
+    server = scope.get("server")
+    if not server or server[1] is None:
+        return str(scope.get("root_path", ""))
+    host, port = server
+    host = f"[{host}]" if ":" in host else host
+    return f"{scope.get('scheme', 'http')}://{host}:{port}{scope.get('root_path', '')}"
+
+
 class A2AServer:
     """The A2A face of one agent: its card, its JSON-RPC endpoint and the tasks it answered."""
 
@@ -162,7 +174,8 @@ class A2AServer:
         }
 
     async def card_route(self, inbound: Inbound) -> Response:
-        return JSONResponse(self.card(str(inbound.request.base_url)))
+        """The card, at the agent's own URL: never built from the caller's ``Host`` header (anyone can forge it)."""
+        return JSONResponse(self.card(self.agent.public_url or _bound(inbound.request.scope)))
 
     def refuse(self, exc: ReachError, stage: Stage) -> Response:
         """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 400)."""

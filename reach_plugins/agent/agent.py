@@ -43,6 +43,7 @@ from reach_plugins.agent.outcome import Outcome, fail, refused
 from reach_plugins.agent.registration import Registration
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.clock import as_clock
+from reach_plugins.endpoints import endpoint_problem
 from reach_plugins.errors import (
     ApprovalRequired,
     BackendUnavailable,
@@ -141,8 +142,25 @@ def _token_gate(name: str, tokens: TokenVerifier | str | None, trust: TrustLevel
     return None
 
 
+def _public(name: str, url: str) -> str:
+    """``url`` when it may be where callers reach agent ``name`` (an http(s) endpoint), else a ConfigError."""
+    problem = endpoint_problem(url)
+    if problem is None and not url.startswith(("http://", "https://")):
+        problem = f"endpoint {url!r}: an agent is served over http or https"
+    if problem is not None:
+        raise ConfigError(f"agent {name!r}: {problem}")
+    return url
+
+
 class ReachAgent:
-    """A Reach agent: capabilities, their handlers, and the ASGI app that serves them."""
+    """A Reach agent: capabilities, their handlers, and the ASGI app that serves them.
+
+    ``idempotency_budget=Budget(max_entries=..., max_bytes=...)`` bounds the in-memory idempotency store
+    (:data:`~reach_plugins.stores.budget.DEFAULT_BUDGET` by default: 10,000 keys, 64 MiB); a result over it is
+    answered but not kept, so a replay of its key is ``outcome_unknown``, never a second run. ``public_url`` is
+    the URL callers reach the agent at, published in its A2A card (by default the endpoint it is served or
+    registered at, else the address its server is bound to; never the caller's ``Host`` header).
+    """
 
     def __init__(
         self,
@@ -154,7 +172,7 @@ class ReachAgent:
         readiness: Readiness | None = None,
         idempotency: DedupStore | str = "memory://",
         idempotency_window: float = 300.0,
-        idempotency_max_entries: int = 10_000,
+        idempotency_budget: Budget | None = None,
         committed: Committed | None = None,
         snapshots: SnapshotStore | None = None,
         tracer_provider: trace.TracerProvider | None = None,
@@ -164,6 +182,7 @@ class ReachAgent:
         max_sessions: int = MAX_SESSIONS,
         tokens: TokenVerifier | Literal["open"] | None = None,
         trust: TrustLevel = "L2",
+        public_url: str | None = None,
     ) -> None:
         try:
             AgentDescriptor(name=name)
@@ -176,8 +195,7 @@ class ReachAgent:
         self.sessions = SessionTable(budget=Budget(max_entries=max_sessions, max_bytes=DEFAULT_BUDGET.max_bytes))
         self.snapshots = snapshots
         self._handlers: dict[str, CapabilityHandler] = {}
-        budget = Budget(max_entries=idempotency_max_entries, max_bytes=DEFAULT_BUDGET.max_bytes)
-        store, self.shared_idempotency = open_key_store(idempotency, clock, budget)
+        store, self.shared_idempotency = open_key_store(idempotency, clock, idempotency_budget)
         self._window = idempotency_window
         self._claims = Claims(store, window=idempotency_window, clock=as_clock(clock), committed=committed)
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
@@ -188,6 +206,9 @@ class ReachAgent:
         self.trust: TrustLevel = trust
         self._gate = _token_gate(name, tokens, trust)
         """Every call must carry a token of the Reach issuer for this agent, unless started ``tokens="open"``."""
+        self.public_url = None if public_url is None else _public(name, public_url)
+        """Where callers reach this agent (its A2A card's URLs): ``public_url=``, else where it is served or
+        registered (:meth:`served_at`); ``None`` until then, and the card names the address the server is bound to."""
 
     # ------------------------------------------------------------------ declaring
 
@@ -485,12 +506,19 @@ class ReachAgent:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def served_at(self, endpoint: str) -> None:
+        """Record ``endpoint`` as where callers reach this agent, unless ``public_url=`` or an earlier one named it."""
+        if self.public_url is None:
+            self.public_url = _public(self.name, endpoint)
+
     def register_on_startup(self, registry: Registry, endpoint: str, **options: Any) -> None:
         """Register in ``registry`` at ``endpoint`` when the app starts, deregister when it stops."""
+        self.served_at(endpoint)
         self._announce.append((registry, endpoint, options))
 
     async def register(self, registry: Registry, endpoint: str, **options: Any) -> Registration:
         """Register now and keep heartbeats going; ``await registration.stop()`` drains and deregisters."""
+        self.served_at(endpoint)
         registration = Registration(self, registry, endpoint, **options)
         await registration.start()
         return registration

@@ -41,7 +41,7 @@ from reach_plugins.agent.outcome import Outcome
 from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import ConfigError, EntryTooLarge, OutcomeUnknown
 from reach_plugins.model import ReachResponse
-from reach_plugins.stores.budget import Budget
+from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore
 from reach_plugins.stores.keys import SEP, ScopedKey
 from reach_plugins.stores.urls import open_store
@@ -72,12 +72,24 @@ def commit_key(key: ScopedKey) -> str:
     return f"{key.tenant}{SEP}{key.id}"
 
 
-def open_key_store(store: DedupStore | str, clock: Callable[[], float], budget: Budget) -> tuple[DedupStore, bool]:
-    """The store named by ``store`` and whether it is shared by several processes (anything but memory)."""
+def open_key_store(
+    store: DedupStore | str, clock: Callable[[], float], budget: Budget | None
+) -> tuple[DedupStore, bool]:
+    """The store named by ``store`` and whether it is shared by several processes (anything but memory).
+
+    ``budget`` bounds the memory store (:data:`~reach_plugins.stores.budget.DEFAULT_BUDGET` when ``None``); any
+    other store brings its own bound, so a budget given with one is refused rather than ignored.
+    """
+    memory = isinstance(store, str) and store.startswith("memory://")
+    if budget is not None and not memory:
+        raise ConfigError(
+            "idempotency_budget bounds the in-memory store (idempotency='memory://'); a Redis store is bounded by "
+            "?max_value_bytes= in its URL, a store object by its own budget: drop idempotency_budget"
+        )
     if not isinstance(store, str):
         return store, not isinstance(store, MemoryDedupStore)
-    if store.startswith("memory://"):
-        return MemoryDedupStore(budget=budget, clock=as_clock(clock)), False
+    if memory:
+        return MemoryDedupStore(budget=budget or DEFAULT_BUDGET, clock=as_clock(clock)), False
     if store.startswith(("redis://", "rediss://")):
         return open_store(store), True
     raise ConfigError(f"unsupported idempotency store {store!r}; use 'memory://' or 'redis://HOST:PORT/DB'")
@@ -142,7 +154,7 @@ class Claims:
         if saved is None:
             return None
         kept = Outcome(200, {"request_id": None, "status": "success", "data": saved, "error": None})
-        await self.store.complete(key, _stored(kept))
+        await self._complete(key, kept)
         return kept
 
     async def _unknown(self, key: ScopedKey, where: str | None) -> Outcome:

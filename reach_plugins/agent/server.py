@@ -29,6 +29,8 @@ def serve(
 ) -> None:
     """Serve ``agent`` until interrupted; with ``registry``, register at ``endpoint`` (default from host/port).
 
+    ``endpoint`` is also where the agent's A2A card says it is reached (unless ``ReachAgent(public_url=)`` says).
+
     ``tls_cert``/``tls_key`` serve https; ``client_ca`` also requires a client certificate of that CA
     (mutual TLS, which an L1 agent must have).
     """
@@ -38,6 +40,8 @@ def serve(
         raise ConfigError(
             f"agent {agent.name!r} is L1: serve it with mutual TLS: serve(agent, ..., tls_cert=, tls_key=, client_ca=)"
         )
+    if endpoint is not None:
+        agent.served_at(endpoint)
     if registry is not None:
         scheme = "https" if options.get("ssl_certfile") else "http"
         agent.register_on_startup(registry, endpoint or f"{scheme}://{host}:{port}")

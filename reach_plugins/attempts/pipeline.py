@@ -34,7 +34,14 @@ from reach_plugins.attempts.hooks import AttemptHooks
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.attempts.streaming import StreamTally, stream_attempts
 from reach_plugins.clock import Clock, as_clock
-from reach_plugins.errors import BackendUnavailable, ConfigError, DeadlineExceeded, OutcomeUnknown, ReachError
+from reach_plugins.errors import (
+    BackendUnavailable,
+    ConfigError,
+    DeadlineExceeded,
+    EntryTooLarge,
+    OutcomeUnknown,
+    ReachError,
+)
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
@@ -253,7 +260,8 @@ class Pipeline:
         """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest.
 
         The claim is settled by how the flight ended: ``done`` on success, ``unknown`` when an attempt may
-        have run and its answer was lost (or the caller went away mid-send), released otherwise.
+        have run and its answer was lost (or the caller went away mid-send), released otherwise. A success
+        too large for the store is returned all the same (:meth:`_keep`).
         """
         request = flight.request
         key = store_key(request, idempotency_key)
@@ -267,12 +275,24 @@ class Pipeline:
             ran_at = flight.pin.where if flight.pin is not None else None if response is not None else flight.ran_at
             ending = on_end(response is not None and response.ok, ran_at is not None)
             if ending == "done" and response is not None:
-                await self._store.complete(key, response.model_copy(deep=True))
+                await self._keep(key, response)
             elif ending == "unknown":
                 await self._store.unknown(key, ran_at)
             else:
                 await self._store.fail(key)
         return response
+
+    async def _keep(self, key: ScopedKey, response: ReachResponse) -> None:
+        """Store a success for its twins; one over the store's byte bound is not kept, and the call still succeeded.
+
+        The store then holds the key ``unknown`` where it ran (no reply, only the payload's digest), so a replay
+        is taken over pinned there: the agent's own key check answers it (its stored reply, or
+        ``outcome_unknown``), and it never runs as new within the window.
+        """
+        try:
+            await self._store.complete(key, response.model_copy(deep=True))
+        except EntryTooLarge as exc:
+            logger.warning("%s", exc.message)
 
     async def _claim(self, flight: Flight, key: ScopedKey, digest: str) -> ReachResponse | None:
         """Own the key (None), or return the stored/in-flight twin's response once it is there.

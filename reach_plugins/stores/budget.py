@@ -8,7 +8,7 @@ entry's size is its key's encoding plus its value as JSON (:func:`json_size`),
 an estimate that needs no pickling. :class:`BoundedStore` is the base of every
 in-memory store and cannot be built without a budget; the public constructors
 (``ReachClient(store="memory://")``, ``ReachAgent(idempotency="memory://")``)
-open stores with :data:`DEFAULT_BUDGET`.
+open stores with :data:`DEFAULT_BUDGET` unless given one (``ReachAgent(idempotency_budget=...)``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ by the clock it is given (tests move a fake one) and passes
 ``tests/dedup_store_conformance.py``. A stored response larger than the
 store's byte bound is refused with :class:`EntryTooLarge`, and its key is
 left ``unknown`` for the window: the call ran, so a twin must not run it
-again unguarded.
+again unguarded (the pipeline still returns the response to its caller).
 """
 
 from __future__ import annotations
