@@ -31,6 +31,10 @@ TRACES = Path("reach-traces.jsonl")
 TlsCert = Annotated[Path | None, typer.Option(help="Serve TLS with this certificate chain (PEM).")]
 TlsKey = Annotated[Path | None, typer.Option(help="The private key of --tls-cert (PEM, unencrypted).")]
 ClientCa = Annotated[Path | None, typer.Option(help="Require client certificates of this CA (mutual TLS).")]
+AgentToken = Annotated[
+    list[str],
+    typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
+]
 
 
 def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, str]:
@@ -117,6 +121,7 @@ def gateway(
     registry: Annotated[str | None, typer.Option(help="Take agents from this registry URL instead.")] = None,
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: anyone, as any tenant.")] = False,
     issuer_key: Annotated[list[Path], typer.Option(help="Token signing key (PEM), newest first; repeatable.")] = [],  # noqa: B006
+    agent_token: AgentToken = [],  # noqa: B006
     audit: Annotated[str | None, typer.Option(help="Content audit URL for L3 agents (else they are refused).")] = None,
     workers: Annotated[int, typer.Option(help="Processes serving the port, restarted if they die.")] = 1,
     dedup_store: Annotated[
@@ -142,6 +147,7 @@ def gateway(
     options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
     with _named_errors():
         options |= _tls(tls_cert, tls_key, client_ca)
+        options["agent_tokens"] = _pairs(agent_token, "--agent-token")
         if workers == 1:
             serve_gateway(config, host, port, issuer_keys=issuer_key, **options)
         else:
@@ -199,10 +205,7 @@ def issuer(
     name: Annotated[str, typer.Option(help="The tokens' 'iss' claim.")] = "reach",
     ttl: Annotated[float, typer.Option(help="Token lifetime in seconds (at most 900).")] = 300.0,
     new_key: Annotated[Path | None, typer.Option(help="Write a fresh Ed25519 key (PEM) here and exit.")] = None,
-    agent_token: Annotated[
-        list[str],
-        typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
-    ] = [],  # noqa: B006
+    agent_token: AgentToken = [],  # noqa: B006
     allow_open: Annotated[bool, typer.Option(help="Serve without tenants: tokens for anyone, as any tenant.")] = False,
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.handlers import ReachContext
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from reach_plugins.registry import Registry
+    from reach_plugins.security.verifier import TokenVerifier
 
 MESSAGE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -138,9 +139,12 @@ def serve_graph(
     host: str = "127.0.0.1",
     port: int = 0,
     tracer_provider: TracerProvider | None = None,
+    tokens: TokenVerifier | Literal["open"] | None = None,
 ) -> ServedAgent:
-    """Serve ``graph`` as agent ``name`` in the background, registered in ``registry`` until stopped."""
-    agent = ReachAgent(name, description=description, tracer_provider=tracer_provider)
+    """Serve ``graph`` as agent ``name`` in the background, registered in ``registry`` until stopped; ``tokens``
+    as :class:`ReachAgent`'s (a verifier of your issuer; by default this process's issuer; ``"open"`` verifies
+    nothing and warns)."""
+    agent = ReachAgent(name, description=description, tracer_provider=tracer_provider, tokens=tokens)
     add_langgraph(agent, graph, capabilities=capabilities, description=description or f"Ask {name}")
     server = BackgroundServer(agent.app, host=host, port=port)
     agent.register_on_startup(registry, server.url)
@@ -149,9 +153,17 @@ def serve_graph(
 
 
 def serve_langgraph(
-    graph: ChatGraph, name: str, host: str = "127.0.0.1", port: int = 8000, *, capability: str = "chat", **options: Any
+    graph: ChatGraph,
+    name: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    capability: str = "chat",
+    tokens: TokenVerifier | Literal["open"] | None = None,
+    **options: Any,
 ) -> None:
-    """Serve ``graph`` as agent ``name`` with one ``capability`` until interrupted (see :func:`serve`)."""
-    agent = ReachAgent(name)
+    """Serve ``graph`` as agent ``name`` with one ``capability`` until interrupted (see :func:`serve`); every call
+    needs a token ``tokens`` accepts, as for :class:`ReachAgent` (``tokens="open"``: none, with a warning)."""
+    agent = ReachAgent(name, tokens=tokens)
     add_langgraph(agent, graph, capabilities=[capability])
     serve(agent, host, port, **options)

@@ -22,7 +22,7 @@ import logging
 import warnings
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 try:
     from llama_index.core.agent.workflow import AgentOutput
@@ -41,6 +41,7 @@ from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.agent.server import serve
 from reach_plugins.errors import ConfigError, InvalidPayload
+from reach_plugins.security.verifier import TokenVerifier
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.sessions import session_key
 
@@ -158,9 +159,11 @@ def serve_llamaindex(
     port: int = 8000,
     *,
     capability: str = "chat",
+    tokens: TokenVerifier | Literal["open"] | None = None,
     **options: Any,
 ) -> None:
-    """Serve ``workflow`` as agent ``name`` with one ``capability`` until interrupted (see :func:`serve`)."""
-    agent = ReachAgent(name)
+    """Serve ``workflow`` as agent ``name`` with one ``capability`` until interrupted (see :func:`serve`); every
+    call needs a token ``tokens`` accepts, as for :class:`ReachAgent` (``tokens="open"``: none, with a warning)."""
+    agent = ReachAgent(name, tokens=tokens)
     add_llamaindex(agent, workflow, capability=capability)
     serve(agent, host, port, **options)

@@ -269,6 +269,7 @@ def create_agent(
             host=spec.host,
             port=spec.port,
             tracer_provider=enhanced_by.tracer_provider,
+            tokens=spec.tokens,
         )
         enhanced_by.adopt(served)
     return graph

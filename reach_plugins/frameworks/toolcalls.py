@@ -36,6 +36,7 @@ from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, d
 from reach_plugins.matching.matcher import DEFAULT_TIMEOUT
 from reach_plugins.model import NAME_PATTERN, Capability, Hop, ReachResponse
 from reach_plugins.registry.base import RegistryView
+from reach_plugins.security.verifier import TokenVerifier
 
 Policy = Literal["remote_first", "remote_only", "local_only"]
 OnError = Literal["message", "raise"]
@@ -181,6 +182,8 @@ class ServeSpec:
     host: str = "127.0.0.1"
     port: int = 0
     """0 picks a free port."""
+    tokens: TokenVerifier | Literal["open"] | None = None
+    """What the served agent accepts, as ``ReachAgent(tokens=)``: by default tokens of this process's issuer."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,7 @@ class Gateway:
         metrics: Metrics | None = None,
         limits: InputLimits | None = None,
         issuer: TokenIssuer | None = None,
+        exchangers: Mapping[str, str] | None = None,
         worker: int | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
@@ -137,6 +138,8 @@ class Gateway:
         """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
         self.issuer = issuer
         """The token issuer role (DESIGN.md 11.4): ``POST /v1/tokens`` and the JWKS, when given."""
+        self.exchangers = dict(exchangers or {})
+        """The agents that may exchange at the issuer role the tokens they receive: name -> its issuer token."""
         self.worker = worker
         """This process's number under ``reach gateway --workers N`` (shown by /healthz), else None."""
         self.inflight = 0
@@ -410,7 +413,7 @@ class Gateway:
             *McpEndpoint(self.forwarder).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
         ]
         if self.issuer is not None:
-            routes += issuer_routes(self.issuer, self.access.authenticate, limits=limits)
+            routes += issuer_routes(self.issuer, self.access.authenticate, limits=limits, agents=self.exchangers)
         return ServerApp(routes, lifespan=lifespan, hot="/v1/reach")
 
     def _metrics_routes(self) -> list[ServerRoute]:

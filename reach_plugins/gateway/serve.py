@@ -16,7 +16,7 @@ from reach_plugins.registry import Registry
 from reach_plugins.security.claims import VIA_GATEWAY
 from reach_plugins.server.build import build_forwarder
 from reach_plugins.server.inbound import InputLimits
-from reach_plugins.server.issuer_role import build_issuer
+from reach_plugins.server.issuer_role import build_issuer, presenter_tokens
 from reach_plugins.server.layer import ServerApp
 from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
@@ -40,6 +40,7 @@ def create_app(
     allow_open: bool = False,
     limits: InputLimits | None = None,
     issuer_keys: Sequence[str | os.PathLike[str]] = (),
+    agent_tokens: Mapping[str, str] | None = None,
     audit: AuditHook | str | None = None,
     store: DedupStore | str | None = None,
     worker: int | None = None,
@@ -49,6 +50,10 @@ def create_app(
 ) -> ServerApp:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
     ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz).
+
+    ``agent_tokens`` (agent name -> the environment variable holding its issuer token, as ``reach issuer
+    --agent-token``) are the agents that may exchange, at this gateway's ``/v1/tokens``, the tokens it sent them;
+    without it every exchange there is refused (401).
 
     ``/metrics`` shows only names the gateway knows (its agents, capabilities, instances and tenants); with
     ``metrics_token_env`` a scrape must present that variable's value as its bearer, and only then are tenant
@@ -78,6 +83,7 @@ def create_app(
         tracer_provider=tracer_provider,
         limits=limits,
         issuer=issuer,
+        exchangers=presenter_tokens(agent_tokens or {}, environ, access),
         metrics=metrics,
         worker=worker,
         metrics_port=metrics_port,
@@ -94,6 +100,7 @@ def serve_gateway(
     registry: str | None = None,
     allow_open: bool = False,
     issuer_keys: Sequence[str | os.PathLike[str]] = (),
+    agent_tokens: Mapping[str, str] | None = None,
     audit: str | None = None,
     store: str | None = None,
     worker: int | None = None,
@@ -120,6 +127,7 @@ def serve_gateway(
         registry=registry,
         allow_open=allow_open,
         issuer_keys=issuer_keys,
+        agent_tokens=agent_tokens,
         audit=audit,
         store=store,
         worker=worker,

@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from reach_plugins.errors import ConfigError
 from reach_plugins.security.audit import AuditTransport
 from reach_plugins.security.claims import DEFAULT_TTL
 from reach_plugins.security.issuer import MayReach, TokenIssuer
@@ -19,6 +20,7 @@ from reach_plugins.security.trust_guard import TrustGuard, l1_problem
 if TYPE_CHECKING:
     from reach_plugins.config.loader import TenantConfig
     from reach_plugins.security.audit import AuditHook
+    from reach_plugins.server.access import Access
     from reach_plugins.transport import Transport
 
 
@@ -50,6 +52,27 @@ def build_issuer(
     so agents served in the same process with ``default_issuer().verifier()`` accept its tokens)."""
     ring = KeyRing.load(keys, environ=environ) if keys or environ.get(ENV_KEYS) else default_issuer().keys
     return TokenIssuer(ring, issuer=name, ttl=ttl, may_reach=tenant_rule(tenants))
+
+
+def presenter_tokens(names: Mapping[str, str], environ: Mapping[str, str], access: Access) -> dict[str, str]:
+    """Each agent's issuer token (agent name -> the variable holding it), with which it presents the tokens it
+    received for exchange (``--agent-token NAME=ENV`` of ``reach issuer`` and ``reach gateway``). A variable unset,
+    two agents sharing a token, or an agent sharing a tenant's bearer is a ConfigError: a token names one caller."""
+    tokens: dict[str, str] = {}
+    for agent, variable in names.items():
+        token = environ.get(variable)
+        if not token:
+            raise ConfigError(
+                f"agent {agent!r}: environment variable {variable} is not set; it holds the token this agent "
+                "presents to exchange the tokens it receives"
+            )
+        tokens[agent] = token
+    if len(set(tokens.values())) < len(tokens):
+        raise ConfigError("two agents share one issuer token; give each agent its own")
+    shared = sorted(tenant for tenant in access.tenants if access.token(tenant) in tokens.values())
+    if shared:
+        raise ConfigError(f"tenants {shared} share a token with an agent; give every tenant and agent its own")
+    return tokens
 
 
 def agent_transport(

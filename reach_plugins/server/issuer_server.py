@@ -16,7 +16,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.security.claims import DEFAULT_TTL
 from reach_plugins.server.access import Access
 from reach_plugins.server.inbound import InputLimits
-from reach_plugins.server.issuer_role import build_issuer
+from reach_plugins.server.issuer_role import build_issuer, presenter_tokens
 from reach_plugins.server.issuer_routes import issuer_routes
 from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute
 from reach_plugins.server.tls import uvicorn_tls
@@ -57,31 +57,12 @@ def create_issuer_app(
         return JSONResponse({"status": "alive", "issuer": issuer.issuer})
 
     access = Access(tenants, environ)
-    agents = _agent_tokens(agent_tokens or {}, environ)
-    shared = sorted(tenant for tenant in tenants if access.token(tenant) in agents.values())
-    if shared:
-        raise ConfigError(f"tenants {shared} share a token with an agent; give every tenant and agent its own")
+    agents = presenter_tokens(agent_tokens or {}, environ, access)
     routes = [
         *issuer_routes(issuer, access.authenticate, limits=limits, agents=agents),
         ServerRoute("/healthz", ("GET",), healthz, auth=OPEN),
     ]
     return ServerApp(routes)
-
-
-def _agent_tokens(names: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """Each agent's issuer token, read from the variable named for it (a missing one is a ConfigError)."""
-    tokens: dict[str, str] = {}
-    for agent, variable in names.items():
-        token = environ.get(variable)
-        if not token:
-            raise ConfigError(
-                f"agent {agent!r}: environment variable {variable} is not set; it holds the token this agent "
-                "presents to exchange the tokens it receives"
-            )
-        tokens[agent] = token
-    if len(set(tokens.values())) < len(tokens):
-        raise ConfigError("two agents share one issuer token; give each agent its own")
-    return tokens
 
 
 def serve_issuer(
