@@ -1,7 +1,7 @@
 """Stores bounded by bytes, measured where it matters: the resident memory of a real gateway and a real agent.
 
 Keyed calls with 0.9 MB replies (1,100 in the issue, :data:`CALLS` here) go through a real gateway process
-(uvicorn) to a real agent process, and as many token-less A2A messages with 0.9 MB results go to the agent;
+(uvicorn) to a real agent process, and as many A2A messages with 0.9 MB results go to the agent;
 every reply is kept by some store (the gateway's dedup claims, the agent's idempotency store, the agent's A2A
 task table). Each store holds at most its :data:`~reach_plugins.stores.budget.DEFAULT_BUDGET` (64 MiB), so a
 process grows by that and its working set, never by what went through it (today's main: the A2A table kept
@@ -26,8 +26,10 @@ from servers import free_port, wait_until
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import ReachAgent
+from reach_plugins.security.source import default_issuer
 from reach_plugins.stores.budget import DEFAULT_BUDGET, MIB, Budget
 from reach_plugins.stores.dedup import MemoryDedupStore
+from reach_plugins.wire.headers import HEADER_TOKEN
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
 
@@ -60,20 +62,11 @@ serve(agent, "127.0.0.1", int(sys.argv[1]), log_level="warning")
 GATEWAY = """
 import sys
 import uvicorn
-from reach_plugins.config.loader import load_config
-from reach_plugins.gateway.app import Gateway
-from reach_plugins.registry import open_registry
-from reach_plugins.server.access import Access
-from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.gateway.serve import create_app
 from reach_plugins.server.uvicorn import uvicorn_config
-from reach_plugins.stores.urls import open_store
 
 port, config = sys.argv[1:3]
-tenants = load_config(config).tenants
-environ = {"BYTES_TOKEN": "tok-bytes"}
-forwarder = Forwarder(open_registry(config), tenants=tenants, store=open_store("memory://"), environ=environ,
-                      owns_registry=True)
-app = Gateway(forwarder, Access(tenants, environ)).app()
+app = create_app(config, environ={"BYTES_TOKEN": "tok-bytes"}, store="memory://")
 uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=int(port), log_level="warning")).run()
 """
 
@@ -169,14 +162,16 @@ async def test_keyed_calls_straight_to_an_agent_grow_it_by_its_budget_at_most(
     bound(rss(agent) - before, "agent")
 
 
-async def test_token_less_a2a_messages_grow_an_agent_by_its_task_budget_at_most(
+async def test_a2a_messages_grow_an_agent_by_its_task_budget_at_most(
     served: tuple[subprocess.Popen[bytes], str, subprocess.Popen[bytes], str, Path],
 ) -> None:
-    """A2A SendMessage calls without a token, 0.9 MB results: the task table keeps at most its budget."""
+    """A2A SendMessage calls of one tenant, 0.9 MB results: the task table keeps at most its budget. (Token-less
+    messages are refused now that agents verify by default; the table is bounded for the callers it does serve.)"""
     agent, agent_url, _, _, _ = served
     before = rss(agent)
     gate = asyncio.Semaphore(CONCURRENCY)
-    async with httpx.AsyncClient(timeout=30) as http:
+    token = default_issuer().issue(subject="bytes", audience="big", tenant="bytes").token
+    async with httpx.AsyncClient(timeout=30, headers={HEADER_TOKEN: token}) as http:
 
         async def one(n: int) -> None:
             message = {
