@@ -148,13 +148,15 @@ class GrayCluster:
                 (slow or {}).get(index, "0"),
                 str((skew or {}).get(index, 0.0)),
             ]
-            process = subprocess.Popen(
-                [sys.executable, "-c", AGENT, *args],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", ENV_KEYS: self.key.pem().decode()},
-            )
+            # stderr to a file: a pipe nobody reads fills up with logged refusals and stalls the agent
+            with log.with_suffix(".stderr").open("w") as errors:
+                process = subprocess.Popen(
+                    [sys.executable, "-c", AGENT, *args],
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    text=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", ENV_KEYS: self.key.pem().decode()},
+                )
             self.agents.append(GrayAgent(instance_id, port, log, process))
         for agent in self.agents:
             _wait_listening(agent)
@@ -178,8 +180,6 @@ class GrayCluster:
             if agent.process.poll() is None:
                 agent.process.kill()
             agent.process.wait()
-            if agent.process.stderr is not None:
-                agent.process.stderr.close()
 
 
 def _wait_listening(agent: GrayAgent, within: float = 60.0) -> None:
@@ -188,7 +188,7 @@ def _wait_listening(agent: GrayAgent, within: float = 60.0) -> None:
 
     end = time.monotonic() + within
     while time.monotonic() < end:
-        assert agent.process.poll() is None, agent.process.stderr.read() if agent.process.stderr else "died"
+        assert agent.process.poll() is None, agent.log.with_suffix(".stderr").read_text()
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", agent.port), timeout=0.2):
             return
         time.sleep(0.05)
