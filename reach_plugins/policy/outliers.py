@@ -205,9 +205,11 @@ class OutlierDetector:
 
         It is neither a success nor a failure (the failure trend is left alone), and its latency is only known to
         exceed ``at_least``: it counts as what an instance with a memoryless tail of its current mean is expected to
-        take once it has run that long, ``at_least`` plus that mean. An instance that keeps losing races so keeps
-        producing evidence and its trend climbs until it is judged, although the hedge cuts each attempt after a
-        short delay (a plain ``max(at_least, mean)`` would stay near that delay and never be judged slow)."""
+        take once it has run that long, ``at_least`` plus that mean (the mean from before an ejection, on
+        probation). An instance that keeps losing races so keeps producing evidence and its trend climbs until it
+        is judged, although the hedge cuts each attempt after a short delay (a plain ``max(at_least, mean)`` would
+        stay near that delay and never be judged slow). A censored sample can convict, never acquit: only an
+        answer brings a slowed instance or one on probation back to healthy."""
         self._sample(agent, instance, at_least, None, now, on_move)
 
     def _sample(
@@ -231,7 +233,7 @@ class OutlierDetector:
         if track.state == "ejected":
             return  # a late answer from before the ejection: the probation judges it afresh
         alpha = self.policy.alpha
-        if failure is None and track.samples:
+        if failure is None:
             latency += track.latency
         if track.samples == 0:
             track.latency = latency
@@ -244,7 +246,7 @@ class OutlierDetector:
         track.samples += 1
         track.last = now
         if track.samples >= self.policy.min_samples:
-            self._judge(agent, instance, track, peers, now, on_move)
+            self._judge(agent, instance, track, peers, now, on_move, censored=failure is None)
 
     def _judge(
         self,
@@ -254,6 +256,8 @@ class OutlierDetector:
         peers: dict[str, _Track],
         now: float,
         on_move: Callable[[OutlierTransition], None] | None,
+        *,
+        censored: bool,
     ) -> None:
         policy = self.policy
         fresh = now - policy.stale_after
@@ -269,6 +273,8 @@ class OutlierDetector:
             return
         found = self._verdict(track, judged)
         if found is None:
+            if censored:
+                return  # "at least this slow" never shows an instance in line
             track.strikes = 0
             if track.state != "healthy":
                 if track.state == "probation":
