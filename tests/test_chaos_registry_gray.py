@@ -49,7 +49,6 @@ RETRY_FOR = 15.0
 AGENT = """
 import sys
 from reach_plugins.agent import ReachAgent, ReachContext, serve
-from reach_plugins.registry import open_registry
 
 registry_url, port, instance_id, log, beat = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
 out = open(log, "a", buffering=1)
@@ -61,7 +60,7 @@ def work(n: int, ctx: ReachContext) -> dict:
     return {"n": n, "by": instance_id}
 
 endpoint = f"http://127.0.0.1:{port}"
-agent.register_on_startup(open_registry(registry_url), endpoint, instance_id=instance_id, interval=beat)
+agent.register_on_startup(registry_url, endpoint, instance_id=instance_id, interval=beat)
 serve(agent, "127.0.0.1", port, loop="asyncio", log_level="warning")
 """
 
@@ -192,9 +191,7 @@ async def test_agent_started_while_etcd_is_down_serves_and_registers_when_it_is_
     appears (registration retried in the background) and serves a routed call."""
     registry = await orders_registry(private_etcd)
     private_etcd.stop()
-    process, port = agents(
-        f"etcd://127.0.0.1:{private_etcd.port}{registry.prefix}?lease_ttl=2&timeout=1&preload=0", "late"
-    )
+    process, port = agents(f"etcd://127.0.0.1:{private_etcd.port}{registry.prefix}?lease_ttl=2&timeout=1", "late")
     wait_until(lambda: port_answers(port) or process.poll() is not None, 30, "the agent serving")
     assert process.poll() is None, process.stderr.read() if process.stderr else ""
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:

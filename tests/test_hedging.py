@@ -138,3 +138,26 @@ def test_who_may_be_hedged() -> None:
     assert hedging_of(own, write, keyed=True) is None
     assert hedging_of(own, read, keyed=False) is HEDGING
     assert hedging_of(AgentDescriptor(name="c"), read, keyed=True) is None
+
+
+async def test_a_slow_instance_whose_attempts_lose_their_races_is_still_cut_and_ejected() -> None:
+    """orders-0 turns slow (5 s) once the hedge delay is short: every attempt of it is cancelled by a hedge after
+    ~20 ms, yet those censored latencies get it ejected by the outlier detector; no call fails."""
+    _, fake, pipeline = setup(shared_agent())
+    for n in range(HEDGING.min_samples):
+        assert (await pipeline.run(order(f"warm-{n}", idempotency_key=f"w-{n}"))).ok
+    fake.default("slow:5", "orders-0")
+    shares: list[float] = []
+    for n in range(200):
+        response = await pipeline.run(order(f"op-{n}", idempotency_key=f"s-{n}"))
+        assert response.ok and response.instance != "orders-0"
+        share, why = pipeline.standing("orders", "orders-0")
+        shares.append(share)
+        if share == 0.0:
+            break
+    assert shares[-1] == 0.0 and why is not None and why.startswith("outlier ejected"), (shares, why)
+    assert pipeline.standing("orders", "orders-1") == (1.0, None)
+    sent = fake.sent["orders-0"]
+    for n in range(20):
+        assert (await pipeline.run(order(f"after-{n}", idempotency_key=f"a-{n}"))).ok
+    assert fake.sent["orders-0"] == sent, "ejected: no attempt goes there"

@@ -29,6 +29,40 @@ def feed(detector: OutlierDetector, now: float, latencies: dict[str, float], *, 
         detector.record("orders", instance, latency=latency, failure=instance in failed, now=now)
 
 
+def test_censored_samples_of_an_instance_losing_every_race_climb_until_it_is_ejected() -> None:
+    """Cut after 20 ms each time (a hedge's loser), o3 is only known to be at least that slow: its trend climbs
+    (bound plus its mean so far) until it is ejected for latency; on probation, more lost races never restore it
+    but eject it again, twice as long."""
+    detector = OutlierDetector(THREE)
+    feed(detector, 0, {"o1": FAST, "o2": FAST, "o3": FAST})
+    cuts = 0
+    while detector.available("orders", "o3", cuts) and cuts < 100:
+        cuts += 1
+        feed(detector, cuts, {"o1": FAST, "o2": FAST})
+        detector.censored("orders", "o3", at_least=0.02, now=cuts)
+    share, why = detector.standing("orders", "o3", cuts)
+    assert share == 0.0 and why is not None and "latency" in why, why
+    assert 10 <= cuts <= 60, cuts
+    later = cuts + 5.0
+    feed(detector, later, {"o1": FAST, "o2": FAST})
+    assert detector.standing("orders", "o3", later)[0] == THREE.probation_share
+    for n in range(THREE.min_samples):
+        assert detector.state("orders", "o3") == "probation", "lost races never show it in line"
+        detector.censored("orders", "o3", at_least=0.02, now=later + n)
+    share, why = detector.standing("orders", "o3", later + n)
+    assert share == 0.0 and why is not None and why.startswith("outlier ejected for 10s"), why
+
+
+def test_an_occasional_lost_race_leaves_a_healthy_instance_healthy() -> None:
+    """One censored sample in twenty (a healthy instance past its p95 now and then): never judged."""
+    detector = OutlierDetector(THREE)
+    for n in range(200):
+        feed(detector, n, {"o1": FAST, "o2": FAST, **({} if n % 20 == 19 else {"o3": FAST})})
+        if n % 20 == 19:
+            detector.censored("orders", "o3", at_least=2 * FAST, now=n)
+        assert detector.standing("orders", "o3", n) == (1.0, None), n
+
+
 def test_a_mildly_slow_instance_is_cut_then_ejected_probed_and_restored() -> None:
     """4x its peers: min_samples in, weight cut; eject_after verdicts, ejected 5 s; probation; in line: healthy."""
     moves: list[OutlierTransition] = []

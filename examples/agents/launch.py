@@ -29,7 +29,6 @@ from reach_plugins.agent import ReachAgent, serve, uvicorn_config
 from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor
-from reach_plugins.registry import open_registry
 
 CONFIG = Path(__file__).resolve().parent.parent / "agents.yaml"
 
@@ -73,9 +72,10 @@ def _options(description: str, port: int, *, registers: bool) -> argparse.Namesp
 
 
 def run_agent(agent: ReachAgent, port: int) -> None:
-    """Serve ``agent`` from the command line until interrupted; with ``--registry``, registered and heartbeating."""
+    """Serve ``agent`` from the command line until interrupted; with ``--registry``, registered and heartbeating
+    (the agent opens the URL itself, so it starts while the registry is down and registers once it answers)."""
     options = _options(agent.description or f"The {agent.name} agent", port, registers=True)
-    registry = open_registry(options.registry) if options.registry else None
+    registry: str | None = options.registry
     endpoint = options.endpoint or f"http://{options.host}:{options.port}"
     capabilities = ", ".join(cap.name for cap in agent.capabilities)
     where = f", registered in {options.registry}" if registry else ""

@@ -199,7 +199,7 @@ class ReachAgent:
         self._window = idempotency_window
         self._claims = Claims(store, window=idempotency_window, clock=as_clock(clock), committed=committed)
         self._tracer = trace.get_tracer("reach_plugins.agent", tracer_provider=tracer_provider)
-        self._announce: list[tuple[Registry, str, dict[str, Any]]] = []
+        self._announce: list[tuple[Registry | str, str, dict[str, Any]]] = []
         self._approval = ApprovalGate(name, approver) if approver is not None else None
         """Asked before a ``danger_level: high`` / ``require_approval`` capability runs (:mod:`.approval`)."""
         self._registrations: list[Registration] = []
@@ -511,12 +511,13 @@ class ReachAgent:
         if self.public_url is None:
             self.public_url = _public(self.name, endpoint)
 
-    def register_on_startup(self, registry: Registry, endpoint: str, **options: Any) -> None:
-        """Register in ``registry`` at ``endpoint`` when the app starts, deregister when it stops."""
+    def register_on_startup(self, registry: Registry | str, endpoint: str, **options: Any) -> None:
+        """Register in ``registry`` (an object or a URL, see :class:`Registration`) at ``endpoint`` when the app
+        starts, deregister when it stops."""
         self.served_at(endpoint)
         self._announce.append((registry, endpoint, options))
 
-    async def register(self, registry: Registry, endpoint: str, **options: Any) -> Registration:
+    async def register(self, registry: Registry | str, endpoint: str, **options: Any) -> Registration:
         """Register now and keep heartbeats going; ``await registration.stop()`` drains and deregisters."""
         self.served_at(endpoint)
         registration = Registration(self, registry, endpoint, **options)

@@ -134,7 +134,7 @@ def serve_graph(
     name: str,
     capabilities: Sequence[Capability | str],
     *,
-    registry: Registry,
+    registry: Registry | str,
     description: str = "",
     host: str = "127.0.0.1",
     port: int = 0,

@@ -8,7 +8,9 @@ deregistration, so routers stop sending before the process goes.
 
 A registry that cannot be reached at start (``BackendUnavailable``) does not stop the agent: it serves, and the
 registration is retried in the background (0.5 s, doubling up to the heartbeat interval) until it succeeds, so an
-instance can be added while the registry is down (issue 25).
+instance can be added while the registry is down (issue 25). Given a registry URL, the agent opens it itself as
+a writer (``open_registry(url, snapshot=False)``): it never waits for a first snapshot it does not read, so the
+default etcd URL starts an agent while etcd is down; that registry is the registration's, closed on stop.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 
 from reach_plugins.errors import BackendUnavailable, RequestError
 from reach_plugins.model import Instance, InstanceStatus
+from reach_plugins.registry import open_registry
 from reach_plugins.registry.base import Registry
 
 if TYPE_CHECKING:
@@ -36,12 +39,13 @@ heartbeat interval."""
 
 
 class Registration:
-    """One instance of an agent, registered at ``endpoint`` in ``registry``; ``metrics`` counts each try."""
+    """One instance of an agent, registered at ``endpoint`` in ``registry`` (an object, or a URL this registration
+    opens and closes); ``metrics`` counts each try."""
 
     def __init__(
         self,
         agent: ReachAgent,
-        registry: Registry,
+        registry: Registry | str,
         endpoint: str,
         *,
         instance_id: str | None = None,
@@ -51,7 +55,9 @@ class Registration:
         metrics: ReachMetrics | None = None,
     ) -> None:
         self.agent = agent
-        self.registry = registry
+        self.registry = open_registry(registry, snapshot=False)
+        self._owned = isinstance(registry, str)
+        """Opened from a URL here: closed by :meth:`stop`."""
         self.endpoint = endpoint
         self.instance_id = instance_id or f"{agent.name}-{uuid.uuid4().hex[:8]}"
         descriptor = agent.descriptor()
@@ -140,12 +146,16 @@ class Registration:
             self._task = None
 
     async def stop(self) -> None:
-        """Stop heartbeats, announce ``draining``, deregister the instance (if it ever was registered)."""
+        """Stop heartbeats, announce ``draining``, deregister the instance (if it ever was registered); close a
+        registry opened from a URL."""
         await self.halt()
-        if not self.registered:
-            return
-        await self.beat("draining")
-        await self.registry.deregister_instance(self.agent.name, self.instance_id)
+        try:
+            if self.registered:
+                await self.beat("draining")
+                await self.registry.deregister_instance(self.agent.name, self.instance_id)
+        finally:
+            if self._owned:
+                await self.registry.aclose()
 
     async def __aenter__(self) -> Registration:
         return self

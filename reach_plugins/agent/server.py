@@ -20,14 +20,16 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
-    registry: Registry | None = None,
+    registry: Registry | str | None = None,
     endpoint: str | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
     client_ca: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> None:
-    """Serve ``agent`` until interrupted; with ``registry``, register at ``endpoint`` (default from host/port).
+    """Serve ``agent`` until interrupted; with ``registry`` (an object or a URL: the agent opens a URL without
+    waiting for the registry, so it starts while the registry is down), register at ``endpoint`` (default from
+    host/port).
 
     ``endpoint`` is also where the agent's A2A card says it is reached (unless ``ReachAgent(public_url=)`` says).
 

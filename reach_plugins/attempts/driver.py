@@ -11,8 +11,9 @@ stream once it has relayed its events.
 A unary call that may be hedged (:meth:`Engine.hedging`) races: when its
 attempt has not answered within the capability's hedge delay, a second one
 goes to another instance; the first success wins and the other is cancelled
-(recorded ``cancelled``); an attempt that fails while the other still runs is
-settled and the race waits for the other.
+(recorded ``cancelled``, and fed to the outlier detector as a censored
+latency); an attempt that fails while the other still runs is settled and the
+race waits for the other.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ async def _first_success(engine: Engine, flight: Flight, racing: dict[_Sent, _Ru
                 loser.cancel()
                 await asyncio.wait((loser,))  # its end, whatever it is; a cancellation of this task still propagates
                 lost = racing.pop(loser)
-                engine.cancelled(lost.flight, lost.admission, lost.started)
+                engine.cancelled(lost.flight, lost.admission, lost.started, lost.tick)
                 flight.far_attempts += 1
             if who is not flight:
                 engine.adopt(flight, who)

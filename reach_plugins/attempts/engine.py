@@ -355,9 +355,14 @@ class Engine:
         flight.ran_at = winner.ran_at
         flight.spent_retry = flight.spent_retry or winner.spent_retry
 
-    def cancelled(self, flight: Flight, admission: Admission, started: float) -> None:
-        """Free the admission of an attempt that lost its race, and record it as ``cancelled``."""
+    def cancelled(self, flight: Flight, admission: Admission, started: float, tick: float) -> None:
+        """Free the admission of an attempt that lost its race (started at ``started``, monotonic ``tick``), record
+        it as ``cancelled``, and tell the outlier detector it ran that long unanswered: a censored sample, so a
+        slow instance whose attempts keep losing races is still judged (issue 25)."""
         self.abandon(admission)
+        where, now = admission.breaker, self.clock.monotonic()
+        tell = self.tell_moved(flight)
+        self.outliers.censored(where.agent, where.instance, at_least=now - tick, now=now, on_move=tell)
         route = flight.route
         record = AttemptRecord(
             number=flight.attempts,

@@ -4,7 +4,8 @@ A breaker opens on an instance's own failure rate over a window; an instance
 that still answers, only seconds late, keeps its share of calls until the
 window fills (issue 25: a +2-5 s instance kept 33 % of the calls for ~13 s).
 Here each instance of an agent keeps an EWMA of its attempts' latency (a
-timeout counts as the time it took: a lower bound) and of its failures, and is
+timeout counts as the time it took: a lower bound; a hedge's cancelled loser is
+a censored sample, :meth:`OutlierDetector.censored`) and of its failures, and is
 judged against its peers, the agent's other instances with fresh figures
 (Envoy's outlier detection, with a latency variant); at least ``min_peers``
 of them are needed (Envoy asks for 5 hosts; two peers are enough to tell
@@ -189,6 +190,38 @@ class OutlierDetector:
     ) -> None:
         """One finished attempt: its duration in seconds (a timeout's too) and whether the instance failed it;
         ``on_move`` also hears a change this causes."""
+        self._sample(agent, instance, latency, failure, now, on_move)
+
+    def censored(
+        self,
+        agent: str,
+        instance: str,
+        *,
+        at_least: float,
+        now: float,
+        on_move: Callable[[OutlierTransition], None] | None = None,
+    ) -> None:
+        """An attempt cut after ``at_least`` seconds without an answer (a hedge's loser): a censored sample.
+
+        It is neither a success nor a failure (the failure trend is left alone), and its latency is only known to
+        exceed ``at_least``: it counts as what an instance with a memoryless tail of its current mean is expected to
+        take once it has run that long, ``at_least`` plus that mean (the mean from before an ejection, on
+        probation). An instance that keeps losing races so keeps producing evidence and its trend climbs until it
+        is judged, although the hedge cuts each attempt after a short delay (a plain ``max(at_least, mean)`` would
+        stay near that delay and never be judged slow). A censored sample can convict, never acquit: only an
+        answer brings a slowed instance or one on probation back to healthy."""
+        self._sample(agent, instance, at_least, None, now, on_move)
+
+    def _sample(
+        self,
+        agent: str,
+        instance: str,
+        latency: float,
+        failure: bool | None,
+        now: float,
+        on_move: Callable[[OutlierTransition], None] | None,
+    ) -> None:
+        """Fold one attempt into the instance's trends (``failure`` None: censored, see :meth:`censored`), judge."""
         if self._tracked >= self.policy.max_instances and instance not in self._agents.get(agent, {}):
             self._prune()
         peers = self._agents.setdefault(agent, {})
@@ -200,15 +233,20 @@ class OutlierDetector:
         if track.state == "ejected":
             return  # a late answer from before the ejection: the probation judges it afresh
         alpha = self.policy.alpha
+        if failure is None:
+            latency += track.latency
         if track.samples == 0:
-            track.latency, track.failures = latency, float(failure)
+            track.latency = latency
+            if failure is not None:
+                track.failures = float(failure)
         else:
             track.latency += alpha * (latency - track.latency)
-            track.failures += alpha * (float(failure) - track.failures)
+            if failure is not None:
+                track.failures += alpha * (float(failure) - track.failures)
         track.samples += 1
         track.last = now
         if track.samples >= self.policy.min_samples:
-            self._judge(agent, instance, track, peers, now, on_move)
+            self._judge(agent, instance, track, peers, now, on_move, censored=failure is None)
 
     def _judge(
         self,
@@ -218,6 +256,8 @@ class OutlierDetector:
         peers: dict[str, _Track],
         now: float,
         on_move: Callable[[OutlierTransition], None] | None,
+        *,
+        censored: bool,
     ) -> None:
         policy = self.policy
         fresh = now - policy.stale_after
@@ -233,6 +273,8 @@ class OutlierDetector:
             return
         found = self._verdict(track, judged)
         if found is None:
+            if censored:
+                return  # "at least this slow" never shows an instance in line
             track.strikes = 0
             if track.state != "healthy":
                 if track.state == "probation":

@@ -9,7 +9,7 @@
   needs the ``etcd`` extra.
 
 A backend module lives in this package and exposes
-``from_url(url, *, clock, endpoints) -> Registry``; adding a scheme is one line in
+``from_url(url, *, clock, endpoints, snapshot) -> Registry``; adding a scheme is one line in
 ``_SCHEMES``. Every backend passes ``tests/registry_conformance.py``. Every
 backend admits records (written, loaded or read back) under the
 :class:`~reach_plugins.endpoints.EndpointPolicy` it is given (any network by default).
@@ -37,10 +37,19 @@ _FORMS: Final = "memory://, file://PATH.yaml (or a bare PATH.yaml), etcd://HOST:
 
 
 def open_registry(
-    url: str | Registry, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK
+    url: str | Registry,
+    *,
+    clock: Clock | None = None,
+    endpoints: EndpointPolicy = ANY_NETWORK,
+    snapshot: bool = True,
 ) -> Registry:
     """Return ``url`` itself when it is already a registry (it keeps its own policy), else open the backend its
-    scheme names, admitting records under ``endpoints``."""
+    scheme names, admitting records under ``endpoints``.
+
+    ``snapshot``: a reader (router, gateway, node) needs the current state before it can route, so a backend that
+    loads it from a server (etcd) does so before returning and raises ``BackendUnavailable`` when it cannot. A
+    writer that only registers itself (an agent, issue 25) passes False: it returns at once, so the agent starts and
+    serves while the registry is down (reads still wait for the registry; an etcd URL's ``preload`` option wins)."""
     if not isinstance(url, str):
         return url
     scheme, sep, _ = url.partition("://")
@@ -57,7 +66,7 @@ def open_registry(
             if extra
             else f"registry backend {module_name} failed to import: {exc}"
         ) from exc
-    registry: Registry = module.from_url(url, clock=clock, endpoints=endpoints)
+    registry: Registry = module.from_url(url, clock=clock, endpoints=endpoints, snapshot=snapshot)
     return registry
 
 

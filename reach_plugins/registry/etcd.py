@@ -33,8 +33,9 @@ the prefix and applies the difference as ordinary events. The client is
 ``aetcd`` (asyncio gRPC; the JSON gateway would need a hand-parsed watch stream
 and the same lease calls). ``from_url`` loads a first snapshot before returning
 (blocking, bounded by ``timeout``) so a new client can route at once; with
-``preload=0`` it returns at once with an empty view, filled when etcd answers
-(an agent that must start, serve and register in the background while etcd is down).
+``preload=0`` (or ``open_registry(..., snapshot=False)``, what the agent SDK opens a URL with) it returns at
+once with an empty view, filled when etcd answers (an agent that must start, serve and register in the
+background while etcd is down).
 """
 
 from __future__ import annotations
@@ -489,9 +490,12 @@ class EtcdRegistry:
         return await self._cache.list()
 
 
-def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> EtcdRegistry:
+def from_url(
+    url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK, snapshot: bool = True
+) -> EtcdRegistry:
     """``etcd://host:port[/prefix][?lease_ttl=10&timeout=5&preload=1]`` -> a registry holding the current snapshot
-    (``preload=0``: an empty one, filled by the watch once etcd answers)."""
+    (``preload=0``, or ``snapshot=False`` when the URL does not say: an empty one, filled by the watch once etcd
+    answers)."""
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     unknown = sorted(options.keys() - set(_URL_OPTIONS) - set(ACCESS_OPTIONS))
@@ -510,7 +514,7 @@ def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy 
         port = parts.port or DEFAULT_PORT
         lease_ttl = int(options.get("lease_ttl", DEFAULT_LEASE_TTL))
         timeout = float(options.get("timeout", 5.0))
-        preload = {"1": True, "0": False}[options.get("preload", "1")]
+        preload = {"1": True, "0": False}[options.get("preload", "1" if snapshot else "0")]
     except KeyError:
         raise ConfigError(f"registry URL {url!r}: preload is 1 (load a snapshot first, the default) or 0") from None
     except ValueError as exc:

@@ -200,8 +200,11 @@ class FileRegistry:
         return await self._memory.list()
 
 
-def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> FileRegistry:
-    """``file://agents.yaml`` (relative) or ``file:///etc/reach/agents.yaml`` (absolute) -> a file registry."""
+def from_url(
+    url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK, snapshot: bool = True
+) -> FileRegistry:
+    """``file://agents.yaml`` (relative) or ``file:///etc/reach/agents.yaml`` (absolute) -> a file registry (read
+    from the local file at once, whatever ``snapshot`` says)."""
     path = url.removeprefix("file://")
     if not path:
         raise ConfigError(f"registry URL {url!r} names no file; write file://agents.yaml or file:///abs/agents.yaml")

@@ -306,8 +306,10 @@ class MemoryRegistry:
         return list(self._agents.values())
 
 
-def from_url(url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK) -> MemoryRegistry:
-    """``memory://`` -> a fresh, empty in-process registry."""
+def from_url(
+    url: str, *, clock: Clock | None = None, endpoints: EndpointPolicy = ANY_NETWORK, snapshot: bool = True
+) -> MemoryRegistry:
+    """``memory://`` -> a fresh, empty in-process registry (no snapshot to wait for, whatever ``snapshot`` says)."""
     if url != "memory://":
         raise ConfigError(f"registry URL {url!r}: memory:// takes no host or path; write exactly 'memory://'")
     return MemoryRegistry(clock=clock, endpoints=endpoints)
