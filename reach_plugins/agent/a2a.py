@@ -48,7 +48,7 @@ from reach_plugins.wire.body import WireBody, invalid
 from reach_plugins.wire.sse import encode_sse
 
 if TYPE_CHECKING:
-    from reach_plugins.agent.agent import ReachAgent
+    from reach_plugins.agent.face import Handling
 
 CARD_PATH = "/.well-known/agent-card.json"
 RPC_PATH = "/a2a"
@@ -145,7 +145,7 @@ def _bound(scope: Mapping[str, Any]) -> str:
 class A2AServer:
     """The A2A face of one agent: its card, its JSON-RPC endpoint and the tasks it answered."""
 
-    def __init__(self, agent: ReachAgent, *, budget: Budget = DEFAULT_BUDGET) -> None:
+    def __init__(self, agent: Handling, *, budget: Budget = DEFAULT_BUDGET) -> None:
         self.agent = agent
         self.tasks: LruTable[Finished] = LruTable(budget, "A2A task")
         """The tasks answered, by their tenant's key; within ``budget``, the least recently used dropped."""
@@ -238,7 +238,7 @@ class A2AServer:
 
     def _text_slots(self, name: str) -> list[str]:
         """Where a text part may go: the required string parameters of the schema, else of the handler's signature."""
-        handler = self.agent._handlers[name]
+        handler = self.agent.handler(name)
         schema = handler.capability.params_schema
         if schema is not None:
             properties = schema.get("properties", {})

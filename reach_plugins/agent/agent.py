@@ -268,6 +268,10 @@ class ReachAgent:
     def capabilities(self) -> list[Capability]:
         return [handler.capability for handler in self._handlers.values()]
 
+    def handler(self, name: str) -> CapabilityHandler:
+        """The handler of capability ``name`` (``KeyError`` if none: callers ask for declared names only)."""
+        return self._handlers[name]
+
     def descriptor(self, *endpoints: str) -> AgentDescriptor:
         """The descriptor to register: this agent's capabilities, at ``endpoints`` if given."""
         return AgentDescriptor(

@@ -24,7 +24,7 @@ from reach_plugins.server.layer import JSON, OPEN, Inbound, ServerApp, ServerRou
 from reach_plugins.wire.body import WireBody, check_deadline
 
 if TYPE_CHECKING:
-    from reach_plugins.agent.agent import ReachAgent
+    from reach_plugins.agent.face import Served
 
 _EXPECTED = 'the body must be a JSON object with "capability" and "payload"'
 
@@ -39,7 +39,7 @@ def _refuse(exc: ReachError, stage: Stage) -> Response:
     return _json(fail(None, exc.http_status, exc.error_type, message))
 
 
-def build_app(agent: ReachAgent) -> ServerApp:
+def build_app(agent: Served) -> ServerApp:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work).
 
     A2A too (:mod:`reach_plugins.agent.a2a`): the agent card and ``POST /a2a``.

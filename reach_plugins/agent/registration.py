@@ -28,7 +28,7 @@ from reach_plugins.registry import open_registry
 from reach_plugins.registry.base import Registry
 
 if TYPE_CHECKING:
-    from reach_plugins.agent.agent import ReachAgent
+    from reach_plugins.agent.face import Described
     from reach_plugins.telemetry.metrics import ReachMetrics
 
 log = logging.getLogger("reach_plugins.agent")
@@ -44,7 +44,7 @@ class Registration:
 
     def __init__(
         self,
-        agent: ReachAgent,
+        agent: Described,
         registry: Registry | str,
         endpoint: str,
         *,
