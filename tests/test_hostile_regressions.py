@@ -6,7 +6,9 @@
 * ``reach issuer`` signs a tenant a token for an L3 agent that the agent may then exchange for a direct hop
   (the L3 check reads a claim only the gateway's own issuer writes);
 * the audit records (an issued exchange, an approval decision) are logged at INFO on library loggers that
-  ``reach issuer`` and ``serve()`` leave unconfigured: nothing of them reaches the process's output.
+  ``reach issuer`` and ``serve()`` leave unconfigured: nothing of them reaches the process's output;
+* the idempotency stores share one byte budget across tenants: one tenant's large keyed replies evict another
+  tenant's record within its window, and that tenant's retry runs the side effect again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -190,3 +193,39 @@ def test_reach_issuer_writes_every_issued_exchange_to_its_output(tmp_path: Path)
         output = process.communicate(timeout=15)[0].decode()
     assert '"verdict": "refused"' in output, output[-2000:]  # the refusal is written: the output is read
     assert '"verdict": "issued"' in output, output[-2000:]
+
+
+@OPEN_ON_MAIN
+def test_one_tenants_keyed_calls_never_rerun_anothers_keyed_call(tmp_path: Path) -> None:
+    """The idempotency stores share one byte budget: acme's 150 keyed calls with 0.9 MB replies push beta's record
+    out of the gateway and the agent, and beta's retry within the window runs the charge a second time."""
+    runs: list[int] = []
+    agent = ReachAgent("billing")
+
+    @agent.capability("charge")
+    def charge(amount: int) -> dict[str, int]:
+        runs.append(amount)
+        return {"run": len(runs)}
+
+    @agent.capability("big")
+    def big(i: int) -> dict[str, Any]:
+        return {"blob": "x" * 900_000, "i": i}
+
+    tenants = {
+        name: {"token_env": f"{name.upper()}_TOKEN", "agents": "*", "networks": ["127.0.0.0/8"]}
+        for name in ("acme", "beta")
+    }
+    environ = {**ENVIRON, "BETA_TOKEN": "tok-beta"}
+    with BackgroundServer(agent.app) as served:
+        agent_spec = {"endpoints": [served.url], "capabilities": ["charge", "big"]}
+        config = write_config(tmp_path / "gw.yaml", {"billing": agent_spec}, tenants)
+        with BackgroundServer(create_app(config, environ=environ)) as gateway, httpx.Client(timeout=30) as http:
+            url = f"{gateway.url}/v1/reach"
+            beta, acme = {"Authorization": "Bearer tok-beta"}, {"Authorization": "Bearer tok-acme"}
+            keyed = {"capability": "charge", "payload": {"amount": 100}, "idempotency_key": "beta-pay-1"}
+            assert http.post(url, json=keyed, headers=beta).json()["data"] == {"run": 1}
+            for i in range(150):
+                flood = {"capability": "big", "payload": {"i": i}, "idempotency_key": f"acme-{i}"}
+                assert http.post(url, json=flood, headers=acme).json()["status"] == "success"
+            http.post(url, json=keyed, headers=beta)
+    assert runs == [100], f"beta's keyed charge ran {len(runs)} times"
