@@ -52,7 +52,6 @@ def _wait_port(port: int, process: subprocess.Popen[bytes], within: float = 60.0
     raise AssertionError(f"nothing listened on {port} within {within} s")
 
 
-@OPEN_ON_MAIN
 def test_the_agent_card_does_not_take_its_urls_from_the_host_header() -> None:
     """A caller's ``Host: 127.6.6.6:4444`` must not become the card's JSON-RPC URL that other callers follow."""
     agent = ReachAgent("echo")
@@ -195,7 +194,6 @@ def test_reach_issuer_writes_every_issued_exchange_to_its_output(tmp_path: Path)
     assert '"verdict": "issued"' in output, output[-2000:]
 
 
-@OPEN_ON_MAIN
 def test_one_tenants_keyed_calls_never_rerun_anothers_keyed_call(tmp_path: Path) -> None:
     """The idempotency stores share one byte budget: acme's 150 keyed calls with 0.9 MB replies push beta's record
     out of the gateway and the agent, and beta's retry within the window runs the charge a second time."""

@@ -23,7 +23,7 @@ from reach_plugins.errors import ConfigError, EntryTooLarge
 from reach_plugins.model import ReachResponse
 from reach_plugins.node.tickets import Tickets
 from reach_plugins.routing.affinity import SessionTable as PinTable
-from reach_plugins.stores.budget import MIB, BoundedStore, Budget, json_size
+from reach_plugins.stores.budget import MIB, BoundedStore, Budget, LruTable, json_size
 from reach_plugins.stores.dedup import MemoryDedupStore
 from reach_plugins.stores.keys import DEFAULT_TENANT, SEP, ScopedKey
 from reach_plugins.stores.redis import RedisStore
@@ -309,3 +309,33 @@ def test_a_redis_url_sets_the_value_bound(redis_url: str) -> None:
     assert isinstance(store, RedisDedupStore) and store.max_value_bytes == 1000
     with pytest.raises(ConfigError, match="max_value_bytes"):
         open_store(f"{redis_url}?max_value_bytes=0")
+
+
+def test_one_tenants_flood_pushes_out_its_own_entries_never_anothers() -> None:
+    """Past the byte bound the heaviest tenant pays: beta's one record outlives acme's flood (new finding of the
+    hostile re-test: a shared LRU let acme's 0.9 MB replies evict beta's key, and beta's retry ran again)."""
+    evicted: list[ScopedKey] = []
+    budget = Budget(max_entries=1_000, max_bytes=10_000)
+    table: LruTable[str] = LruTable(budget, "dedup", lambda key, _value: evicted.append(key))
+    beta = ScopedKey("beta", "dedup", "charge-1")
+    table.put(beta, "x" * 400)
+    for n in range(200):
+        table.put(ScopedKey("acme", "dedup", f"k{n}"), "y" * 400)
+        assert table.bytes <= 10_000
+    assert table.get(beta) == "x" * 400
+    assert evicted and {key.tenant for key in evicted} == {"acme"}
+
+
+def test_past_the_entry_bound_the_tenant_with_most_entries_pays() -> None:
+    """The entry bound evicts from the tenant holding the most entries, its least recently used first."""
+    table: LruTable[int] = LruTable(Budget(max_entries=4, max_bytes=1 << 20), "session")
+    table.put(ScopedKey("beta", "session", "b0"), 0)
+    for n in range(3):
+        table.put(ScopedKey("acme", "session", f"a{n}"), n)
+    table.get(ScopedKey("acme", "session", "a0"))  # a0 used again: a1 is acme's oldest now
+    table.put(ScopedKey("acme", "session", "a3"), 3)
+    assert ScopedKey("beta", "session", "b0") in table
+    assert ScopedKey("acme", "session", "a1") not in table
+    assert [key.id for key in table] == ["b0", "a2", "a0", "a3"]
+    table.pop(ScopedKey("beta", "session", "b0"))
+    assert table.bytes == sum(len("acme") + len("session") + len(k) + 2 + 1 for k in ("a2", "a0", "a3"))

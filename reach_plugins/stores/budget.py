@@ -1,7 +1,10 @@
 """The one bound of every in-memory store: ``Budget(max_entries=..., max_bytes=...)``, and the LRU table under it.
 
 A store keeps at most ``max_entries`` entries whose sizes add up to at most
-``max_bytes``; past either bound the least recently used entries go first. An
+``max_bytes``; past either bound the least recently used entry *of the tenant
+holding the most* goes first (the most bytes when the bytes bound is passed, the
+most entries when the entries bound is), so one tenant's flood pushes out its own
+entries, never another tenant's idempotency record or session. An
 entry larger than ``max_bytes`` alone is refused with :class:`EntryTooLarge`
 (keeping it would evict everything else and still break the bound). An
 entry's size is its key's encoding plus its value as JSON (:func:`json_size`),
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -37,9 +40,9 @@ class Budget:
     max_bytes: int
 
     def __post_init__(self) -> None:
-        for field, value in (("max_entries", self.max_entries), ("max_bytes", self.max_bytes)):
+        for name, value in (("max_entries", self.max_entries), ("max_bytes", self.max_bytes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"a store budget's {field} must be a positive integer, got {value!r}")
+                raise ConfigError(f"a store budget's {name} must be a positive integer, got {value!r}")
 
 
 DEFAULT_BUDGET: Final = Budget(max_entries=10_000, max_bytes=64 * MIB)
@@ -56,7 +59,9 @@ def json_size(value: Any) -> int:
 class LruTable(Generic[V]):
     """Entries by :class:`ScopedKey`, least recently used first out, within a :class:`Budget`.
 
-    ``on_evict`` hears every entry pushed out by the bounds (not those popped by their owner).
+    ``on_evict`` hears every entry pushed out by the bounds (not those popped by their owner). Past a bound the
+    heaviest tenant pays: its least recently used entry goes (finding the heaviest is linear in the tenants
+    holding entries, a handful in practice).
     """
 
     def __init__(self, budget: Budget, what: str, on_evict: Callable[[ScopedKey, V], None] | None = None) -> None:
@@ -64,6 +69,8 @@ class LruTable(Generic[V]):
         self.what = what
         self._on_evict = on_evict
         self._entries: OrderedDict[ScopedKey, tuple[V, int]] = OrderedDict()
+        self._tenants: dict[str, _Share] = {}
+        """Per tenant: its keys in use order, and their bytes."""
         self.bytes = 0
         """Sizes of the entries held, added up."""
 
@@ -82,6 +89,7 @@ class LruTable(Generic[V]):
         if found is None:
             return None
         self._entries.move_to_end(key)
+        self._tenants[key[0]].keys.move_to_end(key)
         return found[0]
 
     def peek(self, key: ScopedKey) -> V | None:
@@ -100,20 +108,32 @@ class LruTable(Generic[V]):
                 f"{self.what} entry {key.id!r} of tenant {key.tenant!r} is {total} bytes, over the store's "
                 f"max_bytes={self.budget.max_bytes}; keep it smaller or give the store a larger Budget"
             )
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
+        self._drop(key)
         self._entries[key] = (value, total)
+        share = self._tenants.get(key[0])
+        if share is None:
+            share = self._tenants[key[0]] = _Share()
+        share.keys[key] = None
+        share.bytes += total
         self.bytes += total
         self._shrink()
 
     def pop(self, key: ScopedKey) -> V | None:
         """Remove and return an entry (no eviction hook: its owner took it)."""
+        found = self._drop(key)
+        return None if found is None else found[0]
+
+    def _drop(self, key: ScopedKey) -> tuple[V, int] | None:
         found = self._entries.pop(key, None)
         if found is None:
             return None
         self.bytes -= found[1]
-        return found[0]
+        share = self._tenants[key[0]]
+        del share.keys[key]
+        share.bytes -= found[1]
+        if not share.keys:
+            del self._tenants[key[0]]
+        return found
 
     def oldest(self) -> tuple[ScopedKey, V] | None:
         """The least recently used entry, left in place."""
@@ -126,15 +146,29 @@ class LruTable(Generic[V]):
 
     def clear(self) -> None:
         self._entries.clear()
+        self._tenants.clear()
         self.bytes = 0
 
     def _shrink(self) -> None:
-        budget, entries = self.budget, self._entries
+        budget, entries, tenants = self.budget, self._entries, self._tenants
         while len(entries) > budget.max_entries or self.bytes > budget.max_bytes:
-            key, (value, size) = entries.popitem(last=False)
-            self.bytes -= size
+            if self.bytes > budget.max_bytes:
+                heaviest = max(tenants.values(), key=lambda share: share.bytes)
+            else:
+                heaviest = max(tenants.values(), key=lambda share: len(share.keys))
+            key = next(iter(heaviest.keys))
+            found = self._drop(key)
+            assert found is not None
             if self._on_evict is not None:
-                self._on_evict(key, value)
+                self._on_evict(key, found[0])
+
+
+@dataclass(slots=True)
+class _Share:
+    """One tenant's part of an :class:`LruTable`."""
+
+    keys: OrderedDict[ScopedKey, None] = field(default_factory=OrderedDict)
+    bytes: int = 0
 
 
 class BoundedStore:
