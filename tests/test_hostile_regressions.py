@@ -1,4 +1,5 @@
-"""What the hostile re-test of issue 24 found still open on the merged main, each against real servers.
+"""What the hostile re-test of issue 24 found still open on the first merged tree, each against real servers
+(each test failed there and passes since its fix):
 
 * the A2A card builds its URLs from the caller's ``Host`` header;
 * a descriptor's ``auth.value_env`` may name any variable of the gateway (its own etcd password), and the
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from hop_support import free_port, write_config
 from starlette.types import Receive, Scope, Send
 
@@ -30,11 +30,6 @@ from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.gateway import create_app
 from reach_plugins.security import KeyRing, SigningKey, TokenIssuer
 from reach_plugins.server.issuer_server import create_issuer_app
-
-OPEN_ON_MAIN = pytest.mark.xfail(
-    raises=AssertionError, strict=True, reason="still open on main (hostile re-test of issue 24)"
-)
-"""Each test fails on today's main; strict, so the fix that makes one pass must drop its marker."""
 
 ENVIRON = {"ACME_TOKEN": "tok-acme", "PLUGIN_ISSUER": "iss-plugin", "REACH_ETCD_PASSWORD": "etcd-pw-5e1f0a"}
 TENANTS = {"acme": {"token_env": "ACME_TOKEN", "agents": "*", "networks": ["127.0.0.0/8"]}}
@@ -66,7 +61,6 @@ def test_the_agent_card_does_not_take_its_urls_from_the_host_header() -> None:
     assert not [url for url in urls if "127.6.6.6" in url], urls
 
 
-@OPEN_ON_MAIN
 def test_a_descriptor_cannot_send_the_gateways_own_etcd_password(tmp_path: Path) -> None:
     """``auth.value_env: REACH_ETCD_PASSWORD`` in a descriptor: refused at load, or never sent to the endpoint."""
     received: list[bytes | None] = []
@@ -102,7 +96,6 @@ def test_a_descriptor_cannot_send_the_gateways_own_etcd_password(tmp_path: Path)
     assert ENVIRON["REACH_ETCD_PASSWORD"].encode() not in received, received
 
 
-@OPEN_ON_MAIN
 def test_reach_issuer_never_lets_an_l3_agent_exchange_for_a_direct_hop(tmp_path: Path) -> None:
     """``plugin`` is L3 in the issuer's config: a tenant token for it is refused, or its exchange is (403)."""
     key = tmp_path / "issuer.pem"
@@ -141,7 +134,6 @@ _APPROVING_AGENT = textwrap.dedent(
 )
 
 
-@OPEN_ON_MAIN
 def test_serve_writes_the_approval_audit_record_somewhere() -> None:
     """An agent run with ``serve()``: the decision it audited (denied by cfo) appears in its output."""
     port = free_port()
@@ -166,7 +158,6 @@ def test_serve_writes_the_approval_audit_record_somewhere() -> None:
     assert '"cfo"' in output, output[-2000:]
 
 
-@OPEN_ON_MAIN
 def test_reach_issuer_writes_every_issued_exchange_to_its_output(tmp_path: Path) -> None:
     """``reach issuer``: an exchange it granted is one ``token_exchange`` record in its output, as a refusal is."""
     key = tmp_path / "issuer.pem"

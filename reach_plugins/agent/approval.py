@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,11 +42,12 @@ from opentelemetry import trace
 from reach_plugins.agent.handlers import ReachContext
 from reach_plugins.errors import ApprovalRequired, BusinessError, ConfigError
 from reach_plugins.model import Capability
+from reach_plugins.security.auditlog import audit_logger
 
 if TYPE_CHECKING:
     from reach_plugins.security.claims import Claims
 
-audit = logging.getLogger("reach_plugins.agent.approval")
+audit = audit_logger("reach_plugins.agent.approval")
 
 EVENT_APPROVAL = "reach.approval"
 

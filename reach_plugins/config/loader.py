@@ -18,7 +18,7 @@ import ipaddress
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -140,13 +140,19 @@ def _network(text: str) -> str:
         raise ValueError(f"{text!r} has host bits set; did you mean {loose}?") from None
 
 
+RESERVED_PREFIX: Final = "REACH_"
+"""The library's own environment variables (``REACH_ETCD_PASSWORD``, ``REACH_ISSUER_KEYS``, ...)."""
+
+
 class SecretsPolicy(Strict):
     """Which environment variables an agent descriptor may name as its secret (``auth.value_env`` and the
     ``*_env`` of a client certificate): the secret is sent to that descriptor's endpoint, so a descriptor must
     not be able to pull any variable of the gateway or node into its auth.
 
-    A tenant's ``token_env`` (the bearer a tenant presents to a gateway or node) is never allowed. With
-    ``env_prefix`` or ``env_allow`` given, only variables starting with the prefix or listed are.
+    A tenant's ``token_env`` (the bearer a tenant presents to a gateway or node) is never allowed, nor, unless
+    ``env_allow`` or ``env_prefix`` allows it, a variable of the library's own (``REACH_*``: the etcd password,
+    the issuer's signing keys). With ``env_prefix`` or ``env_allow`` given, only variables starting with the
+    prefix or listed are.
     """
 
     env_prefix: str | None = None
@@ -160,11 +166,16 @@ class SecretsPolicy(Strict):
                 f"environment variable {name} holds a tenant's token (its token_env): a descriptor's auth may not "
                 "name it, or that token would go to the descriptor's endpoint; give the agent a variable of its own"
             )
-        if self.env_prefix is None and not self.env_allow:
+        allowed = name in self.env_allow or (self.env_prefix is not None and name.startswith(self.env_prefix))
+        if name.startswith(RESERVED_PREFIX) and not allowed:
+            return (
+                f"environment variable {name} is one of reach-plugins' own ({RESERVED_PREFIX}*: registry password, "
+                "signing keys): a descriptor's auth may not name it, or it would go to the descriptor's endpoint; "
+                "give the agent a variable of its own (or allow it under secrets: env_allow or env_prefix)"
+            )
+        if allowed or (self.env_prefix is None and not self.env_allow):
             return None
-        if name in self.env_allow or (self.env_prefix is not None and name.startswith(self.env_prefix)):
-            return None
-        allowed = " or ".join(
+        must = " or ".join(
             part
             for part in (
                 f"start with {self.env_prefix!r}" if self.env_prefix else "",
@@ -172,11 +183,11 @@ class SecretsPolicy(Strict):
             )
             if part
         )
-        return f"environment variable {name} is not allowed for descriptors' secrets (secrets:): it must {allowed}"
+        return f"environment variable {name} is not allowed for descriptors' secrets (secrets:): it must {must}"
 
 
 NO_SECRETS_POLICY = SecretsPolicy()
-"""Any variable but a tenant's token (the default when a config has no ``secrets:`` block)."""
+"""Any variable but a tenant's token and the library's own (the default when a config has no ``secrets:`` block)."""
 
 
 def token_envs(tenants: Mapping[str, TenantConfig]) -> frozenset[str]:

@@ -59,8 +59,10 @@ def create_app(
     ``metrics_token_env`` a scrape must present that variable's value as its bearer, and only then are tenant
     names shown; with ``metrics_port`` it is served on ``metrics_host:metrics_port`` instead of the gateway's port.
     """
-    tenants = load_config(Path(config)).tenants
-    issuer = build_issuer(tenants, keys=issuer_keys, environ=environ)
+    loaded = load_config(Path(config))
+    tenants = loaded.tenants
+    trust = {agent.name: agent.trust_level for agent in loaded.agents}
+    issuer = build_issuer(tenants, keys=issuer_keys, environ=environ, trust=trust)
     token = metrics_token(metrics_token_env, environ)
     known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
     metrics = Metrics(vocabulary=known, token=token)

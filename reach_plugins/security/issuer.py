@@ -19,7 +19,6 @@ logger.
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -29,13 +28,14 @@ from typing import Any
 import jwt
 
 from reach_plugins.errors import ConfigError, ExchangeDenied, ReachError, TokenDenied
+from reach_plugins.security.auditlog import audit_logger
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_CHAIN, MAX_TTL, TENANT_PREFIX, Claims
 from reach_plugins.security.keys import ALGORITHM, KeyRing
 from reach_plugins.security.verifier import KeySource, TokenVerifier
 
 MayReach = Callable[[str | None, str], "str | None"]
 """``(tenant, agent) -> None`` when allowed, else the reason it is not."""
-exchanges = logging.getLogger("reach_plugins.security.exchange")
+exchanges = audit_logger("reach_plugins.security.exchange")
 """One JSON object per exchange (``json.dumps`` of a dict: no field is spliced into text)."""
 
 
@@ -58,6 +58,7 @@ class TokenIssuer:
         issuer: str = "reach",
         ttl: float = DEFAULT_TTL,
         may_reach: MayReach | None = None,
+        trust_of: Callable[[str], str | None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not 0 < ttl <= MAX_TTL:
@@ -66,6 +67,9 @@ class TokenIssuer:
         self.issuer = issuer
         self.ttl = ttl
         self._may_reach = may_reach
+        self._trust_of = trust_of
+        """An agent's trust level as this issuer's config declares it (tokens for it carry it; an L3 holder's
+        token is never exchanged, whatever its claims say)."""
         self.clock = clock
         self._verifier = TokenVerifier(issuer=issuer, keys=RingKeys(self.keys), clock=clock)
 
@@ -92,6 +96,8 @@ class TokenIssuer:
         reason = self._refusal(tenant, audience)
         if reason is not None:
             raise TokenDenied(f"no token for agent {audience!r}: {reason}")
+        if trust is None and self._trust_of is not None:
+            trust = self._trust_of(audience)
         return self._sign(subject=subject, audience=audience, tenant=tenant, chain=chain, via=via, ttl=ttl, trust=trust)
 
     def _refusal(self, tenant: str | None, audience: str) -> str | None:
@@ -171,7 +177,7 @@ class TokenIssuer:
                 f"{presenter!r} presented a token issued to agent {holder!r}: only the agent a token was issued to "
                 "may exchange it (authenticate as that agent)"
             )
-        if received.trust == "L3":
+        if received.trust == "L3" or (self._trust_of is not None and self._trust_of(holder) == "L3"):
             raise ExchangeDenied(
                 f"agent {holder!r} is L3 (sandboxed): its token is never exchanged for a direct hop; it reaches "
                 f"{audience!r} only through the gateway"

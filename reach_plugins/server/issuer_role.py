@@ -47,11 +47,14 @@ def build_issuer(
     name: str = "reach",
     ttl: float = DEFAULT_TTL,
     environ: Mapping[str, str] = os.environ,
+    trust: Mapping[str, str] | None = None,
 ) -> TokenIssuer:
     """An issuer signing with ``keys`` (PEM files, else ``$REACH_ISSUER_KEYS``, else this process's in-process key,
-    so agents served in the same process with ``default_issuer().verifier()`` accept its tokens)."""
+    so agents served in the same process with ``default_issuer().verifier()`` accept its tokens); ``trust`` (agent
+    name -> trust level, from the config's agents) is written into tokens and keeps L3 tokens from exchange."""
     ring = KeyRing.load(keys, environ=environ) if keys or environ.get(ENV_KEYS) else default_issuer().keys
-    return TokenIssuer(ring, issuer=name, ttl=ttl, may_reach=tenant_rule(tenants))
+    trust_of = dict(trust).get if trust else None
+    return TokenIssuer(ring, issuer=name, ttl=ttl, may_reach=tenant_rule(tenants), trust_of=trust_of)
 
 
 def presenter_tokens(names: Mapping[str, str], environ: Mapping[str, str], access: Access) -> dict[str, str]:

@@ -43,7 +43,8 @@ def create_issuer_app(
     exchange the tokens they receive. A config without tenants would sign tokens for anyone, as any tenant:
     refused unless ``allow_open`` (then it says so loudly in the log).
     """
-    tenants = load_config(Path(config)).tenants
+    loaded = load_config(Path(config))
+    tenants = loaded.tenants
     if not tenants and not allow_open:
         raise ConfigError(
             f"{config}: no 'tenants:' section, so the issuer would sign tokens for anyone as any tenant it names; "
@@ -51,7 +52,8 @@ def create_issuer_app(
         )
     if not tenants:
         log.warning("the token issuer runs OPEN (--allow-open): it signs tokens for any caller, as any tenant")
-    issuer = build_issuer(tenants, keys=keys, name=name, ttl=ttl, environ=environ)
+    trust = {agent.name: agent.trust_level for agent in loaded.agents}
+    issuer = build_issuer(tenants, keys=keys, name=name, ttl=ttl, environ=environ, trust=trust)
 
     async def healthz(inbound: Inbound) -> Response:
         return JSONResponse({"status": "alive", "issuer": issuer.issuer})
