@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -209,3 +210,29 @@ async def test_one_key_through_both_workers_runs_once(tmp_path: Path, redis_url:
     assert [answer.status_code for answer in answers] == [200, 200]
     assert answers[0].json()["data"] == answers[1].json()["data"] == {"order_id": "ONCE", "by": "o1"}
     assert agents[0].count("query_order") == 1
+
+
+async def test_workers_started_without_a_key_sign_with_one_key(tmp_path: Path, redis_url: str) -> None:
+    """No --issuer-key and no $REACH_ISSUER_KEYS: both workers publish the same one key (each made its own before,
+    and refused the other's tokens and exchanges)."""
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-c", CLI, "gateway", "--config", str(config), "--port", str(port)]
+        command += ["--workers", "2", "--dedup-store", f"{redis_url}?prefix=gwkey-{uuid.uuid4().hex[:8]}:"]
+        env = {name: value for name, value in os.environ.items() if name != "REACH_ISSUER_KEYS"}
+        supervisor = subprocess.Popen(command, env={**env, **TOKENS})
+        try:
+            await both_workers_answer(supervisor, url)
+            kids: dict[int, set[str]] = {0: set(), 1: set()}
+            async with asyncio.timeout(60):
+                while not (kids[0] and kids[1]):  # fresh connections until each worker answered (both did above)
+                    async with httpx.AsyncClient() as http:
+                        worker = (await http.get(f"{url}/healthz", timeout=5.0)).json()["worker"]
+                        jwks = (await http.get(f"{url}/.well-known/jwks.json", timeout=5.0)).json()
+                    kids[worker] |= {key["kid"] for key in jwks["keys"]}
+        finally:
+            supervisor.send_signal(signal.SIGTERM)
+            supervisor.wait(timeout=30)
+    assert kids[0] == kids[1] and len(kids[0]) == 1, kids

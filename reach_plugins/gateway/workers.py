@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 
 from reach_plugins.errors import ConfigError
 from reach_plugins.gateway.serve import serve_gateway
+from reach_plugins.security.keys import ENV_KEYS, SigningKey
 
 log = logging.getLogger("reach_plugins.gateway")
 
@@ -151,6 +152,11 @@ def serve_workers(workers: int, host: str, port: int, options: dict[str, Any]) -
         )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if workers > 1 and not options.get("issuer_keys") and not os.environ.get(ENV_KEYS):
+        # Each worker would sign with a key of its own, and refuse the others' tokens and exchanges: they inherit
+        # one made here instead (it lives as long as this supervisor; --issuer-key gives one that outlives it).
+        os.environ[ENV_KEYS] = SigningKey.generate().pem().decode()
+        log.warning("no --issuer-key: the %d workers sign with one key made at start (tokens die with it)", workers)
     sock = listen(host, port)
     log.info("gateway listening on %s:%d with %d workers", host, sock.getsockname()[1], workers)
     Supervisor(options, workers, sock).run()
