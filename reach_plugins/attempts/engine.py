@@ -363,23 +363,9 @@ class Engine:
         where, now = admission.breaker, self.clock.monotonic()
         tell = self.tell_moved(flight)
         self.outliers.censored(where.agent, where.instance, at_least=now - tick, now=now, on_move=tell)
-        route = flight.route
-        record = AttemptRecord(
-            number=flight.attempts,
-            agent=route.agent.name,
-            instance=route.instance.instance_id,
-            endpoint=route.instance.endpoint,
-            started_at=started,
-            duration_ms=(self.clock.now() - started) * 1000.0,
-            outcome="cancelled",
-            error="another attempt of the request answered first",
-            retry_delay_ms=None,
-            breaker_state=admission.breaker.state(self.clock.monotonic()),
-            delivery="unknown",
-        )
-        flight.rec.attempt(record)
-        for hook in self.hooks:
-            hook.attempt(record)
+        lost, wall = "another attempt of the request answered first", self.clock.now()
+        record = self._record(flight, flight.route, admission, started, wall, "cancelled", lost, None, "unknown")
+        self._publish(flight, record, kept=True)
 
     @staticmethod
     def _retry_safe(flight: Flight) -> bool:
@@ -552,20 +538,39 @@ class Engine:
         only when someone will read it."""
         if verdict.ok and not flight.rec.keep and not self.hooks:
             return
-        record = AttemptRecord(
+        error = verdict.error.message if verdict.error else None
+        record = self._record(flight, route, admission, started, now, verdict.outcome, error, delay, verdict.delivery)
+        self._publish(flight, record, kept=not verdict.ok or flight.rec.keep)
+
+    def _record(
+        self,
+        flight: Flight,
+        route: RouteLike,
+        admission: Admission,
+        started: float,
+        now: float,
+        outcome: str,
+        error: str | None,
+        delay: float | None,
+        delivery: str,
+    ) -> AttemptRecord:
+        return AttemptRecord(
             number=flight.attempts,
             agent=route.agent.name,
             instance=route.instance.instance_id,
             endpoint=route.instance.endpoint,
             started_at=started,
             duration_ms=(now - started) * 1000.0,
-            outcome=verdict.outcome,
-            error=verdict.error.message if verdict.error else None,
+            outcome=outcome,
+            error=error,
             retry_delay_ms=None if delay is None else delay * 1000.0,
             breaker_state=admission.breaker.state(self.clock.monotonic()),
-            delivery=verdict.delivery,
+            delivery=delivery,
         )
-        if not verdict.ok or flight.rec.keep:
+
+    def _publish(self, flight: Flight, record: AttemptRecord, *, kept: bool) -> None:
+        """``record`` to every hook, and to the request's trace when ``kept``."""
+        if kept:
             flight.rec.attempt(record)
         for hook in self.hooks:
             hook.attempt(record)
