@@ -8,6 +8,7 @@ in a YAML file fails loudly instead of being ignored.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -489,6 +490,24 @@ class Attempt(BaseModel):
     def delivered(self) -> bool:
         """Whether the agent may have executed this attempt."""
         return self.delivery != "not_delivered"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One finished attempt as the attempt path reports it (the fields of :class:`Attempt`, built cheaply on the
+    hot path; the model is built only when a trace is)."""
+
+    number: int
+    agent: str
+    instance: str
+    endpoint: str
+    started_at: float
+    duration_ms: float
+    outcome: str
+    error: str | None
+    retry_delay_ms: float | None
+    breaker_state: str
+    delivery: str
 
 
 class ReachTrace(BaseModel):

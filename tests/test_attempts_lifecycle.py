@@ -10,11 +10,11 @@ from core_fakes import FakeRouter, make_agent
 
 from reach_plugins.attempts.bounded import within
 from reach_plugins.attempts.claims import ON_BEGIN, on_begin, on_end
-from reach_plugins.attempts.hooks import AttemptRecord, Moved
+from reach_plugins.attempts.hooks import Moved
 from reach_plugins.attempts.lifecycle import AFTER, PHASES, ImpossibleMove, moved
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConnectError, ConnectionLost, OutcomeUnknown
-from reach_plugins.model import CircuitBreakerConfig, Idempotency, ReachRequest, Timeouts
+from reach_plugins.model import AttemptRecord, CircuitBreakerConfig, Idempotency, ReachRequest, Timeouts
 from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import BaseTransport, Call, EventStream, MockTransport, Reply, StreamEvent
 

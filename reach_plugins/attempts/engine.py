@@ -23,7 +23,7 @@ from typing import Any, Literal
 from reach_plugins.attempts.admission import GuardTable
 from reach_plugins.attempts.bounded import within
 from reach_plugins.attempts.flight import Admission, Flight, Pin, Plan, Step, where_of
-from reach_plugins.attempts.hooks import AttemptHooks, AttemptRecord, Moved
+from reach_plugins.attempts.hooks import AttemptHooks, Moved
 from reach_plugins.attempts.lifecycle import after
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.clock import Clock
@@ -38,7 +38,7 @@ from reach_plugins.errors import (
     TokenClockSkew,
     Unauthenticated,
 )
-from reach_plugins.model import ErrorInfo, Hedging, ReachResponse
+from reach_plugins.model import AttemptRecord, ErrorInfo, Hedging, ReachResponse
 from reach_plugins.policy.backoff import retry_delay
 from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.policy.classify import (

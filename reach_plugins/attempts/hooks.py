@@ -8,32 +8,15 @@ The request's trace recorder is one subscriber; a pipeline's own hooks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
+from reach_plugins.model import AttemptRecord
 from reach_plugins.policy.breaker import BreakerTransition
 from reach_plugins.policy.consistency import ConsistencyTransition
 from reach_plugins.policy.outliers import OutlierTransition
 
 Moved = BreakerTransition | ConsistencyTransition | OutlierTransition
 """A state change of one instance: its breaker, its reply-consistency standing, or its standing among its peers."""
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptRecord:
-    """One finished attempt, as the trace and metrics see it (the fields of :class:`~reach_plugins.model.Attempt`)."""
-
-    number: int
-    agent: str
-    instance: str
-    endpoint: str
-    started_at: float
-    duration_ms: float
-    outcome: str
-    error: str | None
-    retry_delay_ms: float | None
-    breaker_state: str
-    delivery: str
 
 
 class AttemptHooks(Protocol):

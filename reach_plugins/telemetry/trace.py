@@ -26,8 +26,7 @@ from reach_plugins.telemetry.spans import (
 )
 
 if TYPE_CHECKING:
-    from reach_plugins.attempts.hooks import AttemptRecord, Moved
-    from reach_plugins.attempts.ports import RouteLike
+    from reach_plugins.model import AttemptRecord, Instance, RouteDecision
 
 logger = logging.getLogger("reach_plugins.trace")
 
@@ -109,6 +108,38 @@ def _fields(record: AttemptRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in record.__slots__}
 
 
+class Routed(Protocol):
+    """A route as the trace reads it: its decision (built on first read) and the instance it names."""
+
+    @property
+    def decision(self) -> RouteDecision: ...
+
+    @property
+    def instance(self) -> Instance: ...
+
+
+class StateChange(Protocol):
+    """An instance's state change as the trace reads it (a breaker, consistency or outlier transition)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def instance(self) -> str: ...
+
+    @property
+    def before(self) -> str: ...
+
+    @property
+    def after(self) -> str: ...
+
+    @property
+    def at(self) -> float: ...
+
+    @property
+    def reason(self) -> str: ...
+
+
 _MOVED_EVENTS = {"breaker": EVENT_BREAKER, "consistency": EVENT_CONSISTENCY_STATE, "outlier": EVENT_OUTLIER}
 """The trace event of each kind of instance state change."""
 
@@ -131,7 +162,7 @@ class TraceRecorder:
         self.started_at = started_at
         self.span = span
         self.keep = keep or span.is_recording()
-        self.route: RouteLike | None = None
+        self.route: Routed | None = None
         """The latest route; its decision is read (and so built) only by :meth:`build`."""
         self.attempts: list[AttemptRecord] = []
         self.events: list[dict[str, Any]] = []
@@ -151,7 +182,7 @@ class TraceRecorder:
         if self.span.is_recording():
             self.span.add_event(EVENT_ATTEMPT, attributes=_attributes(_fields(record)))
 
-    def moved(self, change: Moved) -> None:
+    def moved(self, change: StateChange) -> None:
         """An instance's breaker or consistency state changed during this request."""
         self.event(
             _MOVED_EVENTS[change.kind],
