@@ -18,13 +18,13 @@ lets callers retry a lost answer on any of its instances (DESIGN 11.1/11.2).
   is the default tenant's), and the memory store is bounded in entries and bytes.
 * A claim whose lease lapsed (its instance died or lost the store
   mid-handler) is ``unknown``, never a fresh key: the handler may have run,
-  so it is not run again. A handler that commits its effect and its key in
-  one transaction of its own passes ``committed`` (the lookup of that key in
-  its store): the committed result is then answered; without it, or when
-  nothing was committed, the answer is ``outcome_unknown`` (the caller ends
-  with :class:`~reach_plugins.errors.OutcomeUnknown`, carrying the key) and
-  the key stays unknown for the window. ``ReachContext.idempotency_scope`` is
-  the key to commit with.
+  so it is not run again, and the answer is ``outcome_unknown`` (the caller
+  ends with :class:`~reach_plugins.errors.OutcomeUnknown`, carrying the key);
+  the key stays unknown for the window. A handler that commits its effect and
+  its key in one transaction of its own passes ``committed`` (the lookup of
+  that key in its store), and that store decides: the committed result is
+  answered, and a key with nothing committed did not take effect, so it runs.
+  ``ReachContext.idempotency_scope`` is the key to commit with.
 * A result over the store's byte bound (its :class:`~reach_plugins.stores.budget.Budget`,
   or a Redis store's ``max_value_bytes``) is answered but not kept: its key
   stays unknown, so a replay is ``outcome_unknown`` (never a second run).
@@ -125,7 +125,7 @@ class Claims:
         kept = await self._kept(key)
         if kept is not None:
             return kept, True
-        if begin.state == "unknown":
+        if begin.state == "unknown" and self._committed is None:
             return await self._unknown(key, begin.where), False
         future: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
         self._running[key] = future

@@ -97,7 +97,10 @@ class Verdict:
 
     @property
     def instance_fault(self) -> bool:
-        """Counts against the instance's circuit breaker (a business refusal or backpressure does not)."""
+        """Counts against the instance's circuit breaker (a business refusal or backpressure does not, nor an
+        ``outcome_unknown`` answer: it is an answer about the key, from an instance that works)."""
+        if self.error is not None and self.error.type == OUTCOME_UNKNOWN:
+            return self.refusal
         return self.refusal or self.outcome in _INSTANCE_FAULTS
 
 
