@@ -83,6 +83,16 @@ def free_port() -> int:
         return port
 
 
+def interrupt(process: subprocess.Popen[bytes] | subprocess.Popen[str], within: float = 10.0) -> None:
+    """Stop a server process as an operator does (SIGINT), killing it if it has not exited ``within`` seconds."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(within)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll ``check`` every 20 ms until it holds; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,6 @@ allowed: never a tenant's own token (which would then be sent to the descriptor'
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +21,7 @@ import httpx
 import pytest
 import yaml
 from hop_support import TOKENS, demo_tenants, free_port, serve_agents, until_true, write_config
+from servers import interrupt
 
 from reach_plugins import ReachClient, errors
 from reach_plugins.config.loader import parse_config
@@ -74,12 +74,7 @@ async def hop(kind: str, config: Path, env: dict[str, str], *extra: str) -> Asyn
         await until_true(answering, within=60)
         yield transport
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        interrupt(process)
         if process.stderr is not None:
             process.stderr.close()
 

@@ -9,7 +9,6 @@ agent directly.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +21,7 @@ import httpx
 import jwt
 import pytest
 from hop_support import TOKENS, free_port, until_true, write_config
+from servers import interrupt
 from typer.testing import CliRunner
 
 from reach_plugins import ReachClient
@@ -99,12 +99,7 @@ def gateway_process(config: Path, port: int, folder: Path, *extra: str) -> Itera
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        interrupt(process)
 
 
 async def _answering(url: str, process: subprocess.Popen[bytes], errors: Path) -> bool:

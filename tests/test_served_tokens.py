@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -27,6 +26,7 @@ from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from servers import interrupt
 
 from reach_plugins import ReachClient, ReachEnhancer
 from reach_plugins.agent import ServedAgent, serve_graph
@@ -189,12 +189,7 @@ async def test_serve_in_the_foreground_with_tokens(tmp_path: Path, framework: st
         fleet = chat(url, default_issuer().for_tenant("acme", "helper").token)
         valid = chat(url, TokenIssuer(KeyRing.load([key])).for_tenant("acme", "helper").token)
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        interrupt(process)
     for refused in (bare, fleet):
         assert refused.status_code == 401 and refused.json()["error"]["type"] == "invalid_token"
     assert valid.status_code == 200, valid.text

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import httpx
 import pytest
 import trustme
 from hop_support import TOKENS, demo_tenants, free_port, write_config
+from servers import interrupt
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent, mtls
@@ -79,12 +79,7 @@ def _process(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield process
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        interrupt(process)
 
 
 def _client(pki: Pki, cert: tuple[Path, Path] | None) -> httpx.Client:
