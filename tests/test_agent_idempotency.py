@@ -122,7 +122,7 @@ async def test_a_lapsed_claim_is_outcome_unknown_never_a_fresh_run() -> None:
     fingerprint = json.dumps(request["payload"], sort_keys=True)
     await store.begin(scope(None, "orders", "create_ticket", "wo-W9"), fingerprint, 5.0, window=300)
     clock.advance(6)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://agent") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://127.0.0.1") as http:
         for _ in range(2):
             answer = await http.post("/reach", json=request, headers={"Idempotency-Key": "wo-W9"})
             assert answer.json()["error"]["type"] == "outcome_unknown", answer.text
