@@ -30,18 +30,16 @@ from reach_plugins.clock import Clock
 from reach_plugins.errors import (
     CircuitOpen,
     DeadlineExceeded,
-    InvalidToken,
     NoHealthyAgent,
     OutcomeUnknown,
     RateLimited,
     ReachError,
-    TokenClockSkew,
-    Unauthenticated,
 )
 from reach_plugins.model import AttemptRecord, ErrorInfo, Hedging, ReachResponse
 from reach_plugins.policy.backoff import retry_delay
 from reach_plugins.policy.breaker import Breakers, BreakerTransition, CircuitBreaker, Permit
 from reach_plugins.policy.classify import (
+    TOKEN_REFUSALS,
     Verdict,
     check_return_schema,
     classify_exception,
@@ -182,8 +180,7 @@ class Engine:
         if len(self._refusals_logged) >= 1024:
             self._refusals_logged.clear()
         self._refusals_logged[where] = tick + _REFUSAL_LOG_EVERY
-        skew = (Unauthenticated.code, InvalidToken.code, TokenClockSkew.code)
-        hint = " (is its clock skewed?)" if kind in skew else ""
+        hint = " (is its clock skewed?)" if kind in TOKEN_REFUSALS else ""
         logger.warning(
             "%s/%s refused a call before running it%s: %s: %s; failing over, and counting it against the instance",
             route.agent.name,

@@ -158,9 +158,10 @@ def classify_reply(reply: Reply) -> Verdict:
     return Verdict("business", error or _info("business", f"agent refused with HTTP {code}"))
 
 
-_REFUSED_BEFORE_RUNNING: frozenset[str] = frozenset(
-    {Unauthenticated.code, InvalidToken.code, TokenClockSkew.code, BackendUnavailable.code}
-)
+TOKEN_REFUSALS: frozenset[str] = frozenset({Unauthenticated.code, InvalidToken.code, TokenClockSkew.code})
+"""An agent could not verify the caller's token (of a token our issuer just signed: most often a skewed clock)."""
+
+_REFUSED_BEFORE_RUNNING: frozenset[str] = TOKEN_REFUSALS | {BackendUnavailable.code}
 """Error types an agent answers before it runs anything: it could not verify the caller's token, or it cannot
 check the idempotency key now."""
 

@@ -156,6 +156,11 @@ def on_outage(value: str, url: str) -> OnOutage:
     return "open" if value == "open" else "closed"
 
 
+def text(value: Any) -> str:
+    """A Redis reply as text (bytes decoded; anything else by ``str``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def describe(redis: Any) -> str:
     """``host:port/db`` of a client, for messages."""
     kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {})
@@ -213,7 +218,7 @@ class Subscription:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if message is not None:
                     data = message["data"]
-                    self._on_message(data.decode() if isinstance(data, bytes) else str(data))
+                    self._on_message(text(data))
         except OUTAGE_ERRORS as exc:
             logger.warning("redis subscription %s at %s lost: %s", self.channel, describe(self._redis), exc)
         finally:

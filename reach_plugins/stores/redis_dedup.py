@@ -57,6 +57,7 @@ from reach_plugins.stores.redis import (
     connect,
     describe,
     on_outage,
+    text,
     unavailable,
 )
 
@@ -223,10 +224,6 @@ _RECHECK: Final = object()
 """What a waiter is woken with when only Redis knows the outcome (a message from another process)."""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @dataclass(slots=True)
 class _Journaled:
     """What this process last wrote (or meant to write) for a key: restored into a dataset that lost it."""
@@ -301,7 +298,7 @@ class RedisDedupStore(RedisStore):
         now = "" if self._test_clock is None else repr(self._test_clock.now())
         argv = [now, self._epoch, self.restore_hold, *args]
         reply = await self._scripts[name](keys=[self._key(key), *self._marks], args=argv)
-        epoch = _text(reply[0])
+        epoch = text(reply[0])
         if notice and epoch != self._epoch:
             await self._new_epoch(epoch)
         return list(reply[1:])
@@ -390,7 +387,7 @@ class RedisDedupStore(RedisStore):
                 ) from exc
             logger.warning("redis at %s unreachable; running %r without dedup: %s", describe(self.redis), key, exc)
             return Begin("new")
-        state = _text(reply[0])
+        state = text(reply[0])
         if state == "conflict":
             raise conflict(key)
         if state == "done":
@@ -401,12 +398,12 @@ class RedisDedupStore(RedisStore):
             raise BackendUnavailable(
                 f"the dedup store lost its data (Redis restarted) and is restoring the claims its callers hold; "
                 f"idempotency key {shown(key)!r} was not checked and the call was not sent: retry in "
-                f"{float(_text(reply[1])):.1f}s"
+                f"{float(text(reply[1])):.1f}s"
             )
         self._claims[key] = token
         self._journal_put(key, _fields(reply[2]), token, ttl)
         if state == "unknown":
-            return Begin("unknown", where=_text(reply[1]) or None)
+            return Begin("unknown", where=text(reply[1]) or None)
         return Begin("new")
 
     async def complete(self, key: ScopedKey, response: ReachResponse) -> None:
@@ -510,12 +507,12 @@ class RedisDedupStore(RedisStore):
     async def _peek(self, key: ScopedKey) -> tuple[bool, ReachResponse | None, float]:
         """``(settled, result, seconds left of the lease)``: a done or unknown entry, or none live, is settled."""
         reply = await self._run("peek", key)
-        state = _text(reply[0])
+        state = text(reply[0])
         if state == "settled":
             return True, None, 0.0
         if state == "done":
             return True, ReachResponse.model_validate_json(reply[1]), 0.0
-        return False, None, float(_text(reply[1]))
+        return False, None, float(text(reply[1]))
 
     def _wake(self, key: ScopedKey, outcome: object) -> None:
         for waiter in self._waiting.get(key, ()):
@@ -544,7 +541,7 @@ class RedisDedupStore(RedisStore):
 
 def _fields(raw: Any) -> dict[str, str]:
     """A flat ``HGETALL`` answer as a dict of text."""
-    items = [_text(item) for item in raw]
+    items = [text(item) for item in raw]
     return dict(zip(items[::2], items[1::2], strict=True))
 
 

@@ -44,6 +44,7 @@ from reach_plugins.stores.redis import (
     connect,
     describe,
     on_outage,
+    text,
     unavailable,
 )
 from reach_plugins.stores.sessions import InFlight, Listener
@@ -157,7 +158,7 @@ class RedisSessions(RedisStore):
             self._degraded(f"conversation {key.id!r} cannot be checked", exc)
             return
         self._recovered()
-        state = state.decode() if isinstance(state, bytes) else str(state)
+        state = text(state)
         if state == "closed":
             raise SessionClosed(f"conversation {key.id!r} was closed; start a new one to reach agents again")
         if state == "expired":
@@ -195,7 +196,7 @@ class RedisSessions(RedisStore):
             self._degraded(f"the pin of conversation {key.id!r} cannot be shared", exc)
             return instance_id
         self._recovered()
-        return stored.decode() if isinstance(stored, bytes) else str(stored)
+        return text(stored)
 
     async def is_alive(self, key: ScopedKey) -> bool:
         try:

@@ -23,7 +23,7 @@ from typing import Any
 
 from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.stores.keys import ScopedKey
-from reach_plugins.stores.redis import MAX_VALUE_BYTES, OUTAGE_ERRORS, RedisStore, connect, describe, unavailable
+from reach_plugins.stores.redis import MAX_VALUE_BYTES, OUTAGE_ERRORS, RedisStore, connect, describe, text, unavailable
 from reach_plugins.stores.sessiontable import conversation_of, snapshot_name
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class RedisSnapshotStore(RedisStore):
         for field, raw in saved.items():
             record = json.loads(raw)
             if record["expires"] > now:
-                encoded = field.decode() if isinstance(field, bytes) else str(field)
+                encoded = text(field)
                 sessions[snapshot_name(ScopedKey.decode(encoded))] = record["state"]
             else:
                 expired.append(field)
