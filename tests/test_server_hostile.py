@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.errors import BusinessError
 from reach_plugins.gateway import create_app
 from reach_plugins.security import HEADER_TOKEN, SigningKey, TokenIssuer
 from reach_plugins.server.inbound import SMALL_BODY, InputLimits
@@ -469,3 +470,27 @@ def test_the_fuzzer_reaches_every_route(servers: list[Served]) -> None:
     """The fuzzed routes are the apps' own: the gateway's reach, MCP and token routes and the agent's A2A among them."""
     paths = {route.path for one in servers for route, _ in one.every()}
     assert {"/v1/reach", "/v1/reach/stream", "/mcp", "/v1/tokens", "/.well-known/jwks.json", "/a2a", "/reach"} <= paths
+
+
+def test_a_failed_mcp_tool_call_never_names_a_backend_address(tmp_path: Path) -> None:
+    """``tools/call`` at ``/mcp`` whose agent refuses naming where its database runs: the tool error is passed on
+    without the address, as ``/v1/reach`` passes it on (the failed-reply path of the MCP face skipped the scrub)."""
+    agent = ReachAgent("orders")
+
+    @agent.capability("query_order")
+    def query_order(order_id: str) -> dict[str, str]:
+        raise BusinessError(f"order {order_id}: the ledger at 127.0.0.1:6390 refused the lookup")
+
+    headers = {"Authorization": f"Bearer {TOKENS['DEMO_TOKEN']}", "Accept": "application/json, text/event-stream"}
+    with BackgroundServer(agent.app) as served:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [served.url]}, demo_tenants())
+        with BackgroundServer(create_app(config, environ=TOKENS)) as gateway:
+            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+            opened = httpx.post(f"{gateway.url}/mcp", json=init, headers=headers, timeout=10)
+            session = {**headers, "Mcp-Session-Id": opened.headers["mcp-session-id"]}
+            call = {"name": "query_order", "arguments": {"order_id": "1"}}
+            body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}
+            answer = httpx.post(f"{gateway.url}/mcp", json=body, headers=session, timeout=30)
+    result = answer.json()["result"]
+    assert result["isError"] is True and "the ledger at" in result["content"][0]["text"], answer.text
+    assert "6390" not in answer.text, answer.text

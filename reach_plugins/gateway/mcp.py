@@ -187,7 +187,7 @@ class McpEndpoint:
         except ValueError as exc:
             return _error(rpc_id, INVALID_PARAMS, f"tools/call: {exc}")
         if response.status != "success":
-            text = response.error.message if response.error else f"the reach ended {response.status}"
+            text = without_addresses(response.error.message) if response.error else f"the reach ended {response.status}"
             return _result(rpc_id, {"content": [{"type": "text", "text": text}], "isError": True})
         data = response.data
         reply = data.get("reply_content") if isinstance(data, Mapping) else None
