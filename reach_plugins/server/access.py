@@ -24,9 +24,15 @@ from reach_plugins.routing.pinning import PinningRouter
 from reach_plugins.wire.headers import SOURCE
 
 
-def _digest(token: str) -> bytes:
+def digest(token: str) -> bytes:
     """Tokens are looked up by digest, so the lookup time says nothing about how much of a guess matched."""
     return hashlib.sha256(token.encode()).digest()
+
+
+def bearer_of(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (any case of the scheme), else None."""
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 class Access:
@@ -49,12 +55,12 @@ class Access:
                     f"tenant {name!r}: environment variable {tenant.token_env} is not set; "
                     "it holds the bearer token this tenant presents"
                 )
-            digest = _digest(token)
-            if digest in self._by_digest:
+            key = digest(token)
+            if key in self._by_digest:
                 raise ConfigError(
-                    f"tenants {self._by_digest[digest]!r} and {name!r} share one token; give each its own"
+                    f"tenants {self._by_digest[key]!r} and {name!r} share one token; give each its own"
                 )
-            self._by_digest[digest] = name
+            self._by_digest[key] = name
             self._tokens[name] = token
 
     @property
@@ -74,10 +80,10 @@ class Access:
             raise Unauthenticated(
                 "missing 'Authorization: Bearer <token>' header; each tenant presents the token named by its token_env"
             )
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = bearer_of(authorization)
+        if token is None:
             raise Unauthenticated("the Authorization header must read 'Bearer <token>'")
-        tenant = self._by_digest.get(_digest(token.strip()))
+        tenant = self._by_digest.get(digest(token))
         if tenant is None:
             raise Unauthenticated("the bearer token belongs to no tenant of this server")
         if claimed and claimed != tenant:

@@ -21,7 +21,6 @@ is checked before a byte of the body is read; the body is at most
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 
 from reach_plugins.errors import PermissionDenied, Unauthenticated
 from reach_plugins.security.issuer import TokenIssuer
+from reach_plugins.server.access import bearer_of, digest
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.layer import OPEN, Inbound, ServerRoute
 from reach_plugins.wire.headers import HEADER_SAFE
@@ -59,10 +59,6 @@ class TokenCaller:
     tenant: str | None = None
 
 
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
 class TokenRequest(BaseModel):
     """The body of ``POST /v1/tokens``: the agent to reach, and the token to exchange or the tenant to act for."""
 
@@ -82,7 +78,7 @@ def issuer_routes(
 ) -> list[ServerRoute]:
     """The issuer's two routes, to mount in any app of ours (``limits`` may only tighten the token request's);
     ``agents`` (name -> its issuer token) are the agents that may exchange the tokens they receive."""
-    presenters = {_digest(token): name for name, token in (agents or {}).items()}
+    presenters = {digest(token): name for name, token in (agents or {}).items()}
     given = limits or InputLimits()
     bounded = InputLimits(
         max_body=min(given.max_body, MAX_REQUEST),
@@ -94,8 +90,8 @@ def issuer_routes(
     async def caller(request: Request, headers: Mapping[str, str]) -> TokenCaller:
         """An agent by its issuer token, else the tenant of a bearer token: checked before the body is read."""
         authorization = headers.get("authorization") or ""
-        scheme, _, bearer = authorization.strip().partition(" ")
-        agent = presenters.get(_digest(bearer.strip())) if scheme.lower() == "bearer" and bearer.strip() else None
+        bearer = bearer_of(authorization)
+        agent = presenters.get(digest(bearer)) if bearer is not None else None
         if agent is not None:
             return TokenCaller(agent=agent)
         return TokenCaller(tenant=authenticate(authorization or None, headers.get("x-tenant")))
