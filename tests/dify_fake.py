@@ -7,7 +7,7 @@ classes' constructors and message helpers, the pydantic entities they read)
 and nothing else, no more leniently than the real SDK: the same required
 fields, ``invoke`` converting parameters first, ``_init_prompt_tools``
 returning ``PromptMessageTool``. ``tests/test_dify_real.py`` checks it against
-dify-plugin 0.7.4 (in its own venv, built by ``scripts/setup.sh``) and runs
+dify-plugin 0.10.2 (in its own venv, built by ``scripts/setup.sh``) and runs
 the example plugins with the real SDK.
 """
 

@@ -1,4 +1,4 @@
-"""The real dify-plugin 0.7.4 SDK: the stand-in of ``tests/dify_fake.py`` matches it, and the example plugins run on it.
+"""The real dify-plugin SDK (0.10.2): the stand-in of ``tests/dify_fake.py`` matches it, the example plugins run on it.
 
 The SDK runs in a Python 3.12 venv of its own, ``.venv-dify`` (its pins
 conflict with ours, and importing it patches the process with gevent), built
@@ -19,6 +19,8 @@ from typing import Any
 
 import dify_fake
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 from pydantic import BaseModel
 
 import reach_plugins
@@ -115,7 +117,7 @@ def divergences(fake: dict[str, Any], real: dict[str, Any]) -> list[str]:
 
 
 def test_the_fake_sdk_has_the_real_sdks_shapes() -> None:
-    """Each stand-in class exists in dify-plugin 0.7.4 with the same required fields, no invented fields or methods."""
+    """Each stand-in class exists in dify-plugin 0.10.2 with the same required fields, no invented fields or methods."""
     classes = mirrored()
     wanted = json.dumps([name.split(":") for name in classes])
     real = run_real(SHAPE, wanted)
@@ -221,3 +223,19 @@ def test_the_installed_wheel_is_this_tree() -> None:
     installed = run_real(INSTALLED)
     stale = sorted(name for name in set(here) | set(installed) if here.get(name) != installed.get(name))
     assert not stale, f"the wheel in the dify venv is older than the tree ({stale[:5]}): run scripts/setup.sh"
+
+
+VERSION = """
+import importlib.metadata, json
+print(json.dumps(importlib.metadata.version("dify-plugin")))
+"""
+
+
+def test_the_dify_venv_runs_an_sdk_the_plugins_accept() -> None:
+    """The dify venv's SDK is in each plugin's dify_plugin range, which starts at 0.9 (the Marketplace's)."""
+    installed = Version(run_real(VERSION))
+    for plugin in ("reach_agent", "reach_tools"):
+        wanted = [Requirement(line) for line in (PLUGINS / plugin / "requirements.txt").read_text().splitlines()]
+        [sdk] = [requirement for requirement in wanted if requirement.name.replace("_", "-") == "dify-plugin"]
+        assert installed in sdk.specifier, f"{plugin} asks for {sdk}, the dify venv has {installed}"
+        assert Version("0.8.99") not in sdk.specifier and Version("0.9.0") in sdk.specifier, sdk
