@@ -272,6 +272,11 @@ class LocalTools:
         yield dify_fake.ToolInvokeMessage(type="text", message={"text": f"local {tool_name}"})
 
 
+def answers(messages: Iterator[Any]) -> list[Any]:
+    """A strategy's messages without its agent logs."""
+    return [message for message in messages if message.type != "log"]
+
+
 def tool_entity(name: str, description: str) -> dict[str, Any]:
     return {
         "identity": {"author": "reach", "name": name, "label": {"en_US": name}, "provider": "builtin_provider"},
@@ -314,7 +319,7 @@ def test_agent_strategy_reaches_mapped_tools_and_runs_the_others(plugin: ModuleT
         calls(("query_order", {"order_id": "A1"}), ("get_weather", {"city": "HZ"})), {"content": "A1 shipped; sunny."}
     )
     strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id="user-3"), session(tool=local, model=model))
-    messages = list(strategy.invoke(dict(STRATEGY_PARAMETERS)))
+    messages = answers(strategy.invoke(dict(STRATEGY_PARAMETERS)))
     assert [m.message.text for m in messages] == ["A1 shipped; sunny."]
     assert [call.request.session_id for call in transport.calls] == ["conv-1"]
     assert local.ran == [("builtin", "get_weather", {"city": "HZ"})]
@@ -342,7 +347,7 @@ def test_reach_strategy_hooks_a_custom_strategy(plugin: ModuleType, transport: M
             for name, args in (("query_order", {"order_id": "A7"}), ("get_weather", {})):
                 yield from self.session.tool.invoke_builtin_tool("provider", name, args)
 
-    messages = list(Custom(SimpleNamespace(user_id="u"), session("conv-2", tool=local)).invoke({"tools": []}))
+    messages = answers(Custom(SimpleNamespace(user_id="u"), session("conv-2", tool=local)).invoke({"tools": []}))
     assert messages[0].message.json_object["session"] == "conv-2"
     assert messages[1].message.text == "local get_weather"
     assert Custom.__name__ == "Custom" and [name for _, name, _ in local.ran] == ["get_weather"]

@@ -28,7 +28,13 @@ import reach_plugins
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "examples" / "dify_plugin"
 ORDER_ID = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}
-NESTED = ["ToolInvokeMessage.TextMessage", "ToolInvokeMessage.JsonMessage", "AssistantPromptMessage.ToolCall"]
+NESTED = [
+    "ToolInvokeMessage.TextMessage",
+    "ToolInvokeMessage.JsonMessage",
+    "ToolInvokeMessage.LogMessage",
+    "ToolInvokeMessage.LogMessage.LogStatus",
+    "AssistantPromptMessage.ToolCall",
+]
 """Classes the fake mirrors that the real SDK nests in another class (module of their outer class)."""
 
 
@@ -92,9 +98,12 @@ def mirrored() -> dict[str, Any]:
     """Every class the fake stands in for, by ``module:dotted.path`` of the real SDK."""
     classes = {f"{module}:{name}": cls for module, names in dify_fake.MODULES.items() for name, cls in names.items()}
     for path in NESTED:
-        outer, inner = path.split(".")
+        outer, *inner = path.split(".")
         module = next(key.split(":")[0] for key in classes if key.endswith(f":{outer}"))
-        classes[f"{module}:{path}"] = getattr(classes[f"{module}:{outer}"], inner)
+        found = classes[f"{module}:{outer}"]
+        for part in inner:
+            found = getattr(found, part)
+        classes[f"{module}:{path}"] = found
     return classes
 
 
