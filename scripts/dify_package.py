@@ -58,6 +58,8 @@ TAGS: Final = frozenset(
     }
 )
 ARCH: Final = frozenset({"amd64", "arm64"})
+CJK: Final = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+"""The template's review rule: "a README.md containing Chinese characters will be rejected"."""
 TOOL_PARAMETER_TYPES: Final = frozenset(
     {
         *("string", "number", "boolean", "select", "secret-input", "file", "files", "app-selector"),
@@ -163,7 +165,7 @@ def packaged_files(root: Path) -> list[str]:
 # ----------------------------------------------------------------------------- checks
 
 
-def check(files: Mapping[str, bytes]) -> dict[str, Any]:
+def check(files: Mapping[str, bytes], *, max_size: int = MAX_SIZE) -> dict[str, Any]:
     """The manifest of a package's ``files`` (path -> content); ``ConfigError`` listing every problem found."""
     problems: list[str] = []
     manifest = _yaml(files, "manifest.yaml", problems)
@@ -172,9 +174,9 @@ def check(files: Mapping[str, bytes]) -> dict[str, Any]:
     _check_manifest(manifest, files, problems)
     _check_extensions(manifest.get("plugins") or {}, files, problems)
     total = sum(len(content) for content in files.values())
-    if total > MAX_SIZE:
+    if total > max_size:
         largest = sorted(files, key=lambda name: len(files[name]), reverse=True)[:5]
-        problems.append(f"the package is {total} bytes uncompressed, over {MAX_SIZE}: largest {largest}")
+        problems.append(f"the package is {total} bytes uncompressed, over {max_size}: largest {largest}")
     if problems:
         raise ConfigError("the Dify plugin package would be refused:\n- " + "\n- ".join(problems))
     return manifest
@@ -209,8 +211,11 @@ def _check_manifest(manifest: Mapping[str, Any], files: Mapping[str, bytes], pro
         problems.append("manifest.yaml: 'privacy' must name the privacy policy (PRIVACY.md) for the Marketplace")
     elif privacy not in files or not files[privacy].strip():
         problems.append(f"manifest.yaml: privacy names {privacy!r}, which the package does not contain")
-    if not files.get("README.md", b"").strip():
+    readme = files.get("README.md", b"").decode("utf-8", "replace")
+    if not readme.strip():
         problems.append("README.md is missing or empty (the Marketplace shows it)")
+    elif CJK.search(readme):
+        problems.append("README.md must be in English only (translations go in README_zh_Hans.md and the like)")
 
 
 def _check_meta(meta: Mapping[str, Any], problems: list[str]) -> None:
@@ -311,11 +316,11 @@ def _i18n(value: Any, where: str, problems: list[str]) -> None:
 # ----------------------------------------------------------------------------- building
 
 
-def pack(root: Path) -> bytes:
+def pack(root: Path, *, max_size: int = MAX_SIZE) -> bytes:
     """The zip ``dify plugin package`` would write for ``root``, after the same checks."""
     names = packaged_files(root)
     files = {name: (root / name).read_bytes() for name in names}
-    check(files)
+    check(files, max_size=max_size)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name in names:
