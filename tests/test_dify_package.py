@@ -10,34 +10,21 @@ the real SDK.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
+from dify_packager import packager
 
 from reach_plugins.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "examples" / "dify_plugin"
 NAMES = ("reach_tools", "reach_agent")
-
-
-def load_packager() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dify_package", ROOT / "scripts" / "dify_package.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-packager = load_packager()
 
 
 def with_litter(name: str, into: Path) -> Path:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -143,14 +142,15 @@ class HookedTools:
         self.strategy = strategy
         self.enhancer = enhancer
         self.descriptions = dict(descriptions)
-        self.logs: deque[AgentInvokeMessage] = deque()
+        self.logs: list[AgentInvokeMessage] = []
         self.parent: AgentInvokeMessage | None = None
         """The log the next reaches' logs go under (the strategy's tool-call log), else the root."""
 
-    def drain(self) -> Iterator[AgentInvokeMessage]:
-        """The agent-log messages written since the last drain, oldest first."""
-        while self.logs:
-            yield self.logs.popleft()
+    def drain(self) -> list[AgentInvokeMessage]:
+        """The agent-log messages written since the last drain, oldest first (taken at once, so two drains in
+        a row, the strategy's and the wrapper's, never swap them)."""
+        taken, self.logs = self.logs, []
+        return taken
 
     def invoke(
         self,
