@@ -26,7 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import reach_plugins.dify as dify
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
-from reach_plugins.errors import ConfigError, SessionClosed, UnknownCapability
+from reach_plugins.errors import ConfigError, InvalidPayload, SessionClosed, UnknownCapability
+from reach_plugins.frameworks.dify.hook import collected
 from reach_plugins.model import ErrorInfo, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.transport import Call, MockTransport, Reply
@@ -352,3 +353,92 @@ def test_reach_strategy_hooks_a_custom_strategy(plugin: ModuleType, transport: M
     assert messages[1].message.text == "local get_weather"
     assert Custom.__name__ == "Custom" and [name for _, name, _ in local.ran] == ["get_weather"]
     assert len(transport.calls) == 1
+
+
+# ----------------------------------------------------------------------------- Ask an agent's payload
+
+MESSAGE = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+TWO = {"type": "object", "properties": {"order_id": {"type": "string"}, "reason": {"type": "string"}}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "field"),
+    [
+        (None, "query"),
+        (MESSAGE, "message"),
+        (ORDER_ID, "order_id"),
+        ({"type": "object", "required": ["text"]}, "text"),
+        ({"properties": {"n": {"type": "integer"}, "q": {"type": ["string", "null"]}}}, "q"),
+        ({"properties": {"n": {"type": "integer"}}, "required": ["n"]}, None),
+        ({**TWO, "required": ["order_id", "reason"]}, None),
+        (TWO, None),
+    ],
+)
+def test_the_question_fills_the_schemas_one_text_field(schema: dict[str, Any] | None, field: str | None) -> None:
+    """The one required string field, else the one string property; none when the schema has no single such field."""
+    assert dify.text_field(schema) == field
+
+
+def test_ask_payload_places_the_question_and_keeps_given_arguments() -> None:
+    """The question goes into the text field unless the arguments already set it; a JSON text is parsed."""
+    chat = Capability(name="triage_ticket", params_schema=MESSAGE)
+    assert dify.ask_payload(chat, {"query": " late parcel ", "arguments": ""}) == {"message": "late parcel"}
+    assert dify.ask_payload(chat, {"query": "x", "arguments": '{"message": "y"}'}) == {"message": "y"}
+    assert dify.ask_payload(None, {"query": "returns"}) == {"query": "returns"}
+    two = Capability(name="open_ticket", params_schema={**TWO, "required": ["order_id", "reason"]})
+    given = {"order_id": "A1", "reason": "late"}
+    assert dify.ask_payload(two, {"arguments": given}) == given
+
+
+def test_ask_payload_names_what_to_give_when_it_cannot_shape_one() -> None:
+    """No single text field, not JSON, not an object, nothing at all: InvalidPayload saying what to give."""
+    two = Capability(name="open_ticket", params_schema={**TWO, "required": ["order_id", "reason"]})
+    with pytest.raises(InvalidPayload, match=r"takes fields 'order_id', 'reason'.*JSON object in 'arguments'"):
+        dify.ask_payload(two, {"query": "A1 is late"})
+    with pytest.raises(InvalidPayload, match="are not JSON"):
+        dify.ask_payload(two, {"arguments": "{order_id: A1"})
+    with pytest.raises(InvalidPayload, match="must be a JSON object"):
+        dify.ask_payload(two, {"arguments": "[1, 2]"})
+    with pytest.raises(InvalidPayload, match="neither a question"):
+        dify.ask_payload(two, {"query": " ", "arguments": ""})
+
+
+def test_ask_agent_tool_sends_the_question_as_the_capabilitys_field(
+    plugin: ModuleType, transport: MockTransport
+) -> None:
+    """AskAgent on query_order (schema order_id) sends {order_id}, not {query}; a schema-less one gets {query}."""
+    tool = plugin.AskAgent(runtime(), session())
+    [message] = tool.invoke({"reach_capability": "query_order", "query": "A1"})
+    assert message.message.json_object["payload"] == {"order_id": "A1"}
+    list(tool.invoke({"reach_capability": "search_knowledge", "query": "returns"}))
+    assert [call.request.payload for call in transport.calls] == [{"order_id": "A1"}, {"query": "returns"}]
+
+
+# ----------------------------------------------------------------------------- streaming and agent logs (fake SDK)
+
+
+def test_stream_reach_collects_items_as_the_agent_sdk_does() -> None:
+    """Strings join into one text, a single item stays itself, several items are a list, none is an empty list."""
+    assert collected(["a", "b"]) == "ab"
+    assert collected([{"x": 1}]) == {"x": 1}
+    assert collected([{"x": 1}, "b"]) == [{"x": 1}, "b"]
+    assert collected([]) == []
+
+
+def test_a_reached_tool_call_writes_an_agent_log_under_its_call(plugin: ModuleType) -> None:
+    """ROUND -> CALL -> reach logs, the reach's finished with capability and output; a local tool gets no reach log."""
+    local = LocalTools()
+    model, _ = scripted_llm(
+        calls(("query_order", {"order_id": "A1"}), ("get_weather", {"city": "HZ"})), {"content": "ok"}
+    )
+    strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id="user-3"), session(tool=local, model=model))
+    logs = [m.message for m in strategy.invoke(dict(STRATEGY_PARAMETERS)) if m.type == "log"]
+    first = {log.id: log for log in reversed(logs)}
+    labels = {log.label: log for log in first.values()}
+    assert set(labels) == {"ROUND 1", "ROUND 2", "CALL query_order", "CALL get_weather", "reach query_order"}
+    reach = [log for log in logs if log.label == "reach query_order"]
+    assert reach[0].parent_id == labels["CALL query_order"].id
+    assert labels["CALL query_order"].parent_id == labels["ROUND 1"].id
+    assert [log.status.value for log in reach] == ["start", "start", "success"]
+    assert reach[-1].data["capability"] == "query_order" and reach[-1].data["items"] == 1
+    assert json.loads(reach[-1].data["output"])["payload"] == {"order_id": "A1"}
