@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import reach_plugins.dify as dify
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
-from reach_plugins.errors import ConfigError, InvalidPayload, SessionClosed, UnknownCapability
+from reach_plugins.errors import BusinessError, ConfigError, InvalidPayload, SessionClosed, UnknownCapability
 from reach_plugins.frameworks.dify.hook import collected
 from reach_plugins.model import ErrorInfo, Instance
 from reach_plugins.registry import MemoryRegistry
@@ -442,3 +442,24 @@ def test_a_reached_tool_call_writes_an_agent_log_under_its_call(plugin: ModuleTy
     assert [log.status.value for log in reach] == ["start", "start", "success"]
     assert reach[-1].data["capability"] == "query_order" and reach[-1].data["items"] == 1
     assert json.loads(reach[-1].data["output"])["payload"] == {"order_id": "A1"}
+
+
+def test_a_raising_enhancer_still_finishes_and_yields_the_reach_log(
+    plugin: ModuleType, registry: MemoryRegistry, transport: MockTransport
+) -> None:
+    """on_error="raise": the failure reaches the strategy's caller after the reach's log, finished with an error."""
+
+    @plugin.reach_strategy
+    class Custom(dify_fake.AgentStrategy):
+        def _invoke(self, parameters: dict[str, Any]) -> Iterator[Any]:
+            yield from self.session.tool.invoke_builtin_tool("provider", "query_order", {"order_id": "X"})
+
+    seen: list[Any] = []
+    with ReachEnhancer(registry=registry, transport=transport, matcher=False, on_error="raise") as raising:
+        dify.configure(raising)
+        with pytest.raises(BusinessError, match="there is no order X"):
+            for message in Custom(SimpleNamespace(user_id="u"), session(tool=LocalTools())).invoke({"tools": []}):
+                seen.append(message)
+    logs = [message.message for message in seen]
+    assert [(log.label, log.status.value) for log in logs] == [("reach query_order", s) for s in ("start", "error")]
+    assert "there is no order X" in (logs[-1].error or "") and len(transport.calls) == 1

@@ -43,7 +43,7 @@ from dify_plugin.interfaces.agent import AgentModelConfig, ToolEntity
 from dify_plugin.interfaces.tool import ToolLike
 from pydantic import BaseModel
 
-from reach_plugins.errors import ConfigError
+from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.frameworks.dify.ask import ask_payload
 from reach_plugins.frameworks.dify.hook import (
     CAPABILITY_PARAMETER,
@@ -194,38 +194,46 @@ class HookedTools:
         )
         self.logs.append(log)
         received: list[Any] = []
-        while True:
-            try:
-                item = next(items)
-            except StopIteration as stop:
-                result: ToolResult = stop.value
-                break
-            received.append(item)
-            progress = {**log.message.data, "items": len(received), "latest": _loggable(item)}
-            self.logs.append(self.strategy.finish_log_message(log, status=LogStatus.START, data=progress))
-            yield item_message(_MESSAGES, item)
-        finished = {LogMetadata.STARTED_AT: started, LogMetadata.FINISHED_AT: time.time()}
-        finished[LogMetadata.ELAPSED_TIME] = finished[LogMetadata.FINISHED_AT] - started
-        outcome = {**log.message.data, "items": len(received), "capability": result.capability}
+        try:
+            while True:
+                try:
+                    item = next(items)
+                except StopIteration as stop:
+                    result: ToolResult = stop.value
+                    break
+                received.append(item)
+                progress = {**log.message.data, "items": len(received), "latest": _loggable(item)}
+                self.logs.append(self.strategy.finish_log_message(log, status=LogStatus.START, data=progress))
+                yield item_message(_MESSAGES, item)
+        except ReachError as exc:  # on_error="raise": the log still says how the reach ended
+            self._finish(log, started, {"items": len(received)}, error=exc.message)
+            raise
+        outcome = {"items": len(received), "capability": result.capability}
         if result.fallback is not None:
-            self.logs.append(
-                self.strategy.finish_log_message(log, data={**outcome, "fallback": result.fallback}, metadata=finished)
-            )
+            self._finish(log, started, {**outcome, "fallback": result.fallback})
             yield from self.inner.invoke(*local)
-            return
-        if not result.ok:
-            self.logs.append(
-                self.strategy.finish_log_message(
-                    log, status=LogStatus.ERROR, error=result.content, data=outcome, metadata=finished
-                )
-            )
+        elif not result.ok:
+            self._finish(log, started, outcome, error=result.content)
             yield _MESSAGES.create_text_message(result.content)
-            return
+        else:
+            self._finish(log, started, {**outcome, "output": result.content})
+            if not received:
+                yield from tool_messages(_MESSAGES, result)
+
+    def _finish(self, log: AgentInvokeMessage, started: float, data: dict[str, Any], error: str | None = None) -> None:
+        """Queue the reach's last log: ``data`` beside its arguments, the times, ``error`` status when it failed."""
+        now = time.time()
+        metadata = {
+            LogMetadata.STARTED_AT: started,
+            LogMetadata.FINISHED_AT: now,
+            LogMetadata.ELAPSED_TIME: now - started,
+        }
+        status = LogStatus.SUCCESS if error is None else LogStatus.ERROR
         self.logs.append(
-            self.strategy.finish_log_message(log, data={**outcome, "output": result.content}, metadata=finished)
+            self.strategy.finish_log_message(
+                log, status=status, error=error, data={**log.message.data, **data}, metadata=metadata
+            )
         )
-        if not received:
-            yield from tool_messages(_MESSAGES, result)
 
     def invoke_builtin_tool(
         self, provider: str, tool_name: str, parameters: dict[str, Any]
@@ -280,9 +288,13 @@ def reach_strategy(strategy: type[S], *, name: str | None = None) -> type[S]:
             descriptions = _descriptions(parameters.get("tools"))
             self.session.tool = HookedTools(self.session.tool, self, enhancer, descriptions)
         hooked: HookedTools = self.session.tool
-        for message in strategy._invoke(self, parameters):
+        try:
+            for message in strategy._invoke(self, parameters):
+                yield from hooked.drain()
+                yield message
+        except ReachError:  # on_error="raise": the logs of the reach that raised still reach Dify
             yield from hooked.drain()
-            yield message
+            raise
         yield from hooked.drain()
 
     namespace = {"_invoke": _invoke, "__module__": strategy.__module__, "__doc__": strategy.__doc__}
