@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind
 
 from reach_plugins.errors import ConfigError, ReachError, from_wire
 from reach_plugins.frameworks.enhancer import ReachEnhancer
-from reach_plugins.frameworks.toolcalls import Decision, Resolution, RouteInfo, ToolCall, ToolResult, content_of
+from reach_plugins.frameworks.toolcalls import Decision, Resolution, ToolCall, ToolResult, content_of
 from reach_plugins.telemetry.spans import ATTR_CAPABILITY, ATTR_GEN_AI_CONVERSATION_ID, get_tracer
 
 ATTR_DIFY_APP_ID: Final = "dify.app_id"
@@ -223,7 +223,11 @@ def stream_reach(reach: ReachEnhancer, call: ToolCall, decision: Decision) -> Ge
     stays itself), as the agent SDK collects a streaming handler. A capability
     that needs approval or names an idempotency key is reached whole through
     :meth:`ReachEnhancer.reach`: its approver runs there, and a stream is
-    retried only before its first item and never deduplicated.
+    retried only before its first item and never deduplicated. Unlike a
+    whole reach, a stream that failed on every instance before its first item
+    falls back to the local tool only when no agent could take it
+    (``NoHealthyAgent``): its error event does not say whether an attempt was
+    delivered, and a delivered one may have run.
     """
     capability = decision.capability
     if capability is None or capability.needs_approval or capability.idempotency_key:
@@ -241,7 +245,7 @@ def stream_reach(reach: ReachEnhancer, call: ToolCall, decision: Decision) -> Ge
             return reach._failed(span, call, capability.name, exc, None)
         span.set_attribute(ATTR_CAPABILITY, capability.name)
     data = collected(items)
-    return ToolResult(call, capability.name, content_of(data), data, None, RouteInfo(capability.name, None))
+    return ToolResult(call, capability.name, content_of(data), data)
 
 
 def collected(items: list[Any]) -> Any:
