@@ -226,6 +226,16 @@ class LLMResult(BaseModel):
     usage: dict[str, Any]
 
 
+class LLMResultChunkDelta(BaseModel):
+    index: int
+    message: AssistantPromptMessage
+
+
+class LLMResultChunk(BaseModel):
+    model: str
+    delta: LLMResultChunkDelta
+
+
 class AgentToolIdentity(BaseModel):
     author: str
     name: str
@@ -250,7 +260,12 @@ MODULES: dict[str, dict[str, Any]] = {
     "dify_plugin.entities": {},
     "dify_plugin.entities.agent": {"AgentInvokeMessage": AgentInvokeMessage},
     "dify_plugin.entities.model": {},
-    "dify_plugin.entities.model.llm": {"LLMModelConfig": LLMModelConfig, "LLMResult": LLMResult},
+    "dify_plugin.entities.model.llm": {
+        "LLMModelConfig": LLMModelConfig,
+        "LLMResult": LLMResult,
+        "LLMResultChunk": LLMResultChunk,
+        "LLMResultChunkDelta": LLMResultChunkDelta,
+    },
     "dify_plugin.entities.provider_config": {"LogMetadata": LogMetadata},
     "dify_plugin.entities.model.message": {
         "AssistantPromptMessage": AssistantPromptMessage,

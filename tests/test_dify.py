@@ -463,3 +463,31 @@ def test_a_raising_enhancer_still_finishes_and_yields_the_reach_log(
     logs = [message.message for message in seen]
     assert [(log.label, log.status.value) for log in logs] == [("reach query_order", s) for s in ("start", "error")]
     assert "there is no order X" in (logs[-1].error or "") and len(transport.calls) == 1
+
+
+def chunks(*pieces: dict[str, Any]) -> Iterator[Any]:
+    """A streamed model answer: one chunk per piece."""
+    for index, piece in enumerate(pieces):
+        message = dify_fake.AssistantPromptMessage(**piece)
+        yield dify_fake.LLMResultChunk(model="m", delta=dify_fake.LLMResultChunkDelta(index=index, message=message))
+
+
+def test_the_strategy_streams_the_models_text_and_joins_a_tool_call_sent_in_pieces(
+    plugin: ModuleType, transport: MockTransport
+) -> None:
+    """stream=True: each text chunk is a message as it comes; a tool call's arguments split over chunks are joined."""
+    first = {"id": "c0", "type": "function", "function": {"name": "query_order", "arguments": '{"order_'}}
+    rest = {"id": "", "type": "function", "function": {"name": "", "arguments": 'id": "A1"}'}}
+    rounds = iter([chunks({"content": "", "tool_calls": [first]}, {"content": "", "tool_calls": [rest]}),
+                   chunks({"content": "A1 is "}, {"content": "shipped."})])
+    asked: list[bool] = []
+
+    def invoke(model_config: Any, prompt_messages: list[Any], tools: Any = None, stream: bool = True) -> Any:
+        asked.append(stream)
+        return next(rounds)
+
+    model = SimpleNamespace(llm=SimpleNamespace(invoke=invoke))
+    strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id="u"), session(tool=LocalTools(), model=model))
+    texts = [m.message.text for m in strategy.invoke(dict(STRATEGY_PARAMETERS)) if m.type == "text"]
+    assert texts == ["A1 is ", "shipped."] and asked == [True, True]
+    assert [call.request.payload for call in transport.calls] == [{"order_id": "A1"}]

@@ -362,7 +362,7 @@ import json, os, pathlib, sys, time, types
 from dify_plugin.config.config import DifyPluginEnv
 from dify_plugin.core.plugin_registration import PluginRegistration
 from dify_plugin.entities.agent import AgentRuntime
-from dify_plugin.entities.model.llm import LLMResult, LLMUsage
+from dify_plugin.entities.model.llm import LLMResult, LLMResultChunk, LLMResultChunkDelta, LLMUsage
 from dify_plugin.entities.model.message import AssistantPromptMessage
 
 plugin, registry, gate = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
@@ -372,15 +372,22 @@ strategies = PluginRegistration(DifyPluginEnv()).agent_strategies_mapping["reach
 strategy_class = strategies["reach_function_calling"][1]
 def call(n, name, args):
     return {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+def chunked(*messages):  # a model that streams: one chunk per message
+    for index, message in enumerate(messages):
+        yield LLMResultChunk(model="m", delta=LLMResultChunkDelta(index=index, message=message))
+half = call(2, "query_order", {"order_id": "X"})
+rest = {"id": "", "type": "function", "function": {"name": "", "arguments": half["function"]["arguments"][9:]}}
+half["function"]["arguments"] = half["function"]["arguments"][:9]
 replies = iter([
-    AssistantPromptMessage(content="", tool_calls=[call(1, "draft_reply", {"topic": "late parcel"})]),
-    AssistantPromptMessage(content="", tool_calls=[call(2, "query_order", {"order_id": "X"})]),
-    AssistantPromptMessage(content="done"),
+    LLMResult(model="m", message=AssistantPromptMessage(content="", tool_calls=[
+        call(1, "draft_reply", {"topic": "late parcel"})]), usage=LLMUsage.empty_usage()),
+    chunked(*(AssistantPromptMessage(content="", tool_calls=[piece]) for piece in (half, rest))),
+    chunked(AssistantPromptMessage(content="do"), AssistantPromptMessage(content="ne")),
 ])
 prompts = []
 def invoke(model_config, prompt_messages, tools=None, stop=None, stream=True):
     prompts.append([m.model_dump(mode="json") for m in prompt_messages])
-    return LLMResult(model="m", message=next(replies), usage=LLMUsage.empty_usage())
+    return next(replies)
 session = types.SimpleNamespace(conversation_id="conv-stream", app_id="app", tool=None,
                                 model=types.SimpleNamespace(llm=types.SimpleNamespace(invoke=invoke)))
 strategy = strategy_class(runtime=AgentRuntime(user_id="u"), session=session)
@@ -403,7 +410,8 @@ os._exit(0)
 
 
 def test_the_strategy_streams_remote_items_and_logs_each_reach(tmp_path: Path, packaged: Path) -> None:
-    """Items show as they arrive (the agent waits for the first to show), each reach has a log, a failure an error."""
+    """Items show as they arrive (the agent waits for the first to show), each reach has a log, a failure an error;
+    the model's streamed answer and a tool call streamed in pieces work on the real SDK's chunks."""
     from reach_plugins.agent import BackgroundServer, ReachAgent
     from reach_plugins.errors import BusinessError
 
@@ -430,7 +438,7 @@ def test_the_strategy_streams_remote_items_and_logs_each_reach(tmp_path: Path, p
         report = run_real(STREAM, str(packaged / "reach_agent"), registry, str(gate))
     assert waited == [True], "the first item did not reach the strategy while the agent was still running"
     messages = report["messages"]
-    assert [m["text"] for m in messages if m["type"] == "text"] == ["done"]
+    assert [m["text"] for m in messages if m["type"] == "text"] == ["do", "ne"], "the model's answer streams too"
     logs = [m for m in messages if m["type"] == "log"]
     by_id: dict[str, list[dict[str, Any]]] = {}
     for log in logs:

@@ -14,7 +14,8 @@ class from its source file and wants exactly one subclass of ``Tool`` /
 :class:`AskAgent` is the generic "Ask an agent" tool (the app builder picks the
 capability, its payload follows the capability's schema).
 :data:`ReachAgentStrategy` is a small function-calling strategy with the hook
-already installed, ready to name in a strategy YAML. A hooked strategy streams:
+already installed, ready to name in a strategy YAML (it streams the model's
+text as it comes). A hooked strategy streams:
 each item a remote agent sends is a tool message as it arrives, and every reach
 writes a Dify agent log (``reach {tool}``) that is updated as items arrive and
 finished with the route or the error.
@@ -327,7 +328,7 @@ class FunctionCallingParams(BaseModel):
 
 
 class FunctionCalling(AgentStrategy):  # type: ignore[misc]
-    """Ask the model, run the tools it calls, repeat until it answers (blocking model calls).
+    """Ask the model, run the tools it calls, repeat until it answers; the model's text streams as it comes.
 
     Each round and each tool call writes a Dify agent log; the logs of a
     reach (:class:`HookedTools`) go under its tool call's and are yielded as
@@ -346,10 +347,7 @@ class FunctionCalling(AgentStrategy):  # type: ignore[misc]
         for round_number in range(1, params.maximum_iterations + 1):
             round_log = self.create_log_message(label=f"ROUND {round_number}", data={}, status=LogStatus.START)
             yield round_log
-            result: LLMResult = self.session.model.llm.invoke(
-                model_config=config, prompt_messages=messages, tools=prompt_tools, stream=False
-            )
-            reply = result.message
+            reply = yield from self._ask_model(config, messages, prompt_tools)
             messages.append(reply)
             for call in reply.tool_calls:
                 output = yield from self._run_tool(tools.get(call.function.name), call, round_log)
@@ -357,9 +355,34 @@ class FunctionCalling(AgentStrategy):  # type: ignore[misc]
             calls = [call.function.name for call in reply.tool_calls]
             yield self.finish_log_message(round_log, data={"output": _text(reply), "tool_calls": calls})
             if not reply.tool_calls:
-                yield self.create_text_message(_text(reply))
                 return
         yield self.create_text_message(f"Stopped after {params.maximum_iterations} rounds of tool calls.")
+
+    def _ask_model(
+        self, config: LLMModelConfig, messages: list[PromptMessage], tools: list[Any]
+    ) -> Generator[AgentInvokeMessage, None, AssistantPromptMessage]:
+        """One model call, streamed: its text as it arrives; returns the whole reply (text and tool calls).
+
+        A model that answers at once (an ``LLMResult``) is one chunk. A tool
+        call streamed in pieces (the same id again, or no id) has its
+        arguments joined.
+        """
+        answer = self.session.model.llm.invoke(model_config=config, prompt_messages=messages, tools=tools, stream=True)
+        pieces = [answer.message] if isinstance(answer, LLMResult) else (chunk.delta.message for chunk in answer)
+        text: list[str] = []
+        calls: dict[str, AssistantPromptMessage.ToolCall] = {}
+        for piece in pieces:
+            said = _text(piece)
+            if said:
+                text.append(said)
+                yield self.create_text_message(said)
+            for call in piece.tool_calls:
+                known = calls.get(call.id) if call.id else next(reversed(calls.values()), None)
+                if known is None:
+                    calls[call.id] = call.model_copy(deep=True)
+                else:
+                    known.function.arguments += call.function.arguments
+        return AssistantPromptMessage(content="".join(text), tool_calls=list(calls.values()))
 
     def _run_tool(
         self, tool: ToolEntity | None, call: AssistantPromptMessage.ToolCall, round_log: AgentInvokeMessage
