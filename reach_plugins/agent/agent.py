@@ -8,8 +8,10 @@
     serve(agent, port=8101)          # or mount agent.app in any ASGI server
 
 The agent answers business errors (a raised :class:`BusinessError`) as
-``error.type == "business"``, runs each ``Idempotency-Key`` once, honours
-``X-Reach-Deadline``, and reports readiness from a user callback.
+``error.type == "business"`` and any other exception of a handler as
+``handler_failed`` with an error id (run again by no layer unless the handler
+raised :class:`~reach_plugins.errors.Retryable`), runs each ``Idempotency-Key``
+once, honours ``X-Reach-Deadline``, and reports readiness from a user callback.
 
 Secure by default (DESIGN.md 11.4): every call must carry a token of the Reach
 issuer for this agent (``tokens=``, by default this process's in-process issuer),
@@ -36,7 +38,7 @@ from pydantic import ValidationError
 
 from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.asgi import build_app
-from reach_plugins.agent.faults import concealed
+from reach_plugins.agent.faults import failed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, commit_key, open_key_store, scope
 from reach_plugins.agent.outcome import Outcome, fail, refused
@@ -55,8 +57,8 @@ from reach_plugins.errors import (
     NoApprover,
     RateLimited,
     ReachError,
-    RemoteError,
     RequestError,
+    Retryable,
     UnknownCapability,
 )
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
@@ -113,6 +115,11 @@ def _busy(request_id: Any, handler: CapabilityHandler) -> Outcome:
     assert seats is not None
     why = f"{handler.capability.name!r} runs at most {seats.limit} calls at once and {seats.queued} more are waiting"
     return _not_executed(request_id, why, RateLimited.code)
+
+
+def _error_frame(exc: ReachError) -> bytes:
+    """The SSE ``error`` frame that ends a stream with ``exc``'s wire code and message."""
+    return encode_sse(dumps({"type": exc.error_type, "message": exc.message}), "error")
 
 
 def _deadline(headers: Mapping[str, str], body: WireBody) -> float | None:
@@ -429,14 +436,16 @@ class ReachAgent:
                     data = await prepared.handler.call(prepared.kwargs)
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
             return Outcome(200, body)
+        except Retryable as exc:
+            return refused(ctx.request_id, failed(exc, ctx.capability))
         except ReachError as exc:
             return fail(ctx.request_id, 200, exc.error_type, exc.message)
         except TimeoutError:
             return refused(
                 ctx.request_id, DeadlineExceeded(f"{ctx.capability!r} did not finish within the caller's deadline")
             )
-        except Exception as exc:
-            return refused(ctx.request_id, RemoteError(concealed(exc, ctx.capability)))
+        except Exception as exc:  # the handler ran and raised: a result (HandlerFailed), never re-run
+            return refused(ctx.request_id, failed(exc, ctx.capability))
 
     async def open_stream(
         self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None
@@ -470,12 +479,14 @@ class ReachAgent:
                     break
                 yield encode_sse(dumps(chunk), "data")
             yield encode_sse("", "end")
+        except Retryable as exc:
+            yield _error_frame(failed(exc, ctx.capability))
         except ReachError as exc:
-            yield encode_sse(dumps({"type": exc.error_type, "message": exc.message}), "error")
+            yield _error_frame(exc)
         except TimeoutError:
             yield encode_sse(dumps({"type": "timeout", "message": "the stream passed the caller's deadline"}), "error")
         except Exception as exc:
-            yield encode_sse(dumps({"type": "transient", "message": concealed(exc, ctx.capability)}), "error")
+            yield _error_frame(failed(exc, ctx.capability))
         finally:
             await chunks.aclose()
             span.end()
