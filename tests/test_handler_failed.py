@@ -4,6 +4,9 @@ The agent runs in a process of its own and appends one line per handler run
 to a file, so runs are counted where they happen. Paths: direct (aiohttp and
 httpx), through a gateway, through a node (gRPC), to the agent's A2A face and
 through the gateway's MCP face; keyed and unkeyed where the path carries a key.
+Last, the README's LangChain recipe (``on_error="raise"`` +
+``ToolRetryMiddleware(retry_on=errors.is_retryable)``) over the real
+``create_agent``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,18 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from hop_support import TOKENS, demo_tenants, free_port, write_config
+from langchain.agents.middleware import ToolErrorMiddleware, ToolRetryMiddleware
+from langchain_core.tools import tool
 from servers import interrupt, startup_seconds, wait_until
 
-from reach_plugins import ReachClient
+from reach_plugins import ReachClient, ReachEnhancer
 from reach_plugins.agent import BackgroundServer
+from reach_plugins.demo.model import Rule, ScriptedChatModel
 from reach_plugins.errors import HandlerFailed, Retryable, is_retryable
 from reach_plugins.gateway import create_app
+from reach_plugins.langchain import create_agent, reach_error_message
 from reach_plugins.model import AgentDescriptor, ReachResponse, RetryPolicy
 from reach_plugins.node import build_node
 from reach_plugins.registry import MemoryRegistry
@@ -270,3 +278,65 @@ def test_the_mcp_face_runs_a_raising_handler_once_and_retries_a_retryable_one(
     text = crashed["content"][0]["text"]
     assert crashed["isError"] is True and "error id" in text and "PaSsWoRd" not in text, crashed
     assert (agent.count("crash", crash), agent.count("flaky", flaky)) == (1, ATTEMPTS)
+
+
+@tool
+def crash(call: str) -> str:
+    """Look up the ledger (the agent serves it)."""
+    raise AssertionError("the local tool is never run: the agent serves it")
+
+
+@tool
+def flaky(call: str) -> str:
+    """Check the inventory (the agent serves it)."""
+    raise AssertionError("the local tool is never run: the agent serves it")
+
+
+MIDDLEWARE_RETRIES = 2
+"""The recipe's ``ToolRetryMiddleware(max_retries=2)``: three tries of the tool per call."""
+
+
+async def _recipe_run(agent: AgentProcess, tmp_path: Path, tool_name: str, call: str) -> str:
+    """One run of a LangGraph agent built by the README's recipe, the core at its default retry; the tool's text."""
+    body = {"name": "orders", "endpoints": [agent.url], "capabilities": CAPABILITIES, "retry": FAST_RETRY}
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump({"agents": [body]}))
+    rules = [Rule(r"(\w+) (\w+)", tool_name, lambda match: {"call": match.group(2)})]
+    middleware = [
+        ToolErrorMiddleware(on_error=reach_error_message),
+        ToolRetryMiddleware(
+            max_retries=MIDDLEWARE_RETRIES, retry_on=is_retryable, on_failure="error", initial_delay=0.01
+        ),
+    ]
+    async with ReachEnhancer(registry=f"file://{config}", on_error="raise") as enhancer:
+        desk = create_agent(ScriptedChatModel(rules=rules), [crash, flaky], middleware=middleware, enhanced_by=enhancer)
+        state = await desk.ainvoke({"messages": [("user", f"{tool_name} {call}")]})
+    return str(state["messages"][-2].content)
+
+
+async def test_the_langchain_retry_recipe_runs_a_raising_handler_once(agent: AgentProcess, tmp_path: Path) -> None:
+    """on_error="raise" + ToolRetryMiddleware(retry_on=is_retryable): a plain exception is one run (main: 9)."""
+    call = _call()
+    text = await _recipe_run(agent, tmp_path, "crash", call)
+    assert "error id" in text and "PaSsWoRd" not in text, text
+    assert agent.count("crash", call) == 1
+
+
+async def test_the_langchain_retry_recipe_retries_a_retryable_handler(agent: AgentProcess, tmp_path: Path) -> None:
+    """The recipe's retry_on retries what the handler marked Retryable: every middleware try, each per the core."""
+    call = _call()
+    text = await _recipe_run(agent, tmp_path, "flaky", call)
+    assert "inventory busy" in text, text
+    assert agent.count("flaky", call) == ATTEMPTS * (1 + MIDDLEWARE_RETRIES)
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (HandlerFailed("'crash' failed (RuntimeError); error id 0123456789abcdef", "0123456789abcdef"), False),
+        (Retryable("inventory busy"), True),
+    ],
+)
+def test_is_retryable_follows_the_handlers_mark(error: Exception, retryable: bool) -> None:
+    """errors.is_retryable: a handler that raised is final, unless it raised Retryable."""
+    assert is_retryable(error) is retryable
