@@ -47,7 +47,7 @@ from transports.grpcnode import GrpcNodeTransport
 ATTEMPTS = 3
 """The default ``retry.max_attempts``: what a ``Retryable`` handler is run per call."""
 FAST_RETRY = {"base_wait": 0.01, "max_wait": 0.02}
-CAPABILITIES = ["crash", "flaky"]
+CAPABILITIES = ["crash", "crash_stream", "flaky"]
 
 _AGENT = textwrap.dedent(
     """
@@ -66,6 +66,13 @@ _AGENT = textwrap.dedent(
     def crash(call: str) -> dict:
         ran("crash", call)
         raise RuntimeError("the ledger at postgres://svc:PaSsWoRd@127.0.0.1:5432 dropped the connection")
+
+    @agent.capability("crash_stream")
+    def crash_stream(call: str):
+        ran("crash_stream", call)
+        if call:
+            raise RuntimeError("the stream broke before its first event")
+        yield {}
 
     @agent.capability("flaky")
     def flaky(call: str) -> dict:
@@ -195,6 +202,19 @@ async def test_a_raising_handler_runs_once_per_call(agent: AgentProcess, config:
     if replayed is not None:  # the key keeps the failure: its replay answers it again, nothing runs
         assert replayed.error is not None and replayed.error.message == response.error.message
     assert agent.count("crash", call) == 1
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_a_stream_whose_handler_raised_is_one_run_and_an_error_event(
+    agent: AgentProcess, config: Path, path: str
+) -> None:
+    """A streaming handler raising before its first event ends the stream with handler_failed; it is not re-opened."""
+    call = _call()
+    async with PATHS[path](config) as client:
+        events = [event async for event in client.stream("crash_stream", {"call": call}, timeout_ms=10_000)]
+    assert [event.kind for event in events] == ["error"]
+    assert events[0].error is not None and events[0].error.type == HandlerFailed.code, events[0].error
+    assert agent.count("crash_stream", call) == 1
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
