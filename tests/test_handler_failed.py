@@ -33,13 +33,14 @@ from servers import interrupt, startup_seconds, wait_until
 from reach_plugins import ReachClient, ReachEnhancer
 from reach_plugins.agent import BackgroundServer
 from reach_plugins.demo.model import Rule, ScriptedChatModel
-from reach_plugins.errors import HandlerFailed, Retryable, is_retryable
+from reach_plugins.errors import ConnectionLost, HandlerFailed, Retryable, is_retryable
 from reach_plugins.gateway import create_app
 from reach_plugins.langchain import create_agent, reach_error_message
-from reach_plugins.model import AgentDescriptor, ReachResponse, RetryPolicy
+from reach_plugins.model import AgentDescriptor, ErrorInfo, ReachResponse, RetryPolicy
 from reach_plugins.node import build_node
 from reach_plugins.registry import MemoryRegistry
-from reach_plugins.transport import Transport
+from reach_plugins.testing.clock import FakeClock
+from reach_plugins.transport import Call, MockTransport, Reply, Transport
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
 from transports.grpcnode import GrpcNodeTransport
@@ -360,3 +361,28 @@ async def test_the_langchain_retry_recipe_retries_a_retryable_handler(agent: Age
 def test_is_retryable_follows_the_handlers_mark(error: Exception, retryable: bool) -> None:
     """errors.is_retryable: a handler that raised is final, unless it raised Retryable."""
     assert is_retryable(error) is retryable
+
+
+async def test_a_handler_that_raised_after_a_lost_answer_ends_as_its_failure_not_outcome_unknown() -> None:
+    """Keyed: the first answer is lost (pinned there), the retry's answer is handler_failed: that is the call's end."""
+    registry = MemoryRegistry()
+    await registry.register_agent(
+        AgentDescriptor.model_validate(
+            {"name": "orders", "endpoints": ["http://127.0.0.1:9"], "capabilities": ["crash"], "retry": FAST_RETRY}
+        )
+    )
+    failure = ErrorInfo(type=HandlerFailed.code, message="'crash' failed (RuntimeError); error id 0123456789abcdef")
+    script: list[Callable[[], Reply]] = [lambda: _lost(), lambda: Reply("fail", error=failure, status_code=500)]
+
+    def answer(call: Call) -> Reply:
+        return script.pop(0)()
+
+    transport = MockTransport(answer)
+    async with ReachClient(registry, transport, clock=FakeClock()) as client:
+        response = await client.reach("crash", {"call": "c"}, idempotency_key="k-1", timeout_ms=10_000)
+    assert len(transport.calls) == 2 and response.error is not None
+    assert response.error.type == HandlerFailed.code, response.error
+
+
+def _lost() -> Reply:
+    raise ConnectionLost("reset after the request was written")
