@@ -11,6 +11,7 @@ Last, the README's LangChain recipe (``on_error="raise"`` +
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from langchain_core.tools import tool
 from servers import interrupt, startup_seconds, wait_until
 
 from reach_plugins import ReachClient, ReachEnhancer
-from reach_plugins.agent import BackgroundServer
+from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.demo.model import Rule, ScriptedChatModel
 from reach_plugins.errors import ConnectionLost, HandlerFailed, Retryable, is_retryable
 from reach_plugins.gateway import create_app
@@ -386,3 +387,24 @@ async def test_a_handler_that_raised_after_a_lost_answer_ends_as_its_failure_not
 
 def _lost() -> Reply:
     raise ConnectionLost("reset after the request was written")
+
+
+async def test_a_handlers_own_timeout_is_a_handler_failure_the_callers_deadline_is_not() -> None:
+    """A TimeoutError the handler raised itself is handler_failed; the caller's deadline passing stays a timeout."""
+    served = ReachAgent("clock", tokens="open")
+
+    @served.capability("own_timeout")
+    async def own_timeout() -> None:
+        raise TimeoutError("the carrier API timed out")
+
+    @served.capability("slow")
+    async def slow() -> None:
+        await asyncio.Event().wait()
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=served.app), base_url="http://127.0.0.1") as http:
+        own = await http.post("/reach", json={"request_id": "r1", "capability": "own_timeout", "payload": {}})
+        late = await http.post(
+            "/reach", json={"request_id": "r2", "capability": "slow", "payload": {}}, headers={"X-Reach-Deadline": "50"}
+        )
+    assert (own.status_code, own.json()["error"]["type"]) == (500, HandlerFailed.code)
+    assert late.json()["error"]["type"] == "timeout"

@@ -429,10 +429,11 @@ class ReachAgent:
 
     async def _execute(self, prepared: _Prepared) -> Outcome:
         ctx = prepared.ctx
+        deadline = asyncio.timeout(ctx.remaining())
         try:
             await self._approve(prepared)
             with self._serving(ctx):
-                async with asyncio.timeout(ctx.remaining()):
+                async with deadline:
                     data = await prepared.handler.call(prepared.kwargs)
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
             return Outcome(200, body)
@@ -440,7 +441,9 @@ class ReachAgent:
             return refused(ctx.request_id, failed(exc, ctx.capability))
         except ReachError as exc:
             return fail(ctx.request_id, 200, exc.error_type, exc.message)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if not deadline.expired():  # the handler's own timeout: it raised, like any other exception
+                return refused(ctx.request_id, failed(exc, ctx.capability))
             return refused(
                 ctx.request_id, DeadlineExceeded(f"{ctx.capability!r} did not finish within the caller's deadline")
             )
