@@ -34,7 +34,15 @@ from servers import interrupt, startup_seconds, wait_until
 from reach_plugins import ReachClient, ReachEnhancer
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.demo.model import Rule, ScriptedChatModel
-from reach_plugins.errors import ConnectionLost, HandlerFailed, Retryable, is_retryable
+from reach_plugins.errors import (
+    Backpressure,
+    ConnectionLost,
+    HandlerFailed,
+    NoHealthyAgent,
+    ReachError,
+    Retryable,
+    is_retryable,
+)
 from reach_plugins.gateway import create_app
 from reach_plugins.langchain import create_agent, reach_error_message
 from reach_plugins.model import AgentDescriptor, ErrorInfo, ReachResponse, RetryPolicy
@@ -408,3 +416,22 @@ async def test_a_handlers_own_timeout_is_a_handler_failure_the_callers_deadline_
         )
     assert (own.status_code, own.json()["error"]["type"]) == (500, HandlerFailed.code)
     assert late.json()["error"]["type"] == "timeout"
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [Backpressure("the ledger agent is busy", retry_after=1.0), NoHealthyAgent("no ledger agent is healthy")],
+    ids=["backpressure", "no-healthy-agent"],
+)
+async def test_a_transient_error_of_the_handlers_own_reach_is_its_failure(raised: ReachError) -> None:
+    """A handler that ran and re-raised its own reach's transient error answers handler_failed, never "not executed"."""
+    served = ReachAgent("chain", tokens="open")
+
+    @served.capability("forward")
+    async def forward() -> None:
+        raise raised
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=served.app), base_url="http://127.0.0.1") as http:
+        answer = await http.post("/reach", json={"request_id": "r1", "capability": "forward", "payload": {}})
+    assert (answer.status_code, answer.json()["error"]["type"]) == (500, HandlerFailed.code)
+    assert type(raised).__name__ in answer.json()["error"]["message"]

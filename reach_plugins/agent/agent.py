@@ -9,8 +9,9 @@
 
 The agent answers business errors (a raised :class:`BusinessError`) as
 ``error.type == "business"`` and any other exception of a handler as
-``handler_failed`` with an error id (run again by no layer unless the handler
-raised :class:`~reach_plugins.errors.Retryable`), runs each ``Idempotency-Key``
+``handler_failed`` with an error id (a transient error of its own reaches
+too: run again by no layer unless the handler raised
+:class:`~reach_plugins.errors.Retryable`), runs each ``Idempotency-Key``
 once, honours ``X-Reach-Deadline``, and reports readiness from a user callback.
 
 Secure by default (DESIGN.md 11.4): every call must carry a token of the Reach
@@ -58,8 +59,8 @@ from reach_plugins.errors import (
     RateLimited,
     ReachError,
     RequestError,
-    Retryable,
     UnknownCapability,
+    is_retryable,
 )
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
@@ -437,9 +438,9 @@ class ReachAgent:
                     data = await prepared.handler.call(prepared.kwargs)
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
             return Outcome(200, body)
-        except Retryable as exc:
-            return refused(ctx.request_id, failed(exc, ctx.capability))
         except ReachError as exc:
+            if is_retryable(exc):  # a transient error of its own reaches: it ran, so a failure (Retryable stays so)
+                return refused(ctx.request_id, failed(exc, ctx.capability))
             return fail(ctx.request_id, 200, exc.error_type, exc.message)
         except TimeoutError as exc:
             if not deadline.expired():  # the handler's own timeout: it raised, like any other exception
@@ -482,10 +483,8 @@ class ReachAgent:
                     break
                 yield encode_sse(dumps(chunk), "data")
             yield encode_sse("", "end")
-        except Retryable as exc:
-            yield _error_frame(failed(exc, ctx.capability))
         except ReachError as exc:
-            yield _error_frame(exc)
+            yield _error_frame(failed(exc, ctx.capability) if is_retryable(exc) else exc)
         except TimeoutError:
             yield encode_sse(dumps({"type": "timeout", "message": "the stream passed the caller's deadline"}), "error")
         except Exception as exc:

@@ -4,7 +4,8 @@ A handler's exception text is the agent's business (``db connect failed:
 postgres://svc:PASSWORD@...``): it is logged here under a fresh error id, and
 the caller gets the capability's name, the exception's class and that id to
 quote, as :class:`~reach_plugins.errors.HandlerFailed` — a result of a handler
-that ran, which no layer runs again. A :class:`~reach_plugins.errors.Retryable`
+that ran, which no layer runs again (a transient error of the handler's own
+reaches too: they were retried there already). A :class:`~reach_plugins.errors.Retryable`
 the handler raised keeps its mark and its message (written for the caller,
 with addresses scrubbed as every outlet does), so it is retried per policy.
 """
