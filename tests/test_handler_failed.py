@@ -405,6 +405,11 @@ async def test_a_handlers_own_timeout_is_a_handler_failure_the_callers_deadline_
     async def own_timeout() -> None:
         raise TimeoutError("the carrier API timed out")
 
+    @served.capability("own_stream")
+    async def own_stream() -> AsyncIterator[int]:
+        raise TimeoutError("the carrier API timed out")
+        yield 0
+
     @served.capability("slow")
     async def slow() -> None:
         await asyncio.Event().wait()
@@ -414,8 +419,12 @@ async def test_a_handlers_own_timeout_is_a_handler_failure_the_callers_deadline_
         late = await http.post(
             "/reach", json={"request_id": "r2", "capability": "slow", "payload": {}}, headers={"X-Reach-Deadline": "50"}
         )
+        streamed = await http.post(
+            "/reach/stream", json={"request_id": "r3", "capability": "own_stream", "payload": {}}
+        )
     assert (own.status_code, own.json()["error"]["type"]) == (500, HandlerFailed.code)
     assert late.json()["error"]["type"] == "timeout"
+    assert f'"type":"{HandlerFailed.code}"' in streamed.text, streamed.text
 
 
 @pytest.mark.parametrize(

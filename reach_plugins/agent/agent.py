@@ -473,11 +473,13 @@ class ReachAgent:
             kind=trace.SpanKind.SERVER,
             attributes={"reach.agent": self.name, "reach.capability": ctx.capability, "reach.stream": True},
         )
+        deadline = asyncio.timeout(None)
         try:
             while True:
+                deadline = asyncio.timeout(ctx.remaining())
                 try:
                     with self._serving(ctx), trace.use_span(span, end_on_exit=False):
-                        async with asyncio.timeout(ctx.remaining()):
+                        async with deadline:
                             chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
@@ -485,8 +487,9 @@ class ReachAgent:
             yield encode_sse("", "end")
         except ReachError as exc:
             yield _error_frame(failed(exc, ctx.capability) if is_retryable(exc) else exc)
-        except TimeoutError:
-            yield encode_sse(dumps({"type": "timeout", "message": "the stream passed the caller's deadline"}), "error")
+        except TimeoutError as exc:  # the caller's deadline, or the handler's own timeout (it raised, like any other)
+            late = DeadlineExceeded("the stream passed the caller's deadline")
+            yield _error_frame(late if deadline.expired() else failed(exc, ctx.capability))
         except Exception as exc:
             yield _error_frame(failed(exc, ctx.capability))
         finally:
