@@ -2,10 +2,11 @@
 
 With ``on_error="raise"`` a failed reach raises its :mod:`reach_plugins.errors`
 class. ``ToolRetryMiddleware(retry_on=errors.is_retryable)`` then retries a
-transient failure (a flaky agent) but not a ``BusinessError`` (an order that
-does not exist): that one reaches ``ToolErrorMiddleware``, which
-``reach_error_message`` turns into a message the model can act on. The agent
-counts what it actually ran.
+failure the handler marked ``Retryable`` (a flaky database) but not a
+``BusinessError`` (an order that does not exist) nor a ``HandlerFailed`` (a
+handler that raised anything else: it ran, and may have acted): those reach
+``ToolErrorMiddleware``, which ``reach_error_message`` turns into a message the
+model can act on. The agent counts what it actually ran.
 
     python examples/langgraph_retry.py
 """
@@ -21,7 +22,7 @@ from langchain_core.tools import tool
 from reach_plugins import ReachEnhancer
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.demo.model import Rule, ScriptedChatModel
-from reach_plugins.errors import BusinessError, RemoteError, is_retryable
+from reach_plugins.errors import BusinessError, Retryable, is_retryable
 from reach_plugins.langchain import create_agent, reach_error_message
 
 AGENTS_YAML = """
@@ -37,7 +38,7 @@ ran: list[str] = []
 
 
 def flaky_orders() -> ReachAgent:
-    """An orders agent whose first two runs fail (a transient fault) and that knows no order A9."""
+    """An orders agent whose first two runs fail (marked retryable), that knows no order A9 and breaks on A7."""
     agent = ReachAgent("orders")
 
     @agent.capability("query_order", description="Look up where an order is")
@@ -45,8 +46,10 @@ def flaky_orders() -> ReachAgent:
         ran.append(order_id)
         if order_id == "A9":
             raise BusinessError("there is no order A9; order ids look like A1001")
+        if order_id == "A7":
+            raise KeyError("carrier")  # a bug: answered as handler_failed with an error id, never run again
         if len(ran) <= 2:
-            raise RemoteError("the orders database dropped the connection")  # answered as error.type "transient"
+            raise Retryable("the orders database dropped the connection")  # safe to run again: retried
         return {"order_id": order_id, "status": "shipped", "items": ["kettle"], "eta": "2026-12-03"}
 
     return agent
@@ -72,7 +75,7 @@ async def main() -> None:
                 ],
                 enhanced_by=enhancer,
             )
-            for text in ("Where is order A1001?", "Where is order A9?"):
+            for text in ("Where is order A1001?", "Where is order A9?", "Where is order A7?"):
                 ran.clear()
                 state = await desk.ainvoke({"messages": [("user", text)]})
                 tool_message = state["messages"][-2]

@@ -38,7 +38,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
-from reach_plugins.errors import ReachError
+from reach_plugins.errors import ReachError, Retryable
 from reach_plugins.telemetry.metrics import ReachMetrics, fan_out
 
 logging.getLogger("reach_plugins").setLevel(logging.CRITICAL)  # the drill's failures are on purpose: no log noise
@@ -51,7 +51,7 @@ def orders_instance() -> ReachAgent:
     @agent.capability("query_order", description="Find an order by its id")
     def query_order(order_id: str) -> dict:
         if outage.is_set():
-            raise RuntimeError("database down")  # answered as a transient failure (HTTP 500)
+            raise Retryable("database down")  # marked retryable: a transient failure (HTTP 503)
         return {"order_id": order_id, "status": "shipped"}
 
     return agent

@@ -38,8 +38,10 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     ├── Backpressure                 the downstream asked to slow down (retry_after)
     ├── InvalidResponse              the downstream answered garbage or broke return_schema
     ├── RemoteError                  the agent answered with an error
-    │   └── BusinessError            error.type == "business": never retried
-    │       └── Refused              error.type == "refusal": the model behind the agent refused
+    │   ├── BusinessError            error.type == "business": never retried
+    │   │   └── Refused              error.type == "refusal": the model behind the agent refused
+    │   └── HandlerFailed            the handler ran and raised (an error id): never re-run by the reach layer
+    │       └── Retryable            raised by a handler to say a new run may pass: retried per the retry policy
     ├── DeadlineExceeded             the request's deadline passed (lists the attempts)
     ├── BackendUnavailable           etcd or Redis (shared registry/state) did not answer
     └── OutcomeUnknown               a keyed call's answer was lost where its key cannot be checked now
@@ -55,14 +57,28 @@ refusal raises the same class on the client over every transport. The
 codes an agent itself sends (``business``, ``transient``, ``timeout``,
 ``backpressure``, ``invalid_response``) keep their DESIGN.md section 4 meaning.
 :func:`is_retryable` tells a framework's retry hook (LangChain's
-``ToolRetryMiddleware(retry_on=...)``) a :class:`BusinessError` or a refused
-request, which no retry can fix, from a transient failure.
+``ToolRetryMiddleware(retry_on=...)``) a :class:`BusinessError`, a refused
+request or a :class:`HandlerFailed`, which the reach layer does not retry
+either, from a transient failure or a :class:`Retryable` one.
+
+A handler's exception is a result, not a transport fault: the handler ran,
+and may have acted before it raised. The agent answers it as
+:class:`HandlerFailed` carrying an error id (its log holds the traceback under
+that id) and no layer runs it again, on any path or transport. A handler that
+knows a new run is safe and may pass marks its failure by raising
+:class:`Retryable` (or a subclass of it), ``raise Retryable("inventory busy")
+from exc``: that one is retried like a transient fault, and
+:func:`is_retryable` says True for it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Final, Protocol
+
+_ERROR_ID: Final = re.compile(r"error id ([0-9a-f]{16})\b")
+"""How a :class:`HandlerFailed` message names its error id (:func:`reach_plugins.agent.faults.failed` writes it)."""
 
 
 class ReachError(Exception):
@@ -370,6 +386,37 @@ class Refused(BusinessError):
     code = "refusal"
 
 
+class HandlerFailed(RemoteError):
+    """The agent's handler ran and raised; what it did before raising, it did. Never re-run by the reach layer.
+
+    The message names the capability, the exception's class and the error id under which the agent logged the
+    traceback; :attr:`error_id` is that id (``None`` when the message carried none).
+    """
+
+    code = "handler_failed"
+
+    def __init__(self, message: str, error_id: str | None = None) -> None:
+        super().__init__(message, error_id=error_id)
+        self.error_id = error_id
+
+    @classmethod
+    def from_wire(cls, message: str, retry_after: float | None) -> ReachError:
+        found = _ERROR_ID.search(message)
+        return cls(message, error_id=found.group(1) if found else None)
+
+
+class Retryable(HandlerFailed):
+    """Raised by a handler: it failed this time, and running it again is safe and may pass (a busy backend).
+
+    The reach layer retries it within the capability's retry policy, budget and deadline, as a transient fault;
+    the caller sees the handler's message and the error id. Subclass it to give the mark to an error class.
+    """
+
+    code = "handler_retryable"
+    http_status = 503
+    grpc_code = "UNAVAILABLE"
+
+
 class DeadlineExceeded(ReachError):
     """The request's deadline passed; ``attempts`` lists what was tried (the ``Attempt`` records of its trace)."""
 
@@ -441,7 +488,7 @@ def from_wire(info: WireError) -> ReachError:
     return WIRE_CODES.get(info.type, RemoteError).from_wire(info.message, info.retry_after)
 
 
-_PERMANENT: Final = (RequestError, ConfigError, BusinessError, InvalidResponse)
+_PERMANENT: Final = (RequestError, ConfigError, BusinessError, HandlerFailed, InvalidResponse)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -449,9 +496,11 @@ def is_retryable(exc: BaseException) -> bool:
 
     False for what a retry cannot fix: a :class:`BusinessError` (the agent
     refused), a refused request (:class:`RequestError`: wrong arguments,
-    permission, closed conversation, approval), a :class:`ConfigError` and an
-    :class:`InvalidResponse`. True for the transient rest, and for exceptions
-    that are not ours (the framework's own policy decides those). The core has
+    permission, closed conversation, approval), a :class:`ConfigError`, an
+    :class:`InvalidResponse`, and a :class:`HandlerFailed` (the handler ran and
+    raised; running it again may repeat what it did) unless the handler marked
+    it :class:`Retryable`. True for the transient rest, and for exceptions that
+    are not ours (the framework's own policy decides those). The core has
     already retried transient faults within the call's deadline.
     """
-    return not isinstance(exc, _PERMANENT)
+    return isinstance(exc, Retryable) or not isinstance(exc, _PERMANENT)

@@ -479,7 +479,9 @@ class Attempt(BaseModel):
     endpoint: str
     started_at: float
     duration_ms: float
-    outcome: Literal["success", "business", "transient", "timeout", "invalid_response", "backpressure", "cancelled"]
+    outcome: Literal[
+        "success", "business", "handler_failed", "transient", "timeout", "invalid_response", "backpressure", "cancelled"
+    ]
     error: str | None = None
     retry_delay_ms: float | None = None
     breaker_state: str | None = None

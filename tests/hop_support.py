@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
-from reach_plugins.errors import BusinessError
+from reach_plugins.errors import BusinessError, Retryable
 
 TOKENS = {"DEMO_TOKEN": "tok-demo", "ACME_TOKEN": "tok-acme", "DEMO_KEY": "key-of-demo", "ACME_KEY": "key-of-acme"}
 """The environment every server of these tests reads its secrets from."""
@@ -67,7 +67,7 @@ def build_agent(name: str, label: str) -> tuple[ReachAgent, list[tuple[str, dict
     @agent.capability("outage")
     def outage() -> None:
         executed.append(("outage", {}))
-        raise RuntimeError("database down")
+        raise Retryable("database down")
 
     @agent.capability("refuse")
     def refuse() -> None:

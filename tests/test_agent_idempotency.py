@@ -14,7 +14,7 @@ from transport_conformance import make_call
 
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.agent.idempotency import scope
-from reach_plugins.errors import ConnectionLost
+from reach_plugins.errors import ConnectionLost, Retryable
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import MemoryDedupStore
 from reach_plugins.testing.clock import FakeClock
@@ -75,12 +75,25 @@ async def test_same_key_with_another_payload_conflicts(client: Client) -> None:
     assert executed == ["W1"]
 
 
-async def test_transient_failures_are_not_stored(client: Client) -> None:
-    """A crashed execution is not kept: the retry with the same key runs again."""
-    http, _, executed = client
-    for _ in range(2):
-        await http.post("/reach", json=body("query_order", {"order_id": "crash"}), headers={"Idempotency-Key": "q"})
-    assert executed == ["crash", "crash"]
+async def test_a_handler_that_raised_is_stored_and_a_retryable_one_is_not() -> None:
+    """A crashed execution is kept (its key answers the same failure, no second run); a Retryable one runs again."""
+    agent = ReachAgent("ledger", tokens="open")
+    runs: list[str] = []
+
+    @agent.capability("post")
+    def post(entry: str) -> None:
+        runs.append(entry)
+        raise Retryable("ledger busy") if entry == "busy" else RuntimeError("ledger down")
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
+        answers = [
+            await http.post("/reach", json=body("post", {"entry": entry}), headers={"Idempotency-Key": entry})
+            for entry in ("down", "down", "busy", "busy")
+        ]
+    assert runs == ["down", "busy", "busy"]
+    assert answers[1].json()["error"] == answers[0].json()["error"]
+    assert answers[1].headers["Idempotent-Replayed"] == "true"
+    assert [answer.json()["error"]["type"] for answer in answers] == ["handler_failed"] * 2 + ["handler_retryable"] * 2
 
 
 async def test_stored_replies_expire_after_the_window() -> None:

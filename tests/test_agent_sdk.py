@@ -98,14 +98,14 @@ async def test_business_error_is_typed_business(client: Client) -> None:
     )
 
 
-async def test_crash_is_a_transient_500(client: Client, caplog: pytest.LogCaptureFixture) -> None:
-    """An unexpected exception is a 500, type transient, with an error id; its text stays in the agent's log."""
+async def test_crash_is_a_handler_failed_500(client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """An unexpected exception is a 500, type handler_failed, naming its class and an error id; its text is logged."""
     http, _, _ = client
     response = await http.post("/reach", json=body("query_order", {"order_id": "crash"}))
     assert response.status_code == 500
-    assert response.json()["error"]["type"] == "transient"
+    assert response.json()["error"]["type"] == "handler_failed"
     message = response.json()["error"]["message"]
-    assert "database down" not in message
+    assert "database down" not in message and "RuntimeError" in message
     error_id = message.rpartition("error id ")[2]
     logged = [r for r in caplog.records if error_id in r.getMessage()]
     assert len(error_id) == 16 and logged and "database down" in str(logged[0].exc_info[1])

@@ -9,11 +9,13 @@ from reach_plugins.errors import (
     BusinessError,
     ConnectError,
     ConnectionLost,
+    HandlerFailed,
     InvalidResponse,
     PermissionDenied,
     ReachError,
     ReadTimeout,
     RemoteError,
+    Retryable,
 )
 from reach_plugins.model import Capability, ErrorInfo
 from reach_plugins.policy.classify import (
@@ -51,6 +53,9 @@ def fail(code: int = 200, kind: str | None = None, retry_after: float | None = N
         (fail(code=503, kind="backend_unavailable"), "backpressure", True, "not_delivered"),
         (fail(kind="invalid_response"), "invalid_response", False, "failed"),
         (Reply(status="success", status_code=302), "invalid_response", False, "failed"),
+        (fail(code=500, kind="handler_failed"), "handler_failed", False, "failed"),
+        (fail(kind="handler_failed"), "handler_failed", False, "failed"),
+        (fail(code=503, kind="handler_retryable"), "transient", True, "failed"),
     ],
 )
 def test_reply_classification(reply: Reply, outcome: str, retryable: bool, stage: str) -> None:
@@ -71,6 +76,8 @@ def test_reply_classification(reply: Reply, outcome: str, retryable: bool, stage
         (InvalidResponse("not json"), "invalid_response", "failed", False),
         (BusinessError("no such order"), "business", "business", False),
         (RemoteError("oops"), "transient", "failed", False),
+        (HandlerFailed("it raised"), "handler_failed", "failed", False),
+        (Retryable("busy"), "transient", "failed", False),
         (PermissionDenied("bad token"), "business", "business", False),
     ],
 )
@@ -142,3 +149,13 @@ def test_other_refusals_keep_their_verdict(reply: Reply) -> None:
     """A business refusal, a denied permission or plain backpressure are not the instance's fault."""
     verdict = classify_reply(reply)
     assert refused_before_running(verdict) is verdict
+
+
+def test_a_handler_that_raised_is_final_and_no_fault_of_the_instance() -> None:
+    """handler_failed is settled (never OutcomeUnknown, not retried), no breaker counts it; Retryable is a fault."""
+    failed, marked = (
+        classify_reply(fail(code=500, kind="handler_failed")),
+        classify_reply(fail(kind="handler_retryable")),
+    )
+    assert failed.settled and not failed.retryable and not failed.instance_fault and not failed.overload
+    assert not marked.settled and marked.retryable and marked.instance_fault

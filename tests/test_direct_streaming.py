@@ -132,11 +132,11 @@ async def test_idle_before_any_event_is_cut_at_ttfbt(transport: DirectTransport,
 
 
 async def test_handler_crash_mid_stream_is_an_error_event(transport: DirectTransport, server: BackgroundServer) -> None:
-    """A failure after events were sent surfaces as a transient error event, never a silent retry."""
+    """A failure after events were sent surfaces as a handler_failed error event, never a silent retry."""
     events = await collect(transport, stream_call(server.url, "broken"))
     assert [event.kind for event in events] == ["data", "error"]
     assert events[1].error is not None
-    assert events[1].error.type == "transient"
+    assert events[1].error.type == "handler_failed"
     assert "error id" in events[1].error.message and "disk full" not in events[1].error.message
 
 

@@ -98,11 +98,13 @@ def test_langgraph_agent(runs: dict[str, subprocess.Popen[str]]) -> None:
 
 
 def test_langgraph_retry(runs: dict[str, subprocess.Popen[str]]) -> None:
-    """LangChain's retry middleware retries the flaky call until it passes and never re-runs a business refusal."""
+    """LangChain's retry middleware retries the Retryable call until it passes, never a refusal nor a handler bug."""
     out = output_of(runs, "langgraph_retry").splitlines()
     assert out[1].startswith("  tool said (success): ") and out[2] == "  the agent ran it 3 time(s)"
     assert out[4].startswith("  tool said (error): ") and "there is no order A9" in out[4]
     assert out[5] == "  the agent ran it 1 time(s)"
+    assert out[7].startswith("  tool said (error): ") and "KeyError" in out[7] and "error id" in out[7]
+    assert out[8] == "  the agent ran it 1 time(s)"
 
 
 def test_mcp_and_a2a(runs: dict[str, subprocess.Popen[str]]) -> None:

@@ -204,6 +204,7 @@ async def test_a_failed_registration_is_counted(metrics: ReachMetrics, reader: I
         ({"outcome": "transient", "delivery": "unknown"}, "unknown"),
         ({"outcome": "timeout"}, "unknown"),
         ({"outcome": "transient"}, "failed"),
+        ({"outcome": "handler_failed"}, "failed"),
         ({"outcome": "business"}, "business"),
         ({"outcome": "success"}, "success"),
     ],

@@ -22,7 +22,7 @@ checks, idempotency and tokens apply): the one named by the
 ``reach.capability`` metadata, else the agent's only one. Data parts are the
 payload; a text part fills the first required string parameter the data left
 out. A success is a completed task with the result as its artifact; a business
-error a failed task whose status message says why. Tasks finish before the
+error, or a handler that raised, a failed task whose status message says why. Tasks finish before the
 answer, so ``CancelTask`` answers "not cancelable" (-32002) for a known task.
 """
 
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from reach_plugins.errors import EntryTooLarge, ReachError
+from reach_plugins.errors import BusinessError, EntryTooLarge, HandlerFailed, ReachError
 from reach_plugins.protocols.a2a_wire import METHODS, Dialect, data_parts, parts_of, texts
 from reach_plugins.server.layer import Inbound, Stage
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget, LruTable, json_size
@@ -260,7 +260,7 @@ class A2AServer:
         error = _mapping(outcome.body.get("error"))
         if outcome.body.get("status") == "success":
             task = Finished(task_id, context_id, name, "completed", result=outcome.body.get("data"))
-        elif error.get("type") == "business":
+        elif error.get("type") in (BusinessError.code, HandlerFailed.code):  # it ran: a failed task, never re-run
             task = Finished(task_id, context_id, name, "failed", reason=str(error.get("message") or "failed"))
         else:
             code = INVALID_PARAMS if 400 <= outcome.status < 500 else INTERNAL

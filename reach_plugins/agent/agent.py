@@ -8,8 +8,11 @@
     serve(agent, port=8101)          # or mount agent.app in any ASGI server
 
 The agent answers business errors (a raised :class:`BusinessError`) as
-``error.type == "business"``, runs each ``Idempotency-Key`` once, honours
-``X-Reach-Deadline``, and reports readiness from a user callback.
+``error.type == "business"`` and any other exception of a handler as
+``handler_failed`` with an error id (a transient error of its own reaches
+too: run again by no layer unless the handler raised
+:class:`~reach_plugins.errors.Retryable`), runs each ``Idempotency-Key``
+once, honours ``X-Reach-Deadline``, and reports readiness from a user callback.
 
 Secure by default (DESIGN.md 11.4): every call must carry a token of the Reach
 issuer for this agent (``tokens=``, by default this process's in-process issuer),
@@ -36,7 +39,7 @@ from pydantic import ValidationError
 
 from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.asgi import build_app
-from reach_plugins.agent.faults import concealed
+from reach_plugins.agent.faults import failed
 from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, commit_key, open_key_store, scope
 from reach_plugins.agent.outcome import Outcome, fail, refused
@@ -55,9 +58,9 @@ from reach_plugins.errors import (
     NoApprover,
     RateLimited,
     ReachError,
-    RemoteError,
     RequestError,
     UnknownCapability,
+    is_retryable,
 )
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
@@ -113,6 +116,11 @@ def _busy(request_id: Any, handler: CapabilityHandler) -> Outcome:
     assert seats is not None
     why = f"{handler.capability.name!r} runs at most {seats.limit} calls at once and {seats.queued} more are waiting"
     return _not_executed(request_id, why, RateLimited.code)
+
+
+def _error_frame(exc: ReachError) -> bytes:
+    """The SSE ``error`` frame that ends a stream with ``exc``'s wire code and message."""
+    return encode_sse(dumps({"type": exc.error_type, "message": exc.message}), "error")
 
 
 def _deadline(headers: Mapping[str, str], body: WireBody) -> float | None:
@@ -422,21 +430,26 @@ class ReachAgent:
 
     async def _execute(self, prepared: _Prepared) -> Outcome:
         ctx = prepared.ctx
+        deadline = asyncio.timeout(ctx.remaining())
         try:
             await self._approve(prepared)
             with self._serving(ctx):
-                async with asyncio.timeout(ctx.remaining()):
+                async with deadline:
                     data = await prepared.handler.call(prepared.kwargs)
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
             return Outcome(200, body)
         except ReachError as exc:
+            if is_retryable(exc):  # a transient error of its own reaches: it ran, so a failure (Retryable stays so)
+                return refused(ctx.request_id, failed(exc, ctx.capability))
             return fail(ctx.request_id, 200, exc.error_type, exc.message)
-        except TimeoutError:
+        except TimeoutError as exc:
+            if not deadline.expired():  # the handler's own timeout: it raised, like any other exception
+                return refused(ctx.request_id, failed(exc, ctx.capability))
             return refused(
                 ctx.request_id, DeadlineExceeded(f"{ctx.capability!r} did not finish within the caller's deadline")
             )
-        except Exception as exc:
-            return refused(ctx.request_id, RemoteError(concealed(exc, ctx.capability)))
+        except Exception as exc:  # the handler ran and raised: a result (HandlerFailed), never re-run
+            return refused(ctx.request_id, failed(exc, ctx.capability))
 
     async def open_stream(
         self, body: WireBody, headers: Mapping[str, str], claims: TokenClaims | None
@@ -460,22 +473,25 @@ class ReachAgent:
             kind=trace.SpanKind.SERVER,
             attributes={"reach.agent": self.name, "reach.capability": ctx.capability, "reach.stream": True},
         )
+        deadline = asyncio.timeout(None)
         try:
             while True:
+                deadline = asyncio.timeout(ctx.remaining())
                 try:
                     with self._serving(ctx), trace.use_span(span, end_on_exit=False):
-                        async with asyncio.timeout(ctx.remaining()):
+                        async with deadline:
                             chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 yield encode_sse(dumps(chunk), "data")
             yield encode_sse("", "end")
         except ReachError as exc:
-            yield encode_sse(dumps({"type": exc.error_type, "message": exc.message}), "error")
-        except TimeoutError:
-            yield encode_sse(dumps({"type": "timeout", "message": "the stream passed the caller's deadline"}), "error")
+            yield _error_frame(failed(exc, ctx.capability) if is_retryable(exc) else exc)
+        except TimeoutError as exc:  # the caller's deadline, or the handler's own timeout (it raised, like any other)
+            late = DeadlineExceeded("the stream passed the caller's deadline")
+            yield _error_frame(late if deadline.expired() else failed(exc, ctx.capability))
         except Exception as exc:
-            yield encode_sse(dumps({"type": "transient", "message": concealed(exc, ctx.capability)}), "error")
+            yield _error_frame(failed(exc, ctx.capability))
         finally:
             await chunks.aclose()
             span.end()

@@ -12,7 +12,9 @@ lets callers retry a lost answer on any of its instances (DESIGN 11.1/11.2).
   executed" (HTTP 503, ``backpressure``, ``Retry-After``), which callers treat
   as never delivered.
 * Results with status < 500 are kept for the window (a business refusal is
-  an answer too); failures a retry may cure release the key.
+  an answer too), and so is a handler that ran and raised (``handler_failed``:
+  its replay answers the same failure, never a second run); failures a retry
+  may cure (a handler's ``Retryable`` among them) release the key.
 * Keys are namespaced by tenant, agent and capability (:func:`scope`, a
   :class:`~reach_plugins.stores.keys.ScopedKey`; a request without a tenant
   is the default tenant's), and the memory store is bounded in entries and bytes.
@@ -134,8 +136,8 @@ class Claims:
             outcome = await execute()
         finally:
             del self._running[key]
-            future.set_result(outcome if outcome is not None and outcome.status < 500 else None)
-            if outcome is not None and outcome.status < 500:
+            future.set_result(outcome if outcome is not None and outcome.settled else None)
+            if outcome is not None and outcome.settled:
                 await self._complete(key, outcome)
             else:
                 await self.store.fail(key)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reach_plugins.agent.handlers import dumps
-from reach_plugins.errors import ReachError
+from reach_plugins.errors import HandlerFailed, ReachError
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,12 @@ class Outcome:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "encoded", dumps(self.body).encode())
+
+    @property
+    def settled(self) -> bool:
+        """An answer its idempotency key keeps: below 500, or a handler that ran and raised (its own 500)."""
+        error = self.body.get("error")
+        return self.status < 500 or (isinstance(error, dict) and error.get("type") == HandlerFailed.code)
 
 
 def fail(request_id: Any, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> Outcome:

@@ -598,7 +598,7 @@ class Engine:
         now = self.clock.now()
         flight.rec.event(EVENT_GIVE_UP, now, reason=why, outcome=verdict.outcome)
         last = verdict.error.message if verdict.error else verdict.outcome
-        if flight.pin is not None and verdict.outcome != "business":
+        if flight.pin is not None and not verdict.settled:
             unknown = self.outcome_unknown(flight)
             info = ErrorInfo(type=unknown.error_type, message=f"{unknown.message}; gave up: {why}; last error: {last}")
             late = out_of_time or flight.deadline.expired(now)

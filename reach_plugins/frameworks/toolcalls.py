@@ -23,12 +23,14 @@ from reach_plugins.errors import (
     BusinessError,
     ConfigError,
     DeadlineExceeded,
+    HandlerFailed,
     InvalidPayload,
     LoopDetected,
     NoHealthyAgent,
     PermissionDenied,
     RateLimited,
     ReachError,
+    Retryable,
     SessionClosed,
     UnknownCapability,
 )
@@ -271,6 +273,8 @@ _ADVICE: tuple[tuple[type[ReachError], str], ...] = (
     (NoHealthyAgent, "No agent can take it right now; try again later or answer without it."),
     (RateLimited, "Too many calls right now; wait before trying again."),
     (DeadlineExceeded, "It did not answer in time; try again later or answer without it."),
+    (Retryable, "It failed this time and may pass if called again."),
+    (HandlerFailed, "It ran and failed, and may have acted: do not call it again the same way; tell the user."),
 )
 
 

@@ -5,7 +5,13 @@ retried, could the agent have executed it already, is the instance unreachable
 or overloaded, and how long did it ask us to wait. Its :attr:`Verdict.stage`
 is the attempt's outcome in DESIGN 11.1's words: ``not_delivered`` (never ran:
 connect failure, explicit backpressure or "not executed"), ``unknown`` (sent,
-answer lost), ``failed`` (a transient answer), ``business``, ``success``.
+answer lost), ``failed`` (a transient answer, or a handler that ran and
+raised), ``business``, ``success``.
+
+A handler that raised (``handler_failed``) is ``failed`` and final: it ran, so
+no retry and no failover runs it again, keyed or not, and it counts against no
+breaker (it is about the call, not the instance). One the handler marked
+:class:`~reach_plugins.errors.Retryable` (``handler_retryable``) is transient.
 
 A refusal that proves the instance ran nothing (:func:`refused_before_running`:
 a token the issuer signed that the instance cannot verify, as a skewed clock
@@ -25,6 +31,7 @@ from reach_plugins.errors import (
     Backpressure,
     BusinessError,
     ConnectError,
+    HandlerFailed,
     InvalidResponse,
     InvalidToken,
     OutcomeUnknown,
@@ -32,6 +39,7 @@ from reach_plugins.errors import (
     ReachError,
     ReadTimeout,
     RemoteError,
+    Retryable,
     StreamIdle,
     TokenClockSkew,
     TransportError,
@@ -41,7 +49,7 @@ from reach_plugins.model import Capability, ErrorInfo
 from reach_plugins.policy.validation import check_reply
 from reach_plugins.transport import Reply
 
-Outcome = Literal["success", "business", "transient", "timeout", "invalid_response", "backpressure"]
+Outcome = Literal["success", "business", "handler_failed", "transient", "timeout", "invalid_response", "backpressure"]
 Delivery = Literal["not_delivered", "unknown", "answered"]
 Stage = Literal["not_delivered", "unknown", "failed", "business", "success"]
 
@@ -91,6 +99,11 @@ class Verdict:
         return self.delivery
 
     @property
+    def settled(self) -> bool:
+        """The agent's own final answer (a refusal, a handler that raised): the call ends with it as it is."""
+        return self.outcome in ("business", "handler_failed")
+
+    @property
     def retryable(self) -> bool:
         """Transient by nature; whether a retry is actually made depends on policy, budget and deadline."""
         return self.outcome in _RETRYABLE
@@ -129,6 +142,10 @@ def classify_reply(reply: Reply) -> Verdict:
     retry_after = reply.retry_after if reply.retry_after is not None else (error.retry_after if error else None)
     if kind == "business":
         return Verdict("business", error)
+    if kind == HandlerFailed.code:
+        return Verdict("handler_failed", error)
+    if kind == Retryable.code:
+        return Verdict("transient", error, retry_after)
     if kind in ("backpressure", RateLimited.code):
         # Both say "not executed". Only a limit's refusal is overload; "in progress elsewhere", "draining" or "key
         # cannot be checked now" say nothing about load, so they do not narrow the instance's limit.
@@ -197,6 +214,10 @@ def classify_exception(exc: ReachError | TimeoutError) -> Verdict:
         return Verdict("backpressure", info, exc.retry_after, delivery="not_delivered", overload=True)
     if isinstance(exc, InvalidResponse):
         return Verdict("invalid_response", _info("invalid_response", message))
+    if isinstance(exc, Retryable):
+        return Verdict("transient", _info(exc.error_type, message))
+    if isinstance(exc, HandlerFailed):
+        return Verdict("handler_failed", _info(exc.error_type, message))
     if isinstance(exc, BusinessError):
         return Verdict("business", _info("business", message))
     if isinstance(exc, RemoteError):

@@ -92,9 +92,12 @@ def attempt_outcome(attempt: Attempt) -> str:
     """DESIGN 11.1's name for how an attempt ended: ``not_delivered``, ``unknown``, ``failed``, ``business``, ..."""
     if attempt.delivery != "answered":
         return attempt.delivery
-    return {"timeout": "unknown", "transient": "failed", "backpressure": "not_delivered"}.get(
-        attempt.outcome, attempt.outcome
-    )
+    return {
+        "timeout": "unknown",
+        "transient": "failed",
+        "handler_failed": "failed",
+        "backpressure": "not_delivered",
+    }.get(attempt.outcome, attempt.outcome)
 
 
 _OVERFLOW: Final = (("otel.metric.overflow", "true"),)
