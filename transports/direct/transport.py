@@ -42,8 +42,11 @@ CONNECT_SHARE = 0.95
 """The most of an attempt's time its connect may take: the connect phase ends strictly before the attempt's own
 timers, so a connect that never completes is reported as one (``ConnectError``, not delivered, fail over at once)
 rather than as an attempt timeout (outcome unknown)."""
-FIRST_POLL = 0.05
-"""Seconds before the first poll of pending work; each later wait doubles, up to :data:`LAST_POLL`."""
+FIRST_POLL = 0.002
+"""Seconds before the first poll of pending work; each later wait is :data:`POLL_GROWTH` times longer, up to
+:data:`LAST_POLL` (a task of a few milliseconds is seen done within about one poll's worth of its end; a long one
+costs about one GetTask a second)."""
+POLL_GROWTH = 1.5
 LAST_POLL = 1.0
 
 
@@ -180,7 +183,7 @@ class DirectTransport(BaseTransport):
                 if adapter.pending(call, pending.poll, response) is None:
                     self._leaving.done(key)
                     return response
-                wait = min(wait * 2, LAST_POLL)
+                wait = min(wait * POLL_GROWTH, LAST_POLL)
             raise ReadTimeout(
                 f"instance {call.instance.instance_id} took the work but did not finish it within the attempt's "
                 f"{call.timeout:g} s (polled until then; asked it to stop)"
