@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from reach_plugins.errors import (
     ConfigError,
+    ConnectError,
+    ConnectionLost,
     InvalidResponse,
     ReachError,
     ReadTimeout,
@@ -179,7 +181,10 @@ class DirectTransport(BaseTransport):
                         in_flight=True,
                     )
                 connect = min(_connect_timeout(call), remaining)
-                response = await engine.send(pending.poll, timeout=remaining, connect_timeout=connect)
+                try:
+                    response = await engine.send(pending.poll, timeout=remaining, connect_timeout=connect)
+                except ConnectError as exc:  # the poll was not delivered, the work was: its outcome is unknown
+                    raise ConnectionLost(f"the agent took the work, then could not be polled: {exc.message}") from exc
                 if adapter.pending(call, pending.poll, response) is None:
                     self._leaving.done(key)
                     return response
