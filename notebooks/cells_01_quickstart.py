@@ -51,10 +51,12 @@ for instance_id, factory in [
         """
 ## The front desk
 
-Its local tools have their own names. The enhancer maps each one to a
-capability by meaning (`explain` says why), and offers a proxy tool for a
-capability no local tool covers when `expose` names it (`search_knowledge`;
-none by default, so the model never sees a tool nobody chose).
+Its local tools have their own names, so `capability_map` says which
+capability each one stands for (`explain` says why a tool routes, or stays
+local: a local tool runs locally unless the map, its exact name or an opt-in
+`match="semantic", min_similarity=...` says otherwise). The enhancer offers a
+proxy tool for a capability no local tool covers when `expose` names it
+(`search_knowledge`; none by default, so the model never sees a tool nobody chose).
 """,
     ),
     (
@@ -72,7 +74,11 @@ def check_stock(sku: str) -> str:
     return f"(local fallback) stock of {sku}: unknown"
 
 
-enhancer = ReachEnhancer(registry=registry, expose=["search_knowledge"])
+enhancer = ReachEnhancer(
+    registry=registry,
+    capability_map={"lookup_order_status": "query_order", "check_stock": "check_inventory"},
+    expose=["search_knowledge"],
+)
 for local in (lookup_order_status, check_stock):
     resolution = enhancer.explain(local.name, local.description)
     print(f"{local.name:<20} -> {resolution.capability:<16} ({resolution.rule}: {resolution.detail})")

@@ -306,8 +306,61 @@ def test_a2a_card_picks_the_1x_interface_then_0_3() -> None:
     assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == Binding("http://agent:9000/rpc", "0.3", "0.3")
     old = call("a2a", protocol_options={"version": "0.3"})
     assert adapter.discovered(old, response(both)).url == "http://agent:9000/old"
-    with pytest.raises(InvalidResponse, match="no JSON-RPC interface"):
+    with pytest.raises(InvalidResponse, match=r"offers no JSON-RPC .* or HTTP\+JSON"):
         adapter.discovered(a2a_call, response({"name": "kb"}))
+
+
+def test_a2a_http_json_is_used_only_without_json_rpc() -> None:
+    """A card offering HTTP+JSON and JSON-RPC is spoken in JSON-RPC; HTTP+JSON alone gives the REST binding."""
+    adapter, a2a_call = A2AAdapter(), call("a2a")
+    rest = {"url": "/rest/v1", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"}
+    rpc = {"url": "/rpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
+    assert adapter.discovered(a2a_call, response({"supportedInterfaces": [rest, rpc]})).url == "http://agent:9000/rpc"
+    binding = adapter.discovered(a2a_call, response({"supportedInterfaces": [rest]}))
+    assert binding == Binding("http://agent:9000/rest/v1", "1.0", "1.0", "HTTP+JSON")
+    request = adapter.build(call("a2a", {"query": "refunds"}), discovered=binding)
+    body = sent(request.body)
+    assert (request.method, request.url, request.headers["A2A-Version"]) == (
+        "POST",
+        "http://agent:9000/rest/v1/message:send",
+        "1.0",
+    )
+    assert body["configuration"] == {"returnImmediately": True} and "jsonrpc" not in body
+
+
+@pytest.mark.parametrize(
+    ("binding", "poll", "stop"),
+    [
+        (Binding("http://agent:9000/rpc", "1.0", "1.0"), ("POST", "/rpc", "GetTask"), ("POST", "/rpc", "CancelTask")),
+        (
+            Binding("http://agent:9000/rest/v1", "1.0", "1.0", "HTTP+JSON"),
+            ("GET", "/rest/v1/tasks/t%2F1", None),
+            ("POST", "/rest/v1/tasks/t%2F1:cancel", None),
+        ),
+    ],
+)
+def test_a2a_a_working_task_is_pending_until_it_is_final(
+    binding: Binding, poll: tuple[str, str, str | None], stop: tuple[str, str, str | None]
+) -> None:
+    """A task answered at once and still working is pending (GetTask polls it, CancelTask stops it); a final one not."""
+    adapter, a2a_call = A2AAdapter(), call("a2a", {"query": "slow"})
+    request = adapter.build(a2a_call, discovered=binding)
+    rest = binding.transport == "HTTP+JSON"
+
+    def answer(state: str) -> HttpResponse:
+        task = {"task": {"id": "t/1", "contextId": "c", "status": {"state": state}}}
+        return response(task if rest else {"jsonrpc": "2.0", "id": "x", "result": task})
+
+    pending = adapter.pending(a2a_call, request, answer("TASK_STATE_WORKING"))
+    assert pending is not None
+    for made, (method, path, rpc) in ((pending.poll, poll), (pending.stop, stop)):
+        assert (made.method, made.url) == (method, "http://agent:9000" + path)
+        assert (sent(made.body)["method"] if rpc else None) == rpc
+        assert rpc is None or sent(made.body)["params"] == {"id": "t/1"}
+    assert adapter.pending(a2a_call, request, answer("TASK_STATE_COMPLETED")) is None
+    assert adapter.pending(a2a_call, request, answer("TASK_STATE_INPUT_REQUIRED")) is None
+    bare = {"id": "t/1", "status": {"state": "TASK_STATE_WORKING"}}
+    assert adapter.pending(a2a_call, pending.poll, response(bare if rest else {"jsonrpc": "2.0", "result": bare}))
 
 
 def test_a2a_message_result_is_normalised() -> None:

@@ -21,7 +21,7 @@ from reach_plugins.errors import (
     UnknownCapability,
 )
 from reach_plugins.frameworks.toolcalls import PendingApproval, ToolCall
-from reach_plugins.matching import CapabilityMatcher, LexicalEmbedder
+from reach_plugins.matching import CapabilityMatcher, LexicalEmbedder, default_embedder
 from reach_plugins.model import ErrorInfo, Hop, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.security.context import chain, current_hops, serving
@@ -42,6 +42,9 @@ CATALOGUE = [
     Capability(name="track_parcel", description="Track where a parcel is during delivery", scope_tags=["logistics"]),
     Capability(name="find_shipment", description="Track where a parcel is during delivery", scope_tags=["logistics"]),
 ]
+LEXICAL_EMBEDDER = LexicalEmbedder()
+LEXICAL = LEXICAL_EMBEDDER.recommended_threshold
+"""The lexical embedder's measured threshold, stated as the enhancer's min_similarity."""
 
 
 def echo(call: Call) -> dict[str, Any]:
@@ -72,8 +75,15 @@ def transport() -> MockTransport:
 
 @pytest.fixture
 def enhancer(registry: MemoryRegistry, transport: MockTransport) -> Iterator[ReachEnhancer]:
-    """An enhancer matching with the dependency-free lexical embedder (fast and deterministic)."""
-    with ReachEnhancer(registry=registry, transport=transport, tenant="demo", matcher=LexicalEmbedder()) as enhancer:
+    """An enhancer that opted in to matching by meaning, with the dependency-free lexical embedder (deterministic)."""
+    with ReachEnhancer(
+        registry=registry,
+        transport=transport,
+        tenant="demo",
+        match="semantic",
+        min_similarity=LEXICAL,
+        matcher=LEXICAL_EMBEDDER,
+    ) as enhancer:
         yield enhancer
 
 
@@ -103,8 +113,9 @@ def test_exact_name_then_semantic_match(enhancer: ReachEnhancer) -> None:
 
 
 def test_default_matcher_makes_the_same_decisions(registry: MemoryRegistry, transport: MockTransport) -> None:
-    """The default embedder (a sentence model when installed) agrees on the mapping cases below."""
-    with ReachEnhancer(registry=registry, transport=transport) as e:
+    """Opted in at its measured threshold, the default embedder (a sentence model when installed) agrees below."""
+    threshold = default_embedder().recommended_threshold
+    with ReachEnhancer(registry=registry, transport=transport, match="semantic", min_similarity=threshold) as e:
         assert e.resolve("lookup_order_status", "Look up where an order is") == "query_order"
         assert e.resolve("stock_level", "How many items of a product remain in stock") == "check_inventory"
         assert e.resolve("get_weather", "Current weather for a city") is None
@@ -137,7 +148,7 @@ def test_decisions_are_cached_until_the_registry_changes(registry: MemoryRegistr
         return [[float("ship" in text), float("weather" in text), 0.1] for text in batch]
 
     matcher = CapabilityMatcher((), embedder=embed, threshold=0.9)
-    with ReachEnhancer(registry=registry, transport=transport, matcher=matcher) as e:
+    with ReachEnhancer(registry=registry, transport=transport, match="semantic", matcher=matcher) as e:
         assert e.resolve("weather_now", "weather today") is None
         seen = len(texts)
         assert e.resolve("weather_now", "weather today") is None
@@ -147,11 +158,14 @@ def test_decisions_are_cached_until_the_registry_changes(registry: MemoryRegistr
         assert e.resolve("weather_now", "weather today") == "forecast_weather"
 
 
-def test_matcher_false_uses_exact_names_only(registry: MemoryRegistry, transport: MockTransport) -> None:
-    """With matcher=False only capability_map and exact names map a tool."""
-    with ReachEnhancer(registry=registry, transport=transport, matcher=False) as e:
-        assert e.resolve("query_order") == "query_order"
-        assert e.explain("stock_level", "How many items of a product remain in stock").rule == "unmapped"
+def test_by_default_only_the_map_and_exact_names_route(registry: MemoryRegistry, transport: MockTransport) -> None:
+    """Without match="semantic" (or with matcher=False) a tool routes by capability_map or its own name only."""
+    for options in ({}, {"matcher": False}):
+        with ReachEnhancer(registry=registry, transport=transport, **options) as e:
+            assert (e.resolve("query_order"), e.resolve("queryOrder")) == ("query_order", "query_order")
+            found = e.explain("stock_level", "How many items of a product remain in stock")
+            assert (found.capability, found.rule) == (None, "unmapped")
+            assert "match='semantic', min_similarity=" in found.detail and "capability_map=" in found.detail
 
 
 def test_no_proxy_tools_unless_exposed(enhancer: ReachEnhancer) -> None:
@@ -165,7 +179,12 @@ def test_exposed_proxy_tools_cover_only_capabilities_without_a_local_tool(
 ) -> None:
     """expose= by name or scope tag offers those capabilities no local tool reaches, with their params_schema."""
     with ReachEnhancer(
-        registry=registry, transport=transport, matcher=LexicalEmbedder(), expose=["check_inventory", "logistics"]
+        registry=registry,
+        transport=transport,
+        match="semantic",
+        min_similarity=LEXICAL,
+        matcher=LEXICAL_EMBEDDER,
+        expose=["check_inventory", "logistics"],
     ) as e:
         specs = {spec.name: spec for spec in e.tools([("lookup_order_status", "Look up where an order is")])}
         assert set(specs) == {"check_inventory", "track_parcel", "find_shipment"}
@@ -270,6 +289,13 @@ def test_on_error_raise_raises_the_reach_error(registry: MemoryRegistry) -> None
         ({"on_error": "ignore"}, "on_error must be one of"),
         ({"capability_map": {"lookup": "Query Order"}}, "not a capability name"),
         ({"auto_register": True}, "serve_as"),
+        ({"match": "fuzzy"}, "match must be one of"),
+        ({"match": "semantic"}, r"needs min_similarity= \(the cosine"),
+        ({"min_similarity": 0.5}, "add match='semantic'"),
+        ({"matcher": LEXICAL_EMBEDDER}, "add match='semantic'"),
+        ({"match": "semantic", "matcher": False}, "drop matcher=False"),
+        ({"match": "semantic", "min_similarity": 0.5, "matcher": CapabilityMatcher(())}, "not both"),
+        ({"match": "semantic", "min_similarity": 1.5}, r"must be in \[-1, 1\]"),
     ],
 )
 def test_bad_settings_name_the_fix(options: dict[str, Any], fix: str) -> None:

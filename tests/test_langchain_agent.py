@@ -31,7 +31,6 @@ from reach_plugins.errors import (
     is_retryable,
 )
 from reach_plugins.langchain import ReachMiddleware, create_agent, reach_error_message
-from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.model import ErrorInfo, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.transport import Call, MockTransport, Reply
@@ -110,7 +109,7 @@ def transport() -> MockTransport:
 def enhancer(transport: MockTransport) -> Iterator[ReachEnhancer]:
     registry = registry_with("orders-a", "orders-b")
     with ReachEnhancer(
-        registry=registry, transport=transport, matcher=LexicalEmbedder(), expose=["check_inventory", "refund_order"]
+        registry=registry, transport=transport, expose=["check_inventory", "refund_order"]
     ) as enhancer:
         yield enhancer
 

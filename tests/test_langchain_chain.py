@@ -24,7 +24,6 @@ from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext
 from reach_plugins.agent.langgraph import serve_graph
 from reach_plugins.frameworks.toolcalls import ServeSpec
 from reach_plugins.langchain import create_agent
-from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.stores.sessions import session_key
 from transports.direct import DirectTransport
@@ -65,7 +64,6 @@ class World:
         enhancer = ReachEnhancer(
             registry=self.registry,
             transport=DirectTransport(),
-            matcher=LexicalEmbedder(),
             tracer_provider=self.provider,
             expose=lambda capability: True,
             **options,

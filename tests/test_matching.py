@@ -434,7 +434,7 @@ def test_the_enhancer_routes_by_name_while_its_model_hangs() -> None:
     registry.put_agent(AgentDescriptor(name="greek", endpoints=["http://127.0.0.1:9"], capabilities=list(GREEK)))
     model = StallingEmbedder()
     try:
-        with ReachEnhancer(registry=registry, matcher=model) as enhancer:
+        with ReachEnhancer(registry=registry, match="semantic", min_similarity=0.5, matcher=model) as enhancer:
             assert enhancer.explain("warm_up", "beta").rule == "semantic"
             model.stall.set()
             started = time.monotonic()

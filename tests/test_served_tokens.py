@@ -32,7 +32,6 @@ from reach_plugins import ReachClient, ReachEnhancer
 from reach_plugins.agent import ServedAgent, serve_graph
 from reach_plugins.frameworks.toolcalls import ServeSpec
 from reach_plugins.langchain import create_agent
-from reach_plugins.matching import LexicalEmbedder
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.security import KeyRing, SigningKey, TokenIssuer
 from reach_plugins.security.source import default_issuer
@@ -122,7 +121,7 @@ def test_an_auto_registered_agent_takes_the_tokens_its_serve_spec_names() -> Non
     spec = ServeSpec("helper", ["chat"], tokens=issuer.verifier())
     llm = ScriptedModel(messages=iter(["heard: hello"]))
     with ReachEnhancer(
-        registry=registry, transport=DirectTransport(), matcher=LexicalEmbedder(), auto_register=True, serve_as=spec
+        registry=registry, transport=DirectTransport(), auto_register=True, serve_as=spec
     ) as enhancer:
         create_agent(llm, [], enhanced_by=enhancer)
         [instance] = registry.instances("helper").values()

@@ -146,11 +146,13 @@ async def run_demo(console: Console, *, seed: int = 7, trace_file: Path | None =
         tracer_provider=provider,
         rng=random.Random(seed),
     )
-    # The demo waits for the sentence model (no routing budget), so even a cold first run maps tools by meaning.
+    # The demo opts in to routing by meaning (at the embedder's measured threshold) and waits for the sentence
+    # model (no routing budget), so even a cold first run maps tools by meaning.
     matcher = CapabilityMatcher((), timeout=None)
     enhancer = ReachEnhancer(
         client=client,
         tracer_provider=provider,
+        match="semantic",
         matcher=matcher,
         expose=["search_knowledge"],
     )

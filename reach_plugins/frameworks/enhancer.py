@@ -1,11 +1,14 @@
 """ReachEnhancer: turn a framework's tool call into a reach, framework-neutral.
 
 A tool maps to a capability by, in order: the explicit ``capability_map``,
-the exact name, then a semantic match of its name and description (the
-:class:`~reach_plugins.matching.CapabilityMatcher`, which refuses ties). The
-policy then picks the side: ``remote_first`` reaches when a healthy agent
-offers the capability and runs the local tool otherwise, ``remote_only``
-always reaches, ``local_only`` never does.
+the exact name, then — only with ``match="semantic"`` and a stated
+``min_similarity`` — a semantic match of its name and description (the
+:class:`~reach_plugins.matching.CapabilityMatcher`, which refuses ties; never
+to a ``danger_level: high`` capability). A local tool nothing maps runs
+locally, and :meth:`ReachEnhancer.explain` says why. The policy then picks
+the side: ``remote_first`` reaches when a healthy agent offers the capability
+and runs the local tool otherwise, ``remote_only`` always reaches,
+``local_only`` never does.
 
 A reach runs through :class:`~reach_plugins.ReachClient` (session liveness,
 affinity on the conversation key, the resilience core) inside an
@@ -50,6 +53,7 @@ from reach_plugins.frameworks.toolcalls import (
     ExposeOption,
     Exposure,
     MatcherOption,
+    MatchMode,
     OnError,
     PendingApproval,
     Policy,
@@ -133,6 +137,9 @@ class ReachEnhancer:
     ``metrics`` (:class:`~reach_plugins.telemetry.metrics.ReachMetrics`) records tool
     calls and, as the client's trace sink, every reach (for a ready
     ``client``, give it ``sink=metrics`` yourself).
+    ``match="exact"`` (the default) routes a tool only by ``capability_map``
+    or its own name; ``match="semantic", min_similarity=0.46`` also by meaning
+    (``matcher`` picks the embedder, or is a ready ``CapabilityMatcher``).
     ``serve_as`` names what this agent offers when it is
     served itself (``auto_register=True``; the agent SDK serves it, see :meth:`adopt`).
     """
@@ -148,6 +155,8 @@ class ReachEnhancer:
         auto_register: bool = False,
         sessions: SessionStore | str | None = None,
         approver: Approver | None = None,
+        match: MatchMode = "exact",
+        min_similarity: float | None = None,
         matcher: MatcherOption = None,
         on_error: OnError = "message",
         client: ReachClient | None = None,
@@ -199,7 +208,12 @@ class ReachEnhancer:
         """The enhancer's client on its own loop: ``reach`` blocks on it, ``areach`` awaits it."""
         self.client = self.blocking.client
         self.mapper = ToolMapper(
-            self.client.registry, capability_map=capability_map, matcher=matcher, scope_tags=scope_tags
+            self.client.registry,
+            capability_map=capability_map,
+            match=match,
+            min_similarity=min_similarity,
+            matcher=matcher,
+            scope_tags=scope_tags,
         )
         self._probes: dict[str, ReachRequest] = {}
         self.served: list[Stoppable] = []
@@ -207,11 +221,11 @@ class ReachEnhancer:
     # ------------------------------------------------------------------ mapping
 
     def resolve(self, tool_name: str, description: str = "") -> str | None:
-        """The capability ``tool_name`` maps to, or ``None`` (it stays local); cached per tool."""
+        """The capability ``tool_name`` maps to, or ``None`` (it stays local; :meth:`explain` says why); cached."""
         return self.mapper.explain(tool_name, description).capability
 
     def explain(self, tool_name: str, description: str = "") -> Resolution:
-        """Like :meth:`resolve`, with the rule that decided and the matcher's evidence."""
+        """Like :meth:`resolve`, with the rule that decided and the evidence (why a local tool stays local, too)."""
         return self.mapper.explain(tool_name, description)
 
     def catalogue(self) -> Mapping[str, Capability]:

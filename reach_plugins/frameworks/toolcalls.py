@@ -35,15 +35,21 @@ from reach_plugins.errors import (
     UnknownCapability,
 )
 from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, default_embedder
-from reach_plugins.matching.matcher import DEFAULT_TIMEOUT
+from reach_plugins.matching.matcher import DEFAULT_TIMEOUT, identifier
 from reach_plugins.model import NAME_PATTERN, Capability, Hop, ReachResponse
 from reach_plugins.registry.base import RegistryView
 from reach_plugins.security.verifier import TokenVerifier
 
 Policy = Literal["remote_first", "remote_only", "local_only"]
 OnError = Literal["message", "raise"]
-Rule = Literal["map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off", "degraded"]
-"""How a tool was mapped: ``map`` (``capability_map``), ``exact`` name, ``semantic`` match; or why it was not."""
+MatchMode = Literal["exact", "semantic"]
+"""``match=``: ``exact`` (the default) routes a tool only by ``capability_map`` or its own name; ``semantic`` also
+by the meaning of its name and description, at the stated ``min_similarity``."""
+Rule = Literal[
+    "map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off", "degraded", "high_danger"
+]
+"""How a tool was mapped: ``map`` (``capability_map``), ``exact`` name, ``semantic`` match; or why it was not
+(``high_danger``: the closest capability is ``danger_level: high``, which meaning alone never reaches)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,13 +292,20 @@ def error_text(tool: str, capability: str | None, error: ReachError) -> str:
 
 
 MatcherOption = CapabilityMatcher | Embedder | EmbedFunction | Literal[False] | None
-"""A ready matcher, an embedder to build one with, ``None`` for the default one, ``False`` for exact names only."""
+"""With ``match="semantic"``: a ready matcher, an embedder to build one with, or ``None`` for the default embedder.
+``False`` (exact names only) is what ``match="exact"`` does anyway."""
 _MAX_CACHED = 4096
 _NAME = re.compile(NAME_PATTERN)
 
 
 class ToolMapper:
     """Which capability of a registry each tool reaches: ``capability_map``, then the exact name, then meaning.
+
+    A local tool runs locally unless the user said otherwise: meaning is
+    consulted only with ``match="semantic"`` and a stated ``min_similarity``
+    (a near miss once sent ``get_order_status`` to ``query_order`` and the
+    local code never ran), and it never routes to a ``danger_level: high``
+    capability, which needs the map or its exact name.
 
     The catalogue is rebuilt (and the decisions forgotten) when the registry's
     revision moves, so an agent registered later is found; decisions are
@@ -304,9 +317,12 @@ class ToolMapper:
         view: RegistryView,
         *,
         capability_map: Mapping[str, str | None] | None = None,
+        match: MatchMode = "exact",
+        min_similarity: float | None = None,
         matcher: MatcherOption = None,
         scope_tags: Sequence[str] = (),
     ) -> None:
+        check_choice("match", match, MatchMode)
         capability_map = capability_map or {}
         for tool, target in capability_map.items():
             if target is not None and not _NAME.match(target):
@@ -316,7 +332,7 @@ class ToolMapper:
                 )
         self.view = view
         self.capability_map = dict(capability_map)
-        self.matcher = _matcher(matcher)
+        self.matcher = _matcher(match, min_similarity, matcher)
         self.scope_tags = tuple(scope_tags)
         self._lock = threading.Lock()
         self._revision: int | None = None
@@ -380,20 +396,58 @@ class ToolMapper:
             target = self.capability_map[tool]
             return Resolution(tool, target, "map", f"capability_map sends it to {target or 'the local tool'}")
         if self.matcher is None:
-            exact = catalogue.get(tool)
-            if exact is not None and set(self.scope_tags) <= set(exact.scope_tags):
-                return Resolution(tool, tool, "exact", "same name")
-            return Resolution(tool, None, "unmapped", "no capability of that name (semantic matching is off)")
+            return self._exact(tool, catalogue)
         match = self.matcher.match(tool, description, scope_tags=self.scope_tags, wait=wait)
+        found = catalogue.get(match.capability) if match.reason == "semantic" and match.capability else None
+        if found is not None and found.danger_level == "high":
+            return Resolution(
+                tool,
+                None,
+                "high_danger",
+                f"{match}; meaning alone never routes to a danger_level: high capability: "
+                f"route it with capability_map={{{tool!r}: {found.name!r}}} or name the tool {found.name!r}",
+            )
         return Resolution(tool, match.capability, match.reason, str(match))
 
+    def _exact(self, tool: str, catalogue: Mapping[str, Capability]) -> Resolution:
+        """``match="exact"``: the capability named like the tool (``queryOrder`` is ``query_order``), or none."""
+        name, tags = identifier(tool), set(self.scope_tags)
+        for capability in catalogue.values():
+            if identifier(capability.name) == name and tags <= set(capability.scope_tags):
+                return Resolution(tool, capability.name, "exact", "same name")
+        return Resolution(
+            tool,
+            None,
+            "unmapped",
+            f"no capability named {tool!r} and matching by meaning is off (match='exact'): route it with "
+            f"capability_map={{{tool!r}: 'capability_name'}}, or opt in with match='semantic', min_similarity=...",
+        )
 
-def _matcher(option: MatcherOption) -> CapabilityMatcher | None:
-    if option is False:
+
+def _matcher(match: MatchMode, min_similarity: float | None, option: MatcherOption) -> CapabilityMatcher | None:
+    """The matcher of ``match="semantic"`` at its stated threshold, else ``None`` (exact names only)."""
+    if match == "exact":
+        if min_similarity is not None or option not in (None, False):
+            raise ConfigError(
+                "min_similarity= and matcher= apply only to matching by meaning, which is off by default: "
+                "add match='semantic' (or drop them to route by capability_map and exact names)"
+            )
         return None
+    if option is False:
+        raise ConfigError("match='semantic' needs a matcher: drop matcher=False (or use match='exact')")
     if isinstance(option, CapabilityMatcher):
+        if min_similarity is not None:
+            raise ConfigError(
+                "a ready CapabilityMatcher brings its own threshold: pass min_similarity= or matcher=, not both"
+            )
         return option
-    return CapabilityMatcher((), embedder=_shared_default() if option is None else option, timeout=DEFAULT_TIMEOUT)
+    if min_similarity is None:
+        raise ConfigError(
+            "match='semantic' needs min_similarity= (the cosine, in [-1, 1], a tool's name and description must "
+            "reach to route to a capability; the lexical embedder was tuned at 0.38, MiniLM+lexical at 0.46)"
+        )
+    embedder = _shared_default() if option is None else option
+    return CapabilityMatcher((), embedder=embedder, threshold=min_similarity, timeout=DEFAULT_TIMEOUT)
 
 
 @functools.cache

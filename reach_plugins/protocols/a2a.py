@@ -1,9 +1,22 @@
-"""``a2a`` agents: A2A 1.x and 0.3 over JSON-RPC, the binding chosen from the agent card.
+"""``a2a`` agents: A2A 1.x and 0.3 over JSON-RPC, or 1.x over HTTP+JSON, the binding chosen from the agent card.
 
 The card at ``/.well-known/agent-card.json`` is read once per endpoint
-(:mod:`reach_plugins.protocols.a2a_wire` picks its 1.x interface, else 0.3);
-``protocol_options.url`` (with ``version``, default ``"1.0"``) skips it, and
-``protocol_options.version`` prefers a version the card offers.
+(:mod:`reach_plugins.protocols.a2a_wire` picks its 1.x JSON-RPC interface,
+else 0.3, else 1.x HTTP+JSON); ``protocol_options.url`` (with ``version``,
+default ``"1.0"``) skips it, and ``protocol_options.version`` prefers a
+version the card offers.
+
+A blocking reach of a 1.x agent never waits on a held-open request: the
+message is sent with ``returnImmediately`` and a task still ``submitted`` or
+``working`` is :class:`~reach_plugins.protocols.base.Pending`: the transport
+polls ``GetTask`` within the attempt's time and sends ``CancelTask`` when it
+gives up (deadline, cancellation, the client closing), so an abandoned task
+does not run on at the agent. An executor that raises then shows as a task
+that ended ``failed``: a business failure, never re-run. 0.3 agents are sent
+``blocking: true`` as before: the 0.3 SDK leaves the task of a crashed
+non-blocking executor ``submitted`` for ever (measured with a2a-sdk 0.3), so
+polling would turn every crash into a timeout. A stream left early is
+cancelled in both versions.
 
 A conversation is an A2A context: ``contextId`` is the request's
 ``session_id``. A task that stops at ``input-required`` (or ``auth-required``)
@@ -12,7 +25,8 @@ session continues it with its ``taskId``. Replies — a ``Message`` or a ``Task`
 — are normalised to ``reply_content`` (text parts, else the status message's
 text), ``tool_calls`` (always empty) and ``raw_meta`` (ids, state, data parts).
 
-A2A has no idempotency of its own: an executor error (JSON-RPC -32603) is a
+A2A has no idempotency of its own: an executor error answered as JSON-RPC
+-32603 (0.3, or a 1.x agent that ignores ``returnImmediately``) is a
 ``business`` failure, never retried, unless the request carries an idempotency
 key and the capability is ``retryable``.
 """
@@ -27,17 +41,20 @@ from typing import Any
 
 from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols.a2a_wire import (
-    METHODS,
+    REST_SEND,
     VERSION_HEADER,
     Binding,
-    Dialect,
+    Operation,
     binding_from_card,
+    binding_of,
     data_parts,
     dialect_of,
     parts_of,
+    rpc_body,
     state_of,
     status_parts,
     task_parts,
+    task_request,
     texts,
     unwrap,
     user_message,
@@ -47,6 +64,7 @@ from reach_plugins.protocols.base import (
     HttpRequest,
     HttpResponse,
     NoHandshake,
+    Pending,
     decode_json,
     encode_json,
     endpoint_url,
@@ -64,6 +82,8 @@ FAILED_STATES = frozenset({"failed", "rejected", "canceled"})
 WAITING_STATES = frozenset({"input-required", "auth-required"})
 """The task paused for the caller: the session's next message continues it."""
 FINAL_STATES = FAILED_STATES | WAITING_STATES | {"completed"}
+RUNNING_STATES = frozenset({"submitted", "working"})
+"""The task is still at work: a blocking reach polls it."""
 INTERNAL_ERROR = -32603
 TASK_NOT_FOUND = -32001
 OPEN_TASKS_KEPT = 4096
@@ -131,8 +151,22 @@ def normalised(parts: list[Mapping[str, Any]], meta: dict[str, Any]) -> dict[str
     return {"reply_content": texts(parts), "tool_calls": [], "raw_meta": meta}
 
 
+def rest_error(response: HttpResponse) -> dict[str, Any] | None:
+    """An HTTP+JSON error (a ``google.rpc.Status`` body) as the JSON-RPC error it stands for, else ``None``."""
+    try:
+        body = json.loads(response.body) if response.body else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    error = body.get("error") if isinstance(body, Mapping) else None
+    if not isinstance(error, Mapping) or not isinstance(error.get("status"), str):
+        return None
+    reasons = {str(d.get("reason")) for d in error.get("details") or () if isinstance(d, Mapping)}
+    codes = {"INTERNAL": INTERNAL_ERROR, "NOT_FOUND": TASK_NOT_FOUND if "TASK_NOT_FOUND" in reasons else None}
+    return {"code": codes.get(error["status"]) or error["status"], "message": error.get("message")}
+
+
 class A2AAdapter(NoHandshake):
-    """Client side of an A2A agent (1.x or 0.3, JSON-RPC binding)."""
+    """Client side of an A2A agent (1.x or 0.3 over JSON-RPC, 1.x over HTTP+JSON)."""
 
     protocol = "a2a"
 
@@ -153,7 +187,7 @@ class A2AAdapter(NoHandshake):
         base = call.instance.endpoint.rstrip("/") + "/"
         binding = binding_from_card(card, base, str(prefer) if prefer else None) if isinstance(card, Mapping) else None
         if binding is None:
-            raise invalid(call, "the agent card offers no JSON-RPC interface of A2A 1.x or 0.3")
+            raise invalid(call, "the agent card offers no JSON-RPC (A2A 1.x or 0.3) or HTTP+JSON (1.x) interface")
         return binding
 
     def _binding(self, call: Call, discovered: Any) -> Binding:
@@ -178,13 +212,33 @@ class A2AAdapter(NoHandshake):
             "metadata": {"reach.capability": request.capability, "reach.action": request.action},
         }
         if binding.dialect == "0.3":
-            params["configuration"] = {"blocking": True}
-        method = METHODS[binding.dialect]["stream" if stream else "send"]
-        body = {"jsonrpc": "2.0", "id": request.request_id, "method": method, "params": params}
+            params["configuration"] = {"blocking": True}  # see the module docstring: 0.3 is never polled
+        elif not stream:
+            params["configuration"] = {"returnImmediately": True}
         headers = reach_headers(call, accept="text/event-stream" if stream else "application/json")
         if binding.dialect == "1.0":
             headers[VERSION_HEADER] = binding.version
+        operation: Operation = "stream" if stream else "send"
+        if binding.transport == "HTTP+JSON":
+            return HttpRequest("POST", binding.url.rstrip("/") + REST_SEND[operation], headers, encode_json(params))
+        body = rpc_body(request.request_id, binding, operation, params)
         return HttpRequest("POST", binding.url, headers, encode_json(body))
+
+    def pending(self, call: Call, sent: HttpRequest, response: HttpResponse) -> Pending | None:
+        """A task answered at once and still at work: ``GetTask`` to poll it, ``CancelTask`` to stop it."""
+        if not 200 <= response.status < 300:
+            return None
+        try:
+            result = _result(json.loads(response.body))
+        except (ValueError, UnicodeDecodeError):
+            return None  # parse says what is wrong with it
+        kind, task = unwrap(result) if isinstance(result, Mapping) else (None, {})
+        task_id = task.get("id")
+        if kind != "task" or not isinstance(task_id, str) or state_of(task) not in RUNNING_STATES:
+            return None
+        binding, rpc_id = binding_of(sent), call.request.request_id
+        poll = task_request(binding, sent.headers, task_id, "get", f"get-{rpc_id}")
+        return Pending(poll, task_request(binding, sent.headers, task_id, "cancel", f"cancel-{rpc_id}"))
 
     def failed_rpc(self, call: Call, raw: Any) -> ErrorInfo:
         """The error of a JSON-RPC error answer; a continued task the agent no longer knows is forgotten."""
@@ -194,13 +248,17 @@ class A2AAdapter(NoHandshake):
 
     def parse(self, call: Call, response: HttpResponse) -> Reply:
         if not 200 <= response.status < 300:
-            return http_failure(call, response)
+            error = rest_error(response)
+            if error is None:
+                return http_failure(call, response)
+            return failure(call, self.failed_rpc(call, error), response.status)
         body = decode_json(call, response.body)
-        if not isinstance(body, Mapping) or not ("result" in body or "error" in body):
-            raise invalid(call, "expected a JSON-RPC response with 'result' or 'error'")
-        if "error" in body:
+        if isinstance(body, Mapping) and "error" in body:
             return failure(call, self.failed_rpc(call, body["error"]), response.status)
-        kind, item = unwrap(body["result"]) if isinstance(body["result"], Mapping) else (None, {})
+        result = _result(body)
+        if not isinstance(result, Mapping):
+            raise invalid(call, "expected a JSON-RPC response with 'result' or 'error', or an A2A result object")
+        kind, item = unwrap(result)
         if kind == "message":
             meta = {"kind": "message", "message_id": item.get("messageId"), "context_id": item.get("contextId")}
             return success(call, normalised(parts_of(item), meta), response.status)
@@ -232,14 +290,11 @@ class A2AStreamDecoder(EndsOnce):
         """The task this stream follows, once an event named it: what ``abandoned`` cancels."""
 
     def abandoned(self, opened: HttpRequest) -> HttpRequest | None:
-        """``CancelTask`` (``tasks/cancel`` in 0.3) for the task the caller left, at the stream's URL."""
+        """``CancelTask`` (``tasks/cancel`` in 0.3) for the task the caller left, over the stream's binding."""
         if self._task_id is None:
             return None
-        dialect: Dialect = "1.0" if VERSION_HEADER in opened.headers else "0.3"
         rpc_id = f"cancel-{self._call.request.request_id}"
-        body = {"jsonrpc": "2.0", "id": rpc_id, "method": METHODS[dialect]["cancel"], "params": {"id": self._task_id}}
-        headers = {**opened.headers, "Accept": "application/json"}
-        return HttpRequest("POST", opened.url, headers, encode_json(body))
+        return task_request(binding_of(opened), opened.headers, self._task_id, "cancel", rpc_id)
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
         if self._done:
@@ -250,7 +305,7 @@ class A2AStreamDecoder(EndsOnce):
             raise invalid(self._call, f"a stream event is not JSON ({event.data[:80]!r})") from None
         if isinstance(body, Mapping) and "error" in body:
             return self._finish(StreamEvent("error", error=self._adapter.failed_rpc(self._call, body["error"])))
-        result = body.get("result") if isinstance(body, Mapping) else None
+        result = _result(body)
         if not isinstance(result, Mapping):
             raise invalid(self._call, "a stream event has no 'result'")
         kind, item = unwrap(result)
@@ -282,3 +337,10 @@ class A2AStreamDecoder(EndsOnce):
 
     def _cut(self) -> str:
         return f"the A2A stream from instance {self._call.instance.instance_id} was cut"
+
+
+def _result(body: Any) -> Any:
+    """The A2A result of a body: a JSON-RPC envelope's ``result``, or (HTTP+JSON) the body itself."""
+    if isinstance(body, Mapping) and ("result" in body or "jsonrpc" in body):
+        return body.get("result")
+    return body

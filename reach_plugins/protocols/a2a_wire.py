@@ -10,6 +10,11 @@
 * A2A 0.3: the card has ``url`` (plus ``additionalInterfaces``); methods
   ``message/send`` / ``message/stream``; parts and results carry ``kind``.
 
+Two 1.x bindings: JSON-RPC (preferred) and HTTP+JSON (spec section 11:
+``POST /message:send``, ``POST /message:stream``, ``GET /tasks/{id}``,
+``POST /tasks/{id}:cancel``; bodies are the JSON-RPC ``params`` and
+``result`` without the envelope), used when a card offers no JSON-RPC.
+
 Reading accepts both shapes everywhere; writing follows the binding chosen
 from the card.
 """
@@ -19,16 +24,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urljoin
+from urllib.parse import quote, urljoin
 
-from reach_plugins.protocols.base import TEXT_FIELDS, list_at, mapping_at, payload_text
+from reach_plugins.protocols.base import TEXT_FIELDS, HttpRequest, encode_json, list_at, mapping_at, payload_text
 
 Dialect = Literal["1.0", "0.3"]
+Transport = Literal["JSONRPC", "HTTP+JSON"]
+Operation = Literal["send", "stream", "get", "cancel"]
 METHODS: dict[Dialect, dict[str, str]] = {
     "1.0": {"send": "SendMessage", "stream": "SendStreamingMessage", "get": "GetTask", "cancel": "CancelTask"},
     "0.3": {"send": "message/send", "stream": "message/stream", "get": "tasks/get", "cancel": "tasks/cancel"},
 }
 VERSION_HEADER = "A2A-Version"
+REST_SEND = {"send": "/message:send", "stream": "/message:stream"}
 _WRAPPED = (
     ("task", "task"),
     ("message", "message"),
@@ -45,6 +53,8 @@ class Binding:
     dialect: Dialect
     version: str
     """The ``protocolVersion`` sent in ``A2A-Version`` (1.x only)."""
+    transport: Transport = "JSONRPC"
+    """``HTTP+JSON`` (1.x only) when the card offers no JSON-RPC interface."""
 
 
 def dialect_of(version: str) -> Dialect | None:
@@ -57,21 +67,53 @@ def dialect_of(version: str) -> Dialect | None:
 
 
 def binding_from_card(card: Mapping[str, Any], base: str, prefer: str | None = None) -> Binding | None:
-    """The JSON-RPC binding to use: the card's 1.x interface first (or the ``prefer``red version), then 0.3."""
+    """The binding to use: JSON-RPC 1.x first (or the ``prefer``red version), then 0.3, then 1.x HTTP+JSON."""
     offered: list[Binding] = []
     for item in list_at(card, "supportedInterfaces"):
-        if not isinstance(item, Mapping) or str(item.get("protocolBinding", "")).upper() != "JSONRPC":
+        if not isinstance(item, Mapping):
             continue
+        transport = str(item.get("protocolBinding", "")).upper()
         version, url = str(item.get("protocolVersion", "")), item.get("url")
         dialect = dialect_of(version)
-        if dialect is not None and isinstance(url, str):
+        if transport == "HTTP+JSON" and dialect == "1.0" and isinstance(url, str):
+            offered.append(Binding(urljoin(base, url), dialect, version, "HTTP+JSON"))
+        elif transport == "JSONRPC" and dialect is not None and isinstance(url, str):
             offered.append(Binding(urljoin(base, url), dialect, version))
     legacy = _legacy_url(card)
     if legacy is not None:
         offered.append(Binding(urljoin(base, legacy), "0.3", str(card.get("protocolVersion", "0.3"))))
     wanted = dialect_of(prefer) if prefer else None
-    ranked = sorted(offered, key=lambda b: (b.dialect != wanted, b.dialect != "1.0"))
+    ranked = sorted(offered, key=lambda b: (b.transport != "JSONRPC", b.dialect != wanted, b.dialect != "1.0"))
     return ranked[0] if ranked else None
+
+
+def binding_of(sent: HttpRequest) -> Binding:
+    """The binding a request we built was sent over (to ask about, or stop, the task it started)."""
+    version = sent.headers.get(VERSION_HEADER)
+    dialect: Dialect = "1.0" if version else "0.3"
+    for path in REST_SEND.values():
+        if sent.url.endswith(path):
+            return Binding(sent.url.removesuffix(path), dialect, version or "1.0", "HTTP+JSON")
+    return Binding(sent.url, dialect, version or "0.3")
+
+
+def rpc_body(rpc_id: str, binding: Binding, operation: Operation, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON-RPC request for ``operation`` in the binding's dialect."""
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": METHODS[binding.dialect][operation], "params": dict(params)}
+
+
+def task_request(
+    binding: Binding, headers: Mapping[str, str], task_id: str, operation: Operation, rpc_id: str
+) -> HttpRequest:
+    """``GetTask`` or ``CancelTask`` of ``task_id`` (HTTP+JSON: ``GET /tasks/{id}``, ``POST /tasks/{id}:cancel``)."""
+    sent = {**headers, "Accept": "application/json"}
+    if binding.transport == "JSONRPC":
+        body = rpc_body(rpc_id, binding, operation, {"id": task_id})
+        return HttpRequest("POST", binding.url, sent, encode_json(body))
+    url = f"{binding.url.rstrip('/')}/tasks/{quote(task_id, safe='')}"
+    if operation == "get":
+        return HttpRequest("GET", url, {k: v for k, v in sent.items() if k.lower() != "content-type"})
+    return HttpRequest("POST", f"{url}:cancel", sent, b"{}")
 
 
 def _legacy_url(card: Mapping[str, Any]) -> str | None:
@@ -121,6 +163,8 @@ def unwrap(result: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any]]:
         inner = result.get(key)
         if isinstance(inner, Mapping):
             return name, inner
+    if isinstance(result.get("id"), str) and isinstance(result.get("status"), Mapping):
+        return "task", result  # GetTask and CancelTask answer a bare Task
     return None, result
 
 

@@ -51,6 +51,19 @@ class HttpResponse:
     body: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Work the agent accepted and has not finished (an A2A task answered at once): how to ask again, how to stop.
+
+    The transport sends ``poll`` until the answer is no longer pending or the
+    attempt's time is up, and sends ``stop`` when the caller gives up on it
+    (deadline, cancellation, the client closing), so the work does not run on.
+    """
+
+    poll: HttpRequest
+    stop: HttpRequest
+
+
 class StreamDecoder(Protocol):
     """Turns the SSE events of one stream into normalised stream events."""
 
@@ -91,6 +104,10 @@ class Adapter(Protocol):
         ...
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest: ...
+
+    def pending(self, call: Call, sent: HttpRequest, response: HttpResponse) -> Pending | None:
+        """The unfinished work ``response`` (to ``sent``) announces, or ``None`` when it is the answer to parse."""
+        ...
 
     def parse(self, call: Call, response: HttpResponse) -> Reply: ...
 
@@ -266,12 +283,18 @@ def check_return(call: Call, data: Any) -> None:
 
 
 class NoHandshake:
-    """For protocols whose conversations need no opening exchange (everything but MCP's sessions)."""
+    """For protocols whose conversations need no opening exchange (everything but MCP's sessions).
+
+    Their answers are final too, unless the adapter says otherwise (A2A's tasks answered at once).
+    """
 
     def handshake(self, call: Call) -> HttpRequest | None:
         return None
 
     def handshaken(self, call: Call, response: HttpResponse) -> None:
+        return None
+
+    def pending(self, call: Call, sent: HttpRequest, response: HttpResponse) -> Pending | None:
         return None
 
 

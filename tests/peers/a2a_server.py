@@ -4,7 +4,8 @@
 
 At the root, the card lists JSON-RPC 1.0 and 0.3 (the SDK's compat mode) at
 ``/a2a``; under ``/v1only`` the same agent is served as a plain 1.x agent
-(its card has ``supportedInterfaces`` and no ``url``). What
+(its card has ``supportedInterfaces`` and no ``url``); under ``/rest`` it is
+served over HTTP+JSON only (its card offers no JSON-RPC). What
 the executor does depends on the first word of the user's text:
 
 * ``ask``: ``input-required`` with the question "Which order?"; the next
@@ -16,7 +17,10 @@ the executor does depends on the first word of the user's text:
 * anything else: a "working" status message, then an artifact echoing the text.
 
 ``GET /executions`` returns how many times the executor ran, per first word,
-so tests count what the agent actually executed.
+so tests count what the agent actually executed; it also counts the requests
+the handler served that were not messages (``get_task``, ``cancel_task``),
+the messages sent with ``returnImmediately``, and the executor's cancellations
+(``cancel``). ``GET /tasks-of/{context}`` lists the states of that context's tasks.
 """
 
 from __future__ import annotations
@@ -28,18 +32,58 @@ import sys
 import uvicorn
 from a2a.server.agent_execution.agent_executor import AgentExecutor
 from a2a.server.agent_execution.context import RequestContext
+from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks.inmemory_task_store import InMemoryTaskStore
 from a2a.server.tasks.task_updater import TaskUpdater
-from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Part, Task, TaskState, TaskStatus
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    CancelTaskRequest,
+    GetTaskRequest,
+    Part,
+    SendMessageRequest,
+    Task,
+    TaskState,
+    TaskStatus,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 EXECUTIONS: collections.Counter[str] = collections.Counter()
+STATES: dict[str, tuple[str, str]] = {}
+"""Task id -> (context id, latest state name), as the agents' stores saved them."""
+
+
+class WatchedStore(InMemoryTaskStore):
+    """The SDK's in-memory store, noting each task's latest state (``GET /tasks-of/{context}``)."""
+
+    async def save(self, task: Task, context: ServerCallContext) -> None:
+        STATES[task.id] = (task.context_id, TaskState.Name(task.status.state))
+        await super().save(task, context)
+
+
+class CountingHandler(DefaultRequestHandler):
+    """The SDK's handler, counting GetTask, CancelTask and messages sent with returnImmediately."""
+
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        EXECUTIONS["get_task"] += 1
+        return await super().on_get_task(params, context)
+
+    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
+        EXECUTIONS["cancel_task"] += 1
+        return await super().on_cancel_task(params, context)
+
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> object:
+        if params.configuration.return_immediately:
+            EXECUTIONS["return_immediately"] += 1
+        return await super().on_message_send(params, context)
 
 
 class PeerExecutor(AgentExecutor):
@@ -82,10 +126,14 @@ class PeerExecutor(AgentExecutor):
         await updater.complete()
 
 
-def card(port: int, *, compat: bool) -> AgentCard:
-    """The card: JSON-RPC 1.0 (and 0.3 with ``compat``, which also adds the 0.3 ``url`` to the served card)."""
+def card(port: int, *, compat: bool, rest: bool = False) -> AgentCard:
+    """The card: JSON-RPC 1.0 (and 0.3 with ``compat``, which also adds the 0.3 ``url``), or HTTP+JSON only."""
     url = f"http://127.0.0.1:{port}/a2a" if compat else f"http://127.0.0.1:{port}/v1only/a2a"
     interfaces = [AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0", url=url)]
+    if rest:
+        interfaces = [
+            AgentInterface(protocol_binding="HTTP+JSON", protocol_version="1.0", url=f"http://127.0.0.1:{port}/rest/v1")
+        ]
     if compat:
         interfaces.append(AgentInterface(protocol_binding="JSONRPC", protocol_version="0.3", url=url))
     return AgentCard(
@@ -104,21 +152,35 @@ async def executions(request: Request) -> JSONResponse:
     return JSONResponse(dict(EXECUTIONS))
 
 
-def agent_routes(port: int, *, compat: bool) -> list[Route]:
-    """The card and the JSON-RPC endpoint of one agent; without ``compat`` it lives under ``/v1only``."""
-    agent_card = card(port, compat=compat)
-    executor, store = PeerExecutor(), InMemoryTaskStore()
-    handler = DefaultRequestHandler(agent_executor=executor, task_store=store, agent_card=agent_card)
-    prefix = "" if compat else "/v1only"
-    return [
-        *create_agent_card_routes(agent_card=agent_card, card_url=f"{prefix}/.well-known/agent-card.json"),
-        *create_jsonrpc_routes(request_handler=handler, rpc_url=f"{prefix}/a2a", enable_v0_3_compat=compat),
-    ]
+async def tasks_of(request: Request) -> JSONResponse:
+    """The latest state of every task of one context (what a test checks was cancelled)."""
+    context = request.path_params["context"]
+    return JSONResponse([state for owner, state in list(STATES.values()) if owner == context])
+
+
+def agent_routes(port: int, *, compat: bool, rest: bool = False) -> list[Route]:
+    """One agent's card and endpoint: JSON-RPC (without ``compat`` under ``/v1only``), or HTTP+JSON under ``/rest``."""
+    agent_card = card(port, compat=compat, rest=rest)
+    executor, store = PeerExecutor(), WatchedStore()
+    handler = CountingHandler(agent_executor=executor, task_store=store, agent_card=agent_card)
+    prefix = "/rest" if rest else "" if compat else "/v1only"
+    served = (
+        create_rest_routes(request_handler=handler, path_prefix="/rest/v1")
+        if rest
+        else create_jsonrpc_routes(request_handler=handler, rpc_url=f"{prefix}/a2a", enable_v0_3_compat=compat)
+    )
+    return [*create_agent_card_routes(agent_card=agent_card, card_url=f"{prefix}/.well-known/agent-card.json"), *served]
 
 
 def app(port: int) -> Starlette:
-    """Two agents sharing one executor count: 1.x + 0.3 compat at the root, 1.x only under ``/v1only``."""
-    routes = [*agent_routes(port, compat=True), *agent_routes(port, compat=False), Route("/executions", executions)]
+    """Three agents sharing one executor count: 1.x + 0.3 compat at the root, 1.x only, HTTP+JSON only."""
+    routes = [
+        Route("/executions", executions),
+        Route("/tasks-of/{context}", tasks_of),
+        *agent_routes(port, compat=True),
+        *agent_routes(port, compat=False),
+        *agent_routes(port, compat=False, rest=True),
+    ]
     return Starlette(routes=routes)
 
 

@@ -3,7 +3,9 @@
 It only moves bytes: the protocol adapter builds the request and normalises
 the reply, the wire engine (aiohttp by default, httpx on request) carries it
 over one pooled client per agent. It never retries, breaks circuits or
-dedups; the resilience core does that for every transport.
+dedups; the resilience core does that for every transport. Work the agent
+took without finishing (an A2A task answered at once) is polled within the
+attempt's time, and stopped when the caller leaves it (:mod:`.leaving`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,23 @@ import logging
 from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any, Literal
 
-from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, ReadTimeout, TransportError
+from reach_plugins.errors import (
+    ConfigError,
+    ConnectError,
+    ConnectionLost,
+    InvalidResponse,
+    ReachError,
+    ReadTimeout,
+    SessionClosed,
+    TransportError,
+)
 from reach_plugins.model import ErrorInfo, Timeouts
 from reach_plugins.protocols import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
+from reach_plugins.protocols.base import Pending
 from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
+from transports.direct.leaving import Leaving
 
 if TYPE_CHECKING:
     import httpx
@@ -31,6 +44,12 @@ CONNECT_SHARE = 0.95
 """The most of an attempt's time its connect may take: the connect phase ends strictly before the attempt's own
 timers, so a connect that never completes is reported as one (``ConnectError``, not delivered, fail over at once)
 rather than as an attempt timeout (outcome unknown)."""
+FIRST_POLL = 0.002
+"""Seconds before the first poll of pending work; each later wait is :data:`POLL_GROWTH` times longer, up to
+:data:`LAST_POLL` (a task of a few milliseconds is seen done within about one poll's worth of its end; a long one
+costs about one GetTask a second)."""
+POLL_GROWTH = 1.5
+LAST_POLL = 1.0
 
 
 def _connect_timeout(call: Call) -> float:
@@ -73,6 +92,7 @@ class DirectTransport(BaseTransport):
         self._shared = wrap_client(client) if client is not None else None
         self._engines: dict[Hashable, tuple[asyncio.AbstractEventLoop, Engine]] = {}
         self._discovered: dict[tuple[str, str], Any] = {}
+        self._leaving = Leaving()
 
     def _engine_for(self, call: Call) -> Engine:
         identity = tls_identity(call.credential) if call.credential.type == "cert" else None
@@ -136,7 +156,45 @@ class DirectTransport(BaseTransport):
         request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
         connect = _connect_timeout(call)
         response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
+        pending = adapter.pending(call, request, response)
+        if pending is not None:
+            response = await self._follow(adapter, engine, call, pending, began + call.timeout)
         return adapter.parse(call, response)
+
+    async def _follow(
+        self, adapter: Adapter, engine: Engine, call: Call, pending: Pending, deadline: float
+    ) -> HttpResponse:
+        """Poll ``pending`` until the agent answers, by ``deadline`` (loop time); stop it if we leave without one."""
+        loop = asyncio.get_running_loop()
+        key = self._leaving.hold(engine, lambda: pending.stop)
+        wait = FIRST_POLL
+        try:
+            while (remaining := deadline - loop.time()) > 0:
+                await asyncio.sleep(min(wait, remaining))
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                if not self._leaving.holds(key):  # the client closed: the work was stopped, the call ends here
+                    raise SessionClosed(
+                        f"the client was closed while instance {call.instance.instance_id} was still working on the "
+                        "call; it was asked to stop",
+                        in_flight=True,
+                    )
+                connect = min(_connect_timeout(call), remaining)
+                try:
+                    response = await engine.send(pending.poll, timeout=remaining, connect_timeout=connect)
+                except ConnectError as exc:  # the poll was not delivered, the work was: its outcome is unknown
+                    raise ConnectionLost(f"the agent took the work, then could not be polled: {exc.message}") from exc
+                if adapter.pending(call, pending.poll, response) is None:
+                    self._leaving.done(key)
+                    return response
+                wait = min(wait * POLL_GROWTH, LAST_POLL)
+            raise ReadTimeout(
+                f"instance {call.instance.instance_id} took the work but did not finish it within the attempt's "
+                f"{call.timeout:g} s (polled until then; asked it to stop)"
+            )
+        finally:
+            self._leaving.leave(key)
 
     async def stream(self, call: Call) -> EventStream:
         """Stream events; failures before the first event raise (retryable), later ones end with an error event."""
@@ -156,14 +214,14 @@ class DirectTransport(BaseTransport):
                 for event in _reply_events(reply):
                     yield event
                 return
-            ended = False
+            key = self._leaving.hold(engine, lambda: decoder.abandoned(request))
             try:
                 async for event in _events(wire, decoder):
-                    ended = event.kind != "data"
+                    if event.kind != "data":
+                        self._leaving.done(key)
                     yield event
             finally:
-                if not ended:
-                    await _abandon(engine, decoder.abandoned(request), connect)
+                self._leaving.leave(key)  # the caller left before the end: the far side stops (A2A's CancelTask)
 
     async def aclose(self) -> None:
         """Close every pool: on this loop directly, on another running loop by handing it the close.
@@ -172,6 +230,11 @@ class DirectTransport(BaseTransport):
         transport serves a framework's async calls and its blocking ones (run on a private loop).
         """
         here = asyncio.get_running_loop()
+        for loop in self._leaving.loops():  # stop work callers left, before the pools that would carry it close
+            if loop is here:
+                await self._leaving.flush()
+            elif loop.is_running():
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._leaving.flush(), loop))
         engines, self._engines = list(self._engines.values()), {}
         for loop, engine in engines:
             if loop is here:
@@ -180,16 +243,6 @@ class DirectTransport(BaseTransport):
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.aclose(), loop))
         if self._shared is not None:
             await self._shared.aclose()
-
-
-async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
-    """The caller left a stream before its end: ask the far side to stop (A2A's CancelTask), best effort."""
-    if request is None:
-        return
-    try:
-        await engine.send(request, timeout=timeout, connect_timeout=timeout)
-    except (ReachError, OSError, TimeoutError) as exc:
-        logger.info("could not ask %s to stop the abandoned stream's work: %s", request.url, exc)
 
 
 def _reply_events(reply: Reply) -> list[StreamEvent]:
