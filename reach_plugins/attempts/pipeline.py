@@ -444,4 +444,3 @@ class Pipeline:
                 ATTR_STREAM_CHARS: tally.chars,
             }
             end_client_span(span, status, tally.error, False, ended)
-
