@@ -28,11 +28,13 @@ from reach_plugins import ReachClient, ReachEnhancer
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import BusinessError
 from reach_plugins.frameworks.toolcalls import ToolCall
+from reach_plugins.gateway import create_app
 from reach_plugins.model import AgentDescriptor, Capability
 from reach_plugins.node import build_node
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.telemetry.metrics import GEN_AI_EXECUTE_TOOL_DURATION, ReachMetrics
 from transports.direct import DirectTransport
+from transports.gateway import GatewayTransport
 from transports.grpcnode import GrpcNodeTransport
 
 REGISTRY: dict[str, Any] = yaml.safe_load((Path(__file__).parent / "semconv" / "registry.yaml").read_text())
@@ -196,6 +198,36 @@ async def test_invoke_agent_through_the_node_has_rpc_client_attributes(
         assert "url.full" not in attributes and "http.request.method" not in attributes
     assert ok["rpc.response.status_code"] == "OK"
     assert refused["rpc.response.status_code"] == "UNAUTHENTICATED"
+
+
+async def test_hops_mark_their_server_spans_when_the_agent_behind_fails(
+    spans: tuple[TracerProvider, InMemorySpanExporter], tmp_path: Path
+) -> None:
+    """A real gateway's and a real node's SERVER spans carry error status and error.type when the agent's handler
+    raised; the caller's span to the gateway has the URL it posted to."""
+    provider, exporter = spans
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        options: dict[str, Any] = {"tenant": "demo", "environ": TOKENS, "tracer_provider": provider}
+        app = create_app(config, environ=TOKENS, tracer_provider=provider)
+        with BackgroundServer(app, proxy_headers=False) as gateway:
+            transport = GatewayTransport(gateway.url, token=TOKENS["DEMO_TOKEN"])
+            async with ReachClient(str(config), transport, **options) as client:
+                assert not (await client.reach("outage", {}, timeout_ms=3000)).ok
+        async with build_node(config, environ=TOKENS, tracer_provider=provider) as node:
+            transport = GrpcNodeTransport(node.target, token=TOKENS["DEMO_TOKEN"])
+            async with ReachClient(str(config), transport, **options) as client:
+                assert not (await client.reach("outage", {}, timeout_ms=3000)).ok
+    finished = exporter.get_finished_spans()
+    for name in ("reach.gateway outage", "reach.node outage"):
+        [hop] = [span for span in finished if span.name == name]
+        assert hop.status.status_code == StatusCode.ERROR, name
+        assert violations(dict(hop.attributes or {}), failed=True) == [] and hop.attributes is not None, name
+        assert hop.attributes["error.type"] == "transient", name
+    caller = next(span for span in by_kind(finished, SpanKind.CLIENT) if span.parent is None)
+    attributes = dict(caller.attributes or {})
+    assert attributes["url.full"] == f"{gateway.url}/v1/reach" and attributes["http.request.method"] == "POST"
+    assert violations(attributes, "invoke_agent.client", "http.client", failed=True) == []
 
 
 async def test_execute_tool_duration_metric_by_its_current_name(
