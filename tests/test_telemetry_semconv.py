@@ -260,5 +260,6 @@ async def test_execute_tool_duration_metric_by_its_current_name(
     assert sorted(str(dict(p.attributes or {}).get("gen_ai.tool.type")) for p in points) == ["extension", "function"]
     tools = [span for span in exporter.get_finished_spans() if span.name.startswith("execute_tool ")]
     assert [span.name for span in tools] == ["execute_tool query_order", "execute_tool refuse"]
-    for span in tools:
-        assert violations(dict(span.attributes or {}), "execute_tool", failed=True) == []
+    for span, failed in zip(tools, (False, True), strict=True):
+        assert violations(dict(span.attributes or {}), "execute_tool", failed=failed) == []
+        assert (span.status.status_code == StatusCode.ERROR) is failed
