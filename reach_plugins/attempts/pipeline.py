@@ -89,7 +89,8 @@ CLAIM_GRACE = 2.0
 """Seconds a dedup claim outlives its request's deadline: a crashed owner blocks its key no longer than that."""
 
 _SPANS_RECHECK = 1.0
-"""Seconds between two looks at the global tracer provider while no SDK is installed (the look is not free)."""
+"""Seconds between two looks at the global tracer (or meter) provider while no SDK is installed (the look is not
+free)."""
 
 
 class Pipeline:
@@ -128,6 +129,8 @@ class Pipeline:
         self._tracer = get_tracer(tracer_provider)
         self._spans_on = False
         self._spans_recheck = -math.inf
+        self._global_metrics: TraceSink | None = None
+        self._metrics_recheck = -math.inf
         self._max_hops = max_hops
         self._default_timeout = default_timeout
         self._batching = stream_batching or BatchPolicy()
@@ -239,10 +242,19 @@ class Pipeline:
         self._spans_recheck = now + (_SPANS_RECHECK if self._tracer_provider is None else math.inf)
         return off
 
+    def _sink_at(self, now: float) -> TraceSink | None:
+        """The ``sink`` given, else the global metrics once an SDK is installed (looked for at most once a second)."""
+        if self._sink is not None or self._global_metrics is not None:
+            return self._sink if self._sink is not None else self._global_metrics
+        if now >= self._metrics_recheck:
+            self._global_metrics = global_metrics()
+            self._metrics_recheck = now + _SPANS_RECHECK
+        return self._global_metrics
+
     async def _run(
         self, request: ReachRequest, span: Span, started: float, trace: bool, routed: RouteLike | None
     ) -> ReachResponse:
-        sink = self._sink if self._sink is not None else global_metrics()
+        sink = self._sink_at(started)
         rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink, keep=trace)
         start_client_span(span, request)
         try:
@@ -408,7 +420,7 @@ class Pipeline:
         owned = not self._spans_off(started)
         span = self._tracer.start_span(invoke_agent_name(None), kind=SpanKind.CLIENT) if owned else None
         span = span or otel.get_current_span()
-        sink = self._sink if self._sink is not None else global_metrics()
+        sink = self._sink_at(started)
         rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink)
         start_client_span(span, request)
         flight: Flight | None = None

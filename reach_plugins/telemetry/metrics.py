@@ -315,25 +315,25 @@ class ReachMetrics:
 
 
 _GLOBAL_LOCK = threading.Lock()
-_global: tuple[MeterProvider, ReachMetrics] | None = None
+_global: ReachMetrics | None = None
 
 
 def global_metrics() -> ReachMetrics | None:
     """:class:`ReachMetrics` on the global ``MeterProvider``, or None while none is installed (costs nothing then).
 
-    One per process and provider: instruments registered twice on one meter would report every series twice.
+    One per process: instruments registered twice on one meter would report every series twice. The global
+    provider is set once per process, so once found it is kept (the look-up reads the environment: ~3 us).
     """
     global _global
+    if _global is not None:
+        return _global
     provider = get_meter_provider()
     if isinstance(provider, NoOpMeterProvider | _ProxyMeterProvider):
         return None
-    made = _global
-    if made is not None and made[0] is provider:
-        return made[1]
     with _GLOBAL_LOCK:
-        if _global is None or _global[0] is not provider:
-            _global = (provider, ReachMetrics(provider))
-        return _global[1]
+        if _global is None:
+            _global = ReachMetrics(provider)
+        return _global
 
 
 class FanOut:
