@@ -42,7 +42,7 @@ from reach_plugins.errors import (
     OutcomeUnknown,
     ReachError,
 )
-from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, ErrorInfo, Instance, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
@@ -65,7 +65,7 @@ from reach_plugins.telemetry.spans import (
     get_tracer,
     inject_context,
     invoke_agent_name,
-    route_client_span,
+    name_client_span,
     spans_are_noop,
     start_client_span,
 )
@@ -202,7 +202,6 @@ class Pipeline:
         engine = self._engine
         route = routed if routed is not None else engine.router.route(request)
         rec.route = route
-        route_client_span(rec.span, route.agent.name, route.instance.instance_id, route.agent.protocol)
         check_target(request.hops, route.agent.name, route.capability.name)
         check_payload(route.capability, request.payload)
         deadline = resolve_deadline(
@@ -400,20 +399,24 @@ class Pipeline:
                 emit_safely(rec.sink, built)
             if trace or failed:
                 response.trace = built
-        span = rec.span
+        span, route = rec.span, rec.route
         if span.is_recording():
-            if response.agent and rec.route is not None:
-                route_client_span(span, response.agent, response.instance or "", rec.route.agent.protocol)
-            end_client_span(span, response.status, response.error, rec.dedup_hit, {ATTR_ATTEMPTS: response.attempts})
+            ended: dict[str, AttributeValue] = {ATTR_ATTEMPTS: response.attempts}
+            if route is not None:
+                agent, instance = response.agent or route.agent.name, response.instance or route.instance.instance_id
+                ended.update(name_client_span(span, agent, instance, route.agent.protocol))
+            end_client_span(span, response.status, response.error, rec.dedup_hit, ended)
         return response
 
     def _refused(self, rec: TraceRecorder, exc: ReachError) -> None:
         error = ErrorInfo(type=exc.error_type, message=exc.message)
         if rec.sink is not None:
             emit_safely(rec.sink, rec.build("error", error, self._clock.now()))
-        if rec.span.is_recording():
-            rec.span.record_exception(exc)
-            end_client_span(rec.span, "error", error, rec.dedup_hit)
+        span, route = rec.span, rec.route
+        if span.is_recording():
+            span.record_exception(exc)
+            named = None if route is None else name_client_span(span, *_who(route.agent, route.instance))
+            end_client_span(span, "error", error, rec.dedup_hit, named)
 
     async def _stream(self, request: ReachRequest) -> AsyncGenerator[list[StreamEvent], None]:
         started = self._clock.now()
@@ -450,9 +453,16 @@ class Pipeline:
             emit_safely(rec.sink, rec.build(status, tally.error, now))
         span = rec.span
         if span.is_recording():
+            route = flight.route
             ended: dict[str, AttributeValue] = {
                 ATTR_ATTEMPTS: flight.attempts,
                 ATTR_STREAM_EVENTS: tally.events,
                 ATTR_STREAM_CHARS: tally.chars,
+                **name_client_span(span, *_who(route.agent, route.instance)),
             }
             end_client_span(span, status, tally.error, False, ended)
+
+
+def _who(agent: AgentDescriptor, instance: Instance) -> tuple[str, str, str]:
+    """The agent, instance and protocol an ``invoke_agent`` span is named by."""
+    return agent.name, instance.instance_id, agent.protocol

@@ -206,19 +206,19 @@ def start_client_span(span: Span, request: ReachRequest) -> None:
         span.set_attributes(started)
 
 
-def route_client_span(span: Span, agent: str, instance: str, protocol: str) -> None:
-    """Name the span after the agent reached and say which replica, speaking what (set again by who answered)."""
-    if span.is_recording():
-        span.update_name(invoke_agent_name(agent))
-        span.set_attributes(
-            {
-                ATTR_GEN_AI_AGENT_NAME: agent,
-                ATTR_GEN_AI_AGENT_ID: f"{agent}/{instance}",
-                ATTR_GEN_AI_PROVIDER_NAME: provider_name(protocol),
-                ATTR_AGENT: agent,
-                ATTR_INSTANCE: instance,
-            }
-        )
+def name_client_span(span: Span, agent: str, instance: str, protocol: str) -> dict[str, AttributeValue]:
+    """Name the span after the agent that answered; the attributes saying which replica, speaking what.
+
+    They are returned for the span's closing call (:func:`end_client_span`): the SDK locks once per call.
+    """
+    span.update_name(invoke_agent_name(agent))
+    return {
+        ATTR_GEN_AI_AGENT_NAME: agent,
+        ATTR_GEN_AI_AGENT_ID: f"{agent}/{instance}",
+        ATTR_GEN_AI_PROVIDER_NAME: provider_name(protocol),
+        ATTR_AGENT: agent,
+        ATTR_INSTANCE: instance,
+    }
 
 
 def end_client_span(
