@@ -164,6 +164,12 @@ async def test_the_agents_server_span_fails_when_its_handler_crashes_or_refuses(
             assert not (await client.reach("refuse", {})).ok
             events = [event async for event in client.stream("count", {"upto": 2})]
     assert [event.kind for event in events] == ["data", "data", "error"]
+    streamed = next(s for s in by_kind(exporter.get_finished_spans(), SpanKind.CLIENT) if s.attributes and
+                    s.attributes["reach.capability"] == "count")  # fmt: skip
+    attributes = dict(streamed.attributes or {})
+    assert violations(attributes, "invoke_agent.client", "http.client", failed=True) == []
+    assert attributes["url.full"] == f"{server.url}/reach/stream" and attributes["http.response.status_code"] == 200
+    assert streamed.name == "invoke_agent orders" and streamed.status.status_code == StatusCode.ERROR
     servers = {span.name: span for span in by_kind(exporter.get_finished_spans(), SpanKind.SERVER)}
     assert servers["reach.agent query_order"].status.status_code == StatusCode.UNSET
     for name, kind in (("outage", "transient"), ("refuse", BusinessError.code), ("count", "transient")):

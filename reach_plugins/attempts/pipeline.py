@@ -243,9 +243,9 @@ class Pipeline:
 
     def _sink_at(self, now: float) -> TraceSink | None:
         """The ``sink`` given, else the global metrics once an SDK is installed (looked for at most once a second)."""
-        if self._sink is not None or self._global_metrics is not None:
-            return self._sink if self._sink is not None else self._global_metrics
-        if now >= self._metrics_recheck:
+        if self._sink is not None:
+            return self._sink
+        if self._global_metrics is None and now >= self._metrics_recheck:
             self._global_metrics = global_metrics()
             self._metrics_recheck = now + _SPANS_RECHECK
         return self._global_metrics
