@@ -160,10 +160,12 @@ async def test_the_agents_server_span_fails_when_its_handler_crashes_or_refuses(
         await registry.register_agent(AgentDescriptor(name="orders", endpoints=[server.url], capabilities=capabilities))
         async with ReachClient(registry, DirectTransport(), tracer_provider=provider) as client:
             assert (await client.reach("query_order", {"order_id": "A1"})).ok
-            assert not (await client.reach("outage", {}, timeout_ms=3000)).ok
-            assert not (await client.reach("refuse", {})).ok
+            crashed = (await client.reach("outage", {}, timeout_ms=3000)).error
+            business = (await client.reach("refuse", {})).error
             events = [event async for event in client.stream("count", {"upto": 2})]
     assert [event.kind for event in events] == ["data", "data", "error"]
+    assert crashed is not None and business is not None and events[-1].error is not None
+    assert business.type == BusinessError.code
     streamed = next(s for s in by_kind(exporter.get_finished_spans(), SpanKind.CLIENT) if s.attributes and
                     s.attributes["reach.capability"] == "count")  # fmt: skip
     attributes = dict(streamed.attributes or {})
@@ -172,7 +174,8 @@ async def test_the_agents_server_span_fails_when_its_handler_crashes_or_refuses(
     assert streamed.name == "invoke_agent orders" and streamed.status.status_code == StatusCode.ERROR
     servers = {span.name: span for span in by_kind(exporter.get_finished_spans(), SpanKind.SERVER)}
     assert servers["reach.agent query_order"].status.status_code == StatusCode.UNSET
-    for name, kind in (("outage", "transient"), ("refuse", BusinessError.code), ("count", "transient")):
+    told = {"outage": crashed.type, "refuse": business.type, "count": events[-1].error.type}
+    for name, kind in told.items():  # the span says what the caller was told
         span = servers[f"reach.agent {name}"]
         attributes = dict(span.attributes or {})
         assert span.status.status_code == StatusCode.ERROR, name
@@ -219,17 +222,18 @@ async def test_hops_mark_their_server_spans_when_the_agent_behind_fails(
         with BackgroundServer(app, proxy_headers=False) as gateway:
             transport = GatewayTransport(gateway.url, token=TOKENS["DEMO_TOKEN"])
             async with ReachClient(str(config), transport, **options) as client:
-                assert not (await client.reach("outage", {}, timeout_ms=3000)).ok
+                through_gateway = (await client.reach("outage", {}, timeout_ms=3000)).error
         async with build_node(config, environ=TOKENS, tracer_provider=provider) as node:
             transport = GrpcNodeTransport(node.target, token=TOKENS["DEMO_TOKEN"])
             async with ReachClient(str(config), transport, **options) as client:
-                assert not (await client.reach("outage", {}, timeout_ms=3000)).ok
+                through_node = (await client.reach("outage", {}, timeout_ms=3000)).error
+    assert through_gateway is not None and through_node is not None
     finished = exporter.get_finished_spans()
-    for name in ("reach.gateway outage", "reach.node outage"):
+    for name, told in (("reach.gateway outage", through_gateway.type), ("reach.node outage", through_node.type)):
         [hop] = [span for span in finished if span.name == name]
         assert hop.status.status_code == StatusCode.ERROR, name
         assert violations(dict(hop.attributes or {}), failed=True) == [] and hop.attributes is not None, name
-        assert hop.attributes["error.type"] == "transient", name
+        assert hop.attributes["error.type"] == told, name
     caller = next(span for span in by_kind(finished, SpanKind.CLIENT) if span.parent is None)
     attributes = dict(caller.attributes or {})
     assert attributes["url.full"] == f"{gateway.url}/v1/reach" and attributes["http.request.method"] == "POST"
