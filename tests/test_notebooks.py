@@ -166,12 +166,14 @@ def test_failure_drill_drops_then_recovers(executed: dict[str, tuple[nbformat.No
     """Losing one instance costs nothing; the outage drops success near zero, then recovers; metrics show the same."""
     notebook = executed["03_failure_drill"][0]
     result = summary(notebook)
-    assert result["before_kill"] >= 0.95 and result["after_kill"] >= 0.9
+    assert result["before_kill"] >= 0.95
     assert result["during_outage"] <= 0.2
     assert result["after_recovery"] is not None, "orders-0's breaker never closed again after the outage"
-    before, after = result["windows"]["before_kill"], result["windows"]["after_recovery"]
-    failed, allowed = after["calls"] - after["ok"], recovery_allowance(before, after["calls"])
-    assert failed <= allowed, f"{failed} of {after['calls']} calls failed after recovery; at most {allowed} expected"
+    before = result["windows"]["before_kill"]
+    for name in ("after_kill", "after_recovery"):  # as good as before the kill, within the binomial's spread
+        window = result["windows"][name]
+        failed, allowed = window["calls"] - window["ok"], recovery_allowance(before, window["calls"])
+        assert failed <= allowed, f"{name}: {failed} of {window['calls']} calls failed; at most {allowed} expected"
     assert result["opened"] == ["orders-0", "orders-1"] and "orders-0" in result["closed_again"]
     metrics = result["metrics"]
     assert metrics["requests"] >= 200 and metrics["opened"] == result["opened"]
@@ -180,7 +182,7 @@ def test_failure_drill_drops_then_recovers(executed: dict[str, tuple[nbformat.No
 
 
 def recovery_allowance(before: dict[str, int], calls: int, *, tail: float = 1e-3) -> int:
-    """How many of ``calls`` may fail once recovered, were they as likely to fail as before the kill.
+    """How many of ``calls`` may fail (after the kill, after recovery), were they as likely to fail as before it.
 
     The failure rate before the kill, with Laplace's rule so that no failure seen there is not a zero
     rate, gives a binomial over ``calls``; the allowance is its quantile leaving ``tail`` above it.
