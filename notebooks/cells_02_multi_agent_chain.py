@@ -96,7 +96,7 @@ print({name: f"pid {process.pid} on :{ports[name]}" for name, process in process
         """
 ## Reach the desk
 
-The client has its own tracer provider; its `reach handle_request` span is the
+The client has its own tracer provider; its `invoke_agent desk` span is the
 root of the trace. The first call opens the connections of every hop; we draw
 the second, warm one.
 """,

@@ -17,7 +17,8 @@ The resilience core retries transient failures with full jitter, fails over to
 the other instance, and opens a circuit breaker per instance, so a dead
 instance stops costing time. We plot the success rate, the latency and each
 breaker's state over time. Breaker settings are shortened (a 2 s window, 1 s
-open) so the whole drill takes about eight seconds.
+open, doubling on each re-open) so the whole drill takes about ten seconds: it
+ends a little after the surviving instance's breaker has closed again.
 """,
     ),
     (
@@ -77,7 +78,8 @@ print(config.read_text())
 ## The drill
 
 Every 25 ms a call starts (calls overlap). Every transition of a breaker is an
-event in the request's trace; a sink collects the traces, and
+event in the request's trace, timed by the same clock as everything else here
+(`time.time()`); a sink collects the traces, and
 `ReachMetrics` (a trace sink too) turns them into OpenTelemetry metrics, read
 here from an in-memory reader as a Prometheus scrape would read them.
 """,
@@ -85,17 +87,26 @@ here from an in-memory reader as a Prometheus scrape would read them.
     (
         "code",
         """
-KILL_AT, OUTAGE_AT, RECOVER_AT, END_AT = 1.5, 3.5, 5.0, 7.5
+KILL_AT, OUTAGE_AT, RECOVER_AT = 1.5, 3.5, 5.0
+AFTER_CLOSE = 1.5  # seconds of calls measured once orders-0's breaker has closed again after the outage
+GIVE_UP_AT = 30.0  # the drill stops here even if that breaker never closed (the summary then says so)
 
 
 class Traces:
-    \"\"\"Keeps every request's trace (the client writes one per request).\"\"\"
+    \"\"\"Keeps every request's trace (the client writes one per request) and when orders-0's breaker closed.\"\"\"
 
     def __init__(self) -> None:
         self.all = []
+        self.closed = []
 
     def emit(self, trace) -> None:
         self.all.append(trace)
+        for event in trace.events:
+            if event["event"] == "reach.breaker" and event["reach.breaker.to"] == "closed":
+                self.closed.append((event["at"] - start, event["instance"]))
+
+    def closed_again(self, instance: str, after: float) -> float | None:
+        return min((at for at, who in self.closed if who == instance and at >= after), default=None)
 
 
 sink = Traces()
@@ -118,7 +129,11 @@ async def one_call(number: int) -> None:
 
 async def drill() -> None:
     tasks, number = [], 0
-    while (now := time.time() - start) < END_AT:
+    while (now := time.time() - start) < GIVE_UP_AT:
+        closed = sink.closed_again("orders-0", marks["recover"]) if "recover" in marks else None
+        if closed is not None and now >= closed + AFTER_CLOSE:
+            marks["closed"] = closed
+            break
         if now >= KILL_AT and "kill" not in marks:
             marks["kill"] = now
             await asyncio.to_thread(servers["orders-1"].stop)
@@ -131,6 +146,7 @@ async def drill() -> None:
         tasks.append(asyncio.create_task(one_call(number)))
         number += 1
         await asyncio.sleep(0.025)
+    marks["end"] = time.time() - start
     await asyncio.gather(*tasks)
 
 
@@ -199,18 +215,21 @@ for offset, instance in enumerate(sorted(servers)):
     for at, who, _, after in transitions:
         if who == instance:
             states.append((at, LEVEL[after]))
-    states.append((END_AT, states[-1][1]))
+    states.append((marks["end"], states[-1][1]))
     bottom.step([t for t, _ in states], [s + offset * 0.06 for _, s in states], where="post", label=instance)
 bottom.set_yticks([0, 1, 2], ["closed", "half-open", "open"])
 bottom.set_ylabel("breaker")
 bottom.set_xlabel("seconds into the drill")
 bottom.legend(loc="upper left")
 for axis in (top, middle, bottom):
-    for at in marks.values():
-        axis.axvline(at, color="gray", linestyle="--", linewidth=0.8)
+    for name, at in marks.items():
+        if name != "end":
+            axis.axvline(at, color="gray", linestyle="--", linewidth=0.8)
 top.text(marks["kill"], 1.08, " orders-1 killed", fontsize=8)
 top.text(marks["outage"], 1.08, " outage", fontsize=8)
 top.text(marks["recover"], 1.08, " recovered", fontsize=8)
+if "closed" in marks:
+    top.text(marks["closed"], 1.08, " orders-0 closed", fontsize=8)
 figure.tight_layout()
 plt.show()
 """,
@@ -266,16 +285,23 @@ print(f"{requests:g} requests;", dict(outcomes))
     (
         "code",
         """
-def rate(low: float, high: float) -> float:
-    window = [c["ok"] for c in calls if low <= c["t"] < high]
-    return round(sum(window) / len(window), 3)
+def window(low: float, high: float) -> dict:
+    \"\"\"Calls started in ``[low, high)``: how many, how many succeeded, the rate.\"\"\"
+    oks = [c["ok"] for c in calls if low <= c["t"] < high]
+    return {"calls": len(oks), "ok": sum(oks), "rate": round(sum(oks) / len(oks), 3) if oks else None}
 
 
+windows = {
+    "before_kill": window(0.0, marks["kill"]),
+    "after_kill": window(marks["kill"] + 0.5, marks["outage"]),
+    "during_outage": window(marks["outage"] + 0.3, marks["recover"]),
+    # from the moment the surviving instance's breaker closed again, not from a fixed time after the outage
+    "after_recovery": window(marks["closed"], marks["end"]) if "closed" in marks else {"calls": 0, "ok": 0},
+}
 summary = {
-    "before_kill": rate(0.0, marks["kill"]),
-    "after_kill": rate(marks["kill"] + 0.5, marks["outage"]),
-    "during_outage": rate(marks["outage"] + 0.3, marks["recover"]),
-    "after_recovery": rate(marks["recover"] + 1.5, END_AT),
+    **{name: counts.get("rate") for name, counts in windows.items()},
+    "windows": windows,
+    "duration": marks["end"],
     "opened": sorted({instance for _, instance, _, after in transitions if after == "open"}),
     "closed_again": sorted({instance for _, instance, before, after in transitions if after == "closed"}),
     "metrics": {"requests": requests, "outcomes": dict(outcomes), "opened": sorted(opens)},

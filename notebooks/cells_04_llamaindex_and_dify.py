@@ -186,7 +186,9 @@ for server in servers:
 llama_reaches = [
     span
     for span in spans
-    if span.name == "reach query_order" and span.attributes.get("reach.session_id", "").startswith("llamaindex")
+    if span.attributes.get("gen_ai.operation.name") == "invoke_agent"
+    and span.attributes.get("reach.capability") == "query_order"
+    and span.attributes.get("gen_ai.conversation.id", "").startswith("llamaindex")
 ]
 summary = {
     "llama_answers": llama_answers,

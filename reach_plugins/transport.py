@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
+from opentelemetry.trace import INVALID_SPAN, Span
+
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Capability, ErrorInfo, Instance, ReachRequest
 
@@ -71,6 +73,9 @@ class Call:
     credential: Credential = field(default_factory=Credential)
     headers: Mapping[str, str] = field(default_factory=dict)
     """Propagation headers prepared by the core (traceparent, hops, deadline...)."""
+    span: Span = INVALID_SPAN
+    """The request's ``invoke_agent`` CLIENT span: a transport adds its protocol's attributes (HTTP method, URL
+    and status; RPC system, method and status) with :mod:`reach_plugins.telemetry.spans`' ``note_*`` helpers."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ async def test_demo_trace_runs_from_framework_to_agent() -> None:
     spans = {span.name: span for span in report.spans}
     tool, client, server = (
         spans["execute_tool check_stock"],
-        spans["reach check_inventory"],
+        spans["invoke_agent inventory"],
         spans["reach.agent check_inventory"],
     )
     assert tool.context is not None and client.parent is not None and server.parent is not None

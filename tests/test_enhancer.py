@@ -444,13 +444,13 @@ async def test_blocking_reach_works_inside_a_running_loop(enhancer: ReachEnhance
 async def test_tool_span_parents_the_client_span(
     registry: MemoryRegistry, transport: MockTransport, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
-    """Each call is an execute_tool span with GenAI attributes, parent of the core's reach span."""
+    """Each call is an execute_tool span with GenAI attributes, parent of the core's invoke_agent span."""
     provider, exporter = spans
     async with ReachEnhancer(registry=registry, transport=transport, tracer_provider=provider) as e:
         call = ToolCall("lookup", {"order_id": "A1"}, call_id="c7", session_key="t-3")
         await e.areach(call, e.decide(ToolCall("query_order")))
     by_name = {span.name: span for span in exporter.get_finished_spans()}
-    tool, client = by_name["execute_tool lookup"], by_name["reach query_order"]
+    tool, client = by_name["execute_tool lookup"], by_name["invoke_agent orders"]
     assert client.parent is not None and client.parent.span_id == tool.context.span_id
     assert tool.attributes is not None
     assert tool.attributes["gen_ai.tool.name"] == "lookup"

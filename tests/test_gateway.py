@@ -229,9 +229,9 @@ async def test_gateway_continues_the_callers_trace(world: World) -> None:
         assert (await client.reach("query_order", {"order_id": "T1"})).ok
     spans = world.spans.get_finished_spans()
     by_id = {span.context.span_id: span for span in spans}
-    client_span = next(s for s in spans if s.name == "reach query_order" and s.parent is None)
+    client_span = next(s for s in spans if s.name == "invoke_agent orders" and s.parent is None)
     server = next(s for s in spans if s.name == "reach.gateway query_order")
-    downstream = next(s for s in spans if s.name == "reach query_order" and s.parent is not None)
+    downstream = next(s for s in spans if s.name == "invoke_agent orders" and s.parent is not None)
     assert {s.context.trace_id for s in (client_span, server, downstream)} == {client_span.context.trace_id}
     assert server.parent is not None and by_id[server.parent.span_id] is client_span
     assert downstream.parent is not None and by_id[downstream.parent.span_id] is server

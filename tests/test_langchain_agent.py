@@ -383,7 +383,7 @@ def test_each_tool_call_is_a_span_with_the_conversation(transport: MockTransport
         agent = create_agent(asks_order("A1", "ok"), [query_order], enhanced_by=enhancer)
         agent.invoke({"messages": [("user", "hi")]}, thread("t-5"))
     spans = {span.name: span for span in exporter.get_finished_spans()}
-    tool_span, client_span = spans["execute_tool query_order"], spans["reach query_order"]
+    tool_span, client_span = spans["execute_tool query_order"], spans["invoke_agent orders"]
     assert tool_span.attributes is not None and tool_span.attributes["gen_ai.conversation.id"] == "t-5"
     assert tool_span.attributes["gen_ai.tool.call.id"] == "query_order-0"
     assert client_span.parent is not None and client_span.parent.span_id == tool_span.context.span_id

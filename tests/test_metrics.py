@@ -179,8 +179,8 @@ async def test_every_instrument_after_a_fault_drill(metrics: ReachMetrics, reade
     assert total(found, m.SESSIONS_CLOSED) == 1
     assert total(found, m.CANCELLATIONS, **{"reach.capability": "slow_report"}) == 1
     assert total(found, m.TOOL_ROUTES, **{"reach.tool.rule": "exact", "reach.tool.side": "remote"}) >= 9
-    assert total(found, m.GEN_AI_OPERATION_DURATION, **{"gen_ai.operation.name": "execute_tool"}) >= 9
-    assert total(found, m.GEN_AI_OPERATION_DURATION, **{"error.type": "BusinessError"}) == 1
+    assert total(found, m.GEN_AI_EXECUTE_TOOL_DURATION, **{"gen_ai.operation.name": "execute_tool"}) >= 9
+    assert total(found, m.GEN_AI_EXECUTE_TOOL_DURATION, **{"error.type": "BusinessError"}) == 1
     assert total(found, m.REGISTRATIONS, **{"reach.agent": "orders", "reach.result": "success"}) == 2
     assert total(found, m.HEARTBEAT_EXPIRATIONS, **{"reach.agent": "orders"}) == 2
 
@@ -253,7 +253,7 @@ def test_server_attributes_strip_credentials(endpoint: str, expected: dict[str, 
 
 
 async def test_spans_carry_tool_type_and_server_attributes(spans: tuple[TracerProvider, InMemorySpanExporter]) -> None:
-    """execute_tool has gen_ai.tool.type (function; extension for a proxy); the reach span has server.* and url.full."""
+    """execute_tool has gen_ai.tool.type (function; extension for a proxy); invoke_agent has server.*, the URL sent."""
     provider, exporter = spans
     ledger = ledger_agent()
     with BackgroundServer(ledger.app) as server:
@@ -270,9 +270,10 @@ async def test_spans_carry_tool_type_and_server_attributes(spans: tuple[TracerPr
     for span in exporter.get_finished_spans():
         by_name[span.name].append(dict(span.attributes or {}))
     assert [a["gen_ai.tool.type"] for a in by_name["execute_tool post_entry"]] == ["function", "extension"]
-    client = by_name["reach post_entry"][0]
+    client = by_name["invoke_agent ledger"][0]
     assert client["server.address"] == "127.0.0.1" and client["server.port"] == int(port)
-    assert client["url.full"] == f"http://127.0.0.1:{port}"
+    assert client["url.full"] == f"http://127.0.0.1:{port}/reach"
+    assert client["http.request.method"] == "POST" and client["http.response.status_code"] == 200
 
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "notebooks" / "grafana" / "reach_dashboard.json"

@@ -263,9 +263,9 @@ async def test_node_continues_the_callers_trace(tmp_path: Path) -> None:
             assert (await client.reach("query_order", {"order_id": "T"})).ok
     spans = exporter.get_finished_spans()
     by_id = {span.context.span_id: span for span in spans}
-    root = next(s for s in spans if s.name == "reach query_order" and s.parent is None)
+    root = next(s for s in spans if s.name == "invoke_agent orders" and s.parent is None)
     server = next(s for s in spans if s.name == "reach.node query_order")
-    downstream = next(s for s in spans if s.name == "reach query_order" and s.parent is not None)
+    downstream = next(s for s in spans if s.name == "invoke_agent orders" and s.parent is not None)
     assert server.parent is not None and by_id[server.parent.span_id] is root
     assert downstream.parent is not None and by_id[downstream.parent.span_id] is server
     assert downstream.context.trace_id == root.context.trace_id

@@ -66,12 +66,12 @@ def test_attribute_names_are_final_constants() -> None:
 async def test_one_client_span_per_request_with_attempt_events(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
-    """A retried request is one CLIENT span ``reach {capability}`` whose events are its attempts and retry."""
+    """A retried request is one CLIENT span ``invoke_agent {agent}`` whose events are its attempts and retry."""
     fake, pipeline = setup(provider)
     fake.script("*", "503")
     await pipeline.run(order())
     span = only_span(exporter)
-    assert span.name == "reach query_order" and span.kind == SpanKind.CLIENT
+    assert span.name == "invoke_agent orders" and span.kind == SpanKind.CLIENT
     assert span.attributes is not None
     assert span.attributes[telemetry.ATTR_CAPABILITY] == "query_order"
     assert span.attributes[telemetry.ATTR_TENANT] == "acme"

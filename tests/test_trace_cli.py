@@ -32,7 +32,7 @@ def run(*args: str, cwd: Path) -> str:
 def test_a_cold_demo_prints_the_whole_tree_and_its_trace_file_replays(tmp_path: Path, run_number: int) -> None:
     """Each fresh `reach demo` prints all three levels and rounded values; `reach trace` replays its failover."""
     demo = run("demo", "--trace-file", "traces.jsonl", cwd=tmp_path)
-    assert "reach.agent query_order server" in demo and "reach query_order client" in demo
+    assert "reach.agent query_order server" in demo and "invoke_agent orders client" in demo
     assert "I opened ticket T-5001" in demo and "returned within 7 days" in demo
     panel = demo[demo.index("failover, retry and breaker events") : demo.index("trace of the call")]
     assert "reach.failover" in panel and not RAW_FLOAT.search(panel)

@@ -62,7 +62,7 @@ from reach_plugins.errors import (
     UnknownCapability,
     is_retryable,
 )
-from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, Hop, Idempotency
+from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, ErrorInfo, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
 from reach_plugins.security.source import default_issuer
@@ -71,6 +71,7 @@ from reach_plugins.server.layer import ServerApp
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.sessiontable import MAX_SESSIONS, SessionTable, check_session
 from reach_plugins.stores.snapshots import SnapshotStore
+from reach_plugins.telemetry.spans import end_server_span, served_span
 from reach_plugins.wire.body import WireBody
 
 if TYPE_CHECKING:
@@ -116,11 +117,6 @@ def _busy(request_id: Any, handler: CapabilityHandler) -> Outcome:
     assert seats is not None
     why = f"{handler.capability.name!r} runs at most {seats.limit} calls at once and {seats.queued} more are waiting"
     return _not_executed(request_id, why, RateLimited.code)
-
-
-def _error_frame(exc: ReachError) -> bytes:
-    """The SSE ``error`` frame that ends a stream with ``exc``'s wire code and message."""
-    return encode_sse(dumps({"type": exc.error_type, "message": exc.message}), "error")
 
 
 def _deadline(headers: Mapping[str, str], body: WireBody) -> float | None:
@@ -392,26 +388,32 @@ class ReachAgent:
             handler.leave_seat()
 
     async def _handle(self, prepared: _Prepared, headers: Mapping[str, str]) -> Outcome:
-        ctx = prepared.ctx
-        with self._span(ctx, headers):
-            if not ctx.idempotency_key:
-                return await self._execute(prepared)
-            key = scope(ctx.tenant, self.name, ctx.capability, ctx.idempotency_key)
-            fingerprint = json.dumps(prepared.payload, sort_keys=True, default=str)
-            try:
-                claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
-            except IdempotencyConflict as exc:
-                return refused(ctx.request_id, exc)
-            except BackendUnavailable:
-                log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
-                why = f"agent {self.name!r} cannot check its idempotency key now: its idempotency store is unreachable"
-                return _not_executed(ctx.request_id, why, BackendUnavailable.code)
-            outcome, replayed = claimed
-            if outcome is None:
-                return _not_executed(ctx.request_id, "a request with this idempotency key is in progress elsewhere")
-            if replayed:
-                return Outcome(outcome.status, outcome.body, {**outcome.headers, "Idempotent-Replayed": "true"})
+        """Answer inside the SERVER span continuing the caller's trace, and mark the span with how it ended."""
+        with self._span(prepared.ctx, headers) as span:
+            outcome = await self._answer(prepared)
+            served_span(span, outcome.status, outcome.body)
             return outcome
+
+    async def _answer(self, prepared: _Prepared) -> Outcome:
+        ctx = prepared.ctx
+        if not ctx.idempotency_key:
+            return await self._execute(prepared)
+        key = scope(ctx.tenant, self.name, ctx.capability, ctx.idempotency_key)
+        fingerprint = json.dumps(prepared.payload, sort_keys=True, default=str)
+        try:
+            claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
+        except IdempotencyConflict as exc:
+            return refused(ctx.request_id, exc)
+        except BackendUnavailable:
+            log.warning("idempotency store unreachable; %r not executed", ctx.capability, exc_info=True)
+            why = f"agent {self.name!r} cannot check its idempotency key now: its idempotency store is unreachable"
+            return _not_executed(ctx.request_id, why, BackendUnavailable.code)
+        outcome, replayed = claimed
+        if outcome is None:
+            return _not_executed(ctx.request_id, "a request with this idempotency key is in progress elsewhere")
+        if replayed:
+            return Outcome(outcome.status, outcome.body, {**outcome.headers, "Idempotent-Replayed": "true"})
+        return outcome
 
     async def _approve(self, prepared: _Prepared) -> None:
         """Wait for the approver when the capability needs one (raises when it does not approve in time).
@@ -486,15 +488,21 @@ class ReachAgent:
                 yield encode_sse(dumps(chunk), "data")
             yield encode_sse("", "end")
         except ReachError as exc:
-            yield _error_frame(failed(exc, ctx.capability) if is_retryable(exc) else exc)
+            yield self._stream_error(span, failed(exc, ctx.capability) if is_retryable(exc) else exc)
         except TimeoutError as exc:  # the caller's deadline, or the handler's own timeout (it raised, like any other)
             late = DeadlineExceeded("the stream passed the caller's deadline")
-            yield _error_frame(late if deadline.expired() else failed(exc, ctx.capability))
+            yield self._stream_error(span, late if deadline.expired() else failed(exc, ctx.capability))
         except Exception as exc:
-            yield _error_frame(failed(exc, ctx.capability))
+            yield self._stream_error(span, failed(exc, ctx.capability))
         finally:
             await chunks.aclose()
             span.end()
+
+    @staticmethod
+    def _stream_error(span: trace.Span, exc: ReachError) -> bytes:
+        """The SSE error frame ending a stream with ``exc``, its SERVER span marked failed with the same type."""
+        end_server_span(span, "fail", ErrorInfo(type=exc.error_type, message=exc.message))
+        return encode_sse(dumps({"type": exc.error_type, "message": exc.message}), "error")
 
     def _serving(self, ctx: ReachContext) -> AbstractContextManager[Served]:
         """Mark the handler's code as serving this request, so reaches it makes continue the hop chain.

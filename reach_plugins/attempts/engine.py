@@ -400,6 +400,7 @@ class Engine:
             capability=route.capability,
             credential=self.credentials(route.agent, flight.request.tenant) if self.hop is None else _NO_CREDENTIAL,
             headers=headers,
+            span=flight.rec.span,
         )
 
     async def send(self, flight: Flight) -> tuple[Verdict, Reply | None]:

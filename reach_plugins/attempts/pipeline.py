@@ -23,7 +23,7 @@ from contextlib import aclosing
 
 from opentelemetry import trace as otel
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from reach_plugins.attempts.claims import Claim, on_begin, on_end
@@ -42,7 +42,7 @@ from reach_plugins.errors import (
     OutcomeUnknown,
     ReachError,
 )
-from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, ErrorInfo, Instance, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
@@ -52,28 +52,22 @@ from reach_plugins.policy.validation import check_payload
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
 from reach_plugins.stores.keys import ScopedKey
+from reach_plugins.telemetry.metrics import global_metrics
 from reach_plugins.telemetry.spans import (
-    ATTR_AGENT,
     ATTR_ATTEMPTS,
-    ATTR_CAPABILITY,
-    ATTR_DEDUP_HIT,
-    ATTR_ERROR_TYPE,
-    ATTR_INSTANCE,
-    ATTR_REQUEST_ID,
-    ATTR_SESSION_ID,
-    ATTR_STATUS,
     ATTR_STREAM_CHARS,
     ATTR_STREAM_EVENTS,
-    ATTR_TENANT,
     EVENT_DEDUP_HIT,
     EVENT_DEDUP_UNAVAILABLE,
     EVENT_DEDUP_WAIT,
     EVENT_STREAMED,
+    end_client_span,
     get_tracer,
     inject_context,
-    server_attributes,
-    span_name,
+    invoke_agent_name,
+    name_client_span,
     spans_are_noop,
+    start_client_span,
 )
 from reach_plugins.telemetry.trace import TraceRecorder, TraceSink, emit_safely
 from reach_plugins.telemetry.usage import usage_of
@@ -95,7 +89,8 @@ CLAIM_GRACE = 2.0
 """Seconds a dedup claim outlives its request's deadline: a crashed owner blocks its key no longer than that."""
 
 _SPANS_RECHECK = 1.0
-"""Seconds between two looks at the global tracer provider while no SDK is installed (the look is not free)."""
+"""Seconds between two looks at the global tracer (or meter) provider while no SDK is installed (the look is not
+free)."""
 
 
 class Pipeline:
@@ -117,7 +112,11 @@ class Pipeline:
         stream_batching: BatchPolicy | None = None,
         hooks: Sequence[AttemptHooks] = (),
     ) -> None:
-        """``hooks`` hear of every request's attempts and breaker/consistency changes (metrics, logs)."""
+        """``hooks`` hear of every request's attempts and breaker/consistency changes (metrics, logs).
+
+        ``sink`` gets every finished request's trace; without one, traces go to :class:`ReachMetrics` on the global
+        ``MeterProvider`` once an SDK is installed there (like spans; nothing is built until then).
+        """
         if max_hops < 1 or default_timeout <= 0:
             raise ConfigError(f"max_hops must be >= 1 and default_timeout > 0, got {max_hops} and {default_timeout}")
         self._clock = as_clock(clock)
@@ -130,6 +129,8 @@ class Pipeline:
         self._tracer = get_tracer(tracer_provider)
         self._spans_on = False
         self._spans_recheck = -math.inf
+        self._global_metrics: TraceSink | None = None
+        self._metrics_recheck = -math.inf
         self._max_hops = max_hops
         self._default_timeout = default_timeout
         self._batching = stream_batching or BatchPolicy()
@@ -169,7 +170,7 @@ class Pipeline:
         if self._spans_off(started):
             return await self._run(request, otel.get_current_span(), started, trace, route)
         with self._tracer.start_as_current_span(
-            span_name(request.capability),
+            invoke_agent_name(None),
             kind=SpanKind.CLIENT,
             record_exception=False,
             set_status_on_exception=False,
@@ -240,11 +241,21 @@ class Pipeline:
         self._spans_recheck = now + (_SPANS_RECHECK if self._tracer_provider is None else math.inf)
         return off
 
+    def _sink_at(self, now: float) -> TraceSink | None:
+        """The ``sink`` given, else the global metrics once an SDK is installed (looked for at most once a second)."""
+        if self._sink is not None:
+            return self._sink
+        if self._global_metrics is None and now >= self._metrics_recheck:
+            self._global_metrics = global_metrics()
+            self._metrics_recheck = now + _SPANS_RECHECK
+        return self._global_metrics
+
     async def _run(
         self, request: ReachRequest, span: Span, started: float, trace: bool, routed: RouteLike | None
     ) -> ReachResponse:
-        rec = TraceRecorder(request, started, span, keep=trace or self._sink is not None)
-        _start_span(span, request)
+        sink = self._sink_at(started)
+        rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink, keep=trace)
+        start_client_span(span, request)
         try:
             flight = self._prepare(request, rec, None, routed)
             if flight.key is None:
@@ -381,38 +392,40 @@ class Pipeline:
 
     def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:
         failed = response.status != "success"
-        if trace or failed or self._sink is not None:
+        if trace or failed or rec.sink is not None:
             rec.usage = usage_of(response.data)
             built = rec.build(response.status, response.error, self._clock.now())
-            if self._sink is not None:
-                emit_safely(self._sink, built)
+            if rec.sink is not None:
+                emit_safely(rec.sink, built)
             if trace or failed:
                 response.trace = built
-        span = rec.span
+        span, route = rec.span, rec.route
         if span.is_recording():
-            endpoint = rec.attempts[-1].endpoint if rec.attempts else rec.route.instance.endpoint if rec.route else ""
-            ended: dict[str, AttributeValue] = {ATTR_ATTEMPTS: response.attempts, **server_attributes(endpoint)}
-            if response.agent:
-                ended[ATTR_AGENT] = response.agent
-                ended[ATTR_INSTANCE] = response.instance or ""
-            _end_span(span, response.status, response.error, rec.dedup_hit, ended)
+            ended: dict[str, AttributeValue] = {ATTR_ATTEMPTS: response.attempts}
+            if route is not None:
+                agent, instance = response.agent or route.agent.name, response.instance or route.instance.instance_id
+                ended.update(name_client_span(span, agent, instance, route.agent.protocol))
+            end_client_span(span, response.status, response.error, rec.dedup_hit, ended)
         return response
 
     def _refused(self, rec: TraceRecorder, exc: ReachError) -> None:
         error = ErrorInfo(type=exc.error_type, message=exc.message)
-        if self._sink is not None:
-            emit_safely(self._sink, rec.build("error", error, self._clock.now()))
-        if rec.span.is_recording():
-            rec.span.record_exception(exc)
-            _end_span(rec.span, "error", error, rec.dedup_hit)
+        if rec.sink is not None:
+            emit_safely(rec.sink, rec.build("error", error, self._clock.now()))
+        span, route = rec.span, rec.route
+        if span.is_recording():
+            span.record_exception(exc)
+            named = None if route is None else name_client_span(span, *_who(route.agent, route.instance))
+            end_client_span(span, "error", error, rec.dedup_hit, named)
 
     async def _stream(self, request: ReachRequest) -> AsyncGenerator[list[StreamEvent], None]:
         started = self._clock.now()
         owned = not self._spans_off(started)
-        span = self._tracer.start_span(span_name(request.capability), kind=SpanKind.CLIENT) if owned else None
+        span = self._tracer.start_span(invoke_agent_name(None), kind=SpanKind.CLIENT) if owned else None
         span = span or otel.get_current_span()
-        rec = TraceRecorder(request, started, span, keep=self._sink is not None)
-        _start_span(span, request)
+        sink = self._sink_at(started)
+        rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink)
+        start_client_span(span, request)
         flight: Flight | None = None
         tally = StreamTally()
         try:
@@ -436,38 +449,20 @@ class Pipeline:
         status = tally.status if tally.status != "pending" else "cancelled"
         now = self._clock.now()
         rec.event(EVENT_STREAMED, now, events=tally.events, chars=tally.chars)
-        if self._sink is not None:
-            emit_safely(self._sink, rec.build(status, tally.error, now))
+        if rec.sink is not None:
+            emit_safely(rec.sink, rec.build(status, tally.error, now))
         span = rec.span
         if span.is_recording():
+            route = flight.route
             ended: dict[str, AttributeValue] = {
                 ATTR_ATTEMPTS: flight.attempts,
-                ATTR_AGENT: flight.route.agent.name,
-                ATTR_INSTANCE: flight.route.instance.instance_id,
                 ATTR_STREAM_EVENTS: tally.events,
                 ATTR_STREAM_CHARS: tally.chars,
+                **name_client_span(span, *_who(route.agent, route.instance)),
             }
-            _end_span(span, status, tally.error, False, ended)
+            end_client_span(span, status, tally.error, False, ended)
 
 
-def _start_span(span: Span, request: ReachRequest) -> None:
-    if span.is_recording():
-        started: dict[str, AttributeValue] = {ATTR_CAPABILITY: request.capability, ATTR_REQUEST_ID: request.request_id}
-        if request.tenant:
-            started[ATTR_TENANT] = request.tenant
-        if request.session_id:
-            started[ATTR_SESSION_ID] = request.session_id
-        span.set_attributes(started)
-
-
-def _end_span(
-    span: Span, status: str, error: ErrorInfo | None, dedup_hit: bool, more: dict[str, AttributeValue] | None = None
-) -> None:
-    """The span's closing attributes (and error status), set in one call: the SDK locks once per call."""
-    ended: dict[str, AttributeValue] = {ATTR_STATUS: status, ATTR_DEDUP_HIT: dedup_hit}
-    if status != "success":
-        ended[ATTR_ERROR_TYPE] = error.type if error else status
-        span.set_status(Status(StatusCode.ERROR, error.message if error else status))
-    if more:
-        ended.update(more)
-    span.set_attributes(ended)
+def _who(agent: AgentDescriptor, instance: Instance) -> tuple[str, str, str]:
+    """The agent, instance and protocol an ``invoke_agent`` span is named by."""
+    return agent.name, instance.instance_id, agent.protocol

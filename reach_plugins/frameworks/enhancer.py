@@ -70,7 +70,7 @@ from reach_plugins.frameworks.toolcalls import (
 )
 from reach_plugins.model import Capability, ReachRequest, ReachResponse, error_for_response
 from reach_plugins.security import context
-from reach_plugins.telemetry.metrics import ReachMetrics, fan_out
+from reach_plugins.telemetry.metrics import ReachMetrics, fan_out, global_metrics
 from reach_plugins.telemetry.spans import (
     ATTR_CAPABILITY,
     ATTR_ERROR_TYPE,
@@ -136,7 +136,8 @@ class ReachEnhancer:
     predicate; none by default; ``danger_level: high`` ones only by name).
     ``metrics`` (:class:`~reach_plugins.telemetry.metrics.ReachMetrics`) records tool
     calls and, as the client's trace sink, every reach (for a ready
-    ``client``, give it ``sink=metrics`` yourself).
+    ``client``, give it ``sink=metrics`` yourself); without it both go to the
+    global ``MeterProvider`` once an SDK is installed there.
     ``match="exact"`` (the default) routes a tool only by ``capability_map``
     or its own name; ``match="semantic", min_similarity=0.46`` also by meaning
     (``matcher`` picks the embedder, or is a ready ``CapabilityMatcher``).
@@ -190,7 +191,7 @@ class ReachEnhancer:
         self.timeout_ms = timeout_ms
         self.tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
-        self.metrics = metrics
+        self._metrics = metrics
         if metrics is not None and client is None:
             client_options["sink"] = fan_out(client_options.get("sink"), metrics)
         self._owns_client = client is None
@@ -268,8 +269,8 @@ class ReachEnhancer:
         return self._counted(call, decision)
 
     def _counted(self, call: ToolCall, decision: Decision) -> Decision:
-        if self.metrics is not None:
-            self.metrics.tool_route(call.name, decision.resolution.rule, decision.remote)
+        if (metrics := self.metrics) is not None:
+            metrics.tool_route(call.name, decision.resolution.rule, decision.remote)
         return decision
 
     def _mapped(self, call: ToolCall) -> Decision | tuple[Capability, Resolution]:
@@ -379,8 +380,9 @@ class ReachEnhancer:
         if capability:
             span.set_attribute(ATTR_CAPABILITY, capability)
         span.set_attribute(ATTR_ERROR_TYPE, type(error).__name__)
-        if self.metrics is not None and isinstance(error, SessionClosed) and error.details.get("in_flight"):
-            self.metrics.cancellation(capability or call.name)
+        metrics = self.metrics
+        if metrics is not None and isinstance(error, SessionClosed) and error.details.get("in_flight"):
+            metrics.cancellation(capability or call.name)
         fallback = self._fallback(call, capability, error, route)
         if fallback is not None:
             span.set_attribute(ATTR_FALLBACK, "local")
@@ -429,8 +431,14 @@ class ReachEnhancer:
             try:
                 yield timed
             finally:
-                if self.metrics is not None:
-                    self.metrics.tool_call(call.name, time.perf_counter() - started, timed.error)
+                if (metrics := self.metrics) is not None:
+                    tool_type = attributes[ATTR_GEN_AI_TOOL_TYPE]
+                    metrics.tool_call(call.name, time.perf_counter() - started, timed.error, tool_type=tool_type)
+
+    @property
+    def metrics(self) -> ReachMetrics | None:
+        """The ``metrics`` given, else those on the global ``MeterProvider`` (None until an SDK is installed)."""
+        return self._metrics if self._metrics is not None else global_metrics()
 
     # ------------------------------------------------------------------ sessions
 
@@ -441,8 +449,8 @@ class ReachEnhancer:
     async def aclose_session(self, key: str) -> None:
         """Async :meth:`close_session` (the close runs on the client's loop, beside the calls it cancels)."""
         await self.blocking.bridge.submit(self.client.close_session(key))
-        if self.metrics is not None:
-            self.metrics.session_closed()
+        if (metrics := self.metrics) is not None:
+            metrics.session_closed()
 
     # ------------------------------------------------------------------ serving
 

@@ -44,8 +44,8 @@ from reach_plugins.telemetry.spans import (
     ATTR_CAPABILITY,
     ATTR_INSTANCE,
     ATTR_REQUEST_ID,
-    ATTR_STATUS,
     ATTR_TENANT,
+    end_server_span,
     extract_context,
     get_tracer,
     spans_are_noop,
@@ -246,7 +246,7 @@ class Gateway:
             with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
                 response = await self.forwarder.run(reach)
                 if span.is_recording():
-                    span.set_attribute(ATTR_STATUS, response.status)
+                    end_server_span(span, response.status, response.error)
                     span.set_attribute(ATTR_AGENT, response.agent or "")
                     span.set_attribute(ATTR_INSTANCE, response.instance or "")
         except ReachError as exc:

@@ -26,7 +26,14 @@ from reach_plugins.node.tickets import Tickets
 from reach_plugins.server.access import Access
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import loads, single_headers
-from reach_plugins.telemetry.spans import ATTR_CAPABILITY, ATTR_REQUEST_ID, ATTR_TENANT, get_tracer, spans_are_noop
+from reach_plugins.telemetry.spans import (
+    ATTR_CAPABILITY,
+    ATTR_REQUEST_ID,
+    ATTR_TENANT,
+    end_server_span,
+    get_tracer,
+    spans_are_noop,
+)
 from reach_plugins.transport import EventStream, StreamEvent
 from reach_plugins.wire.body import to_request
 from reach_plugins.wire.headers import (
@@ -158,6 +165,8 @@ class NodeService:
             with _NO_SPAN if span is None else trace.use_span(span, end_on_exit=True):
                 async with self.queue.slot(request.priority):
                     response = await self.forwarder.run(request)
+                if span is not None:
+                    end_server_span(span, response.status, response.error)
         except Backpressure as exc:
             return pb.CallReply(backpressure=_backpressure(exc))
         except ReachError as exc:

@@ -39,6 +39,7 @@ class TokenTransport(Wrapping):
             call.capability,
             call.credential,
             headers,
+            call.span,
         )
 
     async def send(self, call: Call) -> Reply:

@@ -1,7 +1,9 @@
 """Metrics through the OpenTelemetry metrics API: what operators chart (seed 001, section 4.1, step five).
 
-Like spans, metrics need ``opentelemetry-api`` only: instruments are no-ops
-until the application installs an SDK (or passes ``meter_provider``).
+Like spans, metrics need ``opentelemetry-api`` only and follow the global
+provider: a client given no ``sink`` records into :func:`global_metrics` once
+the application installs an SDK ``MeterProvider`` (nothing is built before
+that); passing ``sink=`` (or ``meter_provider``) chooses instead.
 :class:`ReachMetrics` is a :class:`~reach_plugins.telemetry.trace.TraceSink`, so
 every finished request's trace becomes request counts and durations per
 capability, agent and instance, attempts by outcome (``not_delivered``,
@@ -22,7 +24,16 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation, get_meter
+from opentelemetry.metrics import (
+    CallbackOptions,
+    Meter,
+    MeterProvider,
+    NoOpMeterProvider,
+    Observation,
+    get_meter,
+    get_meter_provider,
+)
+from opentelemetry.metrics._internal import _ProxyMeterProvider
 
 from reach_plugins.telemetry.labels import Vocabulary
 from reach_plugins.telemetry.spans import (
@@ -36,6 +47,7 @@ from reach_plugins.telemetry.spans import (
     ATTR_ERROR_TYPE,
     ATTR_GEN_AI_OPERATION_NAME,
     ATTR_GEN_AI_TOOL_NAME,
+    ATTR_GEN_AI_TOOL_TYPE,
     ATTR_INSTANCE,
     ATTR_OUTCOME,
     ATTR_RESULT,
@@ -60,7 +72,7 @@ if TYPE_CHECKING:
     from reach_plugins.registry.base import Registry
 
 # --------------------------------------------------------------------------- instrument names
-GEN_AI_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+GEN_AI_EXECUTE_TOOL_DURATION: Final = "gen_ai.execute_tool.duration"
 """GenAI semantic conventions: one ``execute_tool`` call as the framework saw it, in seconds."""
 REQUESTS: Final = "reach.client.requests"
 REQUEST_DURATION: Final = "reach.client.request.duration"
@@ -153,7 +165,7 @@ class ReachMetrics:
         self.vocabulary = vocabulary if vocabulary is not None else Vocabulary()
         meter = get_meter(INSTRUMENTATION_NAME, _VERSION, meter_provider=meter_provider)
         self.tool_duration = meter.create_histogram(
-            GEN_AI_OPERATION_DURATION, unit="s", description="GenAI operation duration (execute_tool).",
+            GEN_AI_EXECUTE_TOOL_DURATION, unit="s", description="Duration of tool execution.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )  # fmt: skip
         self.requests = RunningTotals(meter, REQUESTS, unit="{request}", description="Finished reaches.")
@@ -276,12 +288,14 @@ class ReachMetrics:
         routed = {ATTR_GEN_AI_TOOL_NAME: tool, ATTR_RULE: rule, ATTR_SIDE: side}
         self.tool_routes.add(1, self._labels(TOOL_ROUTES, routed))
 
-    def tool_call(self, tool: str, seconds: float, error: str | None = None) -> None:
-        """How long one reached tool call took as the framework saw it (GenAI ``execute_tool`` duration)."""
+    def tool_call(self, tool: str, seconds: float, error: str | None = None, *, tool_type: str | None = None) -> None:
+        """How long one reached tool call took as the framework saw it (GenAI ``gen_ai.execute_tool.duration``)."""
         attributes = {ATTR_GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, ATTR_GEN_AI_TOOL_NAME: tool}
+        if tool_type is not None:
+            attributes[ATTR_GEN_AI_TOOL_TYPE] = tool_type
         if error is not None:
             attributes[ATTR_ERROR_TYPE] = error
-        self.tool_duration.record(seconds, self._labels(GEN_AI_OPERATION_DURATION, attributes))
+        self.tool_duration.record(seconds, self._labels(GEN_AI_EXECUTE_TOOL_DURATION, attributes))
 
     def session_closed(self) -> None:
         """A conversation was closed (later reaches in it are refused, calls in flight cancelled)."""
@@ -301,6 +315,28 @@ class ReachMetrics:
         async for event in registry.watch():
             if event.kind == "instance_down":
                 self.heartbeat_expirations.add(1, self._labels(HEARTBEAT_EXPIRATIONS, {ATTR_AGENT: event.agent}))
+
+
+_GLOBAL_LOCK = threading.Lock()
+_global: ReachMetrics | None = None
+
+
+def global_metrics() -> ReachMetrics | None:
+    """:class:`ReachMetrics` on the global ``MeterProvider``, or None while none is installed (costs nothing then).
+
+    One per process: instruments registered twice on one meter would report every series twice. The global
+    provider is set once per process, so once found it is kept (the look-up reads the environment: ~3 us).
+    """
+    global _global
+    if _global is not None:
+        return _global
+    provider = get_meter_provider()
+    if isinstance(provider, NoOpMeterProvider | _ProxyMeterProvider):
+        return None
+    with _GLOBAL_LOCK:
+        if _global is None:
+            _global = ReachMetrics(provider)
+        return _global
 
 
 class FanOut:

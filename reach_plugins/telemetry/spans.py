@@ -18,7 +18,18 @@ from urllib.parse import urlsplit, urlunsplit
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Tracer, TracerProvider
+from opentelemetry.trace import (
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    Status,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
+from opentelemetry.util.types import AttributeValue
+
+from reach_plugins.model import ErrorInfo, ReachRequest
 
 INSTRUMENTATION_NAME: Final = "reach_plugins"
 
@@ -60,13 +71,19 @@ ATTR_RESULT: Final = "reach.result"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_ERROR_MESSAGE: Final = "reach.error.message"
 
-# --------------------------------------------------------------------------- GenAI semantic conventions (tool calls)
+# --------------------------------------------------------------------------- GenAI semantic conventions (agents, tools)
 ATTR_GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+ATTR_GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+"""The protocol the reached agent speaks (:func:`provider_name`): ``reach``, ``a2a``, ``mcp``, ``raw_http``..."""
+ATTR_GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+ATTR_GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+"""``{agent}/{instance}``: the replica that answered, unique in its registry."""
 ATTR_GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 ATTR_GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 ATTR_GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
 ATTR_GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 TOOL_TYPE_FUNCTION: Final = "function"
 """``gen_ai.tool.type`` of a framework's own tool (which the enhancer may send to an agent)."""
 TOOL_TYPE_EXTENSION: Final = "extension"
@@ -78,6 +95,14 @@ ATTR_SERVER_PORT: Final = "server.port"
 ATTR_URL_FULL: Final = "url.full"
 ATTR_HTTP_REQUEST_METHOD: Final = "http.request.method"
 ATTR_HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+
+# --------------------------------------------------------------------------- RPC client conventions (the node)
+ATTR_RPC_SYSTEM_NAME: Final = "rpc.system.name"
+ATTR_RPC_METHOD: Final = "rpc.method"
+"""Fully qualified: ``reach.v1.ReachNode/Call``."""
+ATTR_RPC_RESPONSE_STATUS_CODE: Final = "rpc.response.status_code"
+"""The gRPC status code's name (``OK``, ``UNAVAILABLE``...)."""
+RPC_SYSTEM_GRPC: Final = "grpc"
 
 # --------------------------------------------------------------------------- span events
 EVENT_ATTEMPT: Final = "reach.attempt"
@@ -111,9 +136,14 @@ def _version() -> str:
 _VERSION: Final = _version()
 
 
-def span_name(capability: str) -> str:
-    """The client span of one reach: ``reach {capability}``."""
-    return f"reach {capability}"
+def invoke_agent_name(agent: str | None) -> str:
+    """The CLIENT span of one reach of another agent: ``invoke_agent {agent}`` (``invoke_agent`` before routing)."""
+    return f"{OPERATION_INVOKE_AGENT} {agent}" if agent else OPERATION_INVOKE_AGENT
+
+
+def provider_name(protocol: str) -> str:
+    """``gen_ai.provider.name`` of an agent: the protocol it speaks, in the conventions' spelling (``raw_http``)."""
+    return protocol.replace("-", "_")
 
 
 def tool_span_name(tool: str) -> str:
@@ -154,6 +184,105 @@ def _parse_server(endpoint: str) -> dict[str, str | int]:
     if resolved is not None:
         found[ATTR_SERVER_PORT] = resolved
     return found
+
+
+# --------------------------------------------------------------------------- the client span and the server span
+
+
+def start_client_span(span: Span, request: ReachRequest) -> None:
+    """What an ``invoke_agent`` span knows before routing: the operation, the capability, the conversation."""
+    if span.is_recording():
+        started: dict[str, AttributeValue] = {
+            ATTR_GEN_AI_OPERATION_NAME: OPERATION_INVOKE_AGENT,
+            ATTR_GEN_AI_PROVIDER_NAME: provider_name("reach"),
+            ATTR_CAPABILITY: request.capability,
+            ATTR_REQUEST_ID: request.request_id,
+        }
+        if request.tenant:
+            started[ATTR_TENANT] = request.tenant
+        if request.session_id:
+            started[ATTR_SESSION_ID] = request.session_id
+            started[ATTR_GEN_AI_CONVERSATION_ID] = request.session_id
+        span.set_attributes(started)
+
+
+def name_client_span(span: Span, agent: str, instance: str, protocol: str) -> dict[str, AttributeValue]:
+    """Name the span after the agent that answered; the attributes saying which replica, speaking what.
+
+    They are returned for the span's closing call (:func:`end_client_span`): the SDK locks once per call.
+    """
+    span.update_name(invoke_agent_name(agent))
+    return {
+        ATTR_GEN_AI_AGENT_NAME: agent,
+        ATTR_GEN_AI_AGENT_ID: f"{agent}/{instance}",
+        ATTR_GEN_AI_PROVIDER_NAME: provider_name(protocol),
+        ATTR_AGENT: agent,
+        ATTR_INSTANCE: instance,
+    }
+
+
+def end_client_span(
+    span: Span, status: str, error: ErrorInfo | None, dedup_hit: bool, more: dict[str, AttributeValue] | None = None
+) -> None:
+    """The span's closing attributes (and error status), set in one call: the SDK locks once per call."""
+    ended: dict[str, AttributeValue] = {ATTR_STATUS: status, ATTR_DEDUP_HIT: dedup_hit}
+    if status != "success":
+        ended[ATTR_ERROR_TYPE] = error.type if error else status
+        span.set_status(Status(StatusCode.ERROR, error.message if error else status))
+    if more:
+        ended.update(more)
+    span.set_attributes(ended)
+
+
+def end_server_span(span: Span, status: str, error: ErrorInfo | None) -> None:
+    """A SERVER span's outcome: error status and ``error.type`` when the handler failed, crashed or refused."""
+    if not span.is_recording():
+        return
+    span.set_attribute(ATTR_STATUS, status)
+    if status != "success":
+        span.set_attribute(ATTR_ERROR_TYPE, error.type if error else status)
+        span.set_status(Status(StatusCode.ERROR, error.message if error else status))
+
+
+def served_span(span: Span, http_status: int, body: Mapping[str, object]) -> None:
+    """End a SERVER span by the reply sent: its HTTP status, and :func:`end_server_span` of the wire body."""
+    if not span.is_recording():
+        return
+    span.set_attribute(ATTR_HTTP_RESPONSE_STATUS_CODE, http_status)
+    error = body.get("error")
+    info = None
+    if isinstance(error, Mapping):
+        info = ErrorInfo(type=str(error.get("type") or "error"), message=str(error.get("message") or ""))
+    status = body.get("status")
+    end_server_span(span, status if isinstance(status, str) else "fail" if http_status >= 400 else "success", info)
+
+
+def note_http_request(span: Span, method: str, url: str) -> None:
+    """The HTTP client attributes of the request a transport is about to send (``url.full`` without credentials)."""
+    if span.is_recording():
+        span.set_attributes({ATTR_HTTP_REQUEST_METHOD: method, **server_attributes(url)})
+
+
+def note_http_status(span: Span, status_code: int) -> None:
+    """The HTTP status the request was answered with."""
+    if span.is_recording():
+        span.set_attribute(ATTR_HTTP_RESPONSE_STATUS_CODE, status_code)
+
+
+def note_rpc(span: Span, target: str, method: str, status_code: str | None = None) -> None:
+    """The RPC client attributes of a gRPC call to ``target`` (``host:port``); ``status_code`` once it is known."""
+    if span.is_recording():
+        host, _, port = target.rpartition(":")
+        noted: dict[str, AttributeValue] = {
+            ATTR_RPC_SYSTEM_NAME: RPC_SYSTEM_GRPC,
+            ATTR_RPC_METHOD: method,
+            ATTR_SERVER_ADDRESS: host.strip("[]"),
+        }
+        if port.isdigit():
+            noted[ATTR_SERVER_PORT] = int(port)
+        if status_code is not None:
+            noted[ATTR_RPC_RESPONSE_STATUS_CODE] = status_code
+        span.set_attributes(noted)
 
 
 def get_tracer(tracer_provider: TracerProvider | None = None) -> Tracer:

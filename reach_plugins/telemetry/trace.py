@@ -26,7 +26,7 @@ from reach_plugins.telemetry.spans import (
 )
 
 if TYPE_CHECKING:
-    from reach_plugins.model import AttemptRecord, Instance, RouteDecision
+    from reach_plugins.model import AgentDescriptor, AttemptRecord, Instance, RouteDecision
 
 logger = logging.getLogger("reach_plugins.trace")
 
@@ -109,10 +109,13 @@ def _fields(record: AttemptRecord) -> dict[str, Any]:
 
 
 class Routed(Protocol):
-    """A route as the trace reads it: its decision (built on first read) and the instance it names."""
+    """A route as the trace reads it: its decision (built on first read), the agent and the instance it names."""
 
     @property
     def decision(self) -> RouteDecision: ...
+
+    @property
+    def agent(self) -> AgentDescriptor: ...
 
     @property
     def instance(self) -> Instance: ...
@@ -151,17 +154,46 @@ class TraceRecorder:
     (:class:`~reach_plugins.attempts.hooks.AttemptHooks`): ``attempt`` and ``moved``.
 
     ``keep`` says whether anyone will read a successful attempt (a trace was
-    asked for, a sink is set, or the span records): when nobody will, the
+    asked for, a ``sink`` is set, or the span records): when nobody will, the
     pipeline skips recording it — the common case, and a hot path.
+
+    Events carry wall-clock times (``started_at``'s clock), so a trace can be
+    drawn beside anything else timed by that clock. State changes arrive timed
+    by the policies' monotonic clock; ``monotonic_at_start`` (a reading taken
+    with ``started_at``) converts them.
     """
 
-    __slots__ = ("attempts", "dedup_hit", "events", "keep", "request", "route", "span", "started_at", "usage")
+    __slots__ = (
+        "_offset",
+        "attempts",
+        "dedup_hit",
+        "events",
+        "keep",
+        "request",
+        "route",
+        "sink",
+        "span",
+        "started_at",
+        "usage",
+    )
 
-    def __init__(self, request: ReachRequest, started_at: float, span: Span, *, keep: bool = True) -> None:
+    def __init__(
+        self,
+        request: ReachRequest,
+        started_at: float,
+        monotonic_at_start: float,
+        span: Span,
+        *,
+        sink: TraceSink | None = None,
+        keep: bool = False,
+    ) -> None:
         self.request = request
         self.started_at = started_at
+        self._offset = started_at - monotonic_at_start
         self.span = span
-        self.keep = keep or span.is_recording()
+        self.sink = sink
+        """Where the finished request's trace goes (None: nowhere)."""
+        self.keep = keep or sink is not None or span.is_recording()
         self.route: Routed | None = None
         """The latest route; its decision is read (and so built) only by :meth:`build`."""
         self.attempts: list[AttemptRecord] = []
@@ -186,7 +218,7 @@ class TraceRecorder:
         """An instance's breaker or consistency state changed during this request."""
         self.event(
             _MOVED_EVENTS[change.kind],
-            change.at,
+            change.at + self._offset,
             instance=change.instance,
             reason=change.reason,
             **{ATTR_BREAKER_FROM: change.before, ATTR_BREAKER_TO: change.after},

@@ -29,6 +29,7 @@ from reach_plugins.errors import (
 from reach_plugins.model import ErrorInfo, Timeouts
 from reach_plugins.protocols import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
 from reach_plugins.protocols.base import Pending
+from reach_plugins.telemetry.spans import note_http_request, note_http_status
 from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
@@ -155,10 +156,12 @@ class DirectTransport(BaseTransport):
             raise ReadTimeout(f"discovering {call.instance.endpoint} used up the attempt's time")
         request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
         connect = _connect_timeout(call)
+        note_http_request(call.span, request.method, request.url)
         response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
         pending = adapter.pending(call, request, response)
         if pending is not None:
             response = await self._follow(adapter, engine, call, pending, began + call.timeout)
+        note_http_status(call.span, response.status)
         return adapter.parse(call, response)
 
     async def _follow(
@@ -207,7 +210,9 @@ class DirectTransport(BaseTransport):
         engine = self._engine_for(call)
         request = await self._prepare(adapter, engine, call, stream=True)
         connect = _connect_timeout(call)
+        note_http_request(call.span, request.method, request.url)
         async with engine.stream(request, timeout=call.timeout, connect_timeout=connect) as wire:
+            note_http_status(call.span, wire.status)
             content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
             if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
                 reply = adapter.parse(call, HttpResponse(wire.status, wire.headers, await wire.read()))

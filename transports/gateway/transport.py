@@ -22,6 +22,7 @@ from reach_plugins.errors import WIRE_CODES, ConfigError, DeadlineExceeded, Inva
 from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols import HttpRequest, SseDecoder
 from reach_plugins.protocols.reach import ReachStreamDecoder
+from reach_plugins.telemetry.spans import note_http_request, note_http_status
 from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
 from reach_plugins.wire.body import MAX_REPLY, REFUSED, check_headers, refusal
 from reach_plugins.wire.headers import (
@@ -166,10 +167,12 @@ class GatewayTransport(BaseTransport):
     async def send(self, call: Call) -> Reply:
         request = self._request(call, "/v1/reach", "application/json")
         body = TrackedBody(request.body or b"")
+        note_http_request(call.span, request.method, request.url)
         try:
             async with self._client().post(
                 request.url, data=body, headers=request.headers, timeout=self._limits(call.timeout)
             ) as response:
+                note_http_status(call.span, response.status)
                 raw = await read_capped(response, MAX_REPLY)
         except FOREIGN as exc:
             raise mapped(exc, request, written=body.written) from exc
@@ -178,6 +181,7 @@ class GatewayTransport(BaseTransport):
     async def stream(self, call: Call) -> EventStream:
         """SSE from ``/v1/reach/stream``; a refusal before the stream starts is one ``error`` event."""
         request = self._request(call, "/v1/reach/stream", "text/event-stream")
+        note_http_request(call.span, request.method, request.url)
         try:
             async with asyncio.timeout(call.timeout):
                 response = await self._client().post(
@@ -185,6 +189,7 @@ class GatewayTransport(BaseTransport):
                 )
         except FOREIGN as exc:
             raise mapped(exc, request) from exc
+        note_http_status(call.span, response.status)
         try:
             if not response.content_type.startswith("text/event-stream"):
                 reply = parse_reply(call, response.status, await _read(read_capped(response, MAX_REPLY), request))

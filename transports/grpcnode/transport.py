@@ -27,6 +27,7 @@ from reach_plugins.errors import (
     RequestError,
 )
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.telemetry.spans import note_rpc
 from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, StreamEvent
 from reach_plugins.wire.body import refusal
 from reach_plugins.wire.headers import ERROR_TYPE
@@ -45,6 +46,9 @@ from reach_plugins.wire.protocodec import (
 )
 
 NODE_SCHEME = "grpc://"
+_CALL = "reach.v1.ReachNode/Call"
+_STREAM = "reach.v1.ReachNode/Stream"
+"""``rpc.method`` of the node's two RPCs (fully qualified, as the RPC conventions ask)."""
 
 
 def _refusal(exc: grpc.aio.AioRpcError) -> ReachError | None:
@@ -116,10 +120,13 @@ class GrpcNodeTransport(BaseTransport):
 
     async def send(self, call: Call) -> Reply:
         metadata = call_metadata(call, self._token_for(call.credential))
+        note_rpc(call.span, self.target, _CALL)
         try:
             reply = await self._node().Call(call_message(call), timeout=call.timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
+            note_rpc(call.span, self.target, _CALL, exc.code().name)
             raise (_refusal(exc) or _mapped(exc, self.target)) from exc
+        note_rpc(call.span, self.target, _CALL, grpc.StatusCode.OK.name)
         if reply.HasField("backpressure"):
             return backpressure_reply(reply.backpressure)
         return reply_from_result(call, reply.result)
@@ -127,6 +134,7 @@ class GrpcNodeTransport(BaseTransport):
     async def stream(self, call: Call) -> EventStream:
         """Stream events; backpressure or a failure before the first event raises (the core may retry)."""
         metadata = call_metadata(call, self._token_for(call.credential))
+        note_rpc(call.span, self.target, _STREAM)
         responses = self._node().Stream(call_message(call), timeout=call.timeout, metadata=metadata)
         try:
             async for reply in responses:
@@ -137,10 +145,12 @@ class GrpcNodeTransport(BaseTransport):
                 if kind == "data":
                     yield StreamEvent("data", loads(reply.data, "a stream chunk"))
                     continue
+                note_rpc(call.span, self.target, _STREAM, grpc.StatusCode.OK.name)
                 yield StreamEvent("end") if kind == "end" else StreamEvent("error", error=error_info(reply.error))
                 return
             yield StreamEvent("error", error=ErrorInfo(type="transient", message="the node's stream ended early"))
         except grpc.aio.AioRpcError as exc:
+            note_rpc(call.span, self.target, _STREAM, exc.code().name)
             raise (_refusal(exc) or _mapped(exc, self.target)) from exc
         finally:
             responses.cancel()
