@@ -60,6 +60,7 @@ from reach_plugins.frameworks.toolcalls import (
     ToolCall,
     ToolMapper,
     ToolResult,
+    Verdict,
     check_choice,
     content_of,
     error_text,
@@ -295,8 +296,8 @@ class ReachEnhancer:
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
-                _approved(capability, await answer if inspect.isawaitable(answer) else answer)
-                reached = self.client.reach(capability.name, trace=True, **self._options(call))
+                sent = _approved(call, capability, await answer if inspect.isawaitable(answer) else answer)
+                reached = self.client.reach(capability.name, trace=True, **self._options(sent))
                 response = await self.blocking.bridge.submit(reached)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
@@ -310,15 +311,17 @@ class ReachEnhancer:
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
-                _approved(capability, self.blocking.bridge.run(answer) if inspect.isawaitable(answer) else answer)
-                response = self.blocking.reach(capability.name, trace=True, **self._options(call))
+                verdict = self.blocking.bridge.run(answer) if inspect.isawaitable(answer) else answer
+                response = self.blocking.reach(
+                    capability.name, trace=True, **self._options(_approved(call, capability, verdict))
+                )
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
             return self._answered(span, call, capability.name, response)
 
     def _ask(
         self, call: ToolCall, decision: Decision, approver: Approver | None
-    ) -> tuple[Capability, bool | Awaitable[bool]]:
+    ) -> tuple[Capability, bool | Verdict | Awaitable[bool | Verdict]]:
         """The capability to reach, and the approver's answer (``True`` when it needs no approval)."""
         capability = decision.capability
         if capability is None:
@@ -464,9 +467,14 @@ class ReachEnhancer:
         await self.aclose()
 
 
-def _approved(capability: Capability, answer: object) -> None:
-    if answer is not True:
-        raise ApprovalRequired(
-            f"the call to {capability.name!r} was not approved (danger_level {capability.danger_level!r}); "
-            "nothing was sent"
-        )
+def _approved(call: ToolCall, capability: Capability, answer: object) -> ToolCall:
+    """The call to send once the approver said yes (with a reviewer's edited arguments); raises otherwise."""
+    if answer is True:
+        return call
+    if isinstance(answer, Verdict) and answer.approved:
+        return call if answer.args is None else replace(call, args=dict(answer.args))
+    why = f": {answer.reason}" if isinstance(answer, Verdict) and answer.reason else ""
+    raise ApprovalRequired(
+        f"the call to {capability.name!r} was not approved (danger_level {capability.danger_level!r}){why}; "
+        "nothing was sent"
+    )

@@ -37,8 +37,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'the LlamaIndex adapter needs the llamaindex extra: pip install "reach-plugins[llamaindex]"'
     ) from exc
 
-from reach_plugins.errors import InvalidPayload, ReachError, is_retryable
-from reach_plugins.frameworks.toolcalls import ProxySpec, ToolCall, ToolResult, error_text
+from reach_plugins.errors import InvalidPayload, ReachError
+from reach_plugins.frameworks.toolcalls import ProxySpec, ToolCall, ToolResult, error_record, error_text
 
 if TYPE_CHECKING:
     from reach_plugins.frameworks.enhancer import ReachEnhancer
@@ -215,14 +215,7 @@ def _output(call: ToolCall, result: ToolResult) -> ToolOutput:
 
 def error_output(error: ReachError) -> dict[str, Any]:
     """The ``raw_output`` of an error ``ToolOutput``: the error's wire code and class, so code can act on it."""
-    return {
-        "error": {
-            "type": error.code,
-            "class": type(error).__name__,
-            "message": error.message,
-            "retryable": is_retryable(error),
-        }
-    }
+    return {"error": error_record(error)}
 
 
 def _wrapped(tool: BaseTool, enhancer: ReachEnhancer) -> BaseTool:

@@ -31,6 +31,7 @@ from reach_plugins.errors import (
     ReachError,
     SessionClosed,
     UnknownCapability,
+    is_retryable,
 )
 from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, default_embedder
 from reach_plugins.matching.matcher import DEFAULT_TIMEOUT
@@ -167,8 +168,18 @@ class PendingApproval:
         }
 
 
-Approver = Callable[[PendingApproval], "bool | Awaitable[bool]"]
-"""Decides whether a dangerous call may be sent; ``True`` sends it."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """An approver's answer beyond yes or no: the arguments a reviewer edited, or why they rejected it."""
+
+    approved: bool
+    args: Mapping[str, Any] | None = None
+    """Send these arguments instead of the model's (an edit); ``None`` keeps them."""
+    reason: str = ""
+
+
+Approver = Callable[[PendingApproval], "bool | Verdict | Awaitable[bool | Verdict]"]
+"""Decides whether a dangerous call may be sent; ``True`` (or an approving :class:`Verdict`) sends it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +283,16 @@ _ADVICE: tuple[tuple[type[ReachError], str], ...] = (
     (RateLimited, "Too many calls right now; wait before trying again."),
     (DeadlineExceeded, "It did not answer in time; try again later or answer without it."),
 )
+
+
+def error_record(error: ReachError) -> dict[str, Any]:
+    """A failure as data for code to act on: the error's wire code, class, message and whether a retry may help."""
+    return {
+        "type": error.code,
+        "class": type(error).__name__,
+        "message": error.message,
+        "retryable": is_retryable(error),
+    }
 
 
 def error_text(tool: str, capability: str | None, error: ReachError) -> str:
