@@ -52,7 +52,7 @@ MESSAGE_SCHEMA: dict[str, Any] = {
 class ChatGraph(Protocol):
     """What is needed of a compiled graph."""
 
-    def astream(self, input: Any, config: Any = None, **kwargs: Any) -> AsyncIterator[Any]: ...
+    def astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]: ...
 
 
 STREAM_MODES = ["messages", "updates", "custom", "values"]
@@ -115,7 +115,7 @@ def stream_events(agent: str, mode: str, chunk: Any) -> list[dict[str, Any]]:
         return [{"type": "token", "agent": author, "node": node, "text": text}]
     if mode == "updates" and isinstance(chunk, Mapping):
         return [
-            {"type": "update", "agent": agent, "node": node, "keys": sorted(update) if isinstance(update, Mapping) else []}
+            {"type": "update", "agent": agent, "node": node, "keys": sorted(update or ())}
             for node, update in chunk.items()
             if node != "__interrupt__"
         ]

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from pydantic_core import to_jsonable_python
 
+from reach_plugins.agent.handlers import collected
 from reach_plugins.client.blocking import SyncReachClient
 from reach_plugins.client.client import ReachClient
 from reach_plugins.errors import (
@@ -40,9 +41,11 @@ from reach_plugins.errors import (
     ConfigError,
     NoHealthyAgent,
     ReachError,
+    RemoteError,
     RequestError,
     SessionClosed,
     UnknownCapability,
+    from_wire,
 )
 from reach_plugins.frameworks.toolcalls import (
     Approver,
@@ -87,7 +90,7 @@ from reach_plugins.telemetry.spans import (
 if TYPE_CHECKING:
     from reach_plugins.registry import Registry
     from reach_plugins.stores.sessions import SessionStore
-    from reach_plugins.transport import Transport
+    from reach_plugins.transport import StreamEvent, Transport
 
 
 class _ToolSpan:
@@ -289,14 +292,27 @@ class ReachEnhancer:
     # ------------------------------------------------------------------ reaching
 
     async def areach(
-        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+        self,
+        call: ToolCall,
+        decision: Decision | None = None,
+        *,
+        approver: Approver | None = None,
+        on_item: OnItem | None = None,
     ) -> ToolResult:
-        """Reach the capability of ``call`` (decided if not given); failures per ``on_error``."""
+        """Reach the capability of ``call`` (decided if not given); failures per ``on_error``.
+
+        With ``on_item`` the reply is streamed and each item handed to it as it arrives (the host framework
+        shows the remote agent's work while it runs); a keyed capability is not streamed (a stream is never
+        deduplicated), so ``on_item`` then sees nothing.
+        """
         decision = decision if decision is not None else await self.adecide(call)
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
                 sent = _approved(call, capability, await answer if inspect.isawaitable(answer) else answer)
+                if on_item is not None and capability.idempotency_key is None:
+                    items = await self._astream(capability.name, self._options(sent), on_item)
+                    return self._streamed(span, call, capability.name, items)
                 reached = self.client.reach(capability.name, trace=True, **self._options(sent))
                 response = await self.blocking.bridge.submit(reached)
             except ReachError as exc:
@@ -304,7 +320,12 @@ class ReachEnhancer:
             return self._answered(span, call, capability.name, response)
 
     def reach(
-        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+        self,
+        call: ToolCall,
+        decision: Decision | None = None,
+        *,
+        approver: Approver | None = None,
+        on_item: OnItem | None = None,
     ) -> ToolResult:
         """Blocking :meth:`areach`, safe inside a running loop (the reach runs on the client's own loop)."""
         decision = decision if decision is not None else self.decide(call)
@@ -312,12 +333,44 @@ class ReachEnhancer:
             try:
                 capability, answer = self._ask(call, decision, approver)
                 verdict = self.blocking.bridge.run(answer) if inspect.isawaitable(answer) else answer
-                response = self.blocking.reach(
-                    capability.name, trace=True, **self._options(_approved(call, capability, verdict))
-                )
+                options = self._options(_approved(call, capability, verdict))
+                if on_item is not None and capability.idempotency_key is None:
+                    items: list[Any] = []
+                    for event in self.blocking.stream(capability.name, **options):
+                        for item in _data(event):
+                            on_item(item)
+                            items.append(item)
+                    return self._streamed(span, call, capability.name, items)
+                response = self.blocking.reach(capability.name, trace=True, **options)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
             return self._answered(span, call, capability.name, response)
+
+    async def _astream(self, capability: str, options: dict[str, Any], on_item: OnItem) -> list[Any]:
+        """The stream's data items, each handed to ``on_item`` on arrival (the stream runs on the client's loop)."""
+        events = self.client.stream(capability, **options)
+        items: list[Any] = []
+        try:
+            while True:
+                try:
+                    event = await self.blocking.bridge.submit(anext(events))
+                except StopAsyncIteration:
+                    return items
+                for item in _data(event):
+                    handled = on_item(item)
+                    if inspect.isawaitable(handled):
+                        await handled
+                    items.append(item)
+        finally:
+            await self.blocking.bridge.submit(events.aclose())
+
+    def _streamed(self, span: _ToolSpan, call: ToolCall, capability: str, items: list[Any]) -> ToolResult:
+        """The result of a streamed reach: its items :func:`collected` (the closing result's data, if any)."""
+        data = collected(items)
+        agents = [item["agent"] for item in items if isinstance(item, Mapping) and isinstance(item.get("agent"), str)]
+        route = RouteInfo(capability, None, agent=agents[-1] if agents else None, attempts=1)
+        span.set_attribute(ATTR_CAPABILITY, capability)
+        return ToolResult(call, capability, content_of(data), data, None, route)
 
     def _ask(
         self, call: ToolCall, decision: Decision, approver: Approver | None
@@ -465,6 +518,18 @@ class ReachEnhancer:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+OnItem = Callable[[Any], "Awaitable[None] | None"]
+"""Gets each item of a streamed reply as it arrives (:meth:`ReachEnhancer.areach` awaits an awaitable answer)."""
+
+
+def _data(event: StreamEvent) -> list[Any]:
+    """A data event's item, nothing for the end; an error event raises the error it reports."""
+    if event.kind == "error":
+        info = event.error
+        raise from_wire(info) if info is not None else RemoteError("the stream ended with an error")
+    return [event.data] if event.kind == "data" else []
 
 
 def _approved(call: ToolCall, capability: Capability, answer: object) -> ToolCall:
