@@ -1,0 +1,341 @@
+"""Reach in LangChain's own way, against real agent-SDK servers: artifacts, retry middleware, approval, streaming.
+
+Every remote agent is a real uvicorn server on 127.0.0.1 reached through
+DirectTransport; the caller is the real ``langchain.agents.create_agent``
+with a scripted fake model (langchain_core's fakes refuse ``bind_tools``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware, ToolRetryMiddleware
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGenerationChunk
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
+from reach_plugins.agent import BackgroundServer, ReachAgent
+from reach_plugins.agent.langgraph import serve_graph
+from reach_plugins.errors import BusinessError, is_retryable
+from reach_plugins.frameworks.toolcalls import ServeSpec
+from reach_plugins.langchain import create_agent
+from reach_plugins.model import Instance
+from reach_plugins.registry import MemoryRegistry
+from transports.direct import DirectTransport
+
+
+class ScriptedModel(GenericFakeChatModel):
+    """A fake chat model that accepts tools and streams tool calls too (GenericFakeChatModel streams text only)."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        return self.bind(**kwargs)
+
+    def _stream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Iterator[Any]:
+        message = self._generate(messages, stop, run_manager, **kwargs).generations[0].message
+        assert isinstance(message, AIMessage)
+        if message.tool_calls:
+            calls = [
+                {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": n}
+                for n, c in enumerate(message.tool_calls)
+            ]
+            yield ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=calls))  # type: ignore[arg-type]
+            return
+        for token in re.split(r"(\s)", str(message.content)):
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=token))
+            if run_manager is not None:
+                run_manager.on_llm_new_token(token, chunk=chunk)
+            yield chunk
+
+
+def model(*messages: AIMessage | str) -> ScriptedModel:
+    return ScriptedModel(messages=iter(messages))
+
+
+def calls(name: str, **args: Any) -> AIMessage:
+    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": f"{name}-1"}])
+
+
+def tool_message(messages: Sequence[BaseMessage]) -> ToolMessage:
+    (message,) = [m for m in messages if isinstance(m, ToolMessage)]
+    return message
+
+
+ORDER = Capability(
+    name="query_order",
+    description="Where an order is",
+    params_schema={"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+)
+REFUND = Capability(
+    name="refund_order",
+    description="Refund an order",
+    danger_level="high",
+    params_schema={"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+)
+
+
+EXPOSED = ["query_order", "refund_order", "handle_order", "check_stock"]
+"""Every capability of these tests, by name (a dangerous one is exposed by its name only)."""
+
+
+class World:
+    """One registry, the servers and enhancers started on it (all stopped at the end)."""
+
+    def __init__(self) -> None:
+        self.registry = MemoryRegistry()
+        self.servers: list[BackgroundServer] = []
+        self.enhancers: list[ReachEnhancer] = []
+        self.ran: list[dict[str, Any]] = []
+
+    def enhancer(self, **options: Any) -> ReachEnhancer:
+        enhancer = ReachEnhancer(
+            registry=self.registry, transport=DirectTransport(), matcher=False, expose=EXPOSED, **options
+        )
+        self.enhancers.append(enhancer)
+        return enhancer
+
+    def serve(self, agent: ReachAgent) -> None:
+        server = BackgroundServer(agent.app)
+        agent.register_on_startup(self.registry, server.url)
+        self.servers.append(server.start())
+
+    def orders(self) -> None:
+        """query_order answers a structure (or refuses A9); refund_order runs once per approved call."""
+        agent = ReachAgent("orders", tokens="open", approver=lambda request: True)
+
+        @agent.offer(ORDER)
+        def query_order(order_id: str) -> dict[str, Any]:
+            self.ran.append({"query_order": order_id})
+            if order_id == "A9":
+                raise BusinessError("there is no order A9")
+            return {"order_id": order_id, "status": "shipped", "eta_days": 2}
+
+        @agent.offer(REFUND)
+        def refund_order(order_id: str) -> dict[str, Any]:
+            self.ran.append({"refund_order": order_id})
+            return {"refunded": order_id}
+
+        self.serve(agent)
+
+    def close(self) -> None:
+        for enhancer in self.enhancers:
+            enhancer.close()
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    world = World()
+    yield world
+    world.close()
+
+
+def thread(name: str) -> Any:
+    return {"configurable": {"thread_id": name}}
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+
+def test_artifact_is_the_agents_structured_result_plus_the_route(world: World) -> None:
+    """The ToolMessage artifact holds the agent's data as structured_content and the route under 'reach'."""
+    world.orders()
+    desk = create_agent(model(calls("query_order", order_id="A1"), "Shipped."), [], enhanced_by=world.enhancer())
+    message = tool_message(desk.invoke({"messages": [("user", "A1?")]}, thread("t1"))["messages"])
+    assert message.status == "success"
+    assert message.artifact["structured_content"] == {"order_id": "A1", "status": "shipped", "eta_days": 2}
+    route = message.artifact["reach"]
+    assert (route["agent"], route["capability"], route["delivered"]) == ("orders", "query_order", True)
+
+
+async def test_a_refusal_is_an_error_message_whose_artifact_is_the_error_record(world: World) -> None:
+    """A business refusal: error ToolMessage at once, artifact = the error record (type, class, retryable)."""
+    world.orders()
+    desk = create_agent(model(calls("query_order", order_id="A9"), "Sorry."), [], enhanced_by=world.enhancer())
+    message = tool_message((await desk.ainvoke({"messages": [("user", "A9?")]}, thread("t2")))["messages"])
+    assert message.status == "error" and "there is no order A9" in str(message.content)
+    assert message.artifact["error"] == {
+        "type": "business",
+        "class": "BusinessError",
+        "message": "there is no order A9",
+        "retryable": False,
+    }
+    assert message.artifact["reach"]["agent"] == "orders"
+
+
+# ----------------------------------------------------------------------------- ToolRetryMiddleware
+
+
+class Count(AgentMiddleware[Any, Any, Any]):
+    """Counts how often the middleware outside it ran the tool call (between ToolRetryMiddleware and Reach's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = 0
+
+    async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+        self.runs += 1
+        return await handler(request)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def dead_orders(registry: MemoryRegistry) -> None:
+    """An orders agent registered at a port where nothing listens: every reach fails, retryably."""
+    await registry.register_agent(AgentDescriptor(name="orders", capabilities=[ORDER]))
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    await registry.register_instance(Instance(agent="orders", instance_id="orders-1", endpoint=endpoint))
+
+
+@pytest.mark.parametrize("dead", [True, False], ids=["retryable", "refusal"])
+async def test_tool_retry_middleware_retries_retryable_failures_and_never_a_refusal(world: World, dead: bool) -> None:
+    """Default settings: ToolRetryMiddleware(retry_on=is_retryable) sees a retryable failure as an exception and
+    retries it (3 runs); a refusal is a message at once (1 run); both end as our error ToolMessage."""
+    if dead:
+        await dead_orders(world.registry)
+    else:
+        world.orders()
+    count = Count()
+    retry = ToolRetryMiddleware(max_retries=2, retry_on=is_retryable, on_failure="error", initial_delay=0, jitter=False)
+    desk = create_agent(
+        model(calls("query_order", order_id="A9"), "Sorry."),
+        [],
+        middleware=[retry, count],
+        enhanced_by=world.enhancer(timeout_ms=2000),
+    )
+    message = tool_message((await desk.ainvoke({"messages": [("user", "A9?")]}, thread("t3")))["messages"])
+    assert message.status == "error"
+    assert message.artifact["error"]["retryable"] is dead
+    assert count.runs == (3 if dead else 1)
+    assert world.ran == ([] if dead else [{"query_order": "A9"}])
+
+
+# ----------------------------------------------------------------------------- approval
+
+
+def refund_desk(world: World, *middleware: Any) -> Any:
+    return create_agent(
+        model(calls("refund_order", order_id="A1"), "Done."),
+        [],
+        middleware=list(middleware),
+        checkpointer=InMemorySaver(),
+        enhanced_by=world.enhancer(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("decision", "ran"),
+    [
+        ({"type": "approve"}, [{"refund_order": "A1"}]),
+        (
+            {"type": "edit", "edited_action": {"name": "refund_order", "args": {"order_id": "A2"}}},
+            [{"refund_order": "A2"}],
+        ),
+        ({"type": "reject", "message": "refunds need a manager"}, []),
+    ],
+    ids=["approve", "edit", "reject"],
+)
+def test_our_interrupt_takes_langchains_decisions(world: World, decision: dict[str, Any], ran: list[Any]) -> None:
+    """A dangerous capability interrupts in HITL's tool_approval shape; LangChain's decisions resume it, once."""
+    world.orders()
+    desk = refund_desk(world)
+    paused = desk.invoke({"messages": [("user", "refund A1")]}, thread("t4"))
+    (pending,) = paused["__interrupt__"]
+    assert pending.value["type"] == "tool_approval" and pending.value["name"] == "refund_order"
+    assert pending.value["args"] == {"order_id": "A1"} and pending.value["tool_call_id"] == "refund_order-1"
+    assert world.ran == []
+    done = desk.invoke(Command(resume={"decisions": [decision]}), thread("t4"))
+    assert "__interrupt__" not in done
+    assert world.ran == ran
+    message = tool_message(done["messages"])
+    if decision["type"] == "reject":
+        assert message.status == "error" and "refunds need a manager" in str(message.content)
+    else:
+        assert message.status == "success" and message.artifact["structured_content"] == {
+            "refunded": ran[0]["refund_order"]
+        }
+
+
+@pytest.mark.parametrize("mode", ["batched", "per_call"])
+def test_beside_human_in_the_loop_the_user_is_asked_once(world: World, mode: str) -> None:
+    """With LangChain's HumanInTheLoopMiddleware on the tool, its one question is the only one; an edit is sent."""
+    world.orders()
+    hitl = HumanInTheLoopMiddleware(interrupt_on={"refund_order": True}, interrupt_mode=mode)  # type: ignore[arg-type]
+    desk = refund_desk(world, hitl)
+    paused = desk.invoke({"messages": [("user", "refund A1")]}, thread("t5"))
+    assert len(paused["__interrupt__"]) == 1
+    edit = {"type": "edit", "edited_action": {"name": "refund_order", "args": {"order_id": "A3"}}}
+    resume = {"decisions": [edit]} if mode == "batched" else edit
+    done = desk.invoke(Command(resume=resume), thread("t5"))
+    assert "__interrupt__" not in done, "asked a second time"
+    assert world.ran == [{"refund_order": "A3"}]
+
+
+# ----------------------------------------------------------------------------- streaming
+
+
+def serve_langgraph_agent(world: World, name: str, capability: str, script: Sequence[AIMessage | str]) -> None:
+    """A LangGraph agent built with create_agent, served under ``capability`` (a message in plain words)."""
+    enhancer = world.enhancer(serve_as=ServeSpec(name, [capability]))
+    graph = create_agent(model(*script), [], checkpointer=InMemorySaver(), enhanced_by=enhancer)
+    enhancer.adopt(serve_graph(graph, name, [capability], registry=world.registry, tokens="open"))
+
+
+async def test_a_two_level_chain_streams_into_the_callers_astream(world: World) -> None:
+    """desk -> order-agent -> stock-agent: both remote agents' tokens and node updates appear in the desk's
+    astream (messages and custom) before the tool's result, attributed to their authors; no text wrapped twice."""
+    serve_langgraph_agent(world, "stock-agent", "check_stock", ["Three units of K-7 left."])
+    serve_langgraph_agent(
+        world, "order-agent", "handle_order", [calls("check_stock", message="K-7?"), "Order A1 ships; K-7 is in stock."]
+    )
+    desk = create_agent(
+        model(calls("handle_order", message="Where is A1?"), "It ships."), [], enhanced_by=world.enhancer()
+    )
+    seen: list[tuple[str, Any]] = []
+    async for mode, chunk in desk.astream(
+        {"messages": [("user", "A1?")]}, thread("t6"), stream_mode=["messages", "custom", "updates"]
+    ):
+        seen.append((mode, chunk))
+    result_at = next(i for i, (mode, chunk) in enumerate(seen) if mode == "updates" and "tools" in chunk)
+    during = seen[:result_at]
+    tokens = [(c[0].name, c[0].content) for m, c in during if m == "messages" and isinstance(c[0], AIMessageChunk)]
+    texts = {
+        name: "".join(text for author, text in tokens if author == name) for name in ("order-agent", "stock-agent")
+    }
+    assert texts == {"order-agent": "Order A1 ships; K-7 is in stock.", "stock-agent": "Three units of K-7 left."}
+    custom = [chunk for mode, chunk in during if mode == "custom"]
+    assert {"type": "update", "agent": "order-agent", "node": "model", "keys": ["messages"]} in custom
+    assert any(item["type"] == "token" and item["agent"] == "stock-agent" for item in custom)
+    (answer,) = [c["tools"]["messages"][0] for m, c in seen if m == "updates" and "tools" in c]
+    assert answer.content == "Order A1 ships; K-7 is in stock."
+    assert answer.artifact["structured_content"]["reply_content"] == answer.content
+
+
+def test_sync_stream_and_invoke_see_the_same_answer(world: World) -> None:
+    """The blocking path streams too (stream_mode='messages'); invoke, not streaming, gets the same reply."""
+    serve_langgraph_agent(world, "order-agent", "handle_order", ["Order A1 ships.", "Order A1 ships."])
+    desk = create_agent(
+        model(calls("handle_order", message="A1?"), "ok", calls("handle_order", message="A1?"), "ok"),
+        [],
+        enhanced_by=world.enhancer(),
+    )
+    streamed = [
+        chunk.content
+        for chunk, _ in desk.stream({"messages": [("user", "A1?")]}, thread("t7"), stream_mode="messages")
+        if isinstance(chunk, AIMessageChunk) and chunk.name == "order-agent"
+    ]
+    assert "".join(streamed) == "Order A1 ships."
+    state = desk.invoke({"messages": [("user", "A1?")]}, thread("t8"))
+    assert tool_message(state["messages"]).content == "Order A1 ships."
