@@ -25,6 +25,7 @@ from reach_plugins.attempts.limiter import ConcurrencyLimiter
 from reach_plugins.errors import ConfigError, InvalidPayload, RateLimited
 from reach_plugins.model import Capability
 from reach_plugins.policy.limits import AGENT_QUEUE
+from reach_plugins.wire.items import collected, result_item
 
 _DONE = object()
 
@@ -75,24 +76,13 @@ class ReachContext:
         return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
-RESULT_EVENT = "reach.result"
-"""The ``type`` of the stream item a :class:`Final` becomes: ``{"type": "reach.result", "data": ...}``."""
-
-
 @dataclass(frozen=True, slots=True)
 class Final:
     """The last item of a streaming handler that also answers unary calls: a unary call gets ``data`` alone,
-    a stream gets every item, this one as ``{"type": "reach.result", "data": data}``."""
+    a stream gets every item, this one as the closing ``{"type": "reach.result", "data": data}``
+    (:mod:`reach_plugins.wire.items`)."""
 
     data: Any
-
-
-def collected(items: list[Any]) -> Any:
-    """What a stream of ``items`` answers as one reply: a closing result's data, strings joined, else the list."""
-    last = items[-1] if items else None
-    if isinstance(last, Mapping) and last.get("type") == RESULT_EVENT and set(last) == {"type", "data"}:
-        return last["data"]
-    return "".join(items) if items and all(isinstance(item, str) for item in items) else items
 
 
 def to_jsonable(value: Any) -> Any:
@@ -192,4 +182,4 @@ class CapabilityHandler:
 
 def _wire_item(item: Any) -> Any:
     """A stream item as sent: a :class:`Final` becomes the closing result event."""
-    return {"type": RESULT_EVENT, "data": item.data} if isinstance(item, Final) else item
+    return result_item(item.data) if isinstance(item, Final) else item

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from pydantic_core import to_jsonable_python
 
-from reach_plugins.agent.handlers import collected
 from reach_plugins.client.blocking import SyncReachClient
 from reach_plugins.client.client import ReachClient
 from reach_plugins.errors import (
@@ -86,6 +85,7 @@ from reach_plugins.telemetry.spans import (
     get_tracer,
     tool_span_name,
 )
+from reach_plugins.wire.items import collected
 
 if TYPE_CHECKING:
     from reach_plugins.registry import Registry

@@ -65,7 +65,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'the LangChain adapter needs the langchain extra: pip install "reach-plugins[langchain]"'
     ) from exc
 
-from reach_plugins.agent.handlers import RESULT_EVENT
 from reach_plugins.agent.langgraph import serve_graph
 from reach_plugins.errors import InvalidPayload, ReachError, is_retryable
 from reach_plugins.frameworks.toolcalls import (
@@ -81,6 +80,7 @@ from reach_plugins.frameworks.toolcalls import (
     error_record,
     error_text,
 )
+from reach_plugins.wire.items import is_result
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -383,7 +383,7 @@ class _Relay:
 
     def _token(self, item: Any) -> tuple[str, str] | None:
         """Write ``item`` to the custom stream; ``(author, text)`` if it is a token."""
-        if not isinstance(item, Mapping) or item.get("type") == RESULT_EVENT:
+        if not isinstance(item, Mapping) or is_result(item):
             return None
         self.writer(dict(item))
         text, author = item.get("text"), item.get("agent")
