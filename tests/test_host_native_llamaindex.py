@@ -82,6 +82,7 @@ async def test_a_dangerous_call_asks_with_input_required_and_runs_once(world: Wo
         "capability": "refund_order",
         "danger_level": "high",
         "args": {"order_id": "A1"},
+        "asked_by": None,
     }
     assert world.ran == ran
     (result,) = results

@@ -303,21 +303,23 @@ class ReachEnhancer:
 
         With ``on_item`` the reply is streamed and each item handed to it as it arrives (the host framework
         shows the remote agent's work while it runs); a keyed capability is not streamed (a stream is never
-        deduplicated), so ``on_item`` then sees nothing.
+        deduplicated), so ``on_item`` then sees nothing. When the target agent asks its caller for the approval
+        (an ``ApprovalRequired`` with a ticket), the approver is asked, unless it already approved this call,
+        and the call is sent again with the ticket (it runs once, there).
         """
         decision = decision if decision is not None else await self.adecide(call)
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
                 sent = _approved(call, capability, await answer if inspect.isawaitable(answer) else answer)
-                if on_item is not None and capability.idempotency_key is None:
-                    items = await self._astream(capability.name, self._options(sent), on_item)
-                    return self._streamed(span, call, capability.name, items)
-                reached = self.client.reach(capability.name, trace=True, **self._options(sent))
-                response = await self.blocking.bridge.submit(reached)
+                try:
+                    return await self._adeliver(span, sent, capability, on_item, None)
+                except ApprovalRequired as asked:
+                    answer = self._asked_by_target(sent, capability, approver, asked)
+                    sent = _approved(sent, capability, await answer if inspect.isawaitable(answer) else answer)
+                    return await self._adeliver(span, sent, capability, on_item, asked.ticket)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
-            return self._answered(span, call, capability.name, response)
 
     def reach(
         self,
@@ -329,22 +331,45 @@ class ReachEnhancer:
     ) -> ToolResult:
         """Blocking :meth:`areach`, safe inside a running loop (the reach runs on the client's own loop)."""
         decision = decision if decision is not None else self.decide(call)
+        run = self.blocking.bridge.run
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
-                verdict = self.blocking.bridge.run(answer) if inspect.isawaitable(answer) else answer
-                options = self._options(_approved(call, capability, verdict))
-                if on_item is not None and capability.idempotency_key is None:
-                    items: list[Any] = []
-                    for event in self.blocking.stream(capability.name, **options):
-                        for item in _data(event):
-                            on_item(item)
-                            items.append(item)
-                    return self._streamed(span, call, capability.name, items)
-                response = self.blocking.reach(capability.name, trace=True, **options)
+                sent = _approved(call, capability, run(answer) if inspect.isawaitable(answer) else answer)
+                try:
+                    return self._deliver(span, sent, capability, on_item, None)
+                except ApprovalRequired as asked:
+                    answer = self._asked_by_target(sent, capability, approver, asked)
+                    sent = _approved(sent, capability, run(answer) if inspect.isawaitable(answer) else answer)
+                    return self._deliver(span, sent, capability, on_item, asked.ticket)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
-            return self._answered(span, call, capability.name, response)
+
+    async def _adeliver(
+        self, span: _ToolSpan, call: ToolCall, capability: Capability, on_item: OnItem | None, ticket: str | None
+    ) -> ToolResult:
+        """Send ``call`` once (streamed when ``on_item`` listens); raises a target's request for approval."""
+        options = self._options(call, ticket)
+        if on_item is not None and capability.idempotency_key is None:
+            items = await self._astream(capability.name, options, on_item)
+            return self._streamed(span, call, capability.name, items)
+        response = await self.blocking.bridge.submit(self.client.reach(capability.name, trace=True, **options))
+        return self._answered(span, call, capability.name, response, ticket)
+
+    def _deliver(
+        self, span: _ToolSpan, call: ToolCall, capability: Capability, on_item: OnItem | None, ticket: str | None
+    ) -> ToolResult:
+        """Blocking :meth:`_adeliver`."""
+        options = self._options(call, ticket)
+        if on_item is not None and capability.idempotency_key is None:
+            items: list[Any] = []
+            for event in self.blocking.stream(capability.name, **options):
+                for item in _data(event):
+                    on_item(item)
+                    items.append(item)
+            return self._streamed(span, call, capability.name, items)
+        response = self.blocking.reach(capability.name, trace=True, **options)
+        return self._answered(span, call, capability.name, response, ticket)
 
     async def _astream(self, capability: str, options: dict[str, Any], on_item: OnItem) -> list[Any]:
         """The stream's data items, each handed to ``on_item`` on arrival (the stream runs on the client's loop)."""
@@ -392,7 +417,22 @@ class ReachEnhancer:
             PendingApproval(call.name, capability, dict(call.args), call.call_id, call.session_key)
         )
 
-    def _options(self, call: ToolCall) -> dict[str, Any]:
+    def _asked_by_target(
+        self, call: ToolCall, capability: Capability, approver: Approver | None, asked: ApprovalRequired
+    ) -> bool | Verdict | Awaitable[bool | Verdict]:
+        """The approver's answer when the target asked for one: already given if this call needed approval here;
+        without an approver the target's refusal stands (its message says who must approve where)."""
+        chosen = approver if approver is not None else self.approver
+        if asked.ticket is None or chosen is None:
+            raise asked
+        if capability.needs_approval:
+            return True
+        pending = PendingApproval(
+            call.name, capability, dict(call.args), call.call_id, call.session_key, asked.question
+        )
+        return chosen(pending)
+
+    def _options(self, call: ToolCall, ticket: str | None = None) -> dict[str, Any]:
         """The request's fields: payload, conversation, the chain it continues, the time it may take.
 
         While an agent serves a request, its reaches continue that request's conversation: the served graph's
@@ -406,12 +446,19 @@ class ReachEnhancer:
             "hops": call.hops if call.hops is not None else context.current_hops(),
             "timeout_ms": min(budgets) if budgets else None,
             "scope_tags": self.scope_tags,
+            "action": ticket,
         }
 
-    def _answered(self, span: _ToolSpan, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
+    def _answered(
+        self, span: _ToolSpan, call: ToolCall, capability: str, response: ReachResponse, ticket: str | None = None
+    ) -> ToolResult:
+        """The result of a reply; a first request for the caller's approval (a ticket) is raised to be asked."""
         route = RouteInfo.of(response, capability)
         if not response.ok:
-            return self._failed(span, call, capability, error_for_response(response), route)
+            error = error_for_response(response)
+            if isinstance(error, ApprovalRequired) and error.ticket is not None and ticket is None:
+                raise error
+            return self._failed(span, call, capability, error, route)
         span.set_attribute(ATTR_CAPABILITY, capability)
         return ToolResult(call, capability, content_of(response.data), response.data, None, route)
 

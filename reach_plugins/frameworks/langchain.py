@@ -118,6 +118,7 @@ def approval_request(pending: PendingApproval) -> dict[str, Any]:
         "capability": capability.name,
         "danger_level": capability.danger_level,
         "conversation": pending.session_key,
+        "asked_by": pending.asked_by,
     }
 
 

@@ -114,6 +114,7 @@ def workflow_approver(ctx: Context) -> Approver:
             "capability": pending.capability.name,
             "danger_level": pending.capability.danger_level,
             "args": dict(pending.args),
+            "asked_by": pending.asked_by,
         }
         waiter = (
             "reach-approval-"

@@ -152,6 +152,8 @@ class PendingApproval:
     args: Mapping[str, Any]
     call_id: str | None = None
     session_key: str | None = None
+    asked_by: str | None = None
+    """The target agent's request when it asks its caller for the approval (``None``: this caller's policy asks)."""
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary to show the human (the LangGraph interrupt's value)."""
@@ -164,6 +166,7 @@ class PendingApproval:
             "args": dict(self.args),
             "tool_call_id": self.call_id,
             "conversation": self.session_key,
+            "asked_by": self.asked_by,
             "resume_with": {"approved": True},
         }
 
