@@ -72,7 +72,7 @@ REFUND = Capability(
 )
 
 
-EXPOSED = ["query_order", "refund_order", "handle_order", "check_stock"]
+EXPOSED = ["query_order", "refund_order", "handle_order", "check_stock", "chat"]
 """Every capability of these tests, by name (a dangerous one is exposed by its name only)."""
 
 

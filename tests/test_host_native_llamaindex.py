@@ -15,6 +15,8 @@ from llama_index.core.llms import ChatMessage
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.workflow import HumanResponseEvent, InputRequiredEvent
 
+from reach_plugins.agent import ReachAgent
+from reach_plugins.agent.llamaindex import add_llamaindex
 from reach_plugins.llamaindex import ReachStreamEvent, enhance_agent
 
 
@@ -89,3 +91,28 @@ async def test_a_dangerous_call_asks_with_input_required_and_runs_once(world: Wo
     assert result.tool_output.is_error is (not ran)
     if not ran:
         assert "ask a manager" in str(result.tool_output.content)
+
+
+async def test_a_served_llamaindex_agent_streams_its_tokens_to_a_llamaindex_caller(world: World) -> None:
+    """A LlamaIndex agent served with add_llamaindex streams AgentStream deltas, attributed to it, into the caller's
+    workflow events before the tool's result; the result is its reply, once."""
+    served = ReachAgent("faq-agent", tokens="open")
+    answer = "Returns are free for 30 days."
+    add_llamaindex(
+        served,
+        FunctionAgent(
+            tools=[],
+            llm=MockFunctionCallingLLM(response_generator=lambda m, **k: ChatMessage(role="assistant", content=answer)),
+        ),
+    )
+    world.serve(served)
+    agent = enhance_agent(FunctionAgent(tools=[], llm=llm("chat", {"input": "returns?"}, "Free.")), world.enhancer())
+    handler = agent.run("returns?")
+    events = [event async for event in handler.stream_events()]
+    assert str(await handler) == "Free."
+    result_at = next(i for i, event in enumerate(events) if isinstance(event, ToolCallResult))
+    tokens = [e for e in events[:result_at] if isinstance(e, ReachStreamEvent) and e.kind == "token"]
+    assert tokens and {e.agent for e in tokens} == {"faq-agent"}
+    assert "".join(e.text or "" for e in tokens) == answer
+    result = events[result_at]
+    assert isinstance(result, ToolCallResult) and result.tool_output.content == answer

@@ -45,7 +45,6 @@ try:
     from llama_index.core.tools.types import adapt_to_async_tool
     from llama_index.core.workflow import (
         Context,
-        Event,
         HumanResponseEvent,
         InputRequiredEvent,
         WorkflowRuntimeError,
@@ -56,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'the LlamaIndex adapter needs the llamaindex extra: pip install "reach-plugins[llamaindex]"'
     ) from exc
 
+from reach_plugins.agent.llamaindex import ReachStreamEvent
 from reach_plugins.errors import InvalidPayload, ReachError
 from reach_plugins.frameworks.toolcalls import (
     Approver,
@@ -90,19 +90,6 @@ SESSION_KEY = "reach_session_id"
 
 APPROVALS = frozenset({"yes", "y", "approve", "approved"})
 """``HumanResponseEvent.response`` values (any case) that approve a call; anything else rejects it."""
-
-
-class ReachStreamEvent(Event):
-    """One item of a remote agent's streamed work, shown in the workflow's event stream as it arrives."""
-
-    agent: str | None = None
-    """The agent that wrote it (a chain's inner agent keeps its own name)."""
-    kind: str = "custom"
-    """``token``, ``update`` (a node finished), ``custom`` (the remote graph's own writes), or what it sent."""
-    text: str | None = None
-    node: str | None = None
-    data: Any = None
-    """The whole item as the remote agent sent it."""
 
 
 def workflow_approver(ctx: Context) -> Approver:
