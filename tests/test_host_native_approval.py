@@ -19,8 +19,8 @@ from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.workflow import HumanResponseEvent, InputRequiredEvent
 
 from reach_plugins import ReachClient, ReachEnhancer
-from reach_plugins.agent import BackgroundServer, ReachAgent
-from reach_plugins.agent.approval import TICKET_PREFIX, CallerApproval
+from reach_plugins.agent import BackgroundServer, CallerApproval, ReachAgent
+from reach_plugins.agent.approval import TICKET_PREFIX
 from reach_plugins.errors import ApprovalRequired, BusinessError
 from reach_plugins.frameworks.toolcalls import ToolCall
 from reach_plugins.langchain import create_agent
