@@ -75,6 +75,10 @@ class Count(AgentMiddleware[Any, Any, Any]):
         super().__init__()
         self.runs = 0
 
+    def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+        self.runs += 1
+        return handler(request)
+
     async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
         self.runs += 1
         return await handler(request)
@@ -93,8 +97,11 @@ async def dead_orders(registry: MemoryRegistry) -> None:
     await registry.register_instance(Instance(agent="orders", instance_id="orders-1", endpoint=endpoint))
 
 
+@pytest.mark.parametrize("run", ["invoke", "ainvoke"])
 @pytest.mark.parametrize("dead", [True, False], ids=["retryable", "refusal"])
-async def test_tool_retry_middleware_retries_retryable_failures_and_never_a_refusal(world: World, dead: bool) -> None:
+async def test_tool_retry_middleware_retries_retryable_failures_and_never_a_refusal(
+    world: World, dead: bool, run: str
+) -> None:
     """Default settings: ToolRetryMiddleware(retry_on=is_retryable) sees a retryable failure as an exception and
     retries it (3 runs); a refusal is a message at once (1 run); both end as our error ToolMessage."""
     if dead:
@@ -109,7 +116,9 @@ async def test_tool_retry_middleware_retries_retryable_failures_and_never_a_refu
         middleware=[retry, count],
         enhanced_by=world.enhancer(timeout_ms=2000),
     )
-    message = tool_message((await desk.ainvoke({"messages": [("user", "A9?")]}, thread("t3")))["messages"])
+    request = {"messages": [("user", "A9?")]}
+    state = desk.invoke(request, thread("t3")) if run == "invoke" else await desk.ainvoke(request, thread("t3"))
+    message = tool_message(state["messages"])
     assert message.status == "error"
     assert message.artifact["error"]["retryable"] is dead
     assert count.runs == (3 if dead else 1)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from host_support import calls, model, tool_message
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import Command
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.types import Command, interrupt
 from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
 from llama_index.core.base.llms.types import ToolCallBlock
 from llama_index.core.llms import ChatMessage
@@ -21,6 +22,7 @@ from llama_index.core.workflow import HumanResponseEvent, InputRequiredEvent
 from reach_plugins import ReachClient, ReachEnhancer
 from reach_plugins.agent import BackgroundServer, CallerApproval, ReachAgent
 from reach_plugins.agent.approval import TICKET_PREFIX
+from reach_plugins.agent.langgraph import serve_graph
 from reach_plugins.errors import ApprovalRequired, BusinessError
 from reach_plugins.frameworks.toolcalls import ToolCall
 from reach_plugins.langchain import create_agent
@@ -193,3 +195,25 @@ async def test_llamaindex_asks_with_input_required_and_the_target_runs_once(paym
     assert str(await handler) == "Refunded."
     assert asked == 1 and payments.ran == ["P-11"]
     assert [result.tool_output.is_error for result in results] == [False]
+
+
+def test_a_served_graph_that_pauses_says_who_approves_where(payments: Payments) -> None:
+    """A served graph that interrupts for a human is ApprovalRequired naming the agent, not 'check the arguments'."""
+
+    def ask_a_human(state: MessagesState) -> dict[str, Any]:
+        interrupt({"question": "ship it?"})
+        return {"messages": [("ai", "shipped")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("ask", ask_a_human)
+    builder.add_edge(START, "ask")
+    served = serve_graph(
+        builder.compile(checkpointer=InMemorySaver()), "shipping", ["ship_order"], registry=payments.registry
+    )
+    try:
+        result = payments.enhancer().reach(ToolCall("ship_order", {"message": "ship A1"}, has_local=False))
+    finally:
+        served.stop()
+    assert isinstance(result.error, ApprovalRequired)
+    assert "agent 'shipping' paused its graph for a human's approval" in result.content
+    assert "check the arguments" not in result.content

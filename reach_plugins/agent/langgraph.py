@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.handlers import Final, ReachContext
 from reach_plugins.agent.server import serve
-from reach_plugins.errors import BusinessError, InvalidPayload
+from reach_plugins.errors import ApprovalRequired, InvalidPayload
 from reach_plugins.model import Capability
 from reach_plugins.server.uvicorn import BackgroundServer
 from reach_plugins.stores.sessions import session_key
@@ -152,7 +152,11 @@ def add_langgraph(
             for event in stream_events(agent.name, mode, chunk) if ctx.streaming else ():
                 yield event
         if paused:
-            raise BusinessError(f"{ctx.capability!r} paused for human approval; it cannot finish unattended")
+            raise ApprovalRequired(
+                f"{ctx.capability!r} of agent {agent.name!r} paused its graph for a human's approval (an interrupt), "
+                f"which a reach cannot answer, so it did not finish: approve it where {agent.name!r} runs, or give "
+                f"{agent.name!r} an approver (ReachAgent(approver=CallerApproval()) lets its callers approve)"
+            )
         yield Final(normalise(state))
 
     for item in capabilities:
