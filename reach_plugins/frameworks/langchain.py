@@ -348,7 +348,7 @@ class _Relay:
 
     def __init__(self, callbacks: CallbackManager | AsyncCallbackManager) -> None:
         self.callbacks = callbacks
-        self.writer = get_stream_writer()
+        self.writer = _stream_writer()
         self.author: str | None = None
         self.text: list[str] = []
         self.run: Any = None
@@ -404,6 +404,14 @@ class _Relay:
         message = AIMessage(content="".join(self.text), name=self.author, id=self.message_id)
         self.run, self.author = None, None
         return LLMResult(generations=[[ChatGeneration(message=message)]])
+
+
+def _stream_writer() -> Callable[[Any], None]:
+    """LangGraph's ``custom``-mode writer, or a no-op outside a graph run (a tool streamed by ``astream_events``)."""
+    try:
+        return get_stream_writer()
+    except RuntimeError:
+        return lambda item: None
 
 
 class ReachErrorMiddleware(AgentMiddleware[Any, Any, Any]):
