@@ -141,7 +141,8 @@ def test_without_a_human_in_the_loop_the_error_says_who_approves_where(payments:
     """A caller without an approver (a Dify plugin, a plain enhancer) gets ApprovalRequired naming who and where."""
     result = payments.enhancer().reach(ToolCall("refund_payment", {"payment_id": "P-8"}, has_local=False))
     assert isinstance(result.error, ApprovalRequired) and payments.ran == []
-    assert "no approver is configured" in result.content
+    assert "needs a person's approval and this caller has no approver" in result.content
+    assert "pass ReachEnhancer(approver=...)" in result.content and "check the arguments" not in result.content
     target = payments.enhancer(approver=lambda pending: True, policy="remote_only")
     asked = ToolCall("refund_payment", {"payment_id": "P-9"}, has_local=False)
     assert target.reach(asked).ok and payments.ran == ["P-9"]

@@ -411,8 +411,10 @@ class ReachEnhancer:
         chosen = approver if approver is not None else self.approver
         if chosen is None:
             raise ApprovalRequired(
-                f"capability {capability.name!r} is danger_level {capability.danger_level!r} or require_approval "
-                "and no approver is configured (pass approver= to the enhancer)"
+                f"capability {capability.name!r} (danger_level {capability.danger_level!r}, require_approval "
+                f"{capability.require_approval}) needs a person's approval and this caller has no approver: a "
+                "LangGraph or LlamaIndex app asks its user (their adapters bring one); elsewhere (a Dify plugin, "
+                "a plain enhancer) pass ReachEnhancer(approver=...)"
             )
         return capability, chosen(
             PendingApproval(call.name, capability, dict(call.args), call.call_id, call.session_key)
