@@ -7,9 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from reach_plugins.frameworks import dify as _dify
 from reach_plugins.frameworks.dify import (
+    ARGUMENTS_PARAMETER,
     CAPABILITY_PARAMETER,
+    QUESTION_PARAMETER,
     ReachSettings,
+    ask_payload,
     before_invoke,
+    before_invoke_stream,
     check_settings,
     close_conversation,
     configure,
@@ -18,17 +22,30 @@ from reach_plugins.frameworks.dify import (
     enhancer_from,
     reach_capability,
     shutdown,
+    stream_reach,
+    text_field,
 )
 
 if TYPE_CHECKING:
-    from reach_plugins.frameworks.dify.plugin import ReachAgentStrategy, ReachTool, reach_strategy, reach_tool
+    from reach_plugins.frameworks.dify.plugin import (
+        AskAgent,
+        ReachAgentStrategy,
+        ReachTool,
+        reach_strategy,
+        reach_tool,
+    )
 
 __all__ = [
+    "ARGUMENTS_PARAMETER",
     "CAPABILITY_PARAMETER",
+    "QUESTION_PARAMETER",
+    "AskAgent",
     "ReachAgentStrategy",
     "ReachSettings",
     "ReachTool",
+    "ask_payload",
     "before_invoke",
+    "before_invoke_stream",
     "check_settings",
     "close_conversation",
     "configure",
@@ -39,6 +56,8 @@ __all__ = [
     "reach_strategy",
     "reach_tool",
     "shutdown",
+    "stream_reach",
+    "text_field",
 ]
 
 

@@ -4,7 +4,7 @@
 # Idempotent: the venv is made once; the wheel is rebuilt and reinstalled on every run, so it matches the tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIFY_PLUGIN=dify-plugin==0.7.4
+DIFY_PLUGIN=dify-plugin==0.10.2
 
 python312() {
   local candidate

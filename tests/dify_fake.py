@@ -7,7 +7,7 @@ classes' constructors and message helpers, the pydantic entities they read)
 and nothing else, no more leniently than the real SDK: the same required
 fields, ``invoke`` converting parameters first, ``_init_prompt_tools``
 returning ``PromptMessageTool``. ``tests/test_dify_real.py`` checks it against
-dify-plugin 0.7.4 (in its own venv, built by ``scripts/setup.sh``) and runs
+dify-plugin 0.10.2 (in its own venv, built by ``scripts/setup.sh``) and runs
 the example plugins with the real SDK.
 """
 
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import sys
 import types
-from enum import StrEnum
+import uuid
+from collections.abc import Mapping
+from enum import Enum, StrEnum
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class MessageType(StrEnum):
     TEXT = "text"
     JSON = "json"
+    LOG = "log"
 
 
 class TextMessage(BaseModel):
@@ -34,12 +37,36 @@ class JsonMessage(BaseModel):
     json_object: Any
 
 
+class LogStatus(Enum):
+    START = "start"
+    ERROR = "error"
+    SUCCESS = "success"
+
+
+class LogMetadata(StrEnum):
+    STARTED_AT = "started_at"
+    FINISHED_AT = "finished_at"
+    ELAPSED_TIME = "elapsed_time"
+
+
+class LogMessage(BaseModel):
+    LogStatus: ClassVar[type[LogStatus]] = LogStatus
+    id: str = Field(default_factory=lambda: str(uuid.uuid4()))
+    label: str
+    parent_id: str | None = None
+    error: str | None = None
+    status: LogStatus
+    data: Mapping[str, Any]
+    metadata: Mapping[LogMetadata, Any] | None = None
+
+
 class InvokeMessage(BaseModel):
     MessageType: ClassVar[type[MessageType]] = MessageType
     TextMessage: ClassVar[type[TextMessage]] = TextMessage
     JsonMessage: ClassVar[type[JsonMessage]] = JsonMessage
+    LogMessage: ClassVar[type[LogMessage]] = LogMessage
     type: MessageType
-    message: TextMessage | JsonMessage
+    message: TextMessage | JsonMessage | LogMessage
 
 
 class ToolInvokeMessage(InvokeMessage):
@@ -75,6 +102,40 @@ class ToolLike:
 
     def create_json_message(self, json: Any) -> InvokeMessage:
         return self.response_type(type=MessageType.JSON, message=JsonMessage(json_object=json))
+
+    def create_log_message(
+        self,
+        label: str,
+        data: Mapping[str, Any],
+        status: LogStatus = LogStatus.SUCCESS,
+        parent: InvokeMessage | None = None,
+        metadata: Mapping[LogMetadata, Any] | None = None,
+    ) -> InvokeMessage:
+        parent_id = parent.message.id if parent is not None and isinstance(parent.message, LogMessage) else None
+        log = LogMessage(label=label, data=data, status=status, parent_id=parent_id, metadata=metadata)
+        return self.response_type(type=MessageType.LOG, message=log)
+
+    def finish_log_message(
+        self,
+        log: InvokeMessage,
+        status: LogStatus = LogStatus.SUCCESS,
+        error: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        metadata: Mapping[LogMetadata, Any] | None = None,
+    ) -> InvokeMessage:
+        """The real SDK's: the same log (id, label, parent) with a new status, and data/metadata when given."""
+        old = log.message
+        assert isinstance(old, LogMessage), "Log message payload is required"
+        finished = LogMessage(
+            id=old.id,
+            label=old.label,
+            data=data or old.data,
+            status=status,
+            parent_id=old.parent_id,
+            error=error,
+            metadata=metadata or old.metadata,
+        )
+        return self.response_type(type=MessageType.LOG, message=finished)
 
     def __class_getitem__(cls, item: Any) -> type[ToolLike]:
         return cls
@@ -165,6 +226,16 @@ class LLMResult(BaseModel):
     usage: dict[str, Any]
 
 
+class LLMResultChunkDelta(BaseModel):
+    index: int
+    message: AssistantPromptMessage
+
+
+class LLMResultChunk(BaseModel):
+    model: str
+    delta: LLMResultChunkDelta
+
+
 class AgentToolIdentity(BaseModel):
     author: str
     name: str
@@ -189,7 +260,13 @@ MODULES: dict[str, dict[str, Any]] = {
     "dify_plugin.entities": {},
     "dify_plugin.entities.agent": {"AgentInvokeMessage": AgentInvokeMessage},
     "dify_plugin.entities.model": {},
-    "dify_plugin.entities.model.llm": {"LLMModelConfig": LLMModelConfig, "LLMResult": LLMResult},
+    "dify_plugin.entities.model.llm": {
+        "LLMModelConfig": LLMModelConfig,
+        "LLMResult": LLMResult,
+        "LLMResultChunk": LLMResultChunk,
+        "LLMResultChunkDelta": LLMResultChunkDelta,
+    },
+    "dify_plugin.entities.provider_config": {"LogMetadata": LogMetadata},
     "dify_plugin.entities.model.message": {
         "AssistantPromptMessage": AssistantPromptMessage,
         "PromptMessage": PromptMessage,

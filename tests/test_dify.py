@@ -26,7 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import reach_plugins.dify as dify
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
-from reach_plugins.errors import ConfigError, SessionClosed, UnknownCapability
+from reach_plugins.errors import BusinessError, ConfigError, InvalidPayload, SessionClosed, UnknownCapability
+from reach_plugins.frameworks.dify.hook import collected
 from reach_plugins.model import ErrorInfo, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.transport import Call, MockTransport, Reply
@@ -272,6 +273,11 @@ class LocalTools:
         yield dify_fake.ToolInvokeMessage(type="text", message={"text": f"local {tool_name}"})
 
 
+def answers(messages: Iterator[Any]) -> list[Any]:
+    """A strategy's messages without its agent logs."""
+    return [message for message in messages if message.type != "log"]
+
+
 def tool_entity(name: str, description: str) -> dict[str, Any]:
     return {
         "identity": {"author": "reach", "name": name, "label": {"en_US": name}, "provider": "builtin_provider"},
@@ -314,7 +320,7 @@ def test_agent_strategy_reaches_mapped_tools_and_runs_the_others(plugin: ModuleT
         calls(("query_order", {"order_id": "A1"}), ("get_weather", {"city": "HZ"})), {"content": "A1 shipped; sunny."}
     )
     strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id="user-3"), session(tool=local, model=model))
-    messages = list(strategy.invoke(dict(STRATEGY_PARAMETERS)))
+    messages = answers(strategy.invoke(dict(STRATEGY_PARAMETERS)))
     assert [m.message.text for m in messages] == ["A1 shipped; sunny."]
     assert [call.request.session_id for call in transport.calls] == ["conv-1"]
     assert local.ran == [("builtin", "get_weather", {"city": "HZ"})]
@@ -342,8 +348,146 @@ def test_reach_strategy_hooks_a_custom_strategy(plugin: ModuleType, transport: M
             for name, args in (("query_order", {"order_id": "A7"}), ("get_weather", {})):
                 yield from self.session.tool.invoke_builtin_tool("provider", name, args)
 
-    messages = list(Custom(SimpleNamespace(user_id="u"), session("conv-2", tool=local)).invoke({"tools": []}))
+    messages = answers(Custom(SimpleNamespace(user_id="u"), session("conv-2", tool=local)).invoke({"tools": []}))
     assert messages[0].message.json_object["session"] == "conv-2"
     assert messages[1].message.text == "local get_weather"
     assert Custom.__name__ == "Custom" and [name for _, name, _ in local.ran] == ["get_weather"]
     assert len(transport.calls) == 1
+
+
+# ----------------------------------------------------------------------------- Ask an agent's payload
+
+MESSAGE = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+TWO = {"type": "object", "properties": {"order_id": {"type": "string"}, "reason": {"type": "string"}}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "field"),
+    [
+        (None, "query"),
+        (MESSAGE, "message"),
+        (ORDER_ID, "order_id"),
+        ({"type": "object", "required": ["text"]}, "text"),
+        ({"properties": {"n": {"type": "integer"}, "q": {"type": ["string", "null"]}}}, "q"),
+        ({"properties": {"n": {"type": "integer"}}, "required": ["n"]}, None),
+        ({**TWO, "required": ["order_id", "reason"]}, None),
+        (TWO, None),
+    ],
+)
+def test_the_question_fills_the_schemas_one_text_field(schema: dict[str, Any] | None, field: str | None) -> None:
+    """The one required string field, else the one string property; none when the schema has no single such field."""
+    assert dify.text_field(schema) == field
+
+
+def test_ask_payload_places_the_question_and_keeps_given_arguments() -> None:
+    """The question goes into the text field unless the arguments already set it; a JSON text is parsed."""
+    chat = Capability(name="triage_ticket", params_schema=MESSAGE)
+    assert dify.ask_payload(chat, {"query": " late parcel ", "arguments": ""}) == {"message": "late parcel"}
+    assert dify.ask_payload(chat, {"query": "x", "arguments": '{"message": "y"}'}) == {"message": "y"}
+    assert dify.ask_payload(None, {"query": "returns"}) == {"query": "returns"}
+    two = Capability(name="open_ticket", params_schema={**TWO, "required": ["order_id", "reason"]})
+    given = {"order_id": "A1", "reason": "late"}
+    assert dify.ask_payload(two, {"arguments": given}) == given
+
+
+def test_ask_payload_names_what_to_give_when_it_cannot_shape_one() -> None:
+    """No single text field, not JSON, not an object, nothing at all: InvalidPayload saying what to give."""
+    two = Capability(name="open_ticket", params_schema={**TWO, "required": ["order_id", "reason"]})
+    with pytest.raises(InvalidPayload, match=r"takes fields 'order_id', 'reason'.*JSON object in 'arguments'"):
+        dify.ask_payload(two, {"query": "A1 is late"})
+    with pytest.raises(InvalidPayload, match="are not JSON"):
+        dify.ask_payload(two, {"arguments": "{order_id: A1"})
+    with pytest.raises(InvalidPayload, match="must be a JSON object"):
+        dify.ask_payload(two, {"arguments": "[1, 2]"})
+    with pytest.raises(InvalidPayload, match="neither a question"):
+        dify.ask_payload(two, {"query": " ", "arguments": ""})
+
+
+def test_ask_agent_tool_sends_the_question_as_the_capabilitys_field(
+    plugin: ModuleType, transport: MockTransport
+) -> None:
+    """AskAgent on query_order (schema order_id) sends {order_id}, not {query}; a schema-less one gets {query}."""
+    tool = plugin.AskAgent(runtime(), session())
+    [message] = tool.invoke({"reach_capability": "query_order", "query": "A1"})
+    assert message.message.json_object["payload"] == {"order_id": "A1"}
+    list(tool.invoke({"reach_capability": "search_knowledge", "query": "returns"}))
+    assert [call.request.payload for call in transport.calls] == [{"order_id": "A1"}, {"query": "returns"}]
+
+
+# ----------------------------------------------------------------------------- streaming and agent logs (fake SDK)
+
+
+def test_stream_reach_collects_items_as_the_agent_sdk_does() -> None:
+    """Strings join into one text, a single item stays itself, several items are a list, none is an empty list."""
+    assert collected(["a", "b"]) == "ab"
+    assert collected([{"x": 1}]) == {"x": 1}
+    assert collected([{"x": 1}, "b"]) == [{"x": 1}, "b"]
+    assert collected([]) == []
+
+
+def test_a_reached_tool_call_writes_an_agent_log_under_its_call(plugin: ModuleType) -> None:
+    """ROUND -> CALL -> reach logs, the reach's finished with capability and output; a local tool gets no reach log."""
+    local = LocalTools()
+    model, _ = scripted_llm(
+        calls(("query_order", {"order_id": "A1"}), ("get_weather", {"city": "HZ"})), {"content": "ok"}
+    )
+    strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id="user-3"), session(tool=local, model=model))
+    logs = [m.message for m in strategy.invoke(dict(STRATEGY_PARAMETERS)) if m.type == "log"]
+    first = {log.id: log for log in reversed(logs)}
+    labels = {log.label: log for log in first.values()}
+    assert set(labels) == {"ROUND 1", "ROUND 2", "CALL query_order", "CALL get_weather", "reach query_order"}
+    reach = [log for log in logs if log.label == "reach query_order"]
+    assert reach[0].parent_id == labels["CALL query_order"].id
+    assert labels["CALL query_order"].parent_id == labels["ROUND 1"].id
+    assert [log.status.value for log in reach] == ["start", "start", "success"]
+    assert reach[-1].data["capability"] == "query_order" and reach[-1].data["items"] == 1
+    assert json.loads(reach[-1].data["output"])["payload"] == {"order_id": "A1"}
+
+
+def test_a_raising_enhancer_still_finishes_and_yields_the_reach_log(
+    plugin: ModuleType, registry: MemoryRegistry, transport: MockTransport
+) -> None:
+    """on_error="raise": the failure reaches the strategy's caller after the reach's log, finished with an error."""
+
+    @plugin.reach_strategy
+    class Custom(dify_fake.AgentStrategy):
+        def _invoke(self, parameters: dict[str, Any]) -> Iterator[Any]:
+            yield from self.session.tool.invoke_builtin_tool("provider", "query_order", {"order_id": "X"})
+
+    seen: list[Any] = []
+    with ReachEnhancer(registry=registry, transport=transport, matcher=False, on_error="raise") as raising:
+        dify.configure(raising)
+        with pytest.raises(BusinessError, match="there is no order X"):
+            for message in Custom(SimpleNamespace(user_id="u"), session(tool=LocalTools())).invoke({"tools": []}):
+                seen.append(message)
+    logs = [message.message for message in seen]
+    assert [(log.label, log.status.value) for log in logs] == [("reach query_order", s) for s in ("start", "error")]
+    assert "there is no order X" in (logs[-1].error or "") and len(transport.calls) == 1
+
+
+def chunks(*pieces: dict[str, Any]) -> Iterator[Any]:
+    """A streamed model answer: one chunk per piece."""
+    for index, piece in enumerate(pieces):
+        message = dify_fake.AssistantPromptMessage(**piece)
+        yield dify_fake.LLMResultChunk(model="m", delta=dify_fake.LLMResultChunkDelta(index=index, message=message))
+
+
+def test_the_strategy_streams_the_models_text_and_joins_a_tool_call_sent_in_pieces(
+    plugin: ModuleType, transport: MockTransport
+) -> None:
+    """stream=True: each text chunk is a message as it comes; a tool call's arguments split over chunks are joined."""
+    first = {"id": "c0", "type": "function", "function": {"name": "query_order", "arguments": '{"order_'}}
+    rest = {"id": "", "type": "function", "function": {"name": "", "arguments": 'id": "A1"}'}}
+    rounds = iter([chunks({"content": "", "tool_calls": [first]}, {"content": "", "tool_calls": [rest]}),
+                   chunks({"content": "A1 is "}, {"content": "shipped."})])
+    asked: list[bool] = []
+
+    def invoke(model_config: Any, prompt_messages: list[Any], tools: Any = None, stream: bool = True) -> Any:
+        asked.append(stream)
+        return next(rounds)
+
+    model = SimpleNamespace(llm=SimpleNamespace(invoke=invoke))
+    strategy = plugin.ReachAgentStrategy(SimpleNamespace(user_id="u"), session(tool=LocalTools(), model=model))
+    texts = [m.message.text for m in strategy.invoke(dict(STRATEGY_PARAMETERS)) if m.type == "text"]
+    assert texts == ["A1 is ", "shipped."] and asked == [True, True]
+    assert [call.request.payload for call in transport.calls] == [{"order_id": "A1"}]

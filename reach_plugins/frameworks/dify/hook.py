@@ -5,8 +5,9 @@ Neither Dify nor its plugin SDK lets code run before a tool call, so
 (:mod:`reach_plugins.frameworks.dify.plugin` installs it around an agent strategy's
 ``self.session.tool.invoke``). It returns the reach's
 :class:`~reach_plugins.frameworks.toolcalls.ToolResult`, or ``None`` to let the original
-tool run. Dify's conversation id is the affinity key and the session-liveness
-key. Nothing here imports ``dify_plugin``.
+tool run; :func:`before_invoke_stream` is the same hook for a strategy that
+shows the agent's items as they arrive. Dify's conversation id is the affinity
+key and the session-liveness key. Nothing here imports ``dify_plugin``.
 
 A plugin process reaches agents with one enhancer per distinct
 :class:`ReachSettings` (the tool provider's credentials, else ``REACH_*``
@@ -17,17 +18,17 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from opentelemetry.trace import SpanKind
 
-from reach_plugins.errors import ConfigError
+from reach_plugins.errors import ConfigError, ReachError, from_wire
 from reach_plugins.frameworks.enhancer import ReachEnhancer
-from reach_plugins.frameworks.toolcalls import Decision, Resolution, ToolCall, ToolResult
-from reach_plugins.telemetry.spans import ATTR_GEN_AI_CONVERSATION_ID, get_tracer
+from reach_plugins.frameworks.toolcalls import Decision, Resolution, ToolCall, ToolResult, content_of
+from reach_plugins.telemetry.spans import ATTR_CAPABILITY, ATTR_GEN_AI_CONVERSATION_ID, get_tracer
 
 ATTR_DIFY_APP_ID: Final = "dify.app_id"
 ATTR_ENDUSER_ID: Final = "enduser.id"
@@ -158,19 +159,100 @@ def before_invoke(
     Dify tool runs in the same call.
     """
     reach = enhancer if enhancer is not None else default_enhancer()
-    call = ToolCall(
-        name=tool_name,
-        args=dict(tool_parameters),
-        call_id=tool_call_id,
-        description=description,
-        session_key=conversation_id or None,
-    )
+    call = _tool_call(tool_name, tool_parameters, conversation_id, description, tool_call_id)
     decision = reach.decide(call)
     if not decision.remote:
         return None
     with _dify_span(tool_name, conversation_id, app_id, user_id, reach):
         result = reach.reach(call, decision)
     return None if result.fallback is not None else result
+
+
+def before_invoke_stream(
+    tool_name: str,
+    tool_parameters: Mapping[str, Any],
+    *,
+    conversation_id: str | None,
+    app_id: str | None,
+    user_id: str | None,
+    description: str = "",
+    tool_call_id: str | None = None,
+    enhancer: ReachEnhancer | None = None,
+) -> Generator[Any, None, ToolResult] | None:
+    """:func:`before_invoke` as a stream: ``None`` (run the Dify tool), or the agent's items as they arrive.
+
+    The generator's return value is the :class:`ToolResult` of the whole
+    reach; when its ``fallback`` is set nothing was delivered and the Dify
+    tool should run instead.
+    """
+    reach = enhancer if enhancer is not None else default_enhancer()
+    call = _tool_call(tool_name, tool_parameters, conversation_id, description, tool_call_id)
+    decision = reach.decide(call)
+    if not decision.remote:
+        return None
+    return _spanned_stream(reach, call, decision, app_id, user_id)
+
+
+def _tool_call(
+    tool_name: str,
+    tool_parameters: Mapping[str, Any],
+    conversation_id: str | None,
+    description: str,
+    tool_call_id: str | None,
+) -> ToolCall:
+    return ToolCall(
+        name=tool_name,
+        args=dict(tool_parameters),
+        call_id=tool_call_id,
+        description=description,
+        session_key=conversation_id or None,
+    )
+
+
+def _spanned_stream(
+    reach: ReachEnhancer, call: ToolCall, decision: Decision, app_id: str | None, user_id: str | None
+) -> Generator[Any, None, ToolResult]:
+    with _dify_span(call.name, call.session_key, app_id, user_id, reach):
+        return (yield from stream_reach(reach, call, decision))
+
+
+def stream_reach(reach: ReachEnhancer, call: ToolCall, decision: Decision) -> Generator[Any, None, ToolResult]:
+    """Reach ``call`` as a stream: each item as the agent sends it, then the :class:`ToolResult` of them all.
+
+    Strings are joined into one text, other items become a list (one item
+    stays itself), as the agent SDK collects a streaming handler. A capability
+    that needs approval or names an idempotency key is reached whole through
+    :meth:`ReachEnhancer.reach`: its approver runs there, and a stream is
+    retried only before its first item and never deduplicated. Unlike a
+    whole reach, a stream that failed on every instance before its first item
+    falls back to the local tool only when no agent could take it
+    (``NoHealthyAgent``): its error event does not say whether an attempt was
+    delivered, and a delivered one may have run.
+    """
+    capability = decision.capability
+    if capability is None or capability.needs_approval or capability.idempotency_key:
+        return reach.reach(call, decision)
+    items: list[Any] = []
+    with reach._span(call) as span:
+        try:
+            for event in reach.blocking.stream(capability.name, **reach._options(call)):
+                if event.kind == "data":
+                    items.append(event.data)
+                    yield event.data
+                elif event.kind == "error" and event.error is not None:
+                    raise from_wire(event.error)
+        except ReachError as exc:
+            return reach._failed(span, call, capability.name, exc, None)
+        span.set_attribute(ATTR_CAPABILITY, capability.name)
+    data = collected(items)
+    return ToolResult(call, capability.name, content_of(data), data)
+
+
+def collected(items: list[Any]) -> Any:
+    """A stream's items as one value: strings joined, one item itself, several a list."""
+    if items and all(isinstance(item, str) for item in items):
+        return "".join(items)
+    return items[0] if len(items) == 1 else items
 
 
 def reach_capability(

@@ -1,5 +1,9 @@
-"""A generic tool: the app builder picks the capability (form parameter ``reach_capability``), the model asks."""
+"""A generic tool: the app builder picks the capability (form parameter ``reach_capability``), the model asks.
 
-from reach_plugins.dify import ReachTool
+The question (``query``) goes into the one text field the capability's schema asks for, or the model gives the
+arguments as a JSON object (``arguments``); see ``reach_plugins.frameworks.dify.ask``.
+"""
 
-__all__ = ["ReachTool"]
+from reach_plugins.dify import AskAgent
+
+__all__ = ["AskAgent"]
