@@ -20,6 +20,7 @@ from langgraph.types import Command
 
 from reach_plugins import AgentDescriptor
 from reach_plugins.errors import is_retryable
+from reach_plugins.frameworks.dify.hook import before_invoke_stream
 from reach_plugins.langchain import create_agent
 from reach_plugins.model import Instance
 from reach_plugins.registry import MemoryRegistry
@@ -235,3 +236,21 @@ def test_sync_stream_and_invoke_see_the_same_answer(world: World) -> None:
     assert "".join(streamed) == "Order A1 ships."
     state = desk.invoke({"messages": [("user", "A1?")]}, thread("t8"))
     assert tool_message(state["messages"]).content == "Order A1 ships."
+
+
+def test_dify_streams_a_served_graph_as_one_reply_without_its_progress(world: World) -> None:
+    """A Dify strategy streaming a served LangGraph agent shows its reply once, not its tokens as JSON messages."""
+    serve_langgraph_agent(world, "order-agent", "handle_order", ["Order A1 ships."])
+    items = before_invoke_stream(
+        "handle_order", {"message": "A1?"}, conversation_id="c-1", app_id=None, user_id=None, enhancer=world.enhancer()
+    )
+    assert items is not None
+    shown: list[Any] = []
+    while True:
+        try:
+            shown.append(next(items))
+        except StopIteration as stop:
+            result = stop.value
+            break
+    assert shown == []
+    assert result.ok and result.content == "Order A1 ships." and result.data["reply_content"] == "Order A1 ships."

@@ -85,7 +85,7 @@ from reach_plugins.telemetry.spans import (
     get_tracer,
     tool_span_name,
 )
-from reach_plugins.wire.items import collected, is_result
+from reach_plugins.wire.items import reply_of
 
 if TYPE_CHECKING:
     from reach_plugins.registry import Registry
@@ -390,9 +390,8 @@ class ReachEnhancer:
             await self.blocking.bridge.submit(events.aclose())
 
     def _streamed(self, span: _ToolSpan, call: ToolCall, capability: str, items: list[Any]) -> ToolResult:
-        """The result of a streamed reach: its items :func:`collected` (the closing result's data, if any); the
-        one item of a plain handler's stream is its reply, as a unary reach would have it."""
-        data = items[0] if len(items) == 1 and not is_result(items[0]) else collected(items)
+        """The result of a streamed reach: the :func:`~reach_plugins.wire.items.reply_of` its items."""
+        data = reply_of(items)
         agents = [item["agent"] for item in items if isinstance(item, Mapping) and isinstance(item.get("agent"), str)]
         route = RouteInfo(capability, None, agent=agents[-1] if agents else None, attempts=1)
         span.set_attribute(ATTR_CAPABILITY, capability)
