@@ -254,3 +254,18 @@ def test_dify_streams_a_served_graph_as_one_reply_without_its_progress(world: Wo
             break
     assert shown == []
     assert result.ok and result.content == "Order A1 ships." and result.data["reply_content"] == "Order A1 ships."
+
+
+@pytest.mark.parametrize("stream_remote", [True, None])
+async def test_custom_mode_alone_streams_when_asked(world: World, stream_remote: bool | None) -> None:
+    """stream_mode='custom' alone carries the remote items with stream_remote=True; by default only a 'messages'
+    listener turns streaming on (LangGraph tells a tool nothing else about its stream)."""
+    serve_langgraph_agent(world, "order-agent", "handle_order", ["Order A1 ships."])
+    desk = create_agent(
+        model(calls("handle_order", message="A1?"), "ok"), [], enhanced_by=world.enhancer(), stream_remote=stream_remote
+    )
+    custom = [
+        chunk async for chunk in desk.astream({"messages": [("user", "A1?")]}, thread("t9"), stream_mode="custom")
+    ]
+    tokens = "".join(item["text"] for item in custom if item["type"] == "token")
+    assert tokens == ("Order A1 ships." if stream_remote else "")
