@@ -70,7 +70,7 @@ async def main() -> None:
         ):
             state = await desk.ainvoke({"messages": [("user", text)]}, config)
             reached = state["messages"][-2]
-            route = reached.artifact or {}
+            route = (reached.artifact or {}).get("reach") or {}
             print(f"> {text}\n  {state['messages'][-1].content}")
             print(f"  via {reached.name} -> {route.get('capability')} on {route.get('instance')}")
     finally:

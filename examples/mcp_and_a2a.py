@@ -79,7 +79,7 @@ async def main() -> None:
                 for text in ("Is SKU K-7 in stock?", "What is your return policy?"):
                     state = await desk.ainvoke({"messages": [("user", text)]}, config_)
                     reached = state["messages"][-2]
-                    route = reached.artifact or {}
+                    route = (reached.artifact or {}).get("reach") or {}
                     print(f"> {text}\n  {state['messages'][-1].content}")
                     print(f"  via {reached.name} -> {route.get('capability')} on agent {route.get('agent')}")
             finally:

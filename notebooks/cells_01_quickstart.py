@@ -107,7 +107,7 @@ routes = []
 async def ask(text: str) -> None:
     state = await desk.ainvoke({"messages": [("user", text)]}, conversation)
     tool_message = state["messages"][-2]
-    route = tool_message.artifact or {}
+    route = (tool_message.artifact or {}).get("reach") or {}
     routes.append(route)
     print(f"> {text}\\n  {state['messages'][-1].content}")
     restored = "  (context restored on another instance)" if route.get("context_restore") else ""

@@ -254,12 +254,38 @@ class SessionClosed(RequestError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+TICKET_MARK: Final = "approval ticket: "
+"""Ends the message of an :class:`ApprovalRequired` whose agent asks its caller for the approval."""
+
+
 class ApprovalRequired(RequestError):
-    """A dangerous capability needs approval, and none was given."""
+    """A dangerous capability needs approval, and none was given.
+
+    ``ticket`` is set when the target agent asks its caller for the approval
+    (``reach_plugins.agent.approval.CallerApproval``): once the caller's reviewer
+    said yes, the same call re-sent with the ticket as its ``action`` runs, once.
+    The ticket ends the message, so it crosses every hop and transport unchanged.
+    """
 
     code = "approval_required"
     http_status = 403
     grpc_code = "PERMISSION_DENIED"
+
+    def __init__(self, message: str, *, ticket: str | None = None) -> None:
+        if ticket is not None:
+            message = f"{message.rstrip('. ')}. {TICKET_MARK}{ticket}"
+        super().__init__(message)
+
+    @property
+    def question(self) -> str:
+        """The message without its ticket: who asks for approval, and why (the same on every request)."""
+        return self.message.rpartition(TICKET_MARK)[0].rstrip(". ") or self.message
+
+    @property
+    def ticket(self) -> str | None:
+        """The target's approval ticket, if it asks its caller for the approval."""
+        _, mark, ticket = self.message.rpartition(TICKET_MARK)
+        return ticket.strip() or None if mark else None
 
 
 class IdempotencyConflict(RequestError):

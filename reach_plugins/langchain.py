@@ -2,11 +2,23 @@
 :mod:`reach_plugins.frameworks.langchain`."""
 
 from reach_plugins.frameworks.langchain import (
+    ReachErrorMiddleware,
     ReachMiddleware,
+    approval_request,
     create_agent,
     interrupt_approver,
     reach_error_message,
     thread_id_of,
+    verdict_of,
 )
 
-__all__ = ["ReachMiddleware", "create_agent", "interrupt_approver", "reach_error_message", "thread_id_of"]
+__all__ = [
+    "ReachErrorMiddleware",
+    "ReachMiddleware",
+    "approval_request",
+    "create_agent",
+    "interrupt_approver",
+    "reach_error_message",
+    "thread_id_of",
+    "verdict_of",
+]

@@ -2,12 +2,25 @@
 :mod:`reach_plugins.frameworks.llamaindex`."""
 
 from reach_plugins.frameworks.llamaindex import (
+    APPROVALS,
     SESSION_KEY,
+    ReachStreamEvent,
     ReachTool,
     ReachToolRetriever,
     enhance_agent,
     enhance_tools,
     error_output,
+    workflow_approver,
 )
 
-__all__ = ["SESSION_KEY", "ReachTool", "ReachToolRetriever", "enhance_agent", "enhance_tools", "error_output"]
+__all__ = [
+    "APPROVALS",
+    "SESSION_KEY",
+    "ReachStreamEvent",
+    "ReachTool",
+    "ReachToolRetriever",
+    "enhance_agent",
+    "enhance_tools",
+    "error_output",
+    "workflow_approver",
+]

@@ -27,10 +27,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import reach_plugins.dify as dify
 from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
 from reach_plugins.errors import BusinessError, ConfigError, InvalidPayload, SessionClosed, UnknownCapability
-from reach_plugins.frameworks.dify.hook import collected
 from reach_plugins.model import ErrorInfo, Instance
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.transport import Call, MockTransport, Reply
+from reach_plugins.wire.items import reply_of
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "examples" / "dify_plugin"
@@ -418,11 +418,16 @@ def test_ask_agent_tool_sends_the_question_as_the_capabilitys_field(
 
 
 def test_stream_reach_collects_items_as_the_agent_sdk_does() -> None:
-    """Strings join into one text, a single item stays itself, several items are a list, none is an empty list."""
-    assert collected(["a", "b"]) == "ab"
-    assert collected([{"x": 1}]) == {"x": 1}
-    assert collected([{"x": 1}, "b"]) == [{"x": 1}, "b"]
-    assert collected([]) == []
+    """Strings join into one text, a single item stays itself, several items are a list, none is an empty list;
+    a served agent's progress items are left out and its closing result is the reply."""
+    assert reply_of(["a", "b"]) == "ab"
+    assert reply_of([{"x": 1}]) == {"x": 1}
+    assert reply_of([{"x": 1}, "b"]) == [{"x": 1}, "b"]
+    assert reply_of([]) == []
+    token = {"type": "token", "agent": "orders", "node": "model", "text": "A1 ships"}
+    assert reply_of([token, {"type": "reach.result", "data": {"reply_content": "A1 ships"}}]) == {
+        "reply_content": "A1 ships"
+    }
 
 
 def test_a_reached_tool_call_writes_an_agent_log_under_its_call(plugin: ModuleType) -> None:
@@ -478,8 +483,12 @@ def test_the_strategy_streams_the_models_text_and_joins_a_tool_call_sent_in_piec
     """stream=True: each text chunk is a message as it comes; a tool call's arguments split over chunks are joined."""
     first = {"id": "c0", "type": "function", "function": {"name": "query_order", "arguments": '{"order_'}}
     rest = {"id": "", "type": "function", "function": {"name": "", "arguments": 'id": "A1"}'}}
-    rounds = iter([chunks({"content": "", "tool_calls": [first]}, {"content": "", "tool_calls": [rest]}),
-                   chunks({"content": "A1 is "}, {"content": "shipped."})])
+    rounds = iter(
+        [
+            chunks({"content": "", "tool_calls": [first]}, {"content": "", "tool_calls": [rest]}),
+            chunks({"content": "A1 is "}, {"content": "shipped."}),
+        ]
+    )
     asked: list[bool] = []
 
     def invoke(model_config: Any, prompt_messages: list[Any], tools: Any = None, stream: bool = True) -> Any:

@@ -135,7 +135,7 @@ def check_first_turn(messages: Sequence[BaseMessage], transport: MockTransport) 
     results = tool_messages(messages)
     remote = results["query_order-0"]
     assert remote.status == "success" and '"order_id": "A1"' in str(remote.content)
-    assert remote.artifact["agent"] == "orders" and remote.artifact["capability"] == "query_order"
+    assert remote.artifact["reach"]["agent"] == "orders" and remote.artifact["reach"]["capability"] == "query_order"
     assert '"sku": "S-9"' in str(results["check_inventory-1"].content)
     assert results["add_numbers-2"].content == "5"
     assert sorted(call.request.capability for call in transport.calls) == ["check_inventory", "query_order"]
@@ -369,7 +369,7 @@ async def test_toolnode_takes_the_same_wrappers(enhancer: ReachEnhancer, transpo
     async_state = await compiled.ainvoke(request, thread("t-7"))
     for state in (sync_state, async_state):
         results = tool_messages(state["messages"])
-        assert results["query_order-0"].artifact["instance"] in {"orders-a", "orders-b"}
+        assert results["query_order-0"].artifact["reach"]["instance"] in {"orders-a", "orders-b"}
         assert '"sku": "S"' in str(results["check_inventory-1"].content)
     assert len(transport.calls) == 4 and {call.request.session_id for call in transport.calls} == {"t-7"}
 

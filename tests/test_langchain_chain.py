@@ -117,7 +117,7 @@ def test_three_agents_carry_hops_session_and_one_trace(world: World) -> None:
 
     reply = next(m for m in state["messages"] if isinstance(m, ToolMessage))
     assert reply.status == "success" and reply.content == "Order A1 ships tomorrow; 3 in stock."
-    assert reply.artifact["agent"] == "order-agent"
+    assert reply.artifact["reach"]["agent"] == "order-agent"
     assert state["messages"][-1].content == "Your order ships tomorrow."
     (seen,) = world.inventory_seen
     assert seen.hops == ("order-agent/handle_order", "inventory/check_inventory")

@@ -103,7 +103,8 @@ async def test_langgraph_tool_call_falls_back_in_the_same_call(enhancer: ReachEn
         state = agent.invoke(request) if run == "invoke" else await agent.ainvoke(request)
         [message] = [m for m in state["messages"] if isinstance(m, ToolMessage)]
         assert message.status == "success" and message.content == "local answer for A1"
-        assert message.artifact["delivered"] is False and "local tool ran" in message.artifact["fallback"]
+        route = message.artifact["reach"]
+        assert route["delivered"] is False and "local tool ran" in route["fallback"]
 
 
 async def test_llamaindex_tool_falls_back_in_the_same_call(enhancer: ReachEnhancer) -> None:

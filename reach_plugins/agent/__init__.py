@@ -12,8 +12,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('the agent SDK needs the server extra: pip install "reach-plugins[server]"') from exc
 
 from reach_plugins.agent.agent import ReachAgent
-from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, WebhookApprover
-from reach_plugins.agent.handlers import ReachContext
+from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, CallerApproval, WebhookApprover
+from reach_plugins.agent.handlers import Final, ReachContext
 from reach_plugins.agent.langgraph import ServedAgent, add_langgraph, serve_graph, serve_langgraph
 from reach_plugins.agent.outcome import Outcome
 from reach_plugins.agent.registration import Registration
@@ -25,6 +25,8 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRequest",
     "BackgroundServer",
+    "CallerApproval",
+    "Final",
     "MemorySnapshotStore",
     "Outcome",
     "ReachAgent",

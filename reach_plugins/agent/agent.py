@@ -468,7 +468,7 @@ class ReachAgent:
 
     async def _frames(self, prepared: _Prepared) -> AsyncIterator[bytes]:
         ctx = prepared.ctx
-        chunks = prepared.handler.chunks(prepared.kwargs)
+        chunks = prepared.handler.chunks(prepared.kwargs, streaming=True)
         span = self._tracer.start_span(
             f"reach.agent {ctx.capability}",
             context=propagate.extract(ctx.headers),

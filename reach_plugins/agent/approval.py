@@ -15,6 +15,14 @@ the handler; it asks its approver (a callable, or a webhook URL it POSTs the
   callback mode (``Submit`` with a long ``timeout_ms``, then ``Result``): the
   gate waits within that deadline.
 
+:class:`CallerApproval` hands the question to the caller's human instead: a
+call without a ticket is answered ``approval_required`` carrying a signed,
+single-use ticket (bound to this agent, the capability, the tenant and the
+verified caller, valid for ``ttl`` seconds); the caller's framework asks its
+reviewer (LangGraph ``interrupt``, LlamaIndex ``InputRequiredEvent``, see the
+adapters) and re-sends the call with the ticket as its ``action``; the ticket
+is checked and spent, so the approved call runs once.
+
 The approver sees verified facts only: the tenant, the caller and the chain
 come from the token the agent verified (never from ``X-Reach-Hops``, which any
 caller writes), and the whole payload as a structure (no cut a padded field
@@ -30,8 +38,13 @@ server span.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import inspect
 import json
+import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -72,6 +85,8 @@ class ApprovalRequest:
     remaining_ms: int | None
     verified: bool
     """Whether tenant, caller and chain come from a verified token (``False`` only in the open mode)."""
+    action: str | None = None
+    """The call's ``action``: a :class:`CallerApproval` ticket when the caller re-sends an approved call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +132,82 @@ class WebhookApprover:
         )
 
 
+class CallerApproval:
+    """An approver that asks the caller's reviewer: a call runs when it carries a valid, unspent ticket.
+
+    ``key`` signs the tickets (give every instance of the agent the same one, or a ticket from one instance is
+    refused by another); ``ttl`` is how long a ticket stays valid; ``clock`` returns the wall time in seconds.
+    """
+
+    def __init__(self, *, key: bytes | None = None, ttl: float = 600.0, clock: Callable[[], float] = time.time) -> None:
+        if ttl <= 0:
+            raise ConfigError(f"CallerApproval(ttl=) is how long a ticket stays valid, in seconds > 0; got {ttl}")
+        self._key = key if key is not None else secrets.token_bytes(32)
+        self.ttl = ttl
+        self._clock = clock
+        self._spent: dict[str, float] = {}
+        """Nonces of tickets used, with their expiry (forgotten once expired: an expired ticket fails anyway)."""
+
+    def __call__(self, request: ApprovalRequest) -> ApprovalDecision:
+        """Approve a call carrying a valid ticket; refuse one whose ticket is bad; ask the caller otherwise."""
+        if request.action is None or not request.action.startswith(TICKET_PREFIX):
+            raise ApprovalRequired(
+                f"{request.capability!r} of agent {request.agent!r} needs the approval of the caller's reviewer "
+                "(the person using the calling app) before it runs; nothing was executed. An app with a human in "
+                "the loop (LangGraph interrupt, LlamaIndex InputRequiredEvent) asks them and re-sends the call "
+                f"with this ticket; an app without one cannot approve it: ask the operator of {request.agent!r}",
+                ticket=self._issue(request),
+            )
+        problem = self._spend(request, request.action.removeprefix(TICKET_PREFIX))
+        if problem:
+            return ApprovalDecision(False, f"agent {request.agent!r}", f"the approval ticket {problem}")
+        return ApprovalDecision(True, f"the reviewer of {request.caller or 'the caller'}")
+
+    def _facts(self, request: ApprovalRequest) -> list[Any]:
+        return [request.agent, request.capability, request.tenant, request.caller]
+
+    def _issue(self, request: ApprovalRequest) -> str:
+        body = [*self._facts(request), round(self._clock() + self.ttl, 3), secrets.token_urlsafe(12)]
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        return f"{TICKET_PREFIX}{_b64(raw)}.{_b64(self._sign(raw))}"
+
+    def _spend(self, request: ApprovalRequest, ticket: str) -> str:
+        """Why ``ticket`` cannot approve ``request`` (empty when it can; it is spent then)."""
+        encoded, _, signature = ticket.partition(".")
+        try:
+            raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            good = hmac.compare_digest(
+                base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4)), self._sign(raw)
+            )
+            body = json.loads(raw) if good else None
+        except ValueError:
+            body = None
+        if not isinstance(body, list) or len(body) != 6:
+            return "is not one this agent issued"
+        *facts, expires, nonce = body
+        now = self._clock()
+        self._spent = {used: until for used, until in self._spent.items() if until > now}
+        if facts != self._facts(request):
+            return "was issued for another capability, tenant or caller"
+        if expires <= now:
+            return "has expired; call again for a new one"
+        if nonce in self._spent:
+            return "was already used; an approved call runs once"
+        self._spent[nonce] = expires
+        return ""
+
+    def _sign(self, raw: bytes) -> bytes:
+        return hmac.new(self._key, raw, hashlib.sha256).digest()
+
+
+TICKET_PREFIX = "reach-approval:"
+"""How a re-sent call's ``action`` carries a :class:`CallerApproval` ticket."""
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
 class ApprovalGate:
     """Asks ``approver`` before a dangerous capability runs; raises unless it approves in time."""
 
@@ -135,6 +226,9 @@ class ApprovalGate:
             async with asyncio.timeout(None if remaining is None else remaining - _reply_margin(remaining)):
                 answer = self.approver(request)
                 decision = await answer if inspect.isawaitable(answer) else answer
+        except ApprovalRequired:
+            self._audit(request, "asked_caller", "nobody yet", "the caller's reviewer is asked for it")
+            raise
         except TimeoutError:
             self._audit(request, "unanswered", "nobody", "no decision within the caller's deadline")
             raise ApprovalRequired(
@@ -163,6 +257,7 @@ class ApprovalGate:
             payload=payload,
             remaining_ms=None if remaining is None else max(0, int(remaining * 1000)),
             verified=claims is not None,
+            action=ctx.action,
         )
 
     def _audit(self, request: ApprovalRequest, verdict: str, by: str, reason: str) -> None:

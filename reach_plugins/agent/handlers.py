@@ -25,6 +25,7 @@ from reach_plugins.attempts.limiter import ConcurrencyLimiter
 from reach_plugins.errors import ConfigError, InvalidPayload, RateLimited
 from reach_plugins.model import Capability
 from reach_plugins.policy.limits import AGENT_QUEUE
+from reach_plugins.wire.items import collected, result_item
 
 _DONE = object()
 
@@ -52,6 +53,9 @@ class ReachContext:
     headers: Mapping[str, str] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     """The session's state (kept across calls of one ``session_id``, saved by the snapshot store)."""
+    streaming: bool = False
+    """Whether the caller streams this call (``/reach/stream``): a streaming handler's items reach it as they come;
+    a unary caller gets them :func:`collected`, so a handler may skip the work only a stream shows."""
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline, or ``None`` when the caller gave none."""
@@ -70,6 +74,15 @@ class ReachContext:
         except ValueError:
             return []
         return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """The last item of a streaming handler that also answers unary calls: a unary call gets ``data`` alone,
+    a stream gets every item, this one as the closing ``{"type": "reach.result", "data": data}``
+    (:mod:`reach_plugins.wire.items`)."""
+
+    data: Any
 
 
 def to_jsonable(value: Any) -> Any:
@@ -143,23 +156,30 @@ class CapabilityHandler:
         return kwargs
 
     async def call(self, kwargs: dict[str, Any]) -> Any:
-        """The handler's result; a streaming handler's items are collected (strings joined)."""
+        """The handler's result; a streaming handler's items are :func:`collected`."""
         if self.streaming:
-            items = [item async for item in self.chunks(kwargs)]
-            return "".join(items) if items and all(isinstance(item, str) for item in items) else items
+            return collected([item async for item in self.chunks(kwargs)])
         if self._is_async:
             return await self.fn(**kwargs)
         return await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))
 
-    async def chunks(self, kwargs: dict[str, Any]) -> AsyncGenerator[Any, None]:
-        """The handler's items, one per event (a plain handler yields its one result)."""
+    async def chunks(self, kwargs: dict[str, Any], *, streaming: bool = False) -> AsyncGenerator[Any, None]:
+        """The handler's items, one per event (a plain handler yields its one result); ``streaming`` tells its
+        ``ctx`` that a caller watches them."""
+        if streaming and self.wants_ctx:
+            kwargs = {**kwargs, "ctx": dataclasses.replace(kwargs["ctx"], streaming=True)}
         if not self.streaming:
             yield await self.call(kwargs)
             return
         if self._is_async:
             async for item in self.fn(**kwargs):
-                yield item
+                yield _wire_item(item)
             return
         iterator: Iterator[Any] = await anyio.to_thread.run_sync(lambda: iter(self.fn(**kwargs)))
         while (item := await anyio.to_thread.run_sync(next, iterator, _DONE)) is not _DONE:
-            yield item
+            yield _wire_item(item)
+
+
+def _wire_item(item: Any) -> Any:
+    """A stream item as sent: a :class:`Final` becomes the closing result event."""
+    return result_item(item.data) if isinstance(item, Final) else item

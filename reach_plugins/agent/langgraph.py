@@ -9,22 +9,28 @@ user turn; the caller's conversation (its tenant's session key,
 :func:`thread_id`) is the graph's ``thread_id``, so a checkpointer keeps each
 conversation and tenant B naming tenant A's session id gets a thread of its
 own; the reply is normalised like every chat-style agent's: ``reply_content``,
-``tool_calls``, ``raw_meta``. The graph runs with ``ainvoke`` on the agent's
-loop; reaches it makes continue the caller's hop chain and trace
-(:mod:`reach_plugins.security.context`). Nothing here imports LangGraph.
+``tool_calls``, ``raw_meta``. The graph runs with ``astream`` on the agent's
+loop, so a caller streaming the reach (``/reach/stream``) sees the run as it
+happens, each item attributed to this agent (``agent``): ``token`` (the text of
+a message chunk, from ``stream_mode="messages"``), ``update`` (a node finished:
+its name and the state keys it wrote), ``custom`` (what the graph wrote with
+``get_stream_writer()``), then the normalised reply as the closing
+``reach.result`` (:class:`~reach_plugins.agent.handlers.Final`); a unary call
+gets that reply alone. Reaches it makes continue the caller's hop chain and
+trace (:mod:`reach_plugins.security.context`). Nothing here imports LangGraph.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from reach_plugins.agent.agent import ReachAgent
-from reach_plugins.agent.handlers import ReachContext
+from reach_plugins.agent.handlers import Final, ReachContext
 from reach_plugins.agent.server import serve
-from reach_plugins.errors import BusinessError, InvalidPayload
+from reach_plugins.errors import ApprovalRequired, InvalidPayload
 from reach_plugins.model import Capability
 from reach_plugins.server.uvicorn import BackgroundServer
 from reach_plugins.stores.sessions import session_key
@@ -46,7 +52,13 @@ MESSAGE_SCHEMA: dict[str, Any] = {
 class ChatGraph(Protocol):
     """What is needed of a compiled graph."""
 
-    async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any: ...
+    def astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]: ...
+
+
+STREAM_MODES = ["messages", "updates", "custom", "values"]
+"""What a streamed run streams: tokens, node updates and custom writes go to the caller; the last values answer."""
+UNARY_MODES = ["updates", "values"]
+"""What a unary run needs: the last values, and the updates that say whether it paused (models are not streamed)."""
 
 
 def _text(content: Any) -> str:
@@ -87,6 +99,31 @@ def _turn(capability: str, payload: Mapping[str, Any]) -> list[Any]:
     return [{"role": "user", "content": json.dumps(dict(payload), ensure_ascii=False)}]
 
 
+def stream_events(agent: str, mode: str, chunk: Any) -> list[dict[str, Any]]:
+    """The caller's stream items for one ``astream`` chunk of ``mode``, attributed to ``agent``.
+
+    A token streamed from a reach this graph made keeps the agent that wrote it (the chunk's ``name``), so a
+    chain's text arrives once, attributed to its author, never wrapped by each hop.
+    """
+    if mode == "messages":
+        message, metadata = chunk
+        text = _text(getattr(message, "content", None))
+        if not text or getattr(message, "type", None) not in {"AIMessageChunk", "ai"}:
+            return []
+        node = metadata.get("langgraph_node") if isinstance(metadata, Mapping) else None
+        author = getattr(message, "name", None) or agent
+        return [{"type": "token", "agent": author, "node": node, "text": text}]
+    if mode == "updates" and isinstance(chunk, Mapping):
+        return [
+            {"type": "update", "agent": agent, "node": node, "keys": sorted(update or ())}
+            for node, update in chunk.items()
+            if node != "__interrupt__"
+        ]
+    if mode == "custom":
+        return [{"type": "custom", "agent": agent, "data": chunk}]
+    return []
+
+
 def thread_id(ctx: ReachContext) -> str:
     """The graph thread of the caller's conversation: its tenant's session key (a call without a session: its own)."""
     return session_key(ctx.tenant, ctx.session_id or ctx.request_id).encode()
@@ -101,12 +138,26 @@ def add_langgraph(
 ) -> None:
     """Add ``capabilities`` to ``agent``, each answered by one graph run per call."""
 
-    async def run(ctx: ReachContext, **payload: Any) -> dict[str, Any]:
+    async def run(ctx: ReachContext, **payload: Any) -> AsyncIterator[Any]:
         config = {"configurable": {"thread_id": thread_id(ctx)}}
-        state = await graph.ainvoke({"messages": _turn(ctx.capability, payload)}, config=config)
-        if isinstance(state, Mapping) and state.get("__interrupt__"):
-            raise BusinessError(f"{ctx.capability!r} paused for human approval; it cannot finish unattended")
-        return normalise(state)
+        state: Any = None
+        paused = False
+        turn = {"messages": _turn(ctx.capability, payload)}
+        modes = STREAM_MODES if ctx.streaming else UNARY_MODES
+        async for mode, chunk in graph.astream(turn, config=config, stream_mode=modes):
+            if mode == "values":
+                state = chunk
+                continue
+            paused = paused or (mode == "updates" and isinstance(chunk, Mapping) and "__interrupt__" in chunk)
+            for event in stream_events(agent.name, mode, chunk) if ctx.streaming else ():
+                yield event
+        if paused:
+            raise ApprovalRequired(
+                f"{ctx.capability!r} of agent {agent.name!r} paused its graph for a human's approval (an interrupt), "
+                f"which a reach cannot answer, so it did not finish: approve it where {agent.name!r} runs, or give "
+                f"{agent.name!r} an approver (ReachAgent(approver=CallerApproval()) lets its callers approve)"
+            )
+        yield Final(normalise(state))
 
     for item in capabilities:
         declared = Capability(name=item) if isinstance(item, str) else item

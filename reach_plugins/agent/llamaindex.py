@@ -8,6 +8,13 @@ does not keep the agent's memory: LlamaIndex serialises a context between
 runs and skips its unserialisable ``memory`` key. Calls of one session run one
 at a time, so no turn is lost to a race.
 
+A caller streaming the reach (``/reach/stream``) sees the run as it happens,
+attributed to this agent: ``token`` (each ``AgentStream`` delta), ``update``
+(a tool finished: ``node`` is ``tool:<name>``), the items of reaches the
+agent's own tools stream (:class:`ReachStreamEvent`, keeping their author),
+then the normalised reply as the closing ``reach.result``; a unary call gets
+that reply alone.
+
     agent = ReachAgent("assistant")
     add_llamaindex(agent, FunctionAgent(tools=[...], llm=llm))
     serve(agent, port=8101)
@@ -21,14 +28,14 @@ import asyncio
 import logging
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
 try:
-    from llama_index.core.agent.workflow import AgentOutput
+    from llama_index.core.agent.workflow import AgentOutput, AgentStream, ToolCallResult
     from llama_index.core.llms import ChatMessage
     from llama_index.core.memory import BaseMemory
-    from llama_index.core.workflow import Context, JsonSerializer, Workflow
+    from llama_index.core.workflow import Context, Event, JsonSerializer, Workflow
     from workflows.context.state_store import UnserializableKeyWarning
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
@@ -38,20 +45,44 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from pydantic import ValidationError
 
 from reach_plugins.agent.agent import ReachAgent
-from reach_plugins.agent.handlers import ReachContext
+from reach_plugins.agent.handlers import Final, ReachContext
 from reach_plugins.agent.server import serve
 from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.security.verifier import TokenVerifier
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.sessions import session_key
 
-__all__ = ["STATE_KEY", "add_llamaindex", "normalise", "serve_llamaindex"]
+__all__ = ["STATE_KEY", "ReachStreamEvent", "add_llamaindex", "normalise", "serve_llamaindex"]
 
 STATE_KEY = "llamaindex"
 """Where a session's ``{"context": ..., "history": [...]}`` lives in its state."""
 
 log = logging.getLogger("reach_plugins.agent")
 _SERIALIZER = JsonSerializer()
+
+
+class ReachStreamEvent(Event):
+    """One item of a remote agent's streamed work, shown in a workflow's event stream as it arrives."""
+
+    agent: str | None = None
+    """The agent that wrote it (a chain's inner agent keeps its own name)."""
+    kind: str = "custom"
+    """``token``, ``update`` (a node or tool finished), ``custom`` (the remote graph's own writes), or what it sent."""
+    text: str | None = None
+    node: str | None = None
+    data: Any = None
+    """The whole item as the remote agent sent it."""
+
+
+def stream_item(agent: str, event: Any) -> dict[str, Any] | None:
+    """The caller's stream item for one workflow event of agent ``agent`` (``None``: not shown)."""
+    if isinstance(event, AgentStream) and event.delta:
+        return {"type": "token", "agent": agent, "node": event.current_agent_name, "text": event.delta}
+    if isinstance(event, ToolCallResult):
+        return {"type": "update", "agent": agent, "node": f"tool:{event.tool_name}", "keys": ["tool_output"]}
+    if isinstance(event, ReachStreamEvent) and isinstance(event.data, Mapping):
+        return dict(event.data)
+    return None
 
 
 def normalise(output: Any, messages: int) -> dict[str, Any]:
@@ -103,13 +134,22 @@ def _snapshot(context: Context) -> dict[str, Any] | None:
         return None
 
 
-async def _run(workflow: Workflow, state: dict[str, Any], turns: list[ChatMessage], limit: int) -> dict[str, Any]:
-    """One run continuing the session kept in ``state``; ``state`` is updated with the outcome."""
+async def _run(
+    workflow: Workflow, state: dict[str, Any], turns: list[ChatMessage], limit: int, streamed_as: str | None
+) -> AsyncIterator[Any]:
+    """One run continuing the session kept in ``state`` (updated with the outcome): the events a caller streaming
+    as agent ``streamed_as`` sees (none for ``None``), then the reply as :class:`Final`."""
     saved: Mapping[str, Any] = state.get(STATE_KEY) or {}
     history = [ChatMessage.model_validate(message) for message in saved.get("history", [])] + turns[:-1]
     previous = saved.get("context")
     context = Context.from_dict(workflow, previous, serializer=_SERIALIZER) if previous else Context(workflow)
-    output = await workflow.run(user_msg=turns[-1], chat_history=history, ctx=context)
+    handler = workflow.run(user_msg=turns[-1], chat_history=history, ctx=context)
+    if streamed_as is not None:
+        async for event in handler.stream_events():
+            item = stream_item(streamed_as, event)
+            if item is not None:
+                yield item
+    output = await handler
     memory = await context.store.get("memory", default=None)
     if isinstance(memory, BaseMemory):
         history = await memory.aget_all()
@@ -120,7 +160,7 @@ async def _run(workflow: Workflow, state: dict[str, Any], turns: list[ChatMessag
         "context": _snapshot(context),
         "history": [message.model_dump(mode="json") for message in history],
     }
-    return normalise(output, len(history))
+    yield Final(normalise(output, len(history)))
 
 
 def add_llamaindex(
@@ -143,13 +183,19 @@ def add_llamaindex(
     """One lock per tenant's conversation: another tenant's session of the same id never waits on it."""
 
     @agent.capability(capability, description=description)
-    async def chat(ctx: ReachContext, messages: list[Any] | None = None, input: str | None = None) -> dict[str, Any]:
+    async def chat(
+        ctx: ReachContext, messages: list[Any] | None = None, input: str | None = None
+    ) -> AsyncIterator[Any]:
         turns = _turns(capability, messages, input)
+        streamed_as = agent.name if ctx.streaming else None
         if ctx.session_id is None:
-            return await _run(workflow, ctx.state, turns, history_limit)
+            async for item in _run(workflow, ctx.state, turns, history_limit, streamed_as):
+                yield item
+            return
         lock = locks.setdefault(session_key(ctx.tenant, ctx.session_id), asyncio.Lock())
         async with lock:
-            return await _run(workflow, ctx.state, turns, history_limit)
+            async for item in _run(workflow, ctx.state, turns, history_limit, streamed_as):
+                yield item
 
 
 def serve_llamaindex(

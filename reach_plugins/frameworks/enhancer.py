@@ -43,9 +43,11 @@ from reach_plugins.errors import (
     ConfigError,
     NoHealthyAgent,
     ReachError,
+    RemoteError,
     RequestError,
     SessionClosed,
     UnknownCapability,
+    from_wire,
 )
 from reach_plugins.frameworks.toolcalls import (
     Approver,
@@ -64,6 +66,7 @@ from reach_plugins.frameworks.toolcalls import (
     ToolCall,
     ToolMapper,
     ToolResult,
+    Verdict,
     check_choice,
     content_of,
     error_text,
@@ -86,11 +89,12 @@ from reach_plugins.telemetry.spans import (
     get_tracer,
     tool_span_name,
 )
+from reach_plugins.wire.items import reply_of
 
 if TYPE_CHECKING:
     from reach_plugins.registry import Registry
     from reach_plugins.stores.sessions import SessionStore
-    from reach_plugins.transport import Transport
+    from reach_plugins.transport import StreamEvent, Transport
 
 
 class _ToolSpan:
@@ -303,37 +307,114 @@ class ReachEnhancer:
     # ------------------------------------------------------------------ reaching
 
     async def areach(
-        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+        self,
+        call: ToolCall,
+        decision: Decision | None = None,
+        *,
+        approver: Approver | None = None,
+        on_item: OnItem | None = None,
     ) -> ToolResult:
-        """Reach the capability of ``call`` (decided if not given); failures per ``on_error``."""
+        """Reach the capability of ``call`` (decided if not given); failures per ``on_error``.
+
+        With ``on_item`` the reply is streamed and each item handed to it as it arrives (the host framework
+        shows the remote agent's work while it runs); a keyed capability is not streamed (a stream is never
+        deduplicated), so ``on_item`` then sees nothing. When the target agent asks its caller for the approval
+        (an ``ApprovalRequired`` with a ticket), the approver is asked, unless it already approved this call,
+        and the call is sent again with the ticket (it runs once, there).
+        """
         decision = decision if decision is not None else await self.adecide(call)
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
-                _approved(capability, await answer if inspect.isawaitable(answer) else answer)
-                reached = self.client.reach(capability.name, trace=True, **self._options(call))
-                response = await self.blocking.bridge.submit(reached)
+                sent = _approved(call, capability, await answer if inspect.isawaitable(answer) else answer)
+                try:
+                    return await self._adeliver(span, sent, capability, on_item, None)
+                except ApprovalRequired as asked:
+                    answer = self._asked_by_target(sent, capability, approver, asked)
+                    sent = _approved(sent, capability, await answer if inspect.isawaitable(answer) else answer)
+                    return await self._adeliver(span, sent, capability, on_item, asked.ticket)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
-            return self._answered(span, call, capability.name, response)
 
     def reach(
-        self, call: ToolCall, decision: Decision | None = None, *, approver: Approver | None = None
+        self,
+        call: ToolCall,
+        decision: Decision | None = None,
+        *,
+        approver: Approver | None = None,
+        on_item: OnItem | None = None,
     ) -> ToolResult:
         """Blocking :meth:`areach`, safe inside a running loop (the reach runs on the client's own loop)."""
         decision = decision if decision is not None else self.decide(call)
+        run = self.blocking.bridge.run
         with self._span(call) as span:
             try:
                 capability, answer = self._ask(call, decision, approver)
-                _approved(capability, self.blocking.bridge.run(answer) if inspect.isawaitable(answer) else answer)
-                response = self.blocking.reach(capability.name, trace=True, **self._options(call))
+                sent = _approved(call, capability, run(answer) if inspect.isawaitable(answer) else answer)
+                try:
+                    return self._deliver(span, sent, capability, on_item, None)
+                except ApprovalRequired as asked:
+                    answer = self._asked_by_target(sent, capability, approver, asked)
+                    sent = _approved(sent, capability, run(answer) if inspect.isawaitable(answer) else answer)
+                    return self._deliver(span, sent, capability, on_item, asked.ticket)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
-            return self._answered(span, call, capability.name, response)
+
+    async def _adeliver(
+        self, span: _ToolSpan, call: ToolCall, capability: Capability, on_item: OnItem | None, ticket: str | None
+    ) -> ToolResult:
+        """Send ``call`` once (streamed when ``on_item`` listens); raises a target's request for approval."""
+        options = self._options(call, ticket)
+        if on_item is not None and capability.idempotency_key is None:
+            items = await self._astream(capability.name, options, on_item)
+            return self._streamed(span, call, capability.name, items)
+        response = await self.blocking.bridge.submit(self.client.reach(capability.name, trace=True, **options))
+        return self._answered(span, call, capability.name, response, ticket)
+
+    def _deliver(
+        self, span: _ToolSpan, call: ToolCall, capability: Capability, on_item: OnItem | None, ticket: str | None
+    ) -> ToolResult:
+        """Blocking :meth:`_adeliver`."""
+        options = self._options(call, ticket)
+        if on_item is not None and capability.idempotency_key is None:
+            items: list[Any] = []
+            for event in self.blocking.stream(capability.name, **options):
+                for item in _data(event):
+                    on_item(item)
+                    items.append(item)
+            return self._streamed(span, call, capability.name, items)
+        response = self.blocking.reach(capability.name, trace=True, **options)
+        return self._answered(span, call, capability.name, response, ticket)
+
+    async def _astream(self, capability: str, options: dict[str, Any], on_item: OnItem) -> list[Any]:
+        """The stream's data items, each handed to ``on_item`` on arrival (the stream runs on the client's loop)."""
+        events = self.client.stream(capability, **options)
+        items: list[Any] = []
+        try:
+            while True:
+                try:
+                    event = await self.blocking.bridge.submit(anext(events))
+                except StopAsyncIteration:
+                    return items
+                for item in _data(event):
+                    handled = on_item(item)
+                    if inspect.isawaitable(handled):
+                        await handled
+                    items.append(item)
+        finally:
+            await self.blocking.bridge.submit(events.aclose())
+
+    def _streamed(self, span: _ToolSpan, call: ToolCall, capability: str, items: list[Any]) -> ToolResult:
+        """The result of a streamed reach: the :func:`~reach_plugins.wire.items.reply_of` its items."""
+        data = reply_of(items)
+        agents = [item["agent"] for item in items if isinstance(item, Mapping) and isinstance(item.get("agent"), str)]
+        route = RouteInfo(capability, None, agent=agents[-1] if agents else None, attempts=1)
+        span.set_attribute(ATTR_CAPABILITY, capability)
+        return ToolResult(call, capability, content_of(data), data, None, route)
 
     def _ask(
         self, call: ToolCall, decision: Decision, approver: Approver | None
-    ) -> tuple[Capability, bool | Awaitable[bool]]:
+    ) -> tuple[Capability, bool | Verdict | Awaitable[bool | Verdict]]:
         """The capability to reach, and the approver's answer (``True`` when it needs no approval)."""
         capability = decision.capability
         if capability is None:
@@ -344,14 +425,31 @@ class ReachEnhancer:
         chosen = approver if approver is not None else self.approver
         if chosen is None:
             raise ApprovalRequired(
-                f"capability {capability.name!r} is danger_level {capability.danger_level!r} or require_approval "
-                "and no approver is configured (pass approver= to the enhancer)"
+                f"capability {capability.name!r} (danger_level {capability.danger_level!r}, require_approval "
+                f"{capability.require_approval}) needs a person's approval and this caller has no approver: a "
+                "LangGraph or LlamaIndex app asks its user (their adapters bring one); elsewhere (a Dify plugin, "
+                "a plain enhancer) pass ReachEnhancer(approver=...)"
             )
         return capability, chosen(
             PendingApproval(call.name, capability, dict(call.args), call.call_id, call.session_key)
         )
 
-    def _options(self, call: ToolCall) -> dict[str, Any]:
+    def _asked_by_target(
+        self, call: ToolCall, capability: Capability, approver: Approver | None, asked: ApprovalRequired
+    ) -> bool | Verdict | Awaitable[bool | Verdict]:
+        """The approver's answer when the target asked for one: already given if this call needed approval here;
+        without an approver the target's refusal stands (its message says who must approve where)."""
+        chosen = approver if approver is not None else self.approver
+        if asked.ticket is None or chosen is None:
+            raise asked
+        if capability.needs_approval:
+            return True
+        pending = PendingApproval(
+            call.name, capability, dict(call.args), call.call_id, call.session_key, asked.question
+        )
+        return chosen(pending)
+
+    def _options(self, call: ToolCall, ticket: str | None = None) -> dict[str, Any]:
         """The request's fields: payload, conversation, the chain it continues, the time it may take.
 
         While an agent serves a request, its reaches continue that request's conversation: the served graph's
@@ -365,12 +463,19 @@ class ReachEnhancer:
             "hops": call.hops if call.hops is not None else context.current_hops(),
             "timeout_ms": min(budgets) if budgets else None,
             "scope_tags": self.scope_tags,
+            "action": ticket,
         }
 
-    def _answered(self, span: _ToolSpan, call: ToolCall, capability: str, response: ReachResponse) -> ToolResult:
+    def _answered(
+        self, span: _ToolSpan, call: ToolCall, capability: str, response: ReachResponse, ticket: str | None = None
+    ) -> ToolResult:
+        """The result of a reply; a first request for the caller's approval (a ticket) is raised to be asked."""
         route = RouteInfo.of(response, capability)
         if not response.ok:
-            return self._failed(span, call, capability, error_for_response(response), route)
+            error = error_for_response(response)
+            if isinstance(error, ApprovalRequired) and error.ticket is not None and ticket is None:
+                raise error
+            return self._failed(span, call, capability, error, route)
         span.set_attribute(ATTR_CAPABILITY, capability)
         return ToolResult(call, capability, content_of(response.data), response.data, None, route)
 
@@ -486,9 +591,26 @@ class ReachEnhancer:
         await self.aclose()
 
 
-def _approved(capability: Capability, answer: object) -> None:
-    if answer is not True:
-        raise ApprovalRequired(
-            f"the call to {capability.name!r} was not approved (danger_level {capability.danger_level!r}); "
-            "nothing was sent"
-        )
+OnItem = Callable[[Any], "Awaitable[None] | None"]
+"""Gets each item of a streamed reply as it arrives (:meth:`ReachEnhancer.areach` awaits an awaitable answer)."""
+
+
+def _data(event: StreamEvent) -> list[Any]:
+    """A data event's item, nothing for the end; an error event raises the error it reports."""
+    if event.kind == "error":
+        info = event.error
+        raise from_wire(info) if info is not None else RemoteError("the stream ended with an error")
+    return [event.data] if event.kind == "data" else []
+
+
+def _approved(call: ToolCall, capability: Capability, answer: object) -> ToolCall:
+    """The call to send once the approver said yes (with a reviewer's edited arguments); raises otherwise."""
+    if answer is True:
+        return call
+    if isinstance(answer, Verdict) and answer.approved:
+        return call if answer.args is None else replace(call, args=dict(answer.args))
+    why = f": {answer.reason}" if isinstance(answer, Verdict) and answer.reason else ""
+    raise ApprovalRequired(
+        f"the call to {capability.name!r} was not approved (danger_level {capability.danger_level!r}){why}; "
+        "nothing was sent"
+    )

@@ -17,12 +17,25 @@ and its ``exception`` the :mod:`reach_plugins.errors` instance. The conversation
 is one conversation), else the ``reach_session_id`` of LlamaIndex's
 ``instrument_tags``. The sync ``call`` works inside a running event loop: the
 reach runs on the enhancer's own loop.
+
+Inside a workflow, the host's own ways apply. A remote reach is streamed: each
+item (a remote LangGraph agent's tokens, node updates, custom writes) is a
+:class:`ReachStreamEvent` in the workflow's event stream (``handler.stream_events()``)
+as it arrives, attributed to the agent that wrote it. A dangerous capability
+(``danger_level: high``, ``require_approval``) asks with LlamaIndex's
+``InputRequiredEvent`` (its ``reach_approval`` says what, its ``waiter_id``
+which call) and waits for the ``HumanResponseEvent`` carrying that
+``waiter_id``; ``response="yes"`` (or ``approve``) sends the call, anything
+else rejects it with that text as the reason. The workflow replays the step
+when the answer comes, so the call is sent once, after the answer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -30,23 +43,81 @@ try:
     from llama_index.core.objects.base import ObjectRetriever
     from llama_index.core.tools import AsyncBaseTool, BaseTool, FunctionTool, ToolMetadata, ToolOutput
     from llama_index.core.tools.types import adapt_to_async_tool
-    from llama_index.core.workflow import Context, WorkflowRuntimeError
+    from llama_index.core.workflow import (
+        Context,
+        HumanResponseEvent,
+        InputRequiredEvent,
+        WorkflowRuntimeError,
+    )
     from llama_index_instrumentation.dispatcher import active_instrument_tags
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         'the LlamaIndex adapter needs the llamaindex extra: pip install "reach-plugins[llamaindex]"'
     ) from exc
 
-from reach_plugins.errors import InvalidPayload, ReachError, is_retryable
-from reach_plugins.frameworks.toolcalls import ProxySpec, ToolCall, ToolResult, error_text
+from reach_plugins.agent.llamaindex import ReachStreamEvent
+from reach_plugins.errors import InvalidPayload, ReachError
+from reach_plugins.frameworks.toolcalls import (
+    Approver,
+    PendingApproval,
+    ProxySpec,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    error_record,
+    error_text,
+)
+from reach_plugins.wire.items import is_result
 
 if TYPE_CHECKING:
     from reach_plugins.frameworks.enhancer import ReachEnhancer
 
-__all__ = ["SESSION_KEY", "ReachTool", "ReachToolRetriever", "enhance_agent", "enhance_tools", "error_output"]
+__all__ = [
+    "APPROVALS",
+    "SESSION_KEY",
+    "ReachStreamEvent",
+    "ReachTool",
+    "ReachToolRetriever",
+    "enhance_agent",
+    "enhance_tools",
+    "error_output",
+    "workflow_approver",
+]
 
 SESSION_KEY = "reach_session_id"
 """Where the conversation key lives: in the workflow ``ctx.store`` and in ``instrument_tags``."""
+
+
+APPROVALS = frozenset({"yes", "y", "approve", "approved"})
+"""``HumanResponseEvent.response`` values (any case) that approve a call; anything else rejects it."""
+
+
+def workflow_approver(ctx: Context) -> Approver:
+    """Ask for approval the LlamaIndex way: ``InputRequiredEvent`` out, a ``HumanResponseEvent`` back."""
+
+    async def ask(pending: PendingApproval) -> Verdict:
+        request = {
+            "tool": pending.tool,
+            "capability": pending.capability.name,
+            "danger_level": pending.capability.danger_level,
+            "args": dict(pending.args),
+            "asked_by": pending.asked_by,
+        }
+        waiter = (
+            "reach-approval-"
+            + hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        )
+        question = (
+            f"Approve {pending.tool} ({pending.capability.name}) with {json.dumps(request['args'], default=str)}? "
+        )
+        asked = InputRequiredEvent(prefix=question, waiter_id=waiter, reach_approval=request)
+        answer = await ctx.wait_for_event(
+            HumanResponseEvent, waiter_event=asked, waiter_id=waiter, requirements={"waiter_id": waiter}, timeout=None
+        )
+        said = str(answer.response).strip()
+        return Verdict(True) if said.lower() in APPROVALS else Verdict(False, reason=said or "the reviewer said no")
+
+    return ask
 
 
 class ReachTool(AsyncBaseTool):
@@ -95,7 +166,11 @@ class ReachTool(AsyncBaseTool):
             return self._refused(args, kwargs, exc)
         decision = await self.enhancer.adecide(call)
         if decision.remote or self.inner is None:
-            result = await self.enhancer.areach(call, decision)
+            if ctx is None:
+                result = await self.enhancer.areach(call, decision)
+            else:
+                approver = self.enhancer.approver or workflow_approver(ctx)
+                result = await self.enhancer.areach(call, decision, approver=approver, on_item=_streamer(ctx))
             if result.fallback is None or self.inner is None:
                 return _output(call, result)
         return await self.inner.acall(*args, **_with_context(self.inner, kwargs, ctx))
@@ -215,14 +290,7 @@ def _output(call: ToolCall, result: ToolResult) -> ToolOutput:
 
 def error_output(error: ReachError) -> dict[str, Any]:
     """The ``raw_output`` of an error ``ToolOutput``: the error's wire code and class, so code can act on it."""
-    return {
-        "error": {
-            "type": error.code,
-            "class": type(error).__name__,
-            "message": error.message,
-            "retryable": is_retryable(error),
-        }
-    }
+    return {"error": error_record(error)}
 
 
 def _wrapped(tool: BaseTool, enhancer: ReachEnhancer) -> BaseTool:
@@ -273,6 +341,27 @@ def _arguments(
         named.update(zip(order, args, strict=False))
     named.update((key, value) for key, value in kwargs.items() if not isinstance(value, Context))
     return named
+
+
+def _streamer(ctx: Context) -> Callable[[Any], None]:
+    """Writes each streamed item but the closing result to the workflow's event stream."""
+
+    def write(item: Any) -> None:
+        if not isinstance(item, Mapping):
+            ctx.write_event_to_stream(ReachStreamEvent(data=item))
+        elif not is_result(item):
+            text, node, agent = item.get("text"), item.get("node"), item.get("agent")
+            ctx.write_event_to_stream(
+                ReachStreamEvent(
+                    agent=agent if isinstance(agent, str) else None,
+                    kind=str(item.get("type", "custom")),
+                    text=text if isinstance(text, str) else None,
+                    node=node if isinstance(node, str) else None,
+                    data=dict(item),
+                )
+            )
+
+    return write
 
 
 def _step_context() -> Context | None:

@@ -33,6 +33,7 @@ from reach_plugins.errors import (
     Retryable,
     SessionClosed,
     UnknownCapability,
+    is_retryable,
 )
 from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, default_embedder
 from reach_plugins.matching.matcher import DEFAULT_TIMEOUT, identifier
@@ -159,6 +160,8 @@ class PendingApproval:
     args: Mapping[str, Any]
     call_id: str | None = None
     session_key: str | None = None
+    asked_by: str | None = None
+    """The target agent's request when it asks its caller for the approval (``None``: this caller's policy asks)."""
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary to show the human (the LangGraph interrupt's value)."""
@@ -171,12 +174,23 @@ class PendingApproval:
             "args": dict(self.args),
             "tool_call_id": self.call_id,
             "conversation": self.session_key,
+            "asked_by": self.asked_by,
             "resume_with": {"approved": True},
         }
 
 
-Approver = Callable[[PendingApproval], "bool | Awaitable[bool]"]
-"""Decides whether a dangerous call may be sent; ``True`` sends it."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """An approver's answer beyond yes or no: the arguments a reviewer edited, or why they rejected it."""
+
+    approved: bool
+    args: Mapping[str, Any] | None = None
+    """Send these arguments instead of the model's (an edit); ``None`` keeps them."""
+    reason: str = ""
+
+
+Approver = Callable[[PendingApproval], "bool | Verdict | Awaitable[bool | Verdict]"]
+"""Decides whether a dangerous call may be sent; ``True`` (or an approving :class:`Verdict`) sends it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +296,16 @@ _ADVICE: tuple[tuple[type[ReachError], str], ...] = (
     (Retryable, "It failed this time and may pass if called again."),
     (HandlerFailed, "It ran and failed, and may have acted: do not call it again the same way; tell the user."),
 )
+
+
+def error_record(error: ReachError) -> dict[str, Any]:
+    """A failure as data for code to act on: the error's wire code, class, message and whether a retry may help."""
+    return {
+        "type": error.code,
+        "class": type(error).__name__,
+        "message": error.message,
+        "retryable": is_retryable(error),
+    }
 
 
 def error_text(tool: str, capability: str | None, error: ReachError) -> str:

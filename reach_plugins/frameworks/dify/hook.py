@@ -29,6 +29,7 @@ from reach_plugins.errors import ConfigError, ReachError, from_wire
 from reach_plugins.frameworks.enhancer import ReachEnhancer
 from reach_plugins.frameworks.toolcalls import Decision, Resolution, ToolCall, ToolResult, content_of
 from reach_plugins.telemetry.spans import ATTR_CAPABILITY, ATTR_GEN_AI_CONVERSATION_ID, get_tracer
+from reach_plugins.wire.items import is_progress, is_result, reply_of
 
 ATTR_DIFY_APP_ID: Final = "dify.app_id"
 ATTR_ENDUSER_ID: Final = "enduser.id"
@@ -219,8 +220,10 @@ def _spanned_stream(
 def stream_reach(reach: ReachEnhancer, call: ToolCall, decision: Decision) -> Generator[Any, None, ToolResult]:
     """Reach ``call`` as a stream: each item as the agent sends it, then the :class:`ToolResult` of them all.
 
-    Strings are joined into one text, other items become a list (one item
-    stays itself), as the agent SDK collects a streaming handler. A capability
+    The reply is :func:`~reach_plugins.wire.items.reply_of` the items (a served
+    framework agent's closing result; strings joined, one item itself, several
+    a list); a served agent's progress items (tokens, node updates) and its
+    closing result are not yielded: the reply is shown once, whole. A capability
     that needs approval or names an idempotency key is reached whole through
     :meth:`ReachEnhancer.reach`: its approver runs there, and a stream is
     retried only before its first item and never deduplicated. Unlike a
@@ -238,21 +241,15 @@ def stream_reach(reach: ReachEnhancer, call: ToolCall, decision: Decision) -> Ge
             for event in reach.blocking.stream(capability.name, **reach._options(call)):
                 if event.kind == "data":
                     items.append(event.data)
-                    yield event.data
+                    if not (is_progress(event.data) or is_result(event.data)):
+                        yield event.data
                 elif event.kind == "error" and event.error is not None:
                     raise from_wire(event.error)
         except ReachError as exc:
             return reach._failed(span, call, capability.name, exc, None)
         span.set_attribute(ATTR_CAPABILITY, capability.name)
-    data = collected(items)
+    data = reply_of(items)
     return ToolResult(call, capability.name, content_of(data), data)
-
-
-def collected(items: list[Any]) -> Any:
-    """A stream's items as one value: strings joined, one item itself, several a list."""
-    if items and all(isinstance(item, str) for item in items):
-        return "".join(items)
-    return items[0] if len(items) == 1 else items
 
 
 def reach_capability(
