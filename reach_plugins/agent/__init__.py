@@ -11,6 +11,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('the agent SDK needs the server extra: pip install "reach-plugins[server]"') from exc
 
+from reach_plugins.agent.a2a_parts import File, Reply, ask
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, WebhookApprover
 from reach_plugins.agent.handlers import ReachContext
@@ -25,15 +26,18 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRequest",
     "BackgroundServer",
+    "File",
     "MemorySnapshotStore",
     "Outcome",
     "ReachAgent",
     "ReachContext",
     "Registration",
+    "Reply",
     "ServedAgent",
     "SnapshotStore",
     "WebhookApprover",
     "add_langgraph",
+    "ask",
     "mtls",
     "serve",
     "serve_graph",

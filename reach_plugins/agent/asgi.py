@@ -16,7 +16,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
+from reach_plugins.agent.a2a import A2AServer
+from reach_plugins.agent.a2a_card import CARD_PATH, RPC_PATH, CardRoute
+from reach_plugins.agent.a2a_jsonrpc import JsonRpcRoute
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
@@ -42,7 +44,8 @@ def _refuse(exc: ReachError, stage: Stage) -> Response:
 def build_app(agent: Served) -> ServerApp:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work).
 
-    A2A too (:mod:`reach_plugins.agent.a2a`): the agent card and ``POST /a2a``.
+    A2A too (:mod:`reach_plugins.agent.a2a`): the agent card, JSON-RPC at ``POST /a2a`` (and ``/a2a/``, as
+    clients joining a path to the card's interface URL call it) and HTTP+JSON under ``/a2a/rest``.
     """
     large = agent.limits.places()
 
@@ -78,12 +81,24 @@ def build_app(agent: Served) -> ServerApp:
             yield
 
     a2a = A2AServer(agent)
+    rpc = JsonRpcRoute(a2a)
     limits = agent.limits
     routes = [
         ServerRoute("/reach", ("POST",), reach, auth=caller, body=WireBody, limits=limits, large=large, refuse=_refuse),
-        ServerRoute(CARD_PATH, ("GET",), a2a.card_route, auth=OPEN),
-        ServerRoute(
-            RPC_PATH, ("POST",), a2a.rpc_route, auth=caller, body=JSON, limits=limits, large=large, refuse=a2a.refuse
+        ServerRoute(CARD_PATH, ("GET",), CardRoute(agent), auth=OPEN),
+        *(
+            ServerRoute(
+                path,
+                ("POST",),
+                rpc,
+                auth=caller,
+                body=JSON,
+                limits=limits,
+                large=large,
+                json_only=True,
+                refuse=rpc.refuse,
+            )
+            for path in (RPC_PATH, RPC_PATH + "/")
         ),
         ServerRoute(
             "/reach/stream",
