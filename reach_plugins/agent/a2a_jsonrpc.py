@@ -10,17 +10,8 @@ from typing import Any
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reach_plugins.agent.a2a import OPERATIONS, A2AServer, check_version, refused_method
-from reach_plugins.agent.a2a_rpc import (
-    CONTENT_TYPE,
-    INVALID_REQUEST,
-    PARSE_ERROR,
-    RpcError,
-    answer,
-    failure,
-    read_call,
-    request_id,
-)
-from reach_plugins.errors import ReachError, UnsupportedMediaType
+from reach_plugins.agent.a2a_rpc import RpcError, answer, failure, layer_error, read_call, request_id
+from reach_plugins.errors import ReachError
 from reach_plugins.server.layer import Inbound, Stage
 from reach_plugins.wire.sse import encode_sse
 
@@ -32,12 +23,8 @@ class JsonRpcRoute:
         self.server = server
 
     def refuse(self, exc: ReachError, stage: Stage) -> Response:
-        """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 400)."""
-        if isinstance(exc, UnsupportedMediaType):
-            code = CONTENT_TYPE
-        else:
-            code = PARSE_ERROR if stage == "parse" else INVALID_REQUEST
-        return JSONResponse(failure(None, RpcError(code, exc.message)), status_code=exc.http_status)
+        """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 415)."""
+        return JSONResponse(failure(None, layer_error(exc, stage)), status_code=exc.http_status)
 
     async def __call__(self, inbound: Inbound) -> Response:
         body = inbound.body

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from reach_plugins.errors import ReachError, UnsupportedMediaType
+
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32700, -32600, -32601, -32602, -32603
 TASK_NOT_FOUND, NOT_CANCELABLE, PUSH_NOT_SUPPORTED, UNSUPPORTED = -32001, -32002, -32003, -32004
 CONTENT_TYPE, INVALID_AGENT_RESPONSE, EXTENDED_CARD, EXTENSION_REQUIRED, VERSION = (
@@ -129,6 +131,14 @@ def read_call(body: Any) -> Call:
     if not isinstance(params, Mapping):
         raise RpcError(INVALID_PARAMS, "params must be a JSON object")
     return Call(body.get("id"), method, proto_names(params))
+
+
+def layer_error(exc: ReachError, stage: str) -> RpcError:
+    """A refusal of the server layer as an A2A error: a body not declared JSON is ContentTypeNotSupported
+    (-32005), one that does not parse -32700, any other (auth, size, time) -32600."""
+    if isinstance(exc, UnsupportedMediaType):
+        return RpcError(CONTENT_TYPE, exc.message)
+    return RpcError(PARSE_ERROR if stage == "parse" else INVALID_REQUEST, exc.message)
 
 
 def answer(rpc_id: Any, result: Any) -> dict[str, Any]:

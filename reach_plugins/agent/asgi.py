@@ -17,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reach_plugins.agent.a2a import A2AServer
-from reach_plugins.agent.a2a_card import CARD_PATH, RPC_PATH, CardRoute
+from reach_plugins.agent.a2a_card import CARD_PATH, REST_PATH, RPC_PATH, CardRoute
 from reach_plugins.agent.a2a_jsonrpc import JsonRpcRoute
+from reach_plugins.agent.a2a_rest import RestRoutes
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
@@ -81,7 +82,7 @@ def build_app(agent: Served) -> ServerApp:
             yield
 
     a2a = A2AServer(agent)
-    rpc = JsonRpcRoute(a2a)
+    rpc, rest = JsonRpcRoute(a2a), RestRoutes(a2a)
     limits = agent.limits
     routes = [
         ServerRoute("/reach", ("POST",), reach, auth=caller, body=WireBody, limits=limits, large=large, refuse=_refuse),
@@ -100,6 +101,21 @@ def build_app(agent: Served) -> ServerApp:
             )
             for path in (RPC_PATH, RPC_PATH + "/")
         ),
+        *(
+            ServerRoute(
+                REST_PATH + path,
+                ("POST",),
+                handler,
+                auth=caller,
+                body=JSON,
+                limits=limits,
+                large=large,
+                json_only=True,
+                refuse=rest.refuse,
+            )
+            for path, handler in (("/message:send", rest.send), ("/message:stream", rest.stream))
+        ),
+        ServerRoute(REST_PATH + "/{path:path}", ("GET", "POST", "DELETE"), rest.tasks, auth=caller, refuse=rest.refuse),
         ServerRoute(
             "/reach/stream",
             ("POST",),
