@@ -23,7 +23,8 @@ from reach_plugins.agent.a2a_rest import RestRoutes
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
-from reach_plugins.server.layer import JSON, OPEN, Inbound, ServerApp, ServerRoute, Stage
+from reach_plugins.server.inbound import BodyPlaces
+from reach_plugins.server.layer import JSON, OPEN, Authenticate, Handler, Inbound, Refuse, ServerApp, ServerRoute, Stage
 from reach_plugins.wire.body import WireBody, check_deadline
 
 if TYPE_CHECKING:
@@ -40,6 +41,30 @@ def _refuse(exc: ReachError, stage: Stage) -> Response:
     """A refusal of the server layer in the agent's reply shape (the parse problem says what the body must be)."""
     message = f"{exc.message}; {_EXPECTED}" if stage == "parse" else exc.message
     return _json(fail(None, exc.http_status, exc.error_type, message))
+
+
+def _a2a_routes(agent: Served, auth: Authenticate, large: BodyPlaces) -> list[ServerRoute]:
+    """The A2A paths: the card, JSON-RPC at ``/a2a`` and ``/a2a/``, HTTP+JSON under ``/a2a/rest`` (one server
+    behind both bindings; bodies must be declared JSON, so a wrong Content-Type is ContentTypeNotSupported)."""
+    a2a = A2AServer(agent)
+    rpc, rest = JsonRpcRoute(a2a), RestRoutes(a2a)
+    posts: list[tuple[str, Handler, Refuse]] = [
+        (RPC_PATH, rpc, rpc.refuse),
+        (RPC_PATH + "/", rpc, rpc.refuse),
+        (REST_PATH + "/message:send", rest.send, rest.refuse),
+        (REST_PATH + "/message:stream", rest.stream, rest.refuse),
+    ]
+    limits = agent.limits
+    return [
+        ServerRoute(CARD_PATH, ("GET",), CardRoute(agent), auth=OPEN),
+        *(
+            ServerRoute(
+                path, ("POST",), run, auth=auth, body=JSON, limits=limits, large=large, json_only=True, refuse=no
+            )
+            for path, run, no in posts
+        ),
+        ServerRoute(REST_PATH + "/{path:path}", ("GET", "POST", "DELETE"), rest.tasks, auth=auth, refuse=rest.refuse),
+    ]
 
 
 def build_app(agent: Served) -> ServerApp:
@@ -81,41 +106,10 @@ def build_app(agent: Served) -> ServerApp:
         async with agent.lifespan():
             yield
 
-    a2a = A2AServer(agent)
-    rpc, rest = JsonRpcRoute(a2a), RestRoutes(a2a)
     limits = agent.limits
     routes = [
         ServerRoute("/reach", ("POST",), reach, auth=caller, body=WireBody, limits=limits, large=large, refuse=_refuse),
-        ServerRoute(CARD_PATH, ("GET",), CardRoute(agent), auth=OPEN),
-        *(
-            ServerRoute(
-                path,
-                ("POST",),
-                rpc,
-                auth=caller,
-                body=JSON,
-                limits=limits,
-                large=large,
-                json_only=True,
-                refuse=rpc.refuse,
-            )
-            for path in (RPC_PATH, RPC_PATH + "/")
-        ),
-        *(
-            ServerRoute(
-                REST_PATH + path,
-                ("POST",),
-                handler,
-                auth=caller,
-                body=JSON,
-                limits=limits,
-                large=large,
-                json_only=True,
-                refuse=rest.refuse,
-            )
-            for path, handler in (("/message:send", rest.send), ("/message:stream", rest.stream))
-        ),
-        ServerRoute(REST_PATH + "/{path:path}", ("GET", "POST", "DELETE"), rest.tasks, auth=caller, refuse=rest.refuse),
+        *_a2a_routes(agent, caller, large),
         ServerRoute(
             "/reach/stream",
             ("POST",),
