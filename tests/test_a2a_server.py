@@ -14,6 +14,9 @@ import httpx
 import pytest
 
 from reach_plugins.agent import BackgroundServer, File, ReachAgent, ReachContext, Reply, ask
+from reach_plugins.agent.a2a import A2AServer
+from reach_plugins.agent.a2a_rpc import RpcError
+from reach_plugins.server.layer import Inbound
 
 WITHIN = 10.0
 agent = ReachAgent("desk", tokens="open")
@@ -272,3 +275,21 @@ def test_the_http_json_binding_serves_the_same_tasks(url: str) -> None:
     missing = httpx.get(f"{url}/a2a/rest/tasks/nope", timeout=WITHIN)
     assert missing.status_code == 404
     assert missing.json()["error"]["details"][0]["reason"] == "TASK_NOT_FOUND"
+
+
+async def test_returning_immediately_cannot_start_more_tasks_than_the_bound() -> None:
+    """``returnImmediately`` sends past ``max_running`` running tasks are refused, and none of them runs."""
+    server = A2AServer(agent, max_running=2)
+    inbound = Inbound(request=None, headers={}, caller=None, body=None)  # type: ignore[arg-type]
+    params = {"message": message("zzz", "slow"), "configuration": {"returnImmediately": True}}
+    for _ in range(2):
+        await server.send({**params, "message": message("zzz", "slow")}, inbound, "1.0", stream=False)
+    with pytest.raises(RpcError) as refused:
+        await server.send(params, inbound, "1.0", stream=False)
+    assert refused.value.code == -32603
+    assert len(server.book.table) == 2
+    runners = [live.runner for live in server.live.values() if live.runner is not None]
+    assert len(runners) == 2
+    for runner in runners:
+        runner.cancel()
+    await asyncio.gather(*runners, return_exceptions=True)

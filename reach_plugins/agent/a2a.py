@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from reach_plugins.agent.a2a_parts import as_json, ask_of, files_of, normal, parts, reply_of
 from reach_plugins.agent.a2a_rpc import (
     EXTENDED_CARD,
+    INTERNAL,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     NOT_CANCELABLE,
@@ -76,6 +77,8 @@ PUSH_METHODS = frozenset(
 EXTENDED_CARD_METHODS = frozenset({"GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard"})
 MESSAGE_FIELDS = frozenset({"messageId", "contextId", "taskId", "parts", "metadata", "extensions", "referenceTaskIds"})
 """The fields of a Message kept in a task's history (whatever else a caller sent is not echoed)."""
+MAX_RUNNING = 1_000
+"""Tasks running at once per agent: a flood of ``returnImmediately`` sends cannot start handlers without end."""
 CANCEL_WAIT = 5.0
 """How long CancelTask waits for a cancelled handler to stop before it answers."""
 Event = tuple[str, dict[str, Any]]
@@ -140,9 +143,15 @@ class A2AServer:
     """The A2A face of one agent: its operations (both bindings call them) and the tasks it keeps."""
 
     def __init__(
-        self, agent: Served, *, budget: Budget = DEFAULT_BUDGET, wall: Callable[[], float] = time.time
+        self,
+        agent: Served,
+        *,
+        budget: Budget = DEFAULT_BUDGET,
+        wall: Callable[[], float] = time.time,
+        max_running: int = MAX_RUNNING,
     ) -> None:
         self.agent = agent
+        self.max_running = max_running
         self.book = TaskBook(budget)
         self.live: dict[ScopedKey, Live] = {}
         self.wall = wall
@@ -189,6 +198,9 @@ class A2AServer:
     ) -> dict[str, Any] | AsyncIterator[dict[str, Any]]:
         """Run the message's capability as a task: its result (a send), or its events (a stream)."""
         tenant = tenant_of(inbound)
+        running = sum(1 for live in self.live.values() if live.runner is not None and not live.runner.done())
+        if running >= self.max_running:
+            raise RpcError(INTERNAL, f"this agent is running {running} tasks, its most at once; retry later")
         message, name, payload = self._read(params)
         config = _mapping(params.get("configuration"))
         given, new = message.get("contextId"), message.get("taskId") is None
