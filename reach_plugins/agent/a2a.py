@@ -201,23 +201,23 @@ class A2AServer:
         running = sum(1 for live in self.live.values() if live.runner is not None and not live.runner.done())
         if running >= self.max_running:
             raise RpcError(INTERNAL, f"this agent is running {running} tasks, its most at once; retry later")
-        message, name, payload = self._read(params)
-        config = _mapping(params.get("configuration"))
-        given, new = message.get("contextId"), message.get("taskId") is None
-        if not new:
-            task = self.book.continued(tenant, message["taskId"], given)
-        else:
+        sent = _mapping(params.get("message"))
+        given, new = sent.get("contextId"), sent.get("taskId") is None
+        task = None if new else self.book.continued(tenant, sent["taskId"], given)
+        message, name, payload = self._read(params, None if task is None else task.capability)
+        if task is None:
             context = given if isinstance(given, str) and given else uuid.uuid4().hex
             task = A2ATask(uuid.uuid4().hex, context, name, "submitted", self.wall())
-        user = {k: v for k, v in message.items() if k in MESSAGE_FIELDS}
-        task.history.append({**user, "role": "ROLE_USER", "taskId": task.id, "contextId": task.context_id})
         try:
             body = WireBody(
                 request_id=str(message["messageId"]), capability=name, payload=payload, session_id=task.context_id
             )
         except ValidationError as exc:
             raise RpcError(INVALID_PARAMS, invalid(exc, "message").message) from None
+        user = {k: v for k, v in message.items() if k in MESSAGE_FIELDS}
+        task.history.append({**user, "role": "ROLE_USER", "taskId": task.id, "contextId": task.context_id})
         self.book.keep(tenant, task)
+        config = _mapping(params.get("configuration"))
         queue = self._follow(tenant, task)
         live = self.live[self._key(tenant, task)]
         live.runner = asyncio.create_task(self._run(tenant, task, body, inbound))
@@ -399,8 +399,9 @@ class A2AServer:
 
     # ------------------------------------------------------------------ reading a message
 
-    def _read(self, params: Mapping[str, Any]) -> tuple[Mapping[str, Any], str, dict[str, Any]]:
-        """(message, capability, payload) of a send request; -32602 naming what is missing."""
+    def _read(self, params: Mapping[str, Any], continued: str | None) -> tuple[Mapping[str, Any], str, dict[str, Any]]:
+        """(message, capability, payload) of a send request (a continued task keeps its ``continued`` capability);
+        -32602 naming what is missing."""
         message = params.get("message")
         if not isinstance(message, Mapping):
             raise RpcError(INVALID_PARAMS, "params.message is required (a Message object)")
@@ -411,7 +412,7 @@ class A2AServer:
             raise RpcError(INVALID_PARAMS, "params.message.parts must hold at least one part")
         metadata = {**_mapping(message.get("metadata")), **_mapping(params.get("metadata"))}
         offered = self.agent.capabilities
-        name = metadata.get("reach.capability") or (offered[0].name if len(offered) == 1 else None)
+        name = continued or metadata.get("reach.capability") or (offered[0].name if len(offered) == 1 else None)
         capability = next((c for c in offered if c.name == name), None)
         if capability is None:
             names = ", ".join(c.name for c in offered)
