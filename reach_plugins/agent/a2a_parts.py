@@ -1,8 +1,9 @@
 """What a handler returns to an A2A caller besides data, and how results and messages become A2A parts.
 
 A handler's plain result keeps working everywhere (``/reach`` too): a string
-is a text part, a mapping a data part (with its ``reply_content`` as a text
-part first), any other JSON value a data part. For A2A it may also return
+is a text part; a mapping with ``reply_content`` that text, then a data part;
+any other JSON value a data part, then its JSON as text (for clients that read
+only text; the data part comes first, where A2A readers look for it). For A2A it may also return
 
 * :class:`File` (bytes or a URL, with ``media_type`` / ``filename``): a file part;
   a list of files and strings is one part each;
@@ -108,7 +109,7 @@ def _one(value: Any) -> list[dict[str, Any]]:
         return [_file_part(value)]
     if isinstance(value, Mapping) and isinstance(value.get("reply_content"), str):
         return [{"text": value["reply_content"]}, {"data": value}]
-    return [{"data": value}]
+    return [{"data": value}, {"text": json.dumps(value, ensure_ascii=False)}]
 
 
 def parts(value: Any) -> list[dict[str, Any]]:
