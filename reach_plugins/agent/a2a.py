@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -75,6 +76,7 @@ PUSH_METHODS = frozenset(
     }
 )
 EXTENDED_CARD_METHODS = frozenset({"GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard"})
+log = logging.getLogger(__name__)
 MESSAGE_FIELDS = frozenset({"messageId", "contextId", "taskId", "parts", "metadata", "extensions", "referenceTaskIds"})
 """The fields of a Message kept in a task's history (whatever else a caller sent is not echoed)."""
 MAX_RUNNING = 1_000
@@ -340,6 +342,9 @@ class A2AServer:
                 self._answered(tenant, task, await self.agent.handle(body, inbound.headers, inbound.caller))
         except asyncio.CancelledError:
             self._move(tenant, task, "canceled")
+        except Exception:  # ours, not the handler's (its errors are outcomes): the task fails, no follower hangs
+            log.exception("A2A task %s of %r could not be finished", task.id, body.capability)
+            self._move(tenant, task, "failed", "the agent could not finish this task")
         finally:
             live = self.live.get(self._key(tenant, task))
             if live is not None and not live.listeners:

@@ -152,11 +152,12 @@ class TaskBook:
             raise RpcError(INVALID_PARAMS, "pageToken must be a token a previous ListTasks returned")
         history = history_length(params)
         after = params.get("statusTimestampAfter")
+        owner = ScopedKey.of(tenant, KIND, "-").tenant
         found = [
             task
             for key, task in ((key, self.table.peek(key)) for key in list(self.table))
             if task is not None
-            and key.tenant == ScopedKey.of(tenant, KIND, task.id).tenant
+            and key.tenant == owner
             and (context is None or task.context_id == context)
             and (state is None or state_name(task.state, dialect) == state or task.state == state)
             and (not isinstance(after, str) or stamp(task.updated) > after)
