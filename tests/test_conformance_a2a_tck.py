@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from peer_servers import _answers, _stop
 from servers import _missing, free_port, startup_seconds, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,13 +47,6 @@ class Row:
         return f"{self.name:<22} {tests:<20} {' / '.join(map(str, self.must))}"
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=0.5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @contextlib.contextmanager
 def _served(command: list[str], env: dict[str, str], port: int) -> Iterator[str]:
     """Run one SUT until the block ends; yield its base URL once its card answers."""
@@ -68,12 +61,7 @@ def _served(command: list[str], env: dict[str, str], port: int) -> Iterator[str]
                 raise AssertionError(f"{command[-1]} exited: {log.read()[-2000:].decode(errors='replace')}")
             yield url
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _stop(process)
 
 
 def _start(url: str, out: Path) -> subprocess.Popen[bytes]:
