@@ -295,3 +295,25 @@ async def test_returning_immediately_cannot_start_more_tasks_than_the_bound() ->
     for runner in runners:
         runner.cancel()
     await asyncio.gather(*runners, return_exceptions=True)
+
+
+def test_stopping_the_agent_cancels_the_handlers_of_its_running_tasks() -> None:
+    """A handler still running when the agent's server stops is cancelled (it sees CancelledError), not orphaned."""
+    started, cancelled = threading.Event(), threading.Event()
+    stopping = ReachAgent("stopping", tokens="open")
+
+    @stopping.capability("wait")
+    async def wait(text: str) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    with BackgroundServer(stopping.app) as server:
+        params = {"message": message("zzz", "wait"), "configuration": {"returnImmediately": True}}
+        assert rpc(server.url, "SendMessage", params)["result"]["task"]["status"]["state"] != "TASK_STATE_COMPLETED"
+        assert started.wait(WITHIN)
+    assert cancelled.wait(WITHIN)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from reach_plugins.agent.a2a_parts import as_json, ask_of, files_of, normal, parts, reply_of
+from reach_plugins.agent.a2a_parts import as_json, ask_of, files_of, in_dialect, normal, parts, reply_of
 from reach_plugins.agent.a2a_rpc import (
     EXTENDED_CARD,
     INTERNAL,
@@ -107,20 +107,18 @@ def shape(event: Event, dialect: Dialect) -> dict[str, Any]:
         item = message_in(item, dialect)
     elif kind == "statusUpdate":
         status = dict(item["status"])
-        status["state"] = state_name(status["state"], dialect)
+        state, status["state"] = status["state"], state_name(status["state"], dialect)
         if "message" in status:
             status["message"] = message_in(status["message"], dialect)
         item = {**item, "status": status}
+        if dialect == "0.3":  # 0.3 marks the stream's last event
+            item["final"] = state in TERMINAL | WAITING
     elif kind == "artifactUpdate":
-        item = {**item, "artifact": {**item["artifact"], "parts": shaped_parts(item["artifact"], dialect)}}
+        item = {**item, "artifact": {**item["artifact"], "parts": in_dialect(item["artifact"]["parts"], dialect)}}
     if dialect == "1.0":
-        return {kind: {k: v for k, v in item.items() if k != "final"}}
+        return {kind: item}
     names = {"task": "task", "message": "message", "artifactUpdate": "artifact-update", "statusUpdate": "status-update"}
     return {**item, "kind": names[kind]}
-
-
-def shaped_parts(artifact: Mapping[str, Any], dialect: Dialect) -> list[dict[str, Any]]:
-    return message_in({"parts": artifact.get("parts", [])}, dialect)["parts"]  # type: ignore[no-any-return]
 
 
 def final(event: Event) -> bool:
@@ -158,6 +156,13 @@ class A2AServer:
         self.live: dict[ScopedKey, Live] = {}
         self.wall = wall
         """Wall-clock seconds for the tasks' timestamps (only on the wire)."""
+
+    async def close(self) -> None:
+        """Cancel the handlers still running (the agent is stopping): their tasks end ``canceled``."""
+        runners = [live.runner for live in self.live.values() if live.runner is not None and not live.runner.done()]
+        for runner in runners:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
 
     # ------------------------------------------------------------------ operations
 

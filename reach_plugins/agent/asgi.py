@@ -43,10 +43,9 @@ def _refuse(exc: ReachError, stage: Stage) -> Response:
     return _json(fail(None, exc.http_status, exc.error_type, message))
 
 
-def _a2a_routes(agent: Served, auth: Authenticate, large: BodyPlaces) -> list[ServerRoute]:
+def _a2a_routes(a2a: A2AServer, agent: Served, auth: Authenticate, large: BodyPlaces) -> list[ServerRoute]:
     """The A2A paths: the card, JSON-RPC at ``/a2a`` and ``/a2a/``, HTTP+JSON under ``/a2a/rest`` (one server
     behind both bindings; bodies must be declared JSON, so a wrong Content-Type is ContentTypeNotSupported)."""
-    a2a = A2AServer(agent)
     rpc, rest = JsonRpcRoute(a2a), RestRoutes(a2a)
     posts: list[tuple[str, Handler, Refuse]] = [
         (RPC_PATH, rpc, rpc.refuse),
@@ -101,15 +100,20 @@ def build_app(agent: Served) -> ServerApp:
         state = "draining" if agent.draining else "not ready"
         return JSONResponse({"status": state, "agent": agent.name}, status_code=503)
 
+    a2a = A2AServer(agent)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with agent.lifespan():
-            yield
+            try:
+                yield
+            finally:
+                await a2a.close()
 
     limits = agent.limits
     routes = [
         ServerRoute("/reach", ("POST",), reach, auth=caller, body=WireBody, limits=limits, large=large, refuse=_refuse),
-        *_a2a_routes(agent, caller, large),
+        *_a2a_routes(a2a, agent, caller, large),
         ServerRoute(
             "/reach/stream",
             ("POST",),
