@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -38,15 +38,22 @@ def book(text: str, ctx: ReachContext) -> Any:
     return f"booked {ctx.state.pop('what')} on {text}"
 
 
-@agent.capability("slow")
-async def slow(text: str) -> str:
-    STARTED.set()
-    try:
-        await asyncio.sleep(30)
-    except asyncio.CancelledError:
-        CANCELLED.set()
-        raise
-    return "never"
+def sleeper(started: threading.Event, cancelled: threading.Event) -> Callable[[str], Awaitable[str]]:
+    """A handler that runs 30 s unless cancelled: sets ``started``, then ``cancelled`` when it is."""
+
+    async def slow(text: str) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    return slow
+
+
+agent.capability("slow")(sleeper(STARTED, CANCELLED))
 
 
 @agent.capability("count")
@@ -301,16 +308,7 @@ def test_stopping_the_agent_cancels_the_handlers_of_its_running_tasks() -> None:
     """A handler still running when the agent's server stops is cancelled (it sees CancelledError), not orphaned."""
     started, cancelled = threading.Event(), threading.Event()
     stopping = ReachAgent("stopping", tokens="open")
-
-    @stopping.capability("wait")
-    async def wait(text: str) -> str:
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return "never"
+    stopping.capability("wait")(sleeper(started, cancelled))
 
     with BackgroundServer(stopping.app) as server:
         params = {"message": message("zzz", "wait"), "configuration": {"returnImmediately": True}}
