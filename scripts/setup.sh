@@ -28,6 +28,12 @@ if [[ ! -x .venv-a2a03/bin/python ]]; then
   "$PYTHON" -m venv .venv-a2a03
 fi
 .venv-a2a03/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-a2a03.txt
+# The A2A TCK (vendored in tests/conformance/a2a-tck) and the official a2a-sdk 1.3.0 SUT it is compared with:
+# the TCK's own pins and the SDK's grpc extra are not ours (tests/test_conformance_a2a_tck.py).
+if [[ ! -x .venv-tck/bin/python ]]; then
+  "$PYTHON" -m venv .venv-tck
+fi
+.venv-tck/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-tck.txt
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh
 # Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway

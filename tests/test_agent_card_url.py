@@ -34,8 +34,9 @@ def an_agent(**options: Any) -> ReachAgent:
 
 
 def urls(card: dict[str, Any]) -> set[str]:
-    """Every URL the card tells an A2A client to call."""
-    return {card["url"], *(interface["url"] for interface in card["supportedInterfaces"])}
+    """Every base URL the card tells an A2A client to call (JSON-RPC at ``/a2a``, HTTP+JSON at ``/a2a/rest``)."""
+    found = {interface["url"].removesuffix("/rest") for interface in card["supportedInterfaces"]}
+    return found | ({card["url"]} if "url" in card else set())
 
 
 def card_of(base: str) -> dict[str, Any]:

@@ -56,7 +56,9 @@ def test_the_agent_card_does_not_take_its_urls_from_the_host_header() -> None:
         return {"text": text}
 
     with BackgroundServer(agent.app) as served:
-        card = httpx.get(f"{served.url}/.well-known/agent-card.json", headers={"Host": "127.6.6.6:4444"}).json()
+        # A2A-Version 0.3: the card with its 0.3 ``url`` too, so every URL it can name is checked.
+        forged = {"Host": "127.6.6.6:4444", "A2A-Version": "0.3"}
+        card = httpx.get(f"{served.url}/.well-known/agent-card.json", headers=forged).json()
     urls = [card["url"], *(face["url"] for face in card["supportedInterfaces"])]
     assert not [url for url in urls if "127.6.6.6" in url], urls
 

@@ -11,6 +11,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('the agent SDK needs the server extra: pip install "reach-plugins[server]"') from exc
 
+from reach_plugins.agent.a2a_parts import File, Reply, ask
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, CallerApproval, WebhookApprover
 from reach_plugins.agent.handlers import Final, ReachContext
@@ -27,15 +28,18 @@ __all__ = [
     "BackgroundServer",
     "CallerApproval",
     "Final",
+    "File",
     "MemorySnapshotStore",
     "Outcome",
     "ReachAgent",
     "ReachContext",
     "Registration",
+    "Reply",
     "ServedAgent",
     "SnapshotStore",
     "WebhookApprover",
     "add_langgraph",
+    "ask",
     "mtls",
     "serve",
     "serve_graph",

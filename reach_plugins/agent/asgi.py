@@ -16,11 +16,15 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from reach_plugins.agent.a2a import CARD_PATH, RPC_PATH, A2AServer
+from reach_plugins.agent.a2a import A2AServer
+from reach_plugins.agent.a2a_card import CARD_PATH, REST_PATH, RPC_PATH, CardRoute
+from reach_plugins.agent.a2a_jsonrpc import JsonRpcRoute
+from reach_plugins.agent.a2a_rest import RestRoutes
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
-from reach_plugins.server.layer import JSON, OPEN, Inbound, ServerApp, ServerRoute, Stage
+from reach_plugins.server.inbound import BodyPlaces
+from reach_plugins.server.layer import JSON, OPEN, Authenticate, Handler, Inbound, Refuse, ServerApp, ServerRoute, Stage
 from reach_plugins.wire.body import WireBody, check_deadline
 
 if TYPE_CHECKING:
@@ -39,10 +43,34 @@ def _refuse(exc: ReachError, stage: Stage) -> Response:
     return _json(fail(None, exc.http_status, exc.error_type, message))
 
 
+def _a2a_routes(a2a: A2AServer, agent: Served, auth: Authenticate, large: BodyPlaces) -> list[ServerRoute]:
+    """The A2A paths: the card, JSON-RPC at ``/a2a`` and ``/a2a/``, HTTP+JSON under ``/a2a/rest`` (one server
+    behind both bindings; bodies must be declared JSON, so a wrong Content-Type is ContentTypeNotSupported)."""
+    rpc, rest = JsonRpcRoute(a2a), RestRoutes(a2a)
+    posts: list[tuple[str, Handler, Refuse]] = [
+        (RPC_PATH, rpc, rpc.refuse),
+        (RPC_PATH + "/", rpc, rpc.refuse),
+        (REST_PATH + "/message:send", rest.send, rest.refuse),
+        (REST_PATH + "/message:stream", rest.stream, rest.refuse),
+    ]
+    limits = agent.limits
+    return [
+        ServerRoute(CARD_PATH, ("GET",), CardRoute(agent), auth=OPEN),
+        *(
+            ServerRoute(
+                path, ("POST",), run, auth=auth, body=JSON, limits=limits, large=large, json_only=True, refuse=no
+            )
+            for path, run, no in posts
+        ),
+        ServerRoute(REST_PATH + "/{path:path}", ("GET", "POST", "DELETE"), rest.tasks, auth=auth, refuse=rest.refuse),
+    ]
+
+
 def build_app(agent: Served) -> ServerApp:
     """``POST /reach``, ``POST /reach/stream`` (SSE), ``GET /healthz`` (alive), ``GET /readyz`` (takes work).
 
-    A2A too (:mod:`reach_plugins.agent.a2a`): the agent card and ``POST /a2a``.
+    A2A too (:mod:`reach_plugins.agent.a2a`): the agent card, JSON-RPC at ``POST /a2a`` (and ``/a2a/``, as
+    clients joining a path to the card's interface URL call it) and HTTP+JSON under ``/a2a/rest``.
     """
     large = agent.limits.places()
 
@@ -72,19 +100,20 @@ def build_app(agent: Served) -> ServerApp:
         state = "draining" if agent.draining else "not ready"
         return JSONResponse({"status": state, "agent": agent.name}, status_code=503)
 
+    a2a = A2AServer(agent)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with agent.lifespan():
-            yield
+            try:
+                yield
+            finally:
+                await a2a.close()
 
-    a2a = A2AServer(agent)
     limits = agent.limits
     routes = [
         ServerRoute("/reach", ("POST",), reach, auth=caller, body=WireBody, limits=limits, large=large, refuse=_refuse),
-        ServerRoute(CARD_PATH, ("GET",), a2a.card_route, auth=OPEN),
-        ServerRoute(
-            RPC_PATH, ("POST",), a2a.rpc_route, auth=caller, body=JSON, limits=limits, large=large, refuse=a2a.refuse
-        ),
+        *_a2a_routes(a2a, agent, caller, large),
         ServerRoute(
             "/reach/stream",
             ("POST",),
