@@ -47,7 +47,16 @@ from reach_plugins.agent.a2a_rpc import (
 from reach_plugins.agent.a2a_tasks import TERMINAL, WAITING, TaskBook, history_length, message_in, state_name
 from reach_plugins.agent.a2a_tasks import Task as A2ATask
 from reach_plugins.agent.outcome import Outcome
-from reach_plugins.protocols.a2a_wire import METHODS, VERSION_HEADER, Dialect, data_parts, parts_of, texts
+from reach_plugins.protocols.a2a_wire import (
+    ERROR_META,
+    HANDLER_FAILURES,
+    METHODS,
+    VERSION_HEADER,
+    Dialect,
+    data_parts,
+    parts_of,
+    texts,
+)
 from reach_plugins.server.layer import Inbound
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.keys import ScopedKey
@@ -298,8 +307,11 @@ class A2AServer:
         if live is not None:
             live.publish(event)
 
-    def _move(self, tenant: str | None, task: A2ATask, state: str, text: str | None = None) -> None:
-        """Move the task, keep it re-measured, and tell its followers."""
+    def _move(
+        self, tenant: str | None, task: A2ATask, state: str, text: str | None = None, failure: str | None = None
+    ) -> None:
+        """Move the task, keep it re-measured, and tell its followers (``failure``: a handler failure's wire code,
+        named in the status message's metadata so our client can tell a ``Retryable`` from a business failure)."""
         if task.done:  # cancelled meanwhile: what the handler answered after that is not applied
             return
         message = None
@@ -311,6 +323,8 @@ class A2AServer:
                 "taskId": task.id,
                 "contextId": task.context_id,
             }
+            if failure in HANDLER_FAILURES:
+                message["metadata"] = {ERROR_META: failure}
         task.move(state, self.wall(), message)
         self.book.keep(tenant, task)
         ids = {"taskId": task.id, "contextId": task.context_id}
@@ -361,7 +375,7 @@ class A2AServer:
             why = str(error.get("message") or f"the agent answered HTTP {outcome.status}")
             if 400 <= outcome.status < 500 and error.get("type") != "business":
                 task.refusal = why
-            self._move(tenant, task, "failed", why)
+            self._move(tenant, task, "failed", why, str(error.get("type")))
         elif not self._result(tenant, task, as_json(outcome.body.get("data")), append=False):
             self._move(tenant, task, "completed")
 
@@ -398,7 +412,8 @@ class A2AServer:
             async for frame in frames:
                 for event in decoder.feed(frame):
                     if event.event == "error":
-                        self._move(tenant, task, "failed", str(json.loads(event.data).get("message", "failed")))
+                        error = json.loads(event.data)
+                        self._move(tenant, task, "failed", str(error.get("message", "failed")), str(error.get("type")))
                         return
                     if event.event == "data" and self._result(tenant, task, json.loads(event.data), append=not first):
                         return

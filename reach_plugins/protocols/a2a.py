@@ -49,6 +49,7 @@ from reach_plugins.protocols.a2a_wire import (
     binding_of,
     data_parts,
     dialect_of,
+    failure_type,
     parts_of,
     rpc_body,
     state_of,
@@ -266,7 +267,7 @@ class A2AAdapter(NoHandshake):
             state, parts = state_of(item), task_parts(item)
             self.open_tasks.settle(call, item.get("id"), state)
             if state in FAILED_STATES:
-                return failure(call, ErrorInfo(type="business", message=texts(parts) or f"A2A task {state}"))
+                return failure(call, ErrorInfo(type=failure_type(item), message=texts(parts) or f"A2A task {state}"))
             meta = {"kind": "task", "task_id": item.get("id"), "context_id": item.get("contextId"), "state": state}
             return success(call, normalised(parts, meta), response.status)
         raise invalid(call, f"expected a Message or a Task result, got kind {kind!r}")
@@ -328,7 +329,7 @@ class A2AStreamDecoder(EndsOnce):
         self._adapter.open_tasks.settle(self._call, task_id, state)
         if state in FAILED_STATES:
             message = texts(parts) or f"A2A task {state}"
-            return self._finish(StreamEvent("error", error=ErrorInfo(type="business", message=message)))
+            return self._finish(StreamEvent("error", error=ErrorInfo(type=failure_type(item), message=message)))
         events = [StreamEvent("data", normalised(parts, {"kind": kind, "task_id": task_id, "state": state}))]
         events = events if parts else []
         if state in FINAL_STATES or item.get("final") is True:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote, urljoin
 
+from reach_plugins.errors import HandlerFailed, Retryable
 from reach_plugins.protocols.base import TEXT_FIELDS, HttpRequest, encode_json, list_at, mapping_at, payload_text
 
 Dialect = Literal["1.0", "0.3"]
@@ -185,6 +186,18 @@ def state_of(item: Mapping[str, Any]) -> str:
     """The task state as 0.3 spells it (``TASK_STATE_INPUT_REQUIRED`` -> ``input-required``)."""
     raw = str(mapping_at(item, "status").get("state", ""))
     return raw.lower().removeprefix("task_state_").replace("_", "-")
+
+
+ERROR_META = "reach.error"
+"""The status-message metadata key where our agent SDK names why a task failed when its handler failed."""
+HANDLER_FAILURES = frozenset({HandlerFailed.code, Retryable.code})
+
+
+def failure_type(item: Mapping[str, Any]) -> str:
+    """Why a failed task failed: the handler failure our agent SDK named (a ``Retryable`` may be re-run with a
+    key), else ``business`` (it ran and failed: never re-run)."""
+    named = mapping_at(mapping_at(mapping_at(item, "status"), "message"), "metadata").get(ERROR_META)
+    return named if isinstance(named, str) and named in HANDLER_FAILURES else "business"
 
 
 def status_parts(item: Mapping[str, Any]) -> list[Mapping[str, Any]]:
