@@ -4,10 +4,18 @@ Claude Desktop, Cursor, langchain-mcp-adapters or Dify's MCP client connect
 with the tenant's bearer token; ``tools/list`` lists what that tenant may
 reach (capabilities by name, descriptions, ``params_schema`` as
 ``inputSchema``) and ``tools/call`` reaches the capability through the
-gateway's forwarder (routing, retries, breakers). The MCP session is the
+gateway's forwarder (routing, retries, breakers), answered on an SSE stream
+when the client accepts one (progress, log messages and questions to the
+client go there: :mod:`~reach_plugins.gateway.mcp_calls`). Resources, resource
+templates, prompts and completions come from tagged capabilities
+(:mod:`~reach_plugins.gateway.mcp_catalog`). The MCP session is the
 conversation: its id is the request's ``session_id``, so affinity keeps a
-client on one agent instance. Answers are single JSON responses (no server
-stream); ``DELETE /mcp`` ends a session.
+client on one agent instance; ``DELETE /mcp`` ends a session.
+
+DNS rebinding: a gateway listening on a loopback address answers only
+requests whose ``Host`` (and ``Origin``, when sent) name a loopback host; on
+any address a browser's ``Origin`` must name the host it was sent to (403
+otherwise, as the spec's "servers MUST validate the Origin header" asks).
 
 Sessions are kept under their tenant's :class:`~reach_plugins.stores.keys.ScopedKey`
 in an :class:`~reach_plugins.stores.budget.LruTable` within a
@@ -17,21 +25,27 @@ presented by another tenant is unknown (404), as is one pushed out by the bounds
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from reach_plugins.errors import ReachError
+from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, run_call
+from reach_plugins.gateway.mcp_catalog import Catalog, card_result, prompt_result, read_result
 from reach_plugins.model import ReachRequest
+from reach_plugins.protocols.mcp_tools import tool_of
 from reach_plugins.server.inbound import BodyPlaces, InputLimits
 from reach_plugins.server.layer import JSON, Around, Authenticate, Inbound, ServerRoute, Stage
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget, LruTable
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.wire.headers import SOURCE
 from reach_plugins.wire.redact import without_addresses
+from reach_plugins.wire.sse import encode_sse
 
 if TYPE_CHECKING:
     from reach_plugins.server.forwarder import Forwarder
@@ -43,6 +57,16 @@ KIND = "mcp-session"
 _SESSION_BYTES = 64
 """Estimated bytes of one session entry besides its key."""
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
+RETRY_MS = 1000
+"""The ``retry`` a response stream's priming event advises."""
+RESOURCE_NOT_FOUND, INTERNAL_ERROR = -32002, -32603
+CAPABILITIES = {
+    "tools": {"listChanged": False},
+    "resources": {"subscribe": True, "listChanged": False},
+    "prompts": {"listChanged": False},
+    "logging": {},
+    "completions": {},
+}
 
 
 def _response(message: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -63,13 +87,69 @@ def _result(rpc_id: Any, result: Mapping[str, Any], headers: dict[str, str] | No
     return _response({"jsonrpc": "2.0", "id": rpc_id, "result": result}, headers=headers)
 
 
+def _loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def foreign(inbound: Inbound) -> str | None:
+    """Why a request looks like DNS rebinding or a cross-site browser call (``None`` when it does not)."""
+    host = urlsplit(f"//{inbound.headers.get('host', '')}").hostname
+    origin = inbound.headers.get("origin")
+    origin_host = urlsplit(origin).hostname if origin else None
+    served = inbound.request.scope.get("server")
+    if served and _loopback(str(served[0])):
+        if not _loopback(host):
+            return f"Host {host!r} is not this loopback server"
+        if origin is not None and not _loopback(origin_host):
+            return f"Origin {origin!r} is not a loopback origin"
+    elif origin is not None and origin_host != host:
+        return f"Origin {origin!r} is not the host the request was sent to"
+    return None
+
+
+def _frames(messages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """SSE frames of one response stream: a priming event (an id, ``retry`` and no data), then one event a message."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        stream = secrets.token_hex(8)
+        yield f"id: {stream}-0\nretry: {RETRY_MS}\ndata: \n\n".encode()
+        number = 0
+        async for message in messages:
+            number += 1
+            data = json.dumps(message, separators=(",", ":"), ensure_ascii=False, default=str)
+            yield f"id: {stream}-{number}\n".encode() + encode_sse(data, "message")
+
+    return frames()
+
+
+def _streams(inbound: Inbound) -> bool:
+    """The client takes an SSE response stream (every Streamable HTTP client does; a bare JSON POST does not)."""
+    return "text/event-stream" in inbound.headers.get("accept", "")
+
+
+def _stream(messages: AsyncIterator[dict[str, Any]]) -> Response:
+    return StreamingResponse(_frames(messages), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _one(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield message
+
+
 class McpEndpoint:
     """MCP over Streamable HTTP in front of one gateway's :class:`~reach_plugins.server.forwarder.Forwarder`."""
 
     def __init__(self, forwarder: Forwarder, *, budget: Budget = DEFAULT_BUDGET) -> None:
         self.forwarder = forwarder
-        self.sessions: LruTable[bool] = LruTable(budget, "MCP session")
+        self.sessions: LruTable[McpSession] = LruTable(budget, "MCP session")
         """The open MCP sessions, each under the key of the tenant that opened it."""
+        self.questions = Questions()
 
     def routes(
         self, caller: Authenticate, *, limits: InputLimits, large: BodyPlaces, around: Around
@@ -99,6 +179,8 @@ class McpEndpoint:
 
     async def end(self, inbound: Inbound) -> Response:
         """``DELETE /mcp`` ends a session; ``GET /mcp`` (a server stream) is not served."""
+        if (why := foreign(inbound)) is not None:
+            return _error(None, INVALID_REQUEST, why, 403)
         if inbound.request.method == "GET":
             return Response(status_code=405, headers={"Allow": "POST, DELETE"})
         session, unknown = self._session(inbound)
@@ -109,90 +191,184 @@ class McpEndpoint:
         return Response(status_code=200)
 
     async def post(self, inbound: Inbound) -> Response:
-        """One JSON-RPC request or notification."""
+        """One JSON-RPC request, notification or response (the client's answer to a question)."""
+        if (why := foreign(inbound)) is not None:
+            return _error(None, INVALID_REQUEST, why, 403)
         session, unknown = self._session(inbound)
         if unknown is not None:
             return unknown
         message = inbound.body
+        if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
+            if session is not None:
+                self.questions.answer(ScopedKey.of(inbound.caller, KIND, session), message)
+            return Response(status_code=202)
         if not isinstance(message, dict) or not isinstance(message.get("method"), str):
             return _error(None, INVALID_REQUEST, "expected one JSON-RPC request or notification", 400)
         if "id" not in message:
             return Response(status_code=202)
         raw_params = message.get("params")
         params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
-        client = inbound.request.client
-        source = client.host if client else None
-        return await self._dispatch(message["method"], message["id"], params, inbound.caller, session, source)
-
-    async def _dispatch(
-        self,
-        method: str,
-        rpc_id: Any,
-        params: dict[str, Any],
-        tenant: str | None,
-        session: str | None,
-        source: str | None,
-    ) -> Response:
+        method, rpc_id = message["method"], message["id"]
         if method == "initialize":
-            return self._initialize(rpc_id, params, tenant)
+            return self._initialize(rpc_id, params, inbound.caller)
         if session is None:
             return _error(rpc_id, INVALID_REQUEST, "no Mcp-Session-Id: initialize first", 400)
+        answer = await self._dispatch(method, rpc_id, params, inbound, session)
+        if answer.status_code != 200 or answer.media_type != "application/json" or not _streams(inbound):
+            return answer
+        return _stream(_one(json.loads(bytes(answer.body))))
+
+    async def _dispatch(
+        self, method: str, rpc_id: Any, params: dict[str, Any], inbound: Inbound, session: str
+    ) -> Response:
+        tenant = inbound.caller
+        client = inbound.request.client
+        source = client.host if client else None
+        key = ScopedKey.of(tenant, KIND, session)
         if method == "ping":
             return _result(rpc_id, {})
-        if method == "tools/list":
-            return _result(rpc_id, {"tools": self.tools(tenant, source)})
+        if method == "logging/setLevel":
+            return self._set_level(rpc_id, params, key)
+        if method in ("resources/subscribe", "resources/unsubscribe"):
+            return _result(rpc_id, {})
         if method == "tools/call":
-            return await self._call(rpc_id, params, tenant, session, source)
-        return _error(rpc_id, METHOD_NOT_FOUND, f"method {method!r} is not served; use tools/list or tools/call")
+            return await self._call(rpc_id, params, inbound, session, key)
+        catalog = Catalog.of(self.forwarder.visible(tenant, source))
+        if method == "tools/list":
+            return _result(rpc_id, {"tools": catalog.tool_list()})
+        if method == "resources/list":
+            return _result(rpc_id, {"resources": catalog.resource_list()})
+        if method == "resources/templates/list":
+            return _result(rpc_id, {"resourceTemplates": catalog.template_list()})
+        if method == "prompts/list":
+            return _result(rpc_id, {"prompts": catalog.prompt_list()})
+        if method == "resources/read":
+            return await self._read(
+                rpc_id,
+                params,
+                catalog,
+                ReachRequest(
+                    capability="-", tenant=tenant, session_id=session, metadata={SOURCE: source} if source else {}
+                ),
+            )
+        if method == "prompts/get":
+            return await self._prompt(
+                rpc_id,
+                params,
+                catalog,
+                ReachRequest(
+                    capability="-", tenant=tenant, session_id=session, metadata={SOURCE: source} if source else {}
+                ),
+            )
+        if method == "completion/complete":
+            return self._complete(rpc_id, params, catalog)
+        return _error(rpc_id, METHOD_NOT_FOUND, f"method {method!r} is not served by the reach gateway")
 
     def _initialize(self, rpc_id: Any, params: dict[str, Any], tenant: str | None) -> Response:
         asked = params.get("protocolVersion")
         version = asked if asked in VERSIONS else VERSIONS[0]
+        declared = params.get("capabilities")
         session = secrets.token_hex(16)
-        self.sessions.put(ScopedKey.of(tenant, KIND, session), True, _SESSION_BYTES)
+        state = McpSession(capabilities=frozenset(declared) if isinstance(declared, dict) else frozenset())
+        self.sessions.put(ScopedKey.of(tenant, KIND, session), state, _SESSION_BYTES)
         result = {
             "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": False}},
+            "capabilities": CAPABILITIES,
             "serverInfo": {"name": "reach-gateway", "version": "1"},
         }
         return _result(rpc_id, result, {"Mcp-Session-Id": session})
 
+    def _set_level(self, rpc_id: Any, params: dict[str, Any], key: ScopedKey) -> Response:
+        level = params.get("level")
+        state = self.sessions.get(key)
+        if level not in LEVELS or state is None:
+            return _error(rpc_id, INVALID_PARAMS, f"logging/setLevel needs 'level', one of {list(LEVELS)}")
+        self.sessions.put(key, McpSession(state.capabilities, str(level)), _SESSION_BYTES)
+        return _result(rpc_id, {})
+
     def tools(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
         """The capabilities ``tenant`` may reach from ``source``, once each, as MCP tools."""
-        tools: dict[str, dict[str, Any]] = {}
-        for agent in self.forwarder.visible(tenant, source):
-            for capability in agent["capabilities"]:
-                schema = capability["params_schema"] or {"type": "object"}
-                description = capability["description"] or f"Reach the capability {capability['name']}."
-                tools.setdefault(
-                    capability["name"], {"name": capability["name"], "description": description, "inputSchema": schema}
-                )
-        return [tools[name] for name in sorted(tools)]
+        return Catalog.of(self.forwarder.visible(tenant, source)).tool_list()
 
     async def _call(
-        self, rpc_id: Any, params: dict[str, Any], tenant: str | None, session: str, source: str | None
+        self, rpc_id: Any, params: dict[str, Any], inbound: Inbound, session: str, key: ScopedKey
     ) -> Response:
         name, arguments = params.get("name"), params.get("arguments") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict):
             return _error(rpc_id, INVALID_PARAMS, "tools/call needs 'name' (a string) and 'arguments' (an object)")
+        client = inbound.request.client
+        source = client.host if client else None
+        tool = Catalog.of(self.forwarder.visible(inbound.caller, source)).tools.get(name)
+        meta = params.get("_meta")
+        call = ToolCall(
+            rpc_id=rpc_id,
+            name=name,
+            arguments=arguments,
+            tenant=inbound.caller,
+            session=session,
+            source=source,
+            progress=meta.get("progressToken") if isinstance(meta, dict) else None,
+            output_schema=tool is not None and "outputSchema" in tool_of(tool),
+        )
         try:
-            metadata = {SOURCE: source} if source else {}
-            reach = ReachRequest(
-                capability=name, payload=arguments, tenant=tenant, session_id=session, metadata=metadata
-            )
-            response = await self.forwarder.run(reach)
-        except ReachError as exc:
-            text = without_addresses(exc.message)
-            return _result(rpc_id, {"content": [{"type": "text", "text": text}], "isError": True})
+            call.request(arguments)
         except ValueError as exc:
             return _error(rpc_id, INVALID_PARAMS, f"tools/call: {exc}")
+        state = self.sessions.get(key) or McpSession()
+        if _streams(inbound):
+            return _stream(run_call(self.forwarder, call, state, self.questions, key))
+        last: dict[str, Any] = {}
+        async for message in run_call(self.forwarder, call, state, None, None):
+            last = message
+        return _response(last)
+
+    async def _reach(self, probe: ReachRequest, capability: str, payload: dict[str, Any]) -> tuple[Any, str | None]:
+        """Reach ``capability`` for a read or a prompt: its data, or why it failed."""
+        try:
+            response = await self.forwarder.run(probe.model_copy(update={"capability": capability, "payload": payload}))
+        except ReachError as exc:
+            return None, without_addresses(exc.message)
         if response.status != "success":
-            text = without_addresses(response.error.message) if response.error else f"the reach ended {response.status}"
-            return _result(rpc_id, {"content": [{"type": "text", "text": text}], "isError": True})
-        data = response.data
-        reply = data.get("reply_content") if isinstance(data, Mapping) else None
-        text = reply if isinstance(reply, str) and reply else json.dumps(data, ensure_ascii=False, default=str)
-        result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": False}
-        if isinstance(data, Mapping):
-            result["structuredContent"] = dict(data)
-        return _result(rpc_id, result)
+            return None, without_addresses(
+                response.error.message
+            ) if response.error else f"the reach ended {response.status}"
+        return response.data, None
+
+    async def _read(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog, probe: ReachRequest) -> Response:
+        uri = params.get("uri")
+        if not isinstance(uri, str):
+            return _error(rpc_id, INVALID_PARAMS, "resources/read needs 'uri' (a string)")
+        if uri in catalog.cards:
+            return _result(rpc_id, card_result(uri, catalog.cards[uri]))
+        found = catalog.resolve(uri)
+        if found is None:
+            message = {
+                "code": RESOURCE_NOT_FOUND,
+                "message": f"no resource {uri!r}; resources/list names them",
+                "data": {"uri": uri},
+            }
+            return _response({"jsonrpc": "2.0", "id": rpc_id, "error": message})
+        capability, payload = found
+        data, failed = await self._reach(probe, capability["name"], dict(payload))
+        if failed is not None:
+            return _error(rpc_id, INTERNAL_ERROR, f"reading {uri!r} failed: {failed}")
+        return _result(rpc_id, read_result(uri, data))
+
+    async def _prompt(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog, probe: ReachRequest) -> Response:
+        name, arguments = params.get("name"), params.get("arguments") or {}
+        capability = catalog.prompts.get(name) if isinstance(name, str) else None
+        if capability is None or not isinstance(arguments, dict):
+            return _error(
+                rpc_id, INVALID_PARAMS, f"no prompt {name!r} (prompts/list names them; 'arguments' is an object)"
+            )
+        data, failed = await self._reach(probe, capability["name"], arguments)
+        if failed is not None:
+            return _error(rpc_id, INTERNAL_ERROR, f"prompt {name!r} failed: {failed}")
+        return _result(rpc_id, prompt_result(capability, data))
+
+    def _complete(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog) -> Response:
+        ref, argument = params.get("ref"), params.get("argument")
+        if not isinstance(ref, dict) or not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
+            return _error(rpc_id, INVALID_PARAMS, "completion/complete needs 'ref' and 'argument' ({name, value})")
+        values = catalog.complete(ref, argument["name"], str(argument.get("value", "")))
+        return _result(rpc_id, {"completion": {"values": values, "total": len(values), "hasMore": False}})

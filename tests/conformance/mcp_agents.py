@@ -30,12 +30,23 @@ JSON_SCHEMA_2020_12 = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "$defs": {
-        "address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"}}}
+        "address": {
+            "$anchor": "addressDef",
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+        }
     },
     "properties": {
         "name": {"type": "string"},
         "address": {"$ref": "#/$defs/address"},
+        "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+        "phone": {"type": "string"},
+        "email": {"type": "string"},
     },
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
     "additionalProperties": False,
 }
 
@@ -106,6 +117,14 @@ async def tool_with_progress() -> AsyncIterator[Any]:
     yield "progress reported"
 
 
+@agent.capability("test_reconnection", params_schema=NOTHING)
+async def reconnection() -> AsyncIterator[Any]:
+    """Tests SSE polling (SEP-1699): the gateway keeps the stream open, so the answer comes on it"""
+    yield _log("info", "Before disconnect")
+    yield _log("info", "After reconnect")
+    yield "Reconnection test completed"
+
+
 @agent.capability("test_error_handling", params_schema=NOTHING)
 def error_handling() -> str:
     """Tests error response handling"""
@@ -126,7 +145,7 @@ _PROMPT = {"type": "object", "properties": {"prompt": {"type": "string"}}, "requ
 
 
 @agent.capability("test_sampling", params_schema=_PROMPT)
-def sampling(prompt: str, inputResponses: dict[str, Any] | None = None) -> Any:  # noqa: N803
+def sampling(prompt: str, inputResponses: dict[str, Any] | None = None) -> Any:
     """Tests server-initiated sampling (LLM completion request)"""
     answer = (inputResponses or {}).get("sampled")
     if answer is None:
@@ -151,7 +170,7 @@ _RESPONSE = {
 
 
 @agent.capability("test_elicitation", params_schema=_MESSAGE)
-def elicitation(message: str, inputResponses: dict[str, Any] | None = None) -> Any:  # noqa: N803
+def elicitation(message: str, inputResponses: dict[str, Any] | None = None) -> Any:
     """Tests server-initiated elicitation (user input request)"""
     answer = (inputResponses or {}).get("answer")
     if answer is None:
@@ -177,7 +196,7 @@ _DEFAULTS = {
 
 
 @agent.capability("test_elicitation_sep1034_defaults", params_schema=NOTHING)
-def elicitation_defaults(inputResponses: dict[str, Any] | None = None) -> Any:  # noqa: N803
+def elicitation_defaults(inputResponses: dict[str, Any] | None = None) -> Any:
     """Tests elicitation with default values for all primitive types (SEP-1034)"""
     answer = (inputResponses or {}).get("answer")
     if answer is None:
@@ -225,7 +244,7 @@ _ENUMS = {
 
 
 @agent.capability("test_elicitation_sep1330_enums", params_schema=NOTHING)
-def elicitation_enums(inputResponses: dict[str, Any] | None = None) -> Any:  # noqa: N803
+def elicitation_enums(inputResponses: dict[str, Any] | None = None) -> Any:
     """Tests elicitation with enum schema variations per SEP-1330"""
     answer = (inputResponses or {}).get("answer")
     if answer is None:
@@ -256,7 +275,7 @@ _ID = {"type": "object", "properties": {"id": {"type": "string"}}, "required": [
 
 
 @agent.capability("template_data", scope_tags=["mcp:resource-template=test://template/{id}/data"], params_schema=_ID)
-def template_data(id: str) -> dict[str, str]:  # noqa: A002
+def template_data(id: str) -> dict[str, str]:
     """A resource template with parameter substitution"""
     text = json.dumps({"id": id, "templateTest": True, "data": f"Data for ID: {id}"})
     return {"text": text, "mimeType": "application/json"}
@@ -289,7 +308,7 @@ _URI = {"type": "object", "properties": {"resourceUri": {"type": "string"}}, "re
 
 
 @agent.capability("test_prompt_with_embedded_resource", scope_tags=["mcp:prompt"], params_schema=_URI)
-def prompt_with_embedded_resource(resourceUri: str) -> dict[str, Any]:  # noqa: N803
+def prompt_with_embedded_resource(resourceUri: str) -> dict[str, Any]:
     """A prompt that includes an embedded resource"""
     embedded = _user(_text_resource(resourceUri, "Embedded resource content for testing."))
     return {"messages": [embedded, _user({"type": "text", "text": "Please process the embedded resource above."})]}
