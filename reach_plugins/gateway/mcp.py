@@ -28,7 +28,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -37,6 +38,16 @@ from starlette.responses import Response, StreamingResponse
 from reach_plugins.errors import ReachError
 from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, run_call
 from reach_plugins.gateway.mcp_catalog import Catalog, card_result, prompt_result, read_result
+from reach_plugins.gateway.mcp_stateless import (
+    SERVER_INFO,
+    Refusal,
+    RequestStates,
+    decorated,
+    discover,
+    envelope,
+    input_required,
+    is_stateless,
+)
 from reach_plugins.model import ReachRequest
 from reach_plugins.protocols.mcp_tools import tool_of
 from reach_plugins.server.inbound import BodyPlaces, InputLimits
@@ -142,6 +153,47 @@ async def _one(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     yield message
 
 
+def _ok(rpc_id: Any, result: Mapping[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "result": dict(result)}
+
+
+def _fault(rpc_id: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}
+
+
+async def _decorated(method: str, messages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """The stateless wire's shape on the response (notifications and errors pass as they are)."""
+    async for message in messages:
+        if isinstance(message.get("result"), dict) and "id" in message and "method" not in message:
+            message = {**message, "result": decorated(method, message["result"])}
+        yield message
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """Who asked what, through which wire: the request, its session (none on the stateless wire), its view."""
+
+    inbound: Inbound
+    session: str | None
+    key: ScopedKey | None
+    state: McpSession
+    stateless: bool
+
+    @property
+    def tenant(self) -> str | None:
+        tenant: str | None = self.inbound.caller
+        return tenant
+
+    @property
+    def source(self) -> str | None:
+        client = self.inbound.request.client
+        return str(client.host) if client else None
+
+    @property
+    def streaming(self) -> bool:
+        return _streams(self.inbound)
+
+
 class McpEndpoint:
     """MCP over Streamable HTTP in front of one gateway's :class:`~reach_plugins.server.forwarder.Forwarder`."""
 
@@ -150,6 +202,7 @@ class McpEndpoint:
         self.sessions: LruTable[McpSession] = LruTable(budget, "MCP session")
         """The open MCP sessions, each under the key of the tenant that opened it."""
         self.questions = Questions()
+        self.states = RequestStates()
 
     def routes(
         self, caller: Authenticate, *, limits: InputLimits, large: BodyPlaces, around: Around
@@ -209,60 +262,57 @@ class McpEndpoint:
         raw_params = message.get("params")
         params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
         method, rpc_id = message["method"], message["id"]
-        if method == "initialize":
+        if session is not None:
+            key = ScopedKey.of(inbound.caller, KIND, session)
+            asked = _Asked(inbound, session, key, self.sessions.get(key) or McpSession(), stateless=False)
+        elif method == "initialize" and not is_stateless(params):
             return self._initialize(rpc_id, params, inbound.caller)
-        if session is None:
-            return _error(rpc_id, INVALID_REQUEST, "no Mcp-Session-Id: initialize first", 400)
-        answer = await self._dispatch(method, rpc_id, params, inbound, session)
-        if answer.status_code != 200 or answer.media_type != "application/json" or not _streams(inbound):
-            return answer
-        return _stream(_one(json.loads(bytes(answer.body))))
+        else:
+            state = envelope(method, params, inbound.headers)
+            if isinstance(state, Refusal):
+                return _response({"jsonrpc": "2.0", "id": rpc_id, "error": state.error()}, state.status)
+            asked = _Asked(inbound, None, None, state, stateless=True)
+        answer = await self._dispatch(method, rpc_id, params, asked)
+        if isinstance(answer, Refusal):
+            return _response({"jsonrpc": "2.0", "id": rpc_id, "error": answer.error()}, answer.status)
+        messages = _one(answer) if isinstance(answer, dict) else answer
+        if asked.stateless:
+            messages = _decorated(method, messages)
+        if asked.streaming:
+            return _stream(messages)
+        said = [message async for message in messages]
+        return _response(said[-1])
 
     async def _dispatch(
-        self, method: str, rpc_id: Any, params: dict[str, Any], inbound: Inbound, session: str
-    ) -> Response:
-        tenant = inbound.caller
-        client = inbound.request.client
-        source = client.host if client else None
-        key = ScopedKey.of(tenant, KIND, session)
+        self, method: str, rpc_id: Any, params: dict[str, Any], asked: _Asked
+    ) -> dict[str, Any] | AsyncIterator[dict[str, Any]] | Refusal:
+        """The answer to one request: a message, the messages of a call, or a refusal of the stateless wire."""
         if method == "ping":
-            return _result(rpc_id, {})
+            return _ok(rpc_id, {})
         if method == "logging/setLevel":
-            return self._set_level(rpc_id, params, key)
+            return self._set_level(rpc_id, params, asked)
         if method in ("resources/subscribe", "resources/unsubscribe"):
-            return _result(rpc_id, {})
+            return _ok(rpc_id, {})
+        if method == "server/discover":
+            return _ok(rpc_id, discover(CAPABILITIES))
+        catalog = Catalog.of(self.forwarder.visible(asked.tenant, asked.source))
         if method == "tools/call":
-            return await self._call(rpc_id, params, inbound, session, key)
-        catalog = Catalog.of(self.forwarder.visible(tenant, source))
+            return self._call(rpc_id, params, asked, catalog)
         if method == "tools/list":
-            return _result(rpc_id, {"tools": catalog.tool_list()})
+            return _ok(rpc_id, {"tools": catalog.tool_list()})
         if method == "resources/list":
-            return _result(rpc_id, {"resources": catalog.resource_list()})
+            return _ok(rpc_id, {"resources": catalog.resource_list()})
         if method == "resources/templates/list":
-            return _result(rpc_id, {"resourceTemplates": catalog.template_list()})
+            return _ok(rpc_id, {"resourceTemplates": catalog.template_list()})
         if method == "prompts/list":
-            return _result(rpc_id, {"prompts": catalog.prompt_list()})
+            return _ok(rpc_id, {"prompts": catalog.prompt_list()})
         if method == "resources/read":
-            return await self._read(
-                rpc_id,
-                params,
-                catalog,
-                ReachRequest(
-                    capability="-", tenant=tenant, session_id=session, metadata={SOURCE: source} if source else {}
-                ),
-            )
+            return await self._read(rpc_id, params, catalog, asked)
         if method == "prompts/get":
-            return await self._prompt(
-                rpc_id,
-                params,
-                catalog,
-                ReachRequest(
-                    capability="-", tenant=tenant, session_id=session, metadata={SOURCE: source} if source else {}
-                ),
-            )
+            return await self._prompt(rpc_id, params, catalog, asked)
         if method == "completion/complete":
             return self._complete(rpc_id, params, catalog)
-        return _error(rpc_id, METHOD_NOT_FOUND, f"method {method!r} is not served by the reach gateway")
+        return _fault(rpc_id, METHOD_NOT_FOUND, f"method {method!r} is not served by the reach gateway")
 
     def _initialize(self, rpc_id: Any, params: dict[str, Any], tenant: str | None) -> Response:
         asked = params.get("protocolVersion")
@@ -271,104 +321,135 @@ class McpEndpoint:
         session = secrets.token_hex(16)
         state = McpSession(capabilities=frozenset(declared) if isinstance(declared, dict) else frozenset())
         self.sessions.put(ScopedKey.of(tenant, KIND, session), state, _SESSION_BYTES)
-        result = {
-            "protocolVersion": version,
-            "capabilities": CAPABILITIES,
-            "serverInfo": {"name": "reach-gateway", "version": "1"},
-        }
+        result = {"protocolVersion": version, "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO}
         return _result(rpc_id, result, {"Mcp-Session-Id": session})
 
-    def _set_level(self, rpc_id: Any, params: dict[str, Any], key: ScopedKey) -> Response:
+    def _set_level(self, rpc_id: Any, params: dict[str, Any], asked: _Asked) -> dict[str, Any]:
         level = params.get("level")
-        state = self.sessions.get(key)
-        if level not in LEVELS or state is None:
-            return _error(rpc_id, INVALID_PARAMS, f"logging/setLevel needs 'level', one of {list(LEVELS)}")
-        self.sessions.put(key, McpSession(state.capabilities, str(level)), _SESSION_BYTES)
-        return _result(rpc_id, {})
+        if level not in LEVELS or asked.key is None:
+            return _fault(rpc_id, INVALID_PARAMS, f"logging/setLevel needs 'level', one of {list(LEVELS)}")
+        self.sessions.put(asked.key, McpSession(asked.state.capabilities, str(level)), _SESSION_BYTES)
+        return _ok(rpc_id, {})
 
     def tools(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
         """The capabilities ``tenant`` may reach from ``source``, once each, as MCP tools."""
         return Catalog.of(self.forwarder.visible(tenant, source)).tool_list()
 
-    async def _call(
-        self, rpc_id: Any, params: dict[str, Any], inbound: Inbound, session: str, key: ScopedKey
-    ) -> Response:
+    def _answers(self, params: dict[str, Any], asked: _Asked) -> dict[str, Any] | Refusal:
+        """What a stateless request brings back for the agent's questions: ``inputResponses`` and the
+        ``requestState`` the gateway signed (refused when it did not sign it)."""
+        if not asked.stateless:
+            return {}
+        brought: dict[str, Any] = {}
+        responses = params.get("inputResponses")
+        if responses is not None:
+            if not isinstance(responses, dict) or not all(isinstance(v, dict) for v in responses.values()):
+                return Refusal(INVALID_PARAMS, "inputResponses must map each question's key to its result object")
+            brought["inputResponses"] = responses
+        if "requestState" in params:
+            opened = self.states.open(params["requestState"])
+            if opened is None:
+                return Refusal(
+                    INVALID_PARAMS, "Invalid or expired requestState", data={"reason": "invalid_request_state"}
+                )
+            brought["requestState"] = opened
+        return brought
+
+    def _hand_back(self, asked: _Asked) -> Callable[[Any, Mapping[str, Any]], dict[str, Any]]:
+        """How the stateless wire returns an agent's questions: an ``input_required`` result, or -32021."""
+
+        def hand_back(rpc_id: Any, reply: Mapping[str, Any]) -> dict[str, Any]:
+            state = reply.get("requestState")
+            signed = self.states.sign(str(state)) if state is not None else None
+            shaped = input_required(reply["inputRequests"], asked.state, signed)
+            if isinstance(shaped, Refusal):
+                return {"jsonrpc": "2.0", "id": rpc_id, "error": shaped.error()}
+            return _ok(rpc_id, shaped)
+
+        return hand_back
+
+    def _call(
+        self, rpc_id: Any, params: dict[str, Any], asked: _Asked, catalog: Catalog
+    ) -> AsyncIterator[dict[str, Any]] | dict[str, Any] | Refusal:
         name, arguments = params.get("name"), params.get("arguments") or {}
         if not isinstance(name, str) or not isinstance(arguments, dict):
-            return _error(rpc_id, INVALID_PARAMS, "tools/call needs 'name' (a string) and 'arguments' (an object)")
-        client = inbound.request.client
-        source = client.host if client else None
-        tool = Catalog.of(self.forwarder.visible(inbound.caller, source)).tools.get(name)
+            return _fault(rpc_id, INVALID_PARAMS, "tools/call needs 'name' (a string) and 'arguments' (an object)")
+        brought = self._answers(params, asked)
+        if isinstance(brought, Refusal):
+            return brought
+        tool = catalog.tools.get(name)
         meta = params.get("_meta")
         call = ToolCall(
             rpc_id=rpc_id,
             name=name,
-            arguments=arguments,
-            tenant=inbound.caller,
-            session=session,
-            source=source,
+            arguments={**arguments, **brought},
+            tenant=asked.tenant,
+            session=asked.session,
+            source=asked.source,
             progress=meta.get("progressToken") if isinstance(meta, dict) else None,
             output_schema=tool is not None and "outputSchema" in tool_of(tool),
         )
         try:
-            call.request(arguments)
+            call.request(call.arguments)
         except ValueError as exc:
-            return _error(rpc_id, INVALID_PARAMS, f"tools/call: {exc}")
-        state = self.sessions.get(key) or McpSession()
-        if _streams(inbound):
-            return _stream(run_call(self.forwarder, call, state, self.questions, key))
-        last: dict[str, Any] = {}
-        async for message in run_call(self.forwarder, call, state, None, None):
-            last = message
-        return _response(last)
+            return _fault(rpc_id, INVALID_PARAMS, f"tools/call: {exc}")
+        live = asked.streaming and not asked.stateless
+        questions, key = (self.questions, asked.key) if live else (None, None)
+        hand_back = self._hand_back(asked) if asked.stateless else None
+        return run_call(self.forwarder, call, asked.state, questions, key, hand_back)
 
-    async def _reach(self, probe: ReachRequest, capability: str, payload: dict[str, Any]) -> tuple[Any, str | None]:
+    async def _reach(self, asked: _Asked, capability: str, payload: dict[str, Any]) -> tuple[Any, str | None]:
         """Reach ``capability`` for a read or a prompt: its data, or why it failed."""
+        metadata = {SOURCE: asked.source} if asked.source else {}
+        request = ReachRequest(
+            capability=capability, payload=payload, tenant=asked.tenant, session_id=asked.session, metadata=metadata
+        )
         try:
-            response = await self.forwarder.run(probe.model_copy(update={"capability": capability, "payload": payload}))
+            response = await self.forwarder.run(request)
         except ReachError as exc:
             return None, without_addresses(exc.message)
         if response.status != "success":
-            return None, without_addresses(
-                response.error.message
-            ) if response.error else f"the reach ended {response.status}"
+            failed = response.error.message if response.error else f"the reach ended {response.status}"
+            return None, without_addresses(failed)
         return response.data, None
 
-    async def _read(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog, probe: ReachRequest) -> Response:
+    async def _read(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog, asked: _Asked) -> dict[str, Any]:
         uri = params.get("uri")
         if not isinstance(uri, str):
-            return _error(rpc_id, INVALID_PARAMS, "resources/read needs 'uri' (a string)")
+            return _fault(rpc_id, INVALID_PARAMS, "resources/read needs 'uri' (a string)")
         if uri in catalog.cards:
-            return _result(rpc_id, card_result(uri, catalog.cards[uri]))
+            return _ok(rpc_id, card_result(uri, catalog.cards[uri]))
         found = catalog.resolve(uri)
         if found is None:
-            message = {
-                "code": RESOURCE_NOT_FOUND,
-                "message": f"no resource {uri!r}; resources/list names them",
-                "data": {"uri": uri},
-            }
-            return _response({"jsonrpc": "2.0", "id": rpc_id, "error": message})
+            code = INVALID_PARAMS if asked.stateless else RESOURCE_NOT_FOUND
+            error = {"code": code, "message": f"no resource {uri!r}; resources/list names them", "data": {"uri": uri}}
+            return {"jsonrpc": "2.0", "id": rpc_id, "error": error}
         capability, payload = found
-        data, failed = await self._reach(probe, capability["name"], dict(payload))
+        data, failed = await self._reach(asked, capability["name"], dict(payload))
         if failed is not None:
-            return _error(rpc_id, INTERNAL_ERROR, f"reading {uri!r} failed: {failed}")
-        return _result(rpc_id, read_result(uri, data))
+            return _fault(rpc_id, INTERNAL_ERROR, f"reading {uri!r} failed: {failed}")
+        return _ok(rpc_id, read_result(uri, data))
 
-    async def _prompt(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog, probe: ReachRequest) -> Response:
+    async def _prompt(
+        self, rpc_id: Any, params: dict[str, Any], catalog: Catalog, asked: _Asked
+    ) -> dict[str, Any] | Refusal:
         name, arguments = params.get("name"), params.get("arguments") or {}
         capability = catalog.prompts.get(name) if isinstance(name, str) else None
         if capability is None or not isinstance(arguments, dict):
-            return _error(
-                rpc_id, INVALID_PARAMS, f"no prompt {name!r} (prompts/list names them; 'arguments' is an object)"
-            )
-        data, failed = await self._reach(probe, capability["name"], arguments)
+            return _fault(rpc_id, INVALID_PARAMS, f"no prompt {name!r} (prompts/list names them; arguments: an object)")
+        brought = self._answers(params, asked)
+        if isinstance(brought, Refusal):
+            return brought
+        data, failed = await self._reach(asked, capability["name"], {**arguments, **brought})
         if failed is not None:
-            return _error(rpc_id, INTERNAL_ERROR, f"prompt {name!r} failed: {failed}")
-        return _result(rpc_id, prompt_result(capability, data))
+            return _fault(rpc_id, INTERNAL_ERROR, f"prompt {name!r} failed: {failed}")
+        if asked.stateless and isinstance(data, Mapping) and isinstance(data.get("inputRequests"), Mapping):
+            return self._hand_back(asked)(rpc_id, data)
+        return _ok(rpc_id, prompt_result(capability, data))
 
-    def _complete(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog) -> Response:
+    def _complete(self, rpc_id: Any, params: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
         ref, argument = params.get("ref"), params.get("argument")
         if not isinstance(ref, dict) or not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
-            return _error(rpc_id, INVALID_PARAMS, "completion/complete needs 'ref' and 'argument' ({name, value})")
+            return _fault(rpc_id, INVALID_PARAMS, "completion/complete needs 'ref' and 'argument' ({name, value})")
         values = catalog.complete(ref, argument["name"], str(argument.get("value", "")))
-        return _result(rpc_id, {"completion": {"values": values, "total": len(values), "hasMore": False}})
+        return _ok(rpc_id, {"completion": {"values": values, "total": len(values), "hasMore": False}})

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,8 @@ class McpSession:
     """What the gateway keeps of one MCP session: the client's declared capabilities and its log level."""
 
     capabilities: frozenset[str] = frozenset()
-    level: str = "debug"
+    level: str | None = "debug"
+    """Log messages below it are not relayed; ``None``: none are (the stateless wire's default)."""
 
 
 class Questions:
@@ -78,7 +79,7 @@ class Questions:
         return True
 
 
-def _notification(chunk: Any, progress: Any, level: str) -> dict[str, Any] | None:
+def _notification(chunk: Any, progress: Any, level: str | None) -> dict[str, Any] | None:
     """The notification to relay for an agent's chunk (``{}`` to drop it), or None when it is part of the result."""
     if not isinstance(chunk, Mapping) or not str(chunk.get("method", "")).startswith("notifications/"):
         return None
@@ -90,7 +91,7 @@ def _notification(chunk: Any, progress: Any, level: str) -> dict[str, Any] | Non
         params["progressToken"] = progress
     if chunk["method"] == "notifications/message":
         said = str(params.get("level", "info"))
-        if said not in LEVELS or LEVELS.index(said) < LEVELS.index(level):
+        if level not in LEVELS or said not in LEVELS or LEVELS.index(said) < LEVELS.index(level):
             return {}
     return {"jsonrpc": "2.0", "method": chunk["method"], "params": params}
 
@@ -137,9 +138,11 @@ async def run_call(
     state: McpSession,
     questions: Questions | None,
     key: ScopedKey | None,
+    hand_back: Callable[[Any, Mapping[str, Any]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """The JSON-RPC messages of one call, the response last. Without ``questions`` (a JSON answer, no stream)
-    nothing can be asked of the client, and notifications are not relayed."""
+    nothing can be asked of the client. With ``hand_back`` (the stateless
+    wire) the agent's questions are not asked: ``hand_back(rpc_id, reply)`` is the response that returns them."""
     arguments = call.arguments
     for _ in range(MAX_ROUNDS):
         chunks: list[Any] = []
@@ -154,7 +157,7 @@ async def run_call(
                 note = _notification(event.data, call.progress, state.level)
                 if note is None:
                     chunks.append(event.data)
-                elif note and questions is not None:
+                elif note:
                     yield note
         except ReachError as exc:
             yield _response(call.rpc_id, _failed(exc.message))
@@ -163,6 +166,9 @@ async def run_call(
         asked = data.get("inputRequests") if isinstance(data, Mapping) else None
         if not isinstance(asked, Mapping) or not asked:
             yield _response(call.rpc_id, tool_result(data, output_schema=call.output_schema))
+            return
+        if hand_back is not None:
+            yield hand_back(call.rpc_id, data)
             return
         answers: dict[str, Any] = {}
         problems: list[str] = []
