@@ -39,6 +39,7 @@ from reach_plugins.errors import ReachError
 from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, run_call
 from reach_plugins.gateway.mcp_catalog import Catalog, card_result, prompt_result, read_result
 from reach_plugins.gateway.mcp_stateless import (
+    ERROR_STATUS,
     SERVER_INFO,
     Refusal,
     RequestStates,
@@ -47,6 +48,7 @@ from reach_plugins.gateway.mcp_stateless import (
     envelope,
     input_required,
     is_stateless,
+    param_headers,
 )
 from reach_plugins.model import ReachRequest
 from reach_plugins.protocols.mcp_tools import tool_of
@@ -159,6 +161,12 @@ def _ok(rpc_id: Any, result: Mapping[str, Any]) -> dict[str, Any]:
 
 def _fault(rpc_id: Any, code: int, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}
+
+
+async def _after(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    yield first
+    async for message in rest:
+        yield message
 
 
 async def _decorated(method: str, messages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
@@ -278,6 +286,11 @@ class McpEndpoint:
         messages = _one(answer) if isinstance(answer, dict) else answer
         if asked.stateless:
             messages = _decorated(method, messages)
+            first = await anext(messages)
+            code = first.get("error", {}).get("code") if "method" not in first else None
+            if code in ERROR_STATUS:
+                return _response(first, ERROR_STATUS[code])
+            messages = _after(first, messages)
         if asked.streaming:
             return _stream(messages)
         said = [message async for message in messages]
@@ -294,7 +307,7 @@ class McpEndpoint:
         if method in ("resources/subscribe", "resources/unsubscribe"):
             return _ok(rpc_id, {})
         if method == "server/discover":
-            return _ok(rpc_id, discover(CAPABILITIES))
+            return _ok(rpc_id, discover())
         catalog = Catalog.of(self.forwarder.visible(asked.tenant, asked.source))
         if method == "tools/call":
             return self._call(rpc_id, params, asked, catalog)
@@ -378,6 +391,10 @@ class McpEndpoint:
         if isinstance(brought, Refusal):
             return brought
         tool = catalog.tools.get(name)
+        if asked.stateless and tool is not None:
+            mismatch = param_headers(tool.get("params_schema"), arguments, asked.inbound.headers)
+            if mismatch is not None:
+                return mismatch
         meta = params.get("_meta")
         call = ToolCall(
             rpc_id=rpc_id,

@@ -107,8 +107,43 @@ SERVED = frozenset(
 )
 
 
-def discover(capabilities: Mapping[str, Any]) -> dict[str, Any]:
-    return {"supportedVersions": [STATELESS], "capabilities": dict(capabilities)}
+CAPABILITIES: dict[str, Any] = {"tools": {}, "resources": {}, "prompts": {}, "logging": {}, "completions": {}}
+"""What the gateway serves on this wire (no subscriptions: ``subscriptions/listen`` is not served)."""
+ERROR_STATUS = {MISSING_CAPABILITY: 400, HEADER_MISMATCH: 400, INVALID_PARAMS: 400, UNSUPPORTED_VERSION: 400}
+"""HTTP statuses of the errors this wire answers before a response stream starts."""
+
+
+def discover() -> dict[str, Any]:
+    return {"supportedVersions": [STATELESS], "capabilities": CAPABILITIES}
+
+
+def _header_value(raw: str) -> str | None:
+    """An ``Mcp-Param-*`` value: ``=?base64?...?=`` decoded (None when malformed), anything else literal."""
+    if not (raw.startswith("=?base64?") and raw.endswith("?=")):
+        return raw
+    try:
+        return base64.b64decode(raw[len("=?base64?") : -2], validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def param_headers(schema: Any, arguments: Mapping[str, Any], headers: Mapping[str, str]) -> Refusal | None:
+    """Each argument a tool's schema mirrors into a header (``x-mcp-header``) must come with that header, equal."""
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    for name, spec in (properties or {}).items():
+        suffix = spec.get("x-mcp-header") if isinstance(spec, Mapping) else None
+        if not isinstance(suffix, str) or name not in arguments:
+            continue
+        header = f"Mcp-Param-{suffix}"
+        raw = headers.get(header.lower())
+        if raw is None:
+            return Refusal(HEADER_MISMATCH, f"{header} header is missing but the request body's {name!r} is present")
+        value = _header_value(raw.strip())
+        if value is None:
+            return Refusal(HEADER_MISMATCH, f"{header} header carries a malformed base64 sentinel value")
+        if value != str(arguments[name]):
+            return Refusal(HEADER_MISMATCH, f"{header} header does not match the request body's {name!r}")
+    return None
 
 
 def decorated(method: str, result: Mapping[str, Any]) -> dict[str, Any]:

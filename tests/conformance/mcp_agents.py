@@ -253,6 +253,156 @@ def elicitation_enums(inputResponses: dict[str, Any] | None = None) -> Any:
     return _elicited(answer, "Elicitation completed")
 
 
+_NAME = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+Answers = dict[str, Any] | None
+
+
+def _form(message: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"method": "elicitation/create", "params": {"message": message, "mode": "form", "requestedSchema": schema}}
+
+
+def _sample(text: str, tokens: int) -> dict[str, Any]:
+    message = {"role": "user", "content": {"type": "text", "text": text}}
+    return {"method": "sampling/createMessage", "params": {"messages": [message], "maxTokens": tokens}}
+
+
+_ROOTS = {"method": "roots/list", "params": {}}
+
+
+@agent.capability("test_input_required_result_elicitation", params_schema=NOTHING)
+def input_required_elicitation(inputResponses: Answers = None) -> Any:
+    """Tests InputRequiredResult with a single elicitation request"""
+    answer = (inputResponses or {}).get("user_name")
+    if answer is None:
+        return {"inputRequests": {"user_name": _form("What is your name?", _NAME)}}
+    return f"Hello, {(answer.get('content') or {}).get('name', 'stranger')}!"
+
+
+@agent.capability("test_input_required_result_sampling", params_schema=NOTHING)
+def input_required_sampling(inputResponses: Answers = None) -> Any:
+    """Tests InputRequiredResult with a single sampling request"""
+    answer = (inputResponses or {}).get("capital_question")
+    if answer is None:
+        return {"inputRequests": {"capital_question": _sample("What is the capital of France?", 100)}}
+    return f"Model said: {(answer.get('content') or {}).get('text', '?')}"
+
+
+@agent.capability("test_input_required_result_list_roots", params_schema=NOTHING)
+def input_required_list_roots(inputResponses: Answers = None) -> Any:
+    """Tests InputRequiredResult with a single roots/list request"""
+    answer = (inputResponses or {}).get("client_roots")
+    if answer is None:
+        return {"inputRequests": {"client_roots": _ROOTS}}
+    return f"Client exposed {len(answer.get('roots') or [])} root(s)."
+
+
+_CONFIRM = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@agent.capability("test_input_required_result_request_state", params_schema=NOTHING)
+def input_required_request_state(inputResponses: Answers = None, requestState: str | None = None) -> Any:
+    """Tests requestState round-tripping in the InputRequiredResult flow"""
+    if "confirm" in (inputResponses or {}) and requestState == "request-state-nonce":
+        return "state-ok: confirmation received"
+    return {"inputRequests": {"confirm": _form("Please confirm", _CONFIRM)}, "requestState": "request-state-nonce"}
+
+
+@agent.capability("test_input_required_result_multiple_inputs", params_schema=NOTHING)
+def input_required_multiple(inputResponses: Answers = None) -> Any:
+    """Tests InputRequiredResult carrying elicitation, sampling and roots requests together"""
+    if {"user_name", "greeting", "client_roots"} <= (inputResponses or {}).keys():
+        return "All inputs received."
+    asked = {"user_name": _form("What is your name?", _NAME), "greeting": _sample("Generate a greeting", 50)}
+    return {"inputRequests": {**asked, "client_roots": _ROOTS}, "requestState": "multiple-inputs"}
+
+
+_COLOR = {"type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]}
+
+
+@agent.capability("test_input_required_result_multi_round", params_schema=NOTHING)
+def input_required_multi_round(inputResponses: Answers = None, requestState: str | None = None) -> Any:
+    """Tests a three-round InputRequiredResult flow with evolving requestState"""
+    state = json.loads(requestState) if requestState else {"round": 0}
+    answers = inputResponses or {}
+    if state["round"] == 1 and "step1" in answers:
+        name = (answers["step1"].get("content") or {}).get("name")
+        step2 = _form("Step 2: What is your favorite color?", _COLOR)
+        return {"inputRequests": {"step2": step2}, "requestState": json.dumps({"round": 2, "name": name})}
+    if state["round"] == 2 and "step2" in answers:
+        return f"{state.get('name')} likes {(answers['step2'].get('content') or {}).get('color')}."
+    step1 = _form("Step 1: What is your name?", _NAME)
+    return {"inputRequests": {"step1": step1}, "requestState": json.dumps({"round": 1})}
+
+
+@agent.capability("test_input_required_result_tampered_state", params_schema=NOTHING)
+def input_required_tampered(requestState: str | None = None) -> Any:
+    """Tests that a tampered requestState echo is rejected (the gateway signs what the agent hands out)"""
+    if requestState is None:
+        return {"inputRequests": {"confirm": _form("Please confirm", _CONFIRM)}, "requestState": "round-1"}
+    return f"state-ok: {requestState}"
+
+
+@agent.capability("test_input_required_result_capabilities", params_schema=NOTHING)
+def input_required_capabilities() -> Any:
+    """Tests that inputRequests only include methods the client declared support for (the gateway cuts them)"""
+    asked = {"sample": _sample("Say hello", 50), "ask": _form("What is your name?", _NAME)}
+    return {"inputRequests": asked, "requestState": "capability-gated"}
+
+
+@agent.capability("test_missing_capability", params_schema=NOTHING)
+def missing_capability(inputResponses: Answers = None) -> Any:
+    """Needs the client's sampling capability (the gateway answers -32021 to a client without it)"""
+    if inputResponses:
+        return "Client declared sampling capability; proceeding."
+    return {"inputRequests": {"sampled": _sample("Say hello", 10)}}
+
+
+@agent.capability("test_streaming_elicitation", params_schema=NOTHING)
+def streaming_elicitation(inputResponses: Answers = None) -> Any:
+    """A tool that needs elicitation: an input_required result on 2026-07-28, asked on the stream before"""
+    answer = (inputResponses or {}).get("answer")
+    if answer is None:
+        return {"inputRequests": {"answer": _form("The stateless streaming probe asks for a word", _RESPONSE)}}
+    return f"elicitation {answer.get('action')}"
+
+
+_REGION = {
+    "type": "object",
+    "properties": {
+        "region": {
+            "type": "string",
+            "description": "Mirrored into the Mcp-Param-Region header",
+            "x-mcp-header": "Region",
+        }
+    },
+}
+
+
+@agent.capability("test_x_mcp_header", params_schema=_REGION)
+def x_mcp_header(region: str = "<none>") -> str:
+    """Tests SEP-2243 Mcp-Param-* validation (the gateway checks the header against the argument)"""
+    return f"region={region}"
+
+
+@agent.capability("test_logging_tool", params_schema=NOTHING)
+async def logging_tool() -> AsyncIterator[Any]:
+    """Logs once (on 2026-07-28 only when the request's _meta sets a logLevel)"""
+    yield _log("info", "test_logging_tool ran")
+    yield "logged through the request-scoped, logLevel-gated channel"
+
+
+_CONTEXT = {"type": "object", "properties": {"context": {"type": "string"}}, "required": ["context"]}
+
+
+@agent.capability("test_input_required_result_prompt", scope_tags=["mcp:prompt"], params_schema=NOTHING)
+def input_required_prompt(inputResponses: Answers = None) -> Any:
+    """Tests InputRequiredResult from prompts/get (SEP-2322 non-tool request)"""
+    answer = (inputResponses or {}).get("user_context")
+    if answer is None:
+        return {"inputRequests": {"user_context": _form("What context should the prompt use?", _CONTEXT)}}
+    return f"Use the following context: {(answer.get('content') or {}).get('context', '?')}"
+
+
 @agent.capability("static_text", scope_tags=["mcp:resource=test://static-text"], params_schema=NOTHING)
 def static_text() -> str:
     """A static text resource for testing"""
