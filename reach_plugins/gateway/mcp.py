@@ -13,9 +13,10 @@ conversation: its id is the request's ``session_id``, so affinity keeps a
 client on one agent instance; ``DELETE /mcp`` ends a session.
 
 DNS rebinding: a gateway listening on a loopback address answers only
-requests whose ``Host`` (and ``Origin``, when sent) name a loopback host; on
-any address a browser's ``Origin`` must name the host it was sent to (403
-otherwise, as the spec's "servers MUST validate the Origin header" asks).
+requests whose ``Host`` (and ``Origin``, when sent) name it (its address,
+``localhost``, ``127.0.0.1`` or ``::1``); on any other address a browser's
+``Origin`` must name the host it was sent to (403 otherwise, as the spec's
+"servers MUST validate the Origin header" asks).
 
 Sessions are kept under their tenant's :class:`~reach_plugins.stores.keys.ScopedKey`
 in an :class:`~reach_plugins.stores.budget.LruTable` within a
@@ -100,15 +101,16 @@ def _result(rpc_id: Any, result: Mapping[str, Any], headers: dict[str, str] | No
     return _response({"jsonrpc": "2.0", "id": rpc_id, "result": result}, headers=headers)
 
 
-def _loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
+def _names(served: str) -> frozenset[str]:
+    """What ``Host`` and ``Origin`` may name on a server listening on the loopback address ``served``."""
+    return frozenset({served, "localhost", "127.0.0.1", "::1"})
+
+
+def _loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return False
+        return host == "localhost"
 
 
 def foreign(inbound: Inbound) -> str | None:
@@ -118,10 +120,11 @@ def foreign(inbound: Inbound) -> str | None:
     origin_host = urlsplit(origin).hostname if origin else None
     served = inbound.request.scope.get("server")
     if served and _loopback(str(served[0])):
-        if not _loopback(host):
-            return f"Host {host!r} is not this loopback server"
-        if origin is not None and not _loopback(origin_host):
-            return f"Origin {origin!r} is not a loopback origin"
+        names = _names(str(served[0]))
+        if host not in names:
+            return f"Host {host!r} does not name this loopback server"
+        if origin is not None and origin_host not in names:
+            return f"Origin {origin!r} is not this loopback server's"
     elif origin is not None and origin_host != host:
         return f"Origin {origin!r} is not the host the request was sent to"
     return None
@@ -454,6 +457,9 @@ class McpEndpoint:
         capability = catalog.prompts.get(name) if isinstance(name, str) else None
         if capability is None or not isinstance(arguments, dict):
             return _fault(rpc_id, INVALID_PARAMS, f"no prompt {name!r} (prompts/list names them; arguments: an object)")
+        missing = [arg for arg in catalog.required(capability) if arg not in arguments]
+        if missing:
+            return _fault(rpc_id, INVALID_PARAMS, f"prompt {name!r} needs the arguments {missing}")
         brought = self._answers(params, asked)
         if isinstance(brought, Refusal):
             return brought

@@ -194,11 +194,11 @@ async def _ask(
     for name, question in asked.items():
         method = question.get("method") if isinstance(question, Mapping) else None
         needed = NEEDS.get(str(method))
-        if questions is None or key is None:
-            problems.append("questions need a session and a response stream (Accept: text/event-stream)")
-            return
         if needed is None or needed not in state.capabilities:
             problems.append(f"the client did not declare the {needed or method!r} capability")
+            return
+        if questions is None or key is None:
+            problems.append("questions need a session and a response stream (Accept: text/event-stream)")
             return
         rpc_id, future = questions.ask(key)
         params = question.get("params")

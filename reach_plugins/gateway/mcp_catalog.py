@@ -120,6 +120,11 @@ class Catalog:
             listed.append({"name": name, "description": capability.get("description") or "", "arguments": arguments})
         return listed
 
+    @staticmethod
+    def required(capability: Mapping[str, Any]) -> list[str]:
+        """The arguments a prompt cannot go without."""
+        return _properties(capability)[1]
+
     def resolve(self, uri: str) -> tuple[dict[str, Any], dict[str, str]] | None:
         """The capability serving ``uri`` and the payload to reach it with (a template's variables)."""
         if uri in self.resources:
