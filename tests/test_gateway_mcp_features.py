@@ -169,6 +169,21 @@ async def test_an_agents_question_is_asked_of_the_client_and_the_answer_reaches_
     assert result["result"]["content"][0]["text"] == 'User response: action=accept, content={"response":"y"}'
 
 
+async def test_a_stream_handed_over_to_polling_is_resumed_with_last_event_id(url: str) -> None:
+    """test_reconnection closes the POST stream mid-call (reach/poll); GET + Last-Event-ID gives the rest."""
+    headers = session(url)
+    async with httpx.AsyncClient(headers={**STREAM, **headers}, timeout=10) as http:
+        async with http.stream("POST", url, json=rpc("tools/call", {"name": "test_reconnection"})) as answer:
+            ids = [line[4:] async for line in answer.aiter_lines() if line.startswith("id: ")]
+        async with http.stream("GET", url, headers={"Last-Event-ID": ids[-1]}) as resumed:
+            assert resumed.status_code == 200
+            rest = [message async for message in events(resumed)]
+        assert (await http.get(url, headers={"Last-Event-ID": "unknown-1"})).status_code == 405
+    assert len(ids) == 3  # priming, "Before disconnect", the poll
+    assert rest[0]["params"]["data"] == "After reconnect"
+    assert rest[-1]["result"]["content"][0]["text"] == "Reconnection test completed"
+
+
 def test_a_question_the_client_cannot_answer_ends_the_call_as_a_tool_error(url: str) -> None:
     """A client that declared no sampling capability is not asked; the call says which capability was missing."""
     headers = session(url)

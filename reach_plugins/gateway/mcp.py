@@ -39,6 +39,7 @@ from starlette.responses import Response, StreamingResponse
 from reach_plugins.errors import ReachError
 from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, run_call
 from reach_plugins.gateway.mcp_catalog import Catalog, card_result, prompt_result, read_result
+from reach_plugins.gateway.mcp_replay import Replay
 from reach_plugins.gateway.mcp_stateless import (
     ERROR_STATUS,
     SERVER_INFO,
@@ -59,7 +60,6 @@ from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget, LruTable
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.wire.headers import SOURCE
 from reach_plugins.wire.redact import without_addresses
-from reach_plugins.wire.sse import encode_sse
 
 if TYPE_CHECKING:
     from reach_plugins.server.forwarder import Forwarder
@@ -68,11 +68,12 @@ VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 """The handshake revisions served, newest first; an unknown one is answered with the newest."""
 SESSION_HEADER = "mcp-session-id"
 KIND = "mcp-session"
+STREAM_KIND = "mcp-stream"
+_STREAM_BYTES = 4096
+"""Estimated bytes of one kept response stream (its recording is capped by mcp_replay.MAX_REPLAY_BYTES)."""
 _SESSION_BYTES = 64
 """Estimated bytes of one session entry besides its key."""
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
-RETRY_MS = 1000
-"""The ``retry`` a response stream's priming event advises."""
 RESOURCE_NOT_FOUND, INTERNAL_ERROR = -32002, -32603
 CAPABILITIES = {
     "tools": {"listChanged": False},
@@ -130,28 +131,20 @@ def foreign(inbound: Inbound) -> str | None:
     return None
 
 
-def _frames(messages: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """SSE frames of one response stream: a priming event (an id, ``retry`` and no data), then one event a message."""
-
-    async def frames() -> AsyncIterator[bytes]:
-        stream = secrets.token_hex(8)
-        yield f"id: {stream}-0\nretry: {RETRY_MS}\ndata: \n\n".encode()
-        number = 0
-        async for message in messages:
-            number += 1
-            data = json.dumps(message, separators=(",", ":"), ensure_ascii=False, default=str)
-            yield f"id: {stream}-{number}\n".encode() + encode_sse(data, "message")
-
-    return frames()
-
-
 def _streams(inbound: Inbound) -> bool:
     """The client takes an SSE response stream (every Streamable HTTP client does; a bare JSON POST does not)."""
     return "text/event-stream" in inbound.headers.get("accept", "")
 
 
-def _stream(messages: AsyncIterator[dict[str, Any]]) -> Response:
-    return StreamingResponse(_frames(messages), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+def _sse(frames: AsyncIterator[bytes]) -> Response:
+    return StreamingResponse(frames, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _primed(replay: Replay, *, until_poll: bool) -> AsyncIterator[bytes]:
+    """A response stream: the priming event (an id, ``retry``, no data), then the replay's frames."""
+    yield replay.priming()
+    async for frame in replay.follow(-1, until_poll=until_poll):
+        yield frame
 
 
 async def _one(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -214,6 +207,8 @@ class McpEndpoint:
         """The open MCP sessions, each under the key of the tenant that opened it."""
         self.questions = Questions()
         self.states = RequestStates()
+        self.replays: LruTable[Replay] = LruTable(budget, "MCP response stream")
+        """Each session's response streams, kept for ``GET`` + ``Last-Event-ID`` (mcp_replay)."""
 
     def routes(
         self, caller: Authenticate, *, limits: InputLimits, large: BodyPlaces, around: Around
@@ -242,14 +237,16 @@ class McpEndpoint:
         return session, None
 
     async def end(self, inbound: Inbound) -> Response:
-        """``DELETE /mcp`` ends a session; ``GET /mcp`` (a server stream) is not served."""
+        """``DELETE /mcp`` ends a session; ``GET /mcp`` resumes a response stream (``Last-Event-ID``); the
+        standalone server stream is not served (405)."""
         if (why := foreign(inbound)) is not None:
             return _error(None, INVALID_REQUEST, why, 403)
-        if inbound.request.method == "GET":
-            return Response(status_code=405, headers={"Allow": "POST, DELETE"})
         session, unknown = self._session(inbound)
         if unknown is not None:
             return unknown
+        if inbound.request.method == "GET":
+            resumed = self._resume(inbound, session) if session is not None else None
+            return resumed or Response(status_code=405, headers={"Allow": "POST, DELETE"})
         if session is not None:
             self.sessions.pop(ScopedKey.of(inbound.caller, KIND, session))
         return Response(status_code=200)
@@ -295,7 +292,7 @@ class McpEndpoint:
                 return _response(first, ERROR_STATUS[code])
             messages = _after(first, messages)
         if asked.streaming:
-            return _stream(messages)
+            return self._stream(messages, asked, keep=not isinstance(answer, dict))
         said = [message async for message in messages]
         return _response(said[-1])
 
@@ -329,6 +326,25 @@ class McpEndpoint:
         if method == "completion/complete":
             return self._complete(rpc_id, params, catalog)
         return _fault(rpc_id, METHOD_NOT_FOUND, f"method {method!r} is not served by the reach gateway")
+
+    def _stream(self, messages: AsyncIterator[dict[str, Any]], asked: _Asked, *, keep: bool) -> Response:
+        """The answer as a response stream; a call's, on the session wire, is kept so ``GET`` can resume it."""
+        replay = Replay().start(messages)
+        if asked.session is None or not keep:
+            return _sse(_primed(replay, until_poll=False))
+        key = ScopedKey.of(asked.tenant, STREAM_KIND, f"{asked.session}/{replay.stream}")
+        self.replays.put(key, replay, _STREAM_BYTES)
+        return _sse(_primed(replay, until_poll=True))
+
+    def _resume(self, inbound: Inbound, session: str) -> Response | None:
+        """``GET`` with ``Last-Event-ID``: the rest of the response stream it names, or None when none is kept."""
+        last = inbound.headers.get("last-event-id", "")
+        stream = last.rpartition("-")[0]
+        replay = self.replays.get(ScopedKey.of(inbound.caller, STREAM_KIND, f"{session}/{stream}"))
+        after = replay.resume_from(last) if replay is not None else None
+        if replay is None or after is None:
+            return None
+        return _sse(replay.follow(after, until_poll=False))
 
     def _initialize(self, rpc_id: Any, params: dict[str, Any], tenant: str | None) -> Response:
         asked = params.get("protocolVersion")

@@ -5,8 +5,9 @@ while it runs. A chunk the agent yields that is an MCP notification
 (``{"method": "notifications/progress" | "notifications/message", "params":
 ...}``) is relayed to the client (progress only when the client gave a
 ``progressToken``, log messages only at or above the session's
-``logging/setLevel``); the other chunks are the result (strings joined, one
-chunk as it is, several as a list).
+``logging/setLevel``); a ``reach/poll`` chunk hands the client over to
+polling (:mod:`~reach_plugins.gateway.mcp_replay`); the other chunks are the
+result (strings joined, one chunk as it is, several as a list).
 
 An agent that needs the client's input (elicitation, sampling, roots) answers
 with ``{"inputRequests": {KEY: {"method": ..., "params": ...}}}``, the shape of
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reach_plugins.errors import ReachError
+from reach_plugins.gateway.mcp_replay import POLL
 from reach_plugins.model import ReachRequest
 from reach_plugins.protocols.mcp_tools import tool_result
 from reach_plugins.stores.keys import ScopedKey
@@ -153,6 +155,10 @@ async def run_call(
                     yield _response(call.rpc_id, _failed(why))
                     return
                 if event.kind != "data":
+                    continue
+                if isinstance(event.data, Mapping) and event.data.get("method") == POLL:
+                    if questions is not None:
+                        yield dict(event.data)
                     continue
                 note = _notification(event.data, call.progress, state.level)
                 if note is None:

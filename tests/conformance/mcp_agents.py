@@ -119,8 +119,10 @@ async def tool_with_progress() -> AsyncIterator[Any]:
 
 @agent.capability("test_reconnection", params_schema=NOTHING)
 async def reconnection() -> AsyncIterator[Any]:
-    """Tests SSE polling (SEP-1699): the gateway keeps the stream open, so the answer comes on it"""
+    """Tests SSE polling (SEP-1699): the stream closes mid-call, the client resumes it with GET + Last-Event-ID"""
     yield _log("info", "Before disconnect")
+    yield {"method": "reach/poll", "params": {"retry": 100}}
+    await asyncio.sleep(0.2)
     yield _log("info", "After reconnect")
     yield "Reconnection test completed"
 
