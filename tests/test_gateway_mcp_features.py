@@ -184,6 +184,28 @@ async def test_a_stream_handed_over_to_polling_is_resumed_with_last_event_id(url
     assert rest[-1]["result"]["content"][0]["text"] == "Reconnection test completed"
 
 
+async def test_deleting_the_session_stops_its_running_call(url: str) -> None:
+    """DELETE /mcp while a call waits for the client's answer: the call is cancelled, its stream cannot be resumed."""
+    headers = session(url, {"elicitation": {}})
+    async with httpx.AsyncClient(headers={**STREAM, **headers}, timeout=10) as http:
+        params = {"name": "test_elicitation", "arguments": {"message": "wait"}}
+        async with http.stream("POST", url, json=rpc("tools/call", params)) as answer:
+            lines = answer.aiter_lines()
+            ids: list[str] = []
+            async for line in lines:
+                ids += [line[4:]] if line.startswith("id: ") else []
+                if line.startswith("data: ") and "elicitation/create" in line:
+                    break
+            assert (await http.delete(url)).status_code == 200
+            rest = await asyncio.wait_for(_data_lines(lines), 5)
+        assert rest == []
+        assert (await http.get(url, headers={"Last-Event-ID": ids[-1]})).status_code == 404
+
+
+async def _data_lines(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines if line.startswith("data: ")]
+
+
 def test_a_question_the_client_cannot_answer_ends_the_call_as_a_tool_error(url: str) -> None:
     """A client that declared no sampling capability is not asked; the call says which capability was missing."""
     headers = session(url)

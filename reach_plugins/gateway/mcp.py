@@ -12,11 +12,8 @@ templates, prompts and completions come from tagged capabilities
 conversation: its id is the request's ``session_id``, so affinity keeps a
 client on one agent instance; ``DELETE /mcp`` ends a session.
 
-DNS rebinding: a gateway listening on a loopback address answers only
-requests whose ``Host`` (and ``Origin``, when sent) name it (its address,
-``localhost``, ``127.0.0.1`` or ``::1``); on any other address a browser's
-``Origin`` must name the host it was sent to (403 otherwise, as the spec's
-"servers MUST validate the Origin header" asks).
+Every request is first checked for DNS rebinding
+(:mod:`~reach_plugins.gateway.mcp_origin`).
 
 Sessions are kept under their tenant's :class:`~reach_plugins.stores.keys.ScopedKey`
 in an :class:`~reach_plugins.stores.budget.LruTable` within a
@@ -26,19 +23,18 @@ presented by another tenant is unknown (404), as is one pushed out by the bounds
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from starlette.responses import Response, StreamingResponse
 
 from reach_plugins.errors import ReachError
 from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, run_call
 from reach_plugins.gateway.mcp_catalog import Catalog, card_result, prompt_result, read_result
+from reach_plugins.gateway.mcp_origin import foreign
 from reach_plugins.gateway.mcp_replay import Replay
 from reach_plugins.gateway.mcp_stateless import (
     ERROR_STATUS,
@@ -96,39 +92,6 @@ def _error(rpc_id: Any, code: int, message: str, status: int = 200) -> Response:
 def _refuse(exc: ReachError, stage: Stage) -> Response:
     """The server layer's refusals as JSON-RPC errors under the error's own status (401/403, 413/408, 400)."""
     return _error(None, PARSE_ERROR if stage == "parse" else INVALID_REQUEST, exc.message, exc.http_status)
-
-
-def _result(rpc_id: Any, result: Mapping[str, Any], headers: dict[str, str] | None = None) -> Response:
-    return _response({"jsonrpc": "2.0", "id": rpc_id, "result": result}, headers=headers)
-
-
-def _names(served: str) -> frozenset[str]:
-    """What ``Host`` and ``Origin`` may name on a server listening on the loopback address ``served``."""
-    return frozenset({served, "localhost", "127.0.0.1", "::1"})
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def foreign(inbound: Inbound) -> str | None:
-    """Why a request looks like DNS rebinding or a cross-site browser call (``None`` when it does not)."""
-    host = urlsplit(f"//{inbound.headers.get('host', '')}").hostname
-    origin = inbound.headers.get("origin")
-    origin_host = urlsplit(origin).hostname if origin else None
-    served = inbound.request.scope.get("server")
-    if served and _loopback(str(served[0])):
-        names = _names(str(served[0]))
-        if host not in names:
-            return f"Host {host!r} does not name this loopback server"
-        if origin is not None and origin_host not in names:
-            return f"Origin {origin!r} is not this loopback server's"
-    elif origin is not None and origin_host != host:
-        return f"Origin {origin!r} is not the host the request was sent to"
-    return None
 
 
 def _streams(inbound: Inbound) -> bool:
@@ -249,7 +212,16 @@ class McpEndpoint:
             return resumed or Response(status_code=405, headers={"Allow": "POST, DELETE"})
         if session is not None:
             self.sessions.pop(ScopedKey.of(inbound.caller, KIND, session))
+            self._close_calls(ScopedKey.of(inbound.caller, STREAM_KIND, f"{session}/"))
         return Response(status_code=200)
+
+    def _close_calls(self, prefix: ScopedKey) -> None:
+        """A closed session stops its calls still running (the agent sees the caller go away)."""
+        for key in self.replays:
+            if key.tenant == prefix.tenant and key.kind == prefix.kind and key.id.startswith(prefix.id):
+                replay = self.replays.pop(key)
+                if replay is not None and replay.task is not None:
+                    replay.task.cancel()
 
     async def post(self, inbound: Inbound) -> Response:
         """One JSON-RPC request, notification or response (the client's answer to a question)."""
@@ -354,7 +326,7 @@ class McpEndpoint:
         state = McpSession(capabilities=frozenset(declared) if isinstance(declared, dict) else frozenset())
         self.sessions.put(ScopedKey.of(tenant, KIND, session), state, _SESSION_BYTES)
         result = {"protocolVersion": version, "capabilities": CAPABILITIES, "serverInfo": SERVER_INFO}
-        return _result(rpc_id, result, {"Mcp-Session-Id": session})
+        return _response(_ok(rpc_id, result), headers={"Mcp-Session-Id": session})
 
     def _set_level(self, rpc_id: Any, params: dict[str, Any], asked: _Asked) -> dict[str, Any]:
         level = params.get("level")
@@ -362,10 +334,6 @@ class McpEndpoint:
             return _fault(rpc_id, INVALID_PARAMS, f"logging/setLevel needs 'level', one of {list(LEVELS)}")
         self.sessions.put(asked.key, McpSession(asked.state.capabilities, str(level)), _SESSION_BYTES)
         return _ok(rpc_id, {})
-
-    def tools(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
-        """The capabilities ``tenant`` may reach from ``source``, once each, as MCP tools."""
-        return Catalog.of(self.forwarder.visible(tenant, source)).tool_list()
 
     def _answers(self, params: dict[str, Any], asked: _Asked) -> dict[str, Any] | Refusal:
         """What a stateless request brings back for the agent's questions: ``inputResponses`` and the

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
+
+log = logging.getLogger("reach_plugins.gateway")
 
 POLL = "reach/poll"
 """The chunk method with which an agent hands the client over to polling."""
@@ -68,6 +71,8 @@ class Replay:
                     self._add(f"id: {self.stream}-{len(self.frames) + 1}\nretry: {int(retry)}\ndata: \n\n".encode())
                     continue
                 self._add(_frame(f"{self.stream}-{len(self.frames) + 1}", message))
+        except Exception:
+            log.exception("an MCP response stream failed; its client sees the stream end without a result")
         finally:
             self.done = True
             self._changed.set()
