@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response, StreamingResponse
 
-from reach_plugins.errors import ReachError
+from reach_plugins.errors import EntryTooLarge, ReachError
 from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, run_call
 from reach_plugins.gateway.mcp_catalog import Catalog, card_result, prompt_result, read_result
 from reach_plugins.gateway.mcp_origin import foreign
@@ -66,7 +66,7 @@ SESSION_HEADER = "mcp-session-id"
 KIND = "mcp-session"
 STREAM_KIND = "mcp-stream"
 _STREAM_BYTES = 4096
-"""Estimated bytes of one kept response stream (its recording is capped by mcp_replay.MAX_REPLAY_BYTES)."""
+"""Bytes a running response stream is counted at; once done, at what it recorded (capped by MAX_REPLAY_BYTES)."""
 _SESSION_BYTES = 64
 """Estimated bytes of one session entry besides its key."""
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
@@ -306,7 +306,18 @@ class McpEndpoint:
             return _sse(_primed(replay, until_poll=False))
         key = ScopedKey.of(asked.tenant, STREAM_KIND, f"{asked.session}/{replay.stream}")
         self.replays.put(key, replay, _STREAM_BYTES)
+        if replay.task is not None:
+            replay.task.add_done_callback(lambda _: self._weigh(key, replay))
         return _sse(_primed(replay, until_poll=True))
+
+    def _weigh(self, key: ScopedKey, replay: Replay) -> None:
+        """A finished stream counts in the budget with the bytes it recorded (dropped when over the bound)."""
+        if self.replays.peek(key) is not replay:
+            return
+        try:
+            self.replays.put(key, replay, replay.size)
+        except EntryTooLarge:
+            self.replays.pop(key)
 
     def _resume(self, inbound: Inbound, session: str) -> Response | None:
         """``GET`` with ``Last-Event-ID``: the rest of the response stream it names, or None when none is kept."""
