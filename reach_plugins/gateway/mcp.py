@@ -1,4 +1,4 @@
-"""The gateway's MCP endpoint (Streamable HTTP, ``POST /mcp``): a tenant's reachable capabilities as MCP tools.
+"""The gateway's MCP endpoint (Streamable HTTP, ``/mcp``): a tenant's reachable capabilities as MCP tools and more.
 
 Claude Desktop, Cursor, langchain-mcp-adapters or Dify's MCP client connect
 with the tenant's bearer token; ``tools/list`` lists what that tenant may
@@ -10,7 +10,9 @@ client go there: :mod:`~reach_plugins.gateway.mcp_calls`). Resources, resource
 templates, prompts and completions come from tagged capabilities
 (:mod:`~reach_plugins.gateway.mcp_catalog`). The MCP session is the
 conversation: its id is the request's ``session_id``, so affinity keeps a
-client on one agent instance; ``DELETE /mcp`` ends a session.
+client on one agent instance; ``DELETE /mcp`` ends a session. Requests
+without a session speak the stateless 2026-07-28 wire
+(:mod:`~reach_plugins.gateway.mcp_stateless`).
 
 Every request is first checked for DNS rebinding
 (:mod:`~reach_plugins.gateway.mcp_origin`).
@@ -86,7 +88,7 @@ def _response(message: Any, status: int = 200, headers: dict[str, str] | None = 
 
 
 def _error(rpc_id: Any, code: int, message: str, status: int = 200) -> Response:
-    return _response({"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}, status)
+    return _response(_fault(rpc_id, code, message), status)
 
 
 def _refuse(exc: ReachError, stage: Stage) -> Response:
