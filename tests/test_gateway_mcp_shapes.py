@@ -28,6 +28,8 @@ def test_a_reply_becomes_text_content_or_keeps_its_items() -> None:
     assert tool_result({"a": 1}, output_schema=True)["structuredContent"] == {"a": 1}
     image = {"type": "image", "data": "AA==", "mimeType": "image/png"}
     assert tool_result({"content": [image]}, output_schema=False)["content"] == [image]
+    relayed = {"reply_content": "", "tool_calls": [], "raw_meta": {"mcp_session_id": "s-1"}}
+    assert tool_result(relayed, output_schema=False)["content"] == [{"type": "text", "text": ""}]
     odd = {"content": [{"type": "video"}]}
     assert tool_result(odd, output_schema=False)["content"][0]["type"] == "text"
 

@@ -135,7 +135,7 @@ def as_text(data: Any) -> str:
     if isinstance(data, str):
         return data
     reply = data.get("reply_content") if isinstance(data, Mapping) else None
-    if isinstance(reply, str) and reply:
+    if isinstance(reply, str):
         return reply
     return json.dumps(data, ensure_ascii=False, default=str)
 
