@@ -206,6 +206,22 @@ async def _data_lines(lines: AsyncIterator[str]) -> list[str]:
     return [line async for line in lines if line.startswith("data: ")]
 
 
+async def test_a_multi_round_agent_gets_its_request_state_back_each_round(url: str) -> None:
+    """Session wire: the gateway asks round after round, handing the agent its requestState and the answers."""
+    headers = session(url, {"elicitation": {}})
+    answers = iter([{"name": "Alice"}, {"color": "blue"}])
+    async with httpx.AsyncClient(headers={**STREAM, **headers}, timeout=10) as http:
+        params = {"name": "test_input_required_result_multi_round", "arguments": {}}
+        async with http.stream("POST", url, json=rpc("tools/call", params)) as answer:
+            async for message in events(answer):
+                if message.get("method") == "elicitation/create":
+                    reply = {"action": "accept", "content": next(answers)}
+                    await http.post(url, json={"jsonrpc": "2.0", "id": message["id"], "result": reply})
+                elif "result" in message:
+                    final = message["result"]
+    assert final["content"][0]["text"] == "Alice likes blue."
+
+
 def test_a_question_the_client_cannot_answer_ends_the_call_as_a_tool_error(url: str) -> None:
     """A client that declared no sampling capability is not asked; the call says which capability was missing."""
     headers = session(url)

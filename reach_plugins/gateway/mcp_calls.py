@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -142,29 +143,33 @@ async def run_call(
     key: ScopedKey | None,
     hand_back: Callable[[Any, Mapping[str, Any]], dict[str, Any]] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
-    """The JSON-RPC messages of one call, the response last. Without ``questions`` (a JSON answer, no stream)
-    nothing can be asked of the client. With ``hand_back`` (the stateless
-    wire) the agent's questions are not asked: ``hand_back(rpc_id, reply)`` is the response that returns them."""
+    """The JSON-RPC messages of one call, the response last.
+
+    Without ``questions`` (a JSON answer, no stream) nothing can be asked of the client. With ``hand_back`` (the
+    stateless wire) the agent's questions are not asked: ``hand_back(rpc_id, reply)`` is the response that
+    returns them.
+    """
     arguments = call.arguments
     for _ in range(MAX_ROUNDS):
         chunks: list[Any] = []
         try:
-            async for event in forwarder.stream(call.request(arguments)):
-                if event.kind == "error":
-                    why = event.error.message if event.error else "the reach failed"
-                    yield _response(call.rpc_id, _failed(why))
-                    return
-                if event.kind != "data":
-                    continue
-                if isinstance(event.data, Mapping) and event.data.get("method") == POLL:
-                    if questions is not None:
-                        yield dict(event.data)
-                    continue
-                note = _notification(event.data, call.progress, state.level)
-                if note is None:
-                    chunks.append(event.data)
-                elif note:
-                    yield note
+            async with aclosing(forwarder.stream(call.request(arguments))) as events:
+                async for event in events:
+                    if event.kind == "error":
+                        why = event.error.message if event.error else "the reach failed"
+                        yield _response(call.rpc_id, _failed(why))
+                        return
+                    if event.kind != "data":
+                        continue
+                    if isinstance(event.data, Mapping) and event.data.get("method") == POLL:
+                        if questions is not None:
+                            yield dict(event.data)
+                        continue
+                    note = _notification(event.data, call.progress, state.level)
+                    if note is None:
+                        chunks.append(event.data)
+                    elif note:
+                        yield note
         except ReachError as exc:
             yield _response(call.rpc_id, _failed(exc.message))
             return
@@ -183,7 +188,8 @@ async def run_call(
         if problems:
             yield _response(call.rpc_id, _failed(f"{call.name!r} needs input the client could not give: {problems[0]}"))
             return
-        arguments = {**call.arguments, "inputResponses": answers}
+        carried = {"requestState": data["requestState"]} if isinstance(data.get("requestState"), str) else {}
+        arguments = {**call.arguments, "inputResponses": answers, **carried}
     yield _response(call.rpc_id, _failed(f"{call.name!r} asked for input more than {MAX_ROUNDS} times"))
 
 
