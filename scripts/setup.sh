@@ -34,6 +34,15 @@ if [[ ! -x .venv-tck/bin/python ]]; then
   "$PYTHON" -m venv .venv-tck
 fi
 .venv-tck/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-tck.txt
+# The MCP conformance harness (npm @modelcontextprotocol/conformance 0.2.0-alpha.11 = its commit c321dd3) and the
+# Node 22 it needs (Debian's nodejs is older; npm's "node" package ships the binary), in .mcp-conformance/.
+if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm
+fi
+if ! grep -qs '"@modelcontextprotocol/conformance": "0.2.0-alpha.11"' .mcp-conformance/package.json; then
+  npm install --prefix .mcp-conformance --no-audit --no-fund --save-exact \
+    node@22.23.3 @modelcontextprotocol/conformance@0.2.0-alpha.11
+fi
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh
 # Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway

@@ -491,6 +491,7 @@ def test_a_failed_mcp_tool_call_never_names_a_backend_address(tmp_path: Path) ->
             call = {"name": "query_order", "arguments": {"order_id": "1"}}
             body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}
             answer = httpx.post(f"{gateway.url}/mcp", json=body, headers=session, timeout=30)
-    result = answer.json()["result"]
+    said = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ") and line[6:].strip()]
+    result = json.loads(said[-1])["result"]  # the answer is an SSE response stream, its result the last event
     assert result["isError"] is True and "the ledger at" in result["content"][0]["text"], answer.text
     assert "6390" not in answer.text, answer.text

@@ -9,10 +9,18 @@ capability names (``getWeather``) are lowercased and mapped back through
 ``protocol_options.tools``. A tool is ``retryable`` only when its annotations
 say it is idempotent or read-only, and ``danger_level: medium`` when they say
 it is destructive.
+
+The other way round (the gateway's ``/mcp``), :func:`tool_of` lists a
+capability as a tool and :func:`tool_result` turns an agent's reply into a
+``tools/call`` result: a string is one ``text`` item (never JSON-quoted), a
+reply carrying MCP ``content`` items keeps them (image, audio, resource), and
+``structuredContent`` is sent only when the tool declares an ``outputSchema``
+(from the capability's ``return_schema``) for it to match.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +35,8 @@ from reach_plugins.transport import Call, Transport
 _NAME = re.compile(NAME_PATTERN)
 _INVALID = re.compile(r"[^a-z0-9_.\-]+")
 MAX_PAGES = 100
+CONTENT_TYPES = frozenset({"text", "image", "audio", "resource", "resource_link"})
+"""The MCP content item types an agent's reply may carry through unchanged."""
 
 
 def capability_name(tool: str) -> str | None:
@@ -94,3 +104,48 @@ async def register_mcp_agent(
     described = await mcp_agent(agent, transport, timeout=timeout)
     await registry.register_agent(described)
     return described
+
+
+def tool_of(capability: Mapping[str, Any]) -> dict[str, Any]:
+    """A capability (as the forwarder lists it) as an MCP tool; ``outputSchema`` when it returns an object."""
+    name = capability["name"]
+    tool = {
+        "name": name,
+        "description": capability.get("description") or f"Reach the capability {name}.",
+        "inputSchema": capability.get("params_schema") or {"type": "object"},
+    }
+    schema = capability.get("return_schema")
+    if isinstance(schema, Mapping) and schema.get("type") == "object":
+        tool["outputSchema"] = dict(schema)
+    return tool
+
+
+def content_items(data: Any) -> list[dict[str, Any]] | None:
+    """The MCP content items a reply carries (``{"content": [...]}`` of known types), else ``None``."""
+    items = data.get("content") if isinstance(data, Mapping) else None
+    if not isinstance(items, list) or not items:
+        return None
+    if all(isinstance(item, Mapping) and item.get("type") in CONTENT_TYPES for item in items):
+        return [dict(item) for item in items]
+    return None
+
+
+def as_text(data: Any) -> str:
+    """A reply as text: a string as it is, an MCP client's ``reply_content``, anything else as JSON."""
+    if isinstance(data, str):
+        return data
+    reply = data.get("reply_content") if isinstance(data, Mapping) else None
+    if isinstance(reply, str):
+        return reply
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
+def tool_result(data: Any, *, output_schema: bool) -> dict[str, Any]:
+    """A capability's reply as a ``tools/call`` result (structured only where ``outputSchema`` promises it)."""
+    items = content_items(data)
+    result: dict[str, Any] = {"content": items or [{"type": "text", "text": as_text(data)}], "isError": False}
+    if output_schema:
+        structured = data.get("structured_content", data) if isinstance(data, Mapping) else None
+        if isinstance(structured, Mapping):
+            result["structuredContent"] = dict(structured)
+    return result

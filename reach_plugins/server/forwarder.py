@@ -215,7 +215,13 @@ class Forwarder:
                 for i in self.table.instances(name).values()
             ]
             capabilities = [
-                {"name": c.name, "description": c.description, "params_schema": c.params_schema}
+                {
+                    "name": c.name,
+                    "description": c.description,
+                    "params_schema": c.params_schema,
+                    "return_schema": c.return_schema,
+                    "scope_tags": list(c.scope_tags),
+                }
                 for c in agent.capabilities
             ]
             listed.append(
