@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reach_plugins.errors import ConnectError, RemoteError
+from reach_plugins.errors import ConnectError, InvalidResponse, RemoteError
 from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols.base import (
     HttpRequest,
@@ -153,18 +153,29 @@ class McpAdapter(NoDiscovery):
         if not 200 <= response.status < 300:
             raise invalid(call, f"the MCP handshake was refused with HTTP {response.status}")
         session = self.sessions.get(call)
-        if response.status == 202 or not response.body.strip():
-            if session is not None:
-                session.ready = True
+        result = self._initialize_result(call, response)
+        if result is None:
+            # the answer to notifications/initialized: 202 as the spec says, or any other 2xx (a 200 with a JSON
+            # body from some servers): either way the session is initialised and the notification is not resent
+            if session is None:
+                raise invalid(call, f"the MCP initialize answer has no result: {response.body[:120]!r}")
+            session.ready = True
             return
         if session is not None:
             return  # another call of this conversation opened its session first: all use that one
-        message = self._message(call, response)
-        result = message.get("result") if isinstance(message, Mapping) else None
-        if not isinstance(result, Mapping):
-            raise invalid(call, f"the MCP initialize answer has no result: {str(message)[:120]!r}")
         version = str(result.get("protocolVersion") or PROTOCOL_VERSION)
         self.sessions.put(call, McpSession(header(response.headers, SESSION_HEADER), version))
+
+    def _initialize_result(self, call: Call, response: HttpResponse) -> Mapping[str, Any] | None:
+        """The result of an ``initialize`` answer (it names a ``protocolVersion``), else ``None``."""
+        if response.status == 202 or not response.body.strip():
+            return None
+        try:
+            message = self._message(call, response)
+        except InvalidResponse:
+            return None
+        result = message.get("result") if isinstance(message, Mapping) else None
+        return result if isinstance(result, Mapping) and "protocolVersion" in result else None
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         request = call.request
