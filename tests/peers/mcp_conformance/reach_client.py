@@ -1,0 +1,70 @@
+"""The MCP conformance harness's client, written against reach-plugins' public API (``protocol: mcp``).
+
+    conformance client --command "python tests/peers/mcp_conformance/reach_client.py" --scenario initialize
+
+The harness passes the server URL as the last argument and the scenario in
+``MCP_CONFORMANCE_SCENARIO`` (``MCP_CONFORMANCE_CONTEXT`` carries a scenario's
+credentials). Each scenario registers the server as an ``mcp`` agent (its
+tools listed into the registry), reaches a tool by capability, then closes the
+client (which ends the MCP session). ``auth/*`` scenarios configure OAuth in
+``protocol_options.oauth``; the authorization step is headless (the harness's
+authorization server redirects at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from reach_plugins import ReachClient
+from reach_plugins.model import AgentDescriptor
+from reach_plugins.protocols.mcp_tools import capability_name, register_mcp_agent
+from reach_plugins.registry.memory import MemoryRegistry
+from transports.direct import DirectTransport
+
+REDIRECT = "http://127.0.0.1:3000/callback"
+CALLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "tools_call": ("add_numbers", {"a": 5, "b": 3}),
+    "sse-retry": ("test_reconnection", {}),
+    "elicitation-sep1034-client-defaults": ("test_client_elicitation_defaults", {}),
+}
+
+
+def oauth_options(scenario: str) -> dict[str, Any]:
+    """``protocol_options.oauth`` for an ``auth/*`` scenario (pre-registered credentials from the context)."""
+    context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+    options: dict[str, Any] = {"redirect_uri": REDIRECT, "client_name": "reach-conformance"}
+    if scenario.startswith("auth/client-credentials"):
+        options["grant"] = "client_credentials"
+    if scenario == "auth/basic-cimd":
+        options["client_metadata_url"] = "https://conformance-test.local/client-metadata.json"
+    for key in ("client_id", "client_secret", "private_key_pem", "signing_algorithm"):
+        if context.get(key):
+            options[key] = context[key]
+    return options
+
+
+async def run(url: str, scenario: str) -> None:
+    options: dict[str, Any] = {}
+    if scenario.startswith("auth/"):
+        options["oauth"] = oauth_options(scenario)
+    registry = MemoryRegistry()
+    agent = AgentDescriptor(name="conformance", protocol="mcp", endpoints=[url], protocol_options=options)
+    async with DirectTransport() as transport, ReachClient(registry=registry, transport=transport) as client:
+        described = await register_mcp_agent(registry, agent, transport, timeout=20)
+        if scenario == "initialize":
+            return
+        tool, arguments = CALLS.get(scenario, ("", {}))
+        name = capability_name(tool) if tool else None
+        if name is None and described.capabilities:
+            name = described.capabilities[0].name
+        if name is not None:
+            reply = await client.reach(name, arguments, session_id="conformance", timeout_ms=20_000)
+            print(scenario, reply.status, reply.error, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    asyncio.run(run(sys.argv[-1], os.environ.get("MCP_CONFORMANCE_SCENARIO", "")))
