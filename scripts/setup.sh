@@ -28,6 +28,13 @@ if [[ ! -x .venv-a2a03/bin/python ]]; then
   "$PYTHON" -m venv .venv-a2a03
 fi
 .venv-a2a03/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-a2a03.txt
+# The MCP conformance harness (npm, pinned) and the Node 22 it needs (fs.globSync), both from npm, project-local;
+# tests/test_conformance_mcp_client.py runs it against our mcp client and python-sdk's.
+if [[ ! -x .ci-state/mcp-conformance/node_modules/.bin/conformance || ! -x .ci-state/mcp-conformance/node_modules/.bin/node ]]; then
+  mkdir -p .ci-state/mcp-conformance
+  npm install --prefix .ci-state/mcp-conformance --no-audit --no-fund --silent \
+    @modelcontextprotocol/conformance@0.2.0-alpha.11 node@22
+fi
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh
 # Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway
