@@ -18,12 +18,13 @@ Replies (JSON or one SSE event) become ``reply_content`` (the text content),
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reach_plugins.errors import ConnectError, InvalidResponse, RemoteError
+from reach_plugins.errors import ConnectError, InvalidResponse, RemoteError, Unauthenticated
 from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols.base import (
     HttpRequest,
@@ -40,6 +41,7 @@ from reach_plugins.protocols.base import (
     reach_headers,
     success,
 )
+from reach_plugins.protocols.mcp_oauth import MAX_FLOWS, OAuthClient, OAuthSettings, Running, needs_authorization
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.sse import SseDecoder
 
@@ -114,9 +116,41 @@ class McpAdapter(NoDiscovery):
 
     def __init__(self) -> None:
         self.sessions = McpSessions()
+        self._oauth: OrderedDict[tuple[str, str | None], OAuthClient] = OrderedDict()
+        self._flows: dict[str, tuple[Running, int]] = {}
+        """Per call (request id): the OAuth flow under way and how many this handshake ran."""
+
+    def _oauth_of(self, call: Call) -> OAuthClient | None:
+        """The OAuth state for this call's server and tenant, when ``protocol_options.oauth`` asks for OAuth."""
+        options = call.agent.protocol_options.get("oauth")
+        if options is None:
+            return None
+        key = (call.instance.endpoint, call.request.tenant)
+        client = self._oauth.get(key)
+        if client is None:
+            settings = OAuthSettings.of(options if isinstance(options, Mapping) else {})
+            client = self._oauth[key] = OAuthClient(self._url(call), settings)
+            while len(self._oauth) > SESSIONS_KEPT:
+                self._oauth.popitem(last=False)
+        return client
+
+    def _start(self, call: Call, flow_of: Running) -> HttpRequest | None:
+        """Run ``flow_of`` for this call; the handshake asks for its requests until it ends."""
+        _, ran = self._flows.get(call.request.request_id, (None, 0))
+        if ran >= MAX_FLOWS:
+            self._flows.pop(call.request.request_id, None)
+            raise Unauthenticated(
+                f"MCP server {call.instance.endpoint} refused every token obtained for it ({ran} authorizations)",
+                agent=call.agent.name,
+            )
+        self._flows[call.request.request_id] = (flow_of, ran + 1)
+        return flow_of.request
 
     def _headers(self, call: Call, session: McpSession | None) -> dict[str, str]:
         headers = reach_headers(call, accept=ACCEPT)
+        oauth = self._oauth_of(call)
+        if oauth is not None:
+            headers.update(oauth.authorization())
         if session is not None:
             headers[VERSION_HEADER] = session.version
             if session.session_id:
@@ -129,7 +163,16 @@ class McpAdapter(NoDiscovery):
         return endpoint_url(call, str(path)) if path else call.instance.endpoint
 
     def handshake(self, call: Call) -> HttpRequest | None:
-        """The next request of this conversation's MCP handshake, or ``None`` once its session is ready."""
+        """The next request of this conversation's MCP handshake (OAuth's first), or ``None`` once it is ready."""
+        running, _ = self._flows.get(call.request.request_id, (None, 0))
+        if running is not None and running.request is not None:
+            return running.request
+        oauth = self._oauth_of(call)
+        if oauth is not None and oauth.refused is not None:
+            refused, oauth.refused = oauth.refused, None
+            return self._start(call, Running(oauth.authorize(refused, time.monotonic())))
+        if oauth is not None and oauth.refresh_token and oauth.expired(time.monotonic()):
+            return self._start(call, Running(oauth.refresh(time.monotonic())))
         session = self.sessions.get(call)
         if session is None:
             params = {
@@ -142,10 +185,20 @@ class McpAdapter(NoDiscovery):
         if not session.ready:
             body = {"jsonrpc": "2.0", "method": "notifications/initialized"}
             return HttpRequest("POST", self._url(call), self._headers(call, session), encode_json(body))
+        self._flows.pop(call.request.request_id, None)
         return None
 
     def handshaken(self, call: Call, response: HttpResponse) -> None:
-        """Learn from a handshake answer: the session opened (a result), then initialised (202, no body)."""
+        """Learn from a handshake answer: an OAuth step, a refusal asking for authorization, the session opened (a
+        result), then initialised (202, no body)."""
+        running, _ = self._flows.get(call.request.request_id, (None, 0))
+        if running is not None and running.request is not None:
+            running.feed(response)
+            return
+        oauth = self._oauth_of(call)
+        if oauth is not None and needs_authorization(response):
+            oauth.refused = response
+            return
         if response.status >= 500 or response.status in (408, 429):
             raise RemoteError(
                 f"MCP server {call.instance.instance_id} answered HTTP {response.status} to the handshake"
@@ -202,6 +255,14 @@ class McpAdapter(NoDiscovery):
             raise ConnectError(
                 f"MCP server {call.instance.instance_id} no longer knows session {session.session_id}: the tool did "
                 "not run; the next attempt opens a new session",
+                agent=call.agent.name,
+            )
+        oauth = self._oauth_of(call)
+        if oauth is not None and needs_authorization(response):
+            oauth.refused = response
+            raise ConnectError(
+                f"MCP server {call.instance.instance_id} refused the token (HTTP {response.status}): the tool did not "
+                "run; the next attempt authorizes again",
                 agent=call.agent.name,
             )
         if not 200 <= response.status < 300:
