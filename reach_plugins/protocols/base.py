@@ -90,6 +90,11 @@ class Adapter(Protocol):
         """Learn from the answer to a :meth:`handshake` request (raise a ReachError when it failed)."""
         ...
 
+    def renegotiate(self, call: Call, response: HttpResponse) -> bool:
+        """Whether ``response`` refused the call in a way a new handshake fixes (an MCP server's OAuth challenge):
+        the transport then runs :meth:`handshake` again and resends the call, once."""
+        ...
+
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest: ...
 
     def parse(self, call: Call, response: HttpResponse) -> Reply: ...
@@ -273,6 +278,9 @@ class NoHandshake:
 
     def handshaken(self, call: Call, response: HttpResponse) -> None:
         return None
+
+    def renegotiate(self, call: Call, response: HttpResponse) -> bool:
+        return False
 
 
 class NoDiscovery(NoHandshake):

@@ -230,6 +230,14 @@ class McpAdapter(NoDiscovery):
         result = message.get("result") if isinstance(message, Mapping) else None
         return result if isinstance(result, Mapping) and "protocolVersion" in result else None
 
+    def renegotiate(self, call: Call, response: HttpResponse) -> bool:
+        """A call refused for its token (401, or 403 asking for more scope): authorize again, then resend it."""
+        oauth = self._oauth_of(call)
+        if oauth is None or not needs_authorization(response):
+            return False
+        oauth.refused = response
+        return True
+
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         request = call.request
         if request.action == LIST_TOOLS:

@@ -115,6 +115,12 @@ def _covers(configured: str, requested: str) -> bool:
     return path.rstrip("/") == parent or path.startswith(parent + "/")
 
 
+def _loopback(url: str) -> bool:
+    """A redirect to this machine (a native app's, per OpenID registration), not to a web server."""
+    host = urlsplit(url).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
 def _union(first: str | None, second: str | None) -> str | None:
     scopes = [*(first or "").split(), *(second or "").split()]
     return " ".join(dict.fromkeys(scopes)) or None
@@ -264,6 +270,7 @@ class OAuthClient:
             "redirect_uris": [settings.redirect_uri],
             "grant_types": ["authorization_code", "refresh_token"],
             "response_types": ["code"],
+            "application_type": "native" if _loopback(settings.redirect_uri) else "web",
         }
         supported = (self.metadata or {}).get("token_endpoint_auth_methods_supported")
         if isinstance(supported, list) and supported and "client_secret_basic" not in supported:
@@ -331,7 +338,8 @@ class OAuthClient:
         if method == "private_key_jwt":
             algorithm = self.settings.signing_algorithm
             key = (ECKey if algorithm.startswith("ES") else RSAKey).import_key(str(secret))
-            auth = ClientAuth(client["client_id"], key, PrivateKeyJWT(url, alg=algorithm))
+            # the assertion's audience is the issuer (RFC 7523bis), which servers accept where the endpoint was asked
+            auth = ClientAuth(client["client_id"], key, PrivateKeyJWT(self.issuer or url, alg=algorithm))
         else:
             auth = ClientAuth(client["client_id"], secret, method if secret and method in METHODS else "none")
         headers = {"Content-Type": FORM, "Accept": "application/json"}

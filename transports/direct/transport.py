@@ -136,6 +136,10 @@ class DirectTransport(BaseTransport):
         request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
         connect = _connect_timeout(call)
         response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
+        if adapter.renegotiate(call, response):
+            await self._handshake(adapter, engine, call)
+            request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
+            response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
         return adapter.parse(call, response)
 
     async def stream(self, call: Call) -> EventStream:
