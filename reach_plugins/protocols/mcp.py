@@ -151,10 +151,10 @@ class McpAdapter(NoDiscovery):
         oauth = self._oauth_of(call)
         if oauth is not None:
             headers.update(oauth.authorization())
-        if session is not None:
-            headers[VERSION_HEADER] = session.version
-            if session.session_id:
-                headers[SESSION_HEADER] = session.session_id
+        # the negotiated version; the one proposed on initialize too (2026-07-28 servers ask for it on every request)
+        headers[VERSION_HEADER] = session.version if session is not None else PROTOCOL_VERSION
+        if session is not None and session.session_id:
+            headers[SESSION_HEADER] = session.session_id
         return headers
 
     def _url(self, call: Call) -> str:
