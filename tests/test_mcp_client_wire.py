@@ -47,3 +47,26 @@ async def test_initialized_answered_200_with_json_is_sent_once(wire_server: str,
     reply = await asyncio.wait_for(client.reach("show", {}, session_id="hand-1"), 10)
     assert reply.status == "success", reply.error
     assert counts(wire_server)["notifications/initialized"] - before == 1
+
+
+async def test_non_text_content_and_structured_content_are_kept(client: ReachClient) -> None:
+    """An SSE reply opening with a priming event (id, retry, empty data) and a progress notification: the result
+    is read, with its image, audio and resource items kept beside the text."""
+    reply = await asyncio.wait_for(client.reach("show", {}, session_id="content-1"), 10)
+    assert reply.status == "success", reply.error
+    assert reply.data["reply_content"] == "a pixel"
+    assert [item["type"] for item in reply.data["content"]] == ["text", "image", "audio", "resource"]
+    assert reply.data["content"][1]["mimeType"] == "image/png"
+    assert reply.data["content"][3]["resource"]["text"] == "hi"
+    assert reply.data["structured_content"] == {"total": 3}
+
+
+async def test_output_schema_is_kept_in_the_registry(wire_server: str) -> None:
+    """tools/list's outputSchema becomes the capability's return_schema (over structured_content)."""
+    agent = AgentDescriptor(name="wire", protocol="mcp", endpoints=[f"{wire_server}/mcp"])
+    async with DirectTransport() as transport:
+        described = await asyncio.wait_for(register_mcp_agent(MemoryRegistry(), agent, transport), 10)
+    schema = described.capabilities[0].return_schema
+    assert schema is not None
+    assert schema["properties"]["structured_content"]["required"] == ["total"]
+    assert schema["required"] == ["structured_content"]

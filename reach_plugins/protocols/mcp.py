@@ -11,8 +11,10 @@ did not run the tool: that is a :class:`~reach_plugins.errors.ConnectError`
 ``action`` lists the tools instead (see :mod:`reach_plugins.protocols.mcp_tools`).
 
 Replies (JSON or one SSE event) become ``reply_content`` (the text content),
-``structured_content`` (when the tool has an output schema), ``tool_calls``
-(empty) and ``raw_meta``; a tool error (``isError``) is a ``business`` failure.
+``content`` (every content item, when some are not text: image, audio,
+resource), ``structured_content`` (when the tool has an output schema),
+``tool_calls`` (empty) and ``raw_meta``; a tool error (``isError``) is a
+``business`` failure.
 """
 
 from __future__ import annotations
@@ -290,6 +292,9 @@ class McpAdapter(NoDiscovery):
         if result.get("isError") is True:
             return failure(call, ErrorInfo(type="business", message=_texts(result) or "the MCP tool failed"))
         data: dict[str, Any] = {"reply_content": _texts(result), "tool_calls": [], "raw_meta": {}}
+        content = [dict(item) for item in list_at(result, "content") if isinstance(item, Mapping)]
+        if any(item.get("type") != "text" for item in content):
+            data["content"] = content  # images, audio, resources: kept as the server sent them
         if isinstance(result.get("structuredContent"), Mapping):
             data["structured_content"] = result["structuredContent"]
         if session is not None and session.session_id:
