@@ -10,6 +10,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.protocols.a2a import A2AAdapter
 from reach_plugins.protocols.base import (
     Adapter,
+    Exchange,
     HttpRequest,
     HttpResponse,
     StreamDecoder,
@@ -41,6 +42,7 @@ __all__ = [
     "ADAPTERS",
     "A2AAdapter",
     "Adapter",
+    "Exchange",
     "HttpRequest",
     "HttpResponse",
     "McpAdapter",

@@ -66,6 +66,36 @@ class StreamDecoder(Protocol):
         ...
 
 
+class Exchange(Protocol):
+    """One call whose answer is an event stream to read, talk back to and reconnect to (MCP's Streamable HTTP):
+    the transport feeds it the events until it is done, sends what it asks, and reconnects where it says."""
+
+    def feed(self, event: SseEvent) -> list[HttpRequest]:
+        """Read one event; return the requests to send now (answers to what the server asked)."""
+        ...
+
+    def done(self) -> bool:
+        """The answer has arrived (or the exchange gave up waiting for it)."""
+        ...
+
+    def progress(self) -> list[StreamEvent]:
+        """Stream events learnt since the last call (progress notifications), for a caller that streams."""
+        ...
+
+    def resume(self, retry: float | None) -> tuple[HttpRequest, float] | None:
+        """The stream ended before the answer: the request that resumes it and after how many seconds (``retry``:
+        what the stream's ``retry:`` field said), or ``None``."""
+        ...
+
+    def whole(self, response: HttpResponse) -> None:
+        """The answer came as one body (JSON, or a refusal), not as a stream."""
+        ...
+
+    def response(self) -> HttpResponse:
+        """The answer as a plain response, for :meth:`Adapter.parse`."""
+        ...
+
+
 class Adapter(Protocol):
     """Builds requests for, and normalises replies of, agents speaking one protocol."""
 
@@ -96,6 +126,11 @@ class Adapter(Protocol):
         ...
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest: ...
+
+    def exchange(self, call: Call) -> Exchange | None:
+        """An :class:`Exchange` reading this call's answer when it comes as an event stream, or ``None`` (the body is
+        read whole)."""
+        ...
 
     def parse(self, call: Call, response: HttpResponse) -> Reply: ...
 
@@ -281,6 +316,9 @@ class NoHandshake:
 
     def renegotiate(self, call: Call, response: HttpResponse) -> bool:
         return False
+
+    def exchange(self, call: Call) -> Exchange | None:
+        return None
 
 
 class NoDiscovery(NoHandshake):

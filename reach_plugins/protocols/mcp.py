@@ -44,6 +44,7 @@ from reach_plugins.protocols.base import (
     success,
 )
 from reach_plugins.protocols.mcp_oauth import MAX_FLOWS, OAuthClient, OAuthSettings, Running, needs_authorization
+from reach_plugins.protocols.mcp_stream import ELICITATION, McpExchange
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.sse import SseDecoder
 
@@ -51,6 +52,8 @@ PROTOCOL_VERSION = "2025-06-18"
 """A handshake revision that both ``mcp`` 1.x and 2.x servers speak."""
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
+METHOD_HEADER = "Mcp-Method"
+NAME_HEADER = "Mcp-Name"
 ACCEPT = "application/json, text/event-stream"
 LIST_TOOLS = "tools/list"
 SESSIONS_KEPT = 4096
@@ -148,6 +151,15 @@ class McpAdapter(NoDiscovery):
         self._flows[call.request.request_id] = (flow_of, ran + 1)
         return flow_of.request
 
+    def _post(self, call: Call, session: McpSession | None, body: dict[str, Any]) -> HttpRequest:
+        """A JSON-RPC message POSTed to the server, its method (and tool name) mirrored in headers (SEP-2243)."""
+        headers = self._headers(call, session)
+        headers[METHOD_HEADER] = str(body["method"])
+        name = body.get("params", {}).get("name")
+        if name is not None:
+            headers[NAME_HEADER] = str(name)
+        return HttpRequest("POST", self._url(call), headers, encode_json(body))
+
     def _headers(self, call: Call, session: McpSession | None) -> dict[str, str]:
         headers = reach_headers(call, accept=ACCEPT)
         oauth = self._oauth_of(call)
@@ -179,14 +191,14 @@ class McpAdapter(NoDiscovery):
         if session is None:
             params = {
                 "protocolVersion": PROTOCOL_VERSION,
-                "capabilities": {},
+                "capabilities": {"elicitation": {}} if ELICITATION.get() is not None else {},
                 "clientInfo": {"name": "reach-plugins", "version": "1"},
             }
             body = {"jsonrpc": "2.0", "id": f"init-{call.request.request_id}", "method": "initialize", "params": params}
-            return HttpRequest("POST", self._url(call), self._headers(call, None), encode_json(body))
+            return self._post(call, None, body)
         if not session.ready:
             body = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-            return HttpRequest("POST", self._url(call), self._headers(call, session), encode_json(body))
+            return self._post(call, session, body)
         self._flows.pop(call.request.request_id, None)
         return None
 
@@ -232,6 +244,11 @@ class McpAdapter(NoDiscovery):
         result = message.get("result") if isinstance(message, Mapping) else None
         return result if isinstance(result, Mapping) and "protocolVersion" in result else None
 
+    def exchange(self, call: Call) -> McpExchange:
+        """Every call's answer may be an event stream (notifications, server requests, reconnections first)."""
+        headers = self._headers(call, self.sessions.get(call))
+        return McpExchange(call.request.request_id, self._url(call), headers)
+
     def renegotiate(self, call: Call, response: HttpResponse) -> bool:
         """A call refused for its token (401, or 403 asking for more scope): authorize again, then resend it."""
         oauth = self._oauth_of(call)
@@ -250,8 +267,10 @@ class McpAdapter(NoDiscovery):
                 tools.get(request.capability, request.capability) if isinstance(tools, Mapping) else request.capability
             )
             method, params = "tools/call", {"name": name, "arguments": dict(request.payload)}
+            if stream:
+                params["_meta"] = {"progressToken": request.request_id}  # progress comes back as stream events
         body = {"jsonrpc": "2.0", "id": request.request_id, "method": method, "params": params}
-        return HttpRequest("POST", self._url(call), self._headers(call, self.sessions.get(call)), encode_json(body))
+        return self._post(call, self.sessions.get(call), body)
 
     def _message(self, call: Call, response: HttpResponse) -> Any:
         content_type = header(response.headers, "Content-Type") or ""

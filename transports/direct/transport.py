@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from reach_plugins.errors import ConfigError, InvalidResponse, ReachError, ReadTimeout, TransportError
 from reach_plugins.model import ErrorInfo, Timeouts
-from reach_plugins.protocols import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
+from reach_plugins.protocols import (
+    Adapter,
+    Exchange,
+    HttpRequest,
+    HttpResponse,
+    SseDecoder,
+    StreamDecoder,
+    adapter_for,
+)
 from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
@@ -134,18 +142,27 @@ class DirectTransport(BaseTransport):
         if timeout <= 0:
             raise ReadTimeout(f"discovering {call.instance.endpoint} used up the attempt's time")
         request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
-        connect = _connect_timeout(call)
-        response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
+        connect = min(_connect_timeout(call), timeout)
+        response = await _answer(adapter, engine, call, request, timeout, connect)
         if adapter.renegotiate(call, response):
             await self._handshake(adapter, engine, call)
             request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
-            response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
+            response = await _answer(adapter, engine, call, request, timeout, connect)
         return adapter.parse(call, response)
 
     async def stream(self, call: Call) -> EventStream:
         """Stream events; failures before the first event raise (retryable), later ones end with an error event."""
         adapter = adapter_for(call.agent.protocol)
         decoder = adapter.decoder(call)
+        exchange = adapter.exchange(call) if decoder is None else None
+        if exchange is not None:
+            engine = self._engine_for(call)
+            request = await self._prepare(adapter, engine, call, stream=True)
+            async for event in _converse(engine, exchange, request, call.timeout, _connect_timeout(call)):
+                yield event
+            for event in _reply_events(adapter.parse(call, exchange.response())):
+                yield event
+            return
         if decoder is None:
             async for event in super().stream(call):
                 yield event
@@ -184,6 +201,45 @@ class DirectTransport(BaseTransport):
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.aclose(), loop))
         if self._shared is not None:
             await self._shared.aclose()
+
+
+async def _answer(
+    adapter: Adapter, engine: Engine, call: Call, request: HttpRequest, timeout: float, connect: float
+) -> HttpResponse:
+    """The answer to ``request``: its body, or what the adapter's exchange made of an event stream."""
+    exchange = adapter.exchange(call)
+    if exchange is None:
+        return await engine.send(request, timeout=timeout, connect_timeout=connect)
+    async for _ in _converse(engine, exchange, request, timeout, connect):
+        pass  # progress matters only to a caller that streams
+    return exchange.response()
+
+
+async def _converse(
+    engine: Engine, exchange: Exchange, request: HttpRequest, timeout: float, connect: float
+) -> AsyncIterator[StreamEvent]:
+    """Read an event-stream answer through ``exchange``: send what it asks, reconnect where and when it says (within
+    ``timeout``); yield its progress events."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + timeout
+    while True:
+        sse = SseDecoder()
+        async with engine.stream(request, timeout=ends - loop.time(), connect_timeout=connect) as wire:
+            content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
+            if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
+                exchange.whole(HttpResponse(wire.status, wire.headers, await wire.read()))
+                return
+            while not exchange.done() and (chunk := await wire.next_chunk()):
+                for frame in sse.feed(chunk):
+                    for answer in exchange.feed(frame):
+                        await engine.send(answer, timeout=max(0.0, ends - loop.time()), connect_timeout=connect)
+                for event in exchange.progress():
+                    yield event
+        follow = None if exchange.done() else exchange.resume(sse.retry)
+        if follow is None or loop.time() + follow[1] >= ends:
+            return
+        request = follow[0]
+        await asyncio.sleep(follow[1])  # the server's retry field: a reconnection sooner is refused by spec
 
 
 async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
