@@ -19,6 +19,9 @@ resource), ``structured_content`` (when the tool has an output schema),
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -59,6 +62,10 @@ LIST_TOOLS = "tools/list"
 SESSIONS_KEPT = 4096
 
 SessionKey = tuple[str, str | None, str | None]
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP header name (RFC 9110 token)."""
+_PRIMITIVE = frozenset({"string", "integer", "boolean"})
+"""Types a header may carry (SEP-2243: not number, whose spelling varies between languages)."""
 
 
 @dataclass(slots=True)
@@ -110,6 +117,33 @@ def rpc_message(body: bytes, content_type: str) -> Any:
     return events[-1].data.encode() if events else None
 
 
+def header_params(schema: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The arguments a tool mirrors into ``Mcp-Param-*`` headers (its ``x-mcp-header`` properties, SEP-2243), or
+    ``None`` when an annotation is unusable (empty, not a header token, repeated, or on a non-primitive): such a
+    tool is left out, as the spec asks."""
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    mirrored: dict[str, str] = {}
+    for name, field in (properties or {}).items():
+        wanted = field.get("x-mcp-header") if isinstance(field, Mapping) else None
+        if wanted is None:
+            continue
+        if not isinstance(wanted, str) or not _TOKEN.fullmatch(wanted) or field.get("type") not in _PRIMITIVE:
+            return None
+        if wanted.lower() in (known.lower() for known in mirrored.values()):
+            return None
+        mirrored[name] = wanted
+    return mirrored
+
+
+def header_value(value: Any) -> str:
+    """An argument as a header value: JSON's spelling of numbers and booleans; Base64 (``=?base64?...?=``) for text
+    that is not plain printable ASCII or has spaces at its ends."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    if text.isascii() and text.isprintable() and text == text.strip():
+        return text
+    return f"=?base64?{base64.b64encode(text.encode()).decode()}?="
+
+
 def _texts(result: Mapping[str, Any]) -> str:
     return "".join(str(item.get("text", "")) for item in list_at(result, "content") if isinstance(item, Mapping))
 
@@ -151,9 +185,11 @@ class McpAdapter(NoDiscovery):
         self._flows[call.request.request_id] = (flow_of, ran + 1)
         return flow_of.request
 
-    def _post(self, call: Call, session: McpSession | None, body: dict[str, Any]) -> HttpRequest:
+    def _post(
+        self, call: Call, session: McpSession | None, body: dict[str, Any], extra: Mapping[str, str] | None = None
+    ) -> HttpRequest:
         """A JSON-RPC message POSTed to the server, its method (and tool name) mirrored in headers (SEP-2243)."""
-        headers = self._headers(call, session)
+        headers = {**self._headers(call, session), **(extra or {})}
         headers[METHOD_HEADER] = str(body["method"])
         name = body.get("params", {}).get("name")
         if name is not None:
@@ -259,18 +295,24 @@ class McpAdapter(NoDiscovery):
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         request = call.request
+        body: dict[str, Any] = {"jsonrpc": "2.0", "id": request.request_id}
         if request.action == LIST_TOOLS:
-            method, params = LIST_TOOLS, dict(request.payload)
-        else:
-            tools = call.agent.protocol_options.get("tools") or {}
-            name = (
-                tools.get(request.capability, request.capability) if isinstance(tools, Mapping) else request.capability
-            )
-            method, params = "tools/call", {"name": name, "arguments": dict(request.payload)}
-            if stream:
-                params["_meta"] = {"progressToken": request.request_id}  # progress comes back as stream events
-        body = {"jsonrpc": "2.0", "id": request.request_id, "method": method, "params": params}
-        return self._post(call, self.sessions.get(call), body)
+            body.update(method=LIST_TOOLS, params=dict(request.payload))
+            return self._post(call, self.sessions.get(call), body)
+        tools = call.agent.protocol_options.get("tools") or {}
+        name = tools.get(request.capability, request.capability) if isinstance(tools, Mapping) else request.capability
+        params: dict[str, Any] = {"name": name, "arguments": dict(request.payload)}
+        if stream:
+            params["_meta"] = {"progressToken": request.request_id}  # progress comes back as stream events
+        capability = call.capability or call.agent.capability(request.capability)
+        mirrored = header_params(capability.params_schema if capability else None) or {}
+        headers = {
+            f"Mcp-Param-{header_name}": header_value(request.payload[argument])
+            for argument, header_name in mirrored.items()
+            if request.payload.get(argument) is not None
+        }
+        body.update(method="tools/call", params=params)
+        return self._post(call, self.sessions.get(call), body, headers)
 
     def _message(self, call: Call, response: HttpResponse) -> Any:
         content_type = header(response.headers, "Content-Type") or ""

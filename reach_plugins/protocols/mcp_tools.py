@@ -20,7 +20,7 @@ from typing import Any
 from reach_plugins.errors import ConfigError, from_wire
 from reach_plugins.model import NAME_PATTERN, AgentDescriptor, Capability, ErrorInfo, ReachRequest
 from reach_plugins.protocols.base import list_at, mapping_at
-from reach_plugins.protocols.mcp import LIST_TOOLS
+from reach_plugins.protocols.mcp import LIST_TOOLS, header_params
 from reach_plugins.registry.base import Registry
 from reach_plugins.transport import Call, Transport
 
@@ -42,12 +42,12 @@ def structured_schema(output: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def capability_of(tool: Mapping[str, Any]) -> Capability | None:
-    """A tool of ``tools/list`` as a capability (``None`` for a tool without a usable name)."""
+    """A tool of ``tools/list`` as a capability (``None`` for a tool without a usable name or header annotations)."""
     name = capability_name(str(tool.get("name", "")))
-    if name is None:
+    schema, output = tool.get("inputSchema"), tool.get("outputSchema")
+    if name is None or header_params(schema if isinstance(schema, Mapping) else None) is None:
         return None
     hints = mapping_at(tool, "annotations")
-    schema, output = tool.get("inputSchema"), tool.get("outputSchema")
     return Capability(
         name=name,
         description=str(tool.get("description") or tool.get("title") or ""),

@@ -21,6 +21,7 @@ from typing import Any
 
 from reach_plugins import ReachClient
 from reach_plugins.model import AgentDescriptor
+from reach_plugins.protocols.mcp_stream import answering_elicitation
 from reach_plugins.protocols.mcp_tools import capability_name, register_mcp_agent
 from reach_plugins.registry.memory import MemoryRegistry
 from transports.direct import DirectTransport
@@ -30,7 +31,26 @@ CALLS: dict[str, tuple[str, dict[str, Any]]] = {
     "tools_call": ("add_numbers", {"a": 5, "b": 3}),
     "sse-retry": ("test_reconnection", {}),
     "elicitation-sep1034-client-defaults": ("test_client_elicitation_defaults", {}),
+    "http-standard-headers": ("add_numbers", {"a": 5, "b": 3}),
 }
+
+
+def elicit_defaults(asked: Any) -> dict[str, Any]:
+    """Accept an elicitation with the defaults its schema gives (SEP-1034)."""
+    properties = (asked.get("requestedSchema") or {}).get("properties") or {}
+    return {
+        "action": "accept",
+        "content": {key: field["default"] for key, field in properties.items() if "default" in field},
+    }
+
+
+def stub(schema: Any) -> dict[str, Any]:
+    """Arguments filling a tool's required parameters with a value of their type."""
+    kinds = {"string": "x", "integer": 0, "number": 0, "boolean": False, "object": {}, "array": [], "null": None}
+    properties = (schema or {}).get("properties") or {}
+    return {
+        name: kinds.get((properties.get(name) or {}).get("type"), "x") for name in (schema or {}).get("required", [])
+    }
 
 
 def oauth_options(scenario: str) -> dict[str, Any]:
@@ -57,14 +77,28 @@ async def run(url: str, scenario: str) -> None:
         described = await register_mcp_agent(registry, agent, transport, timeout=20)
         if scenario == "initialize":
             return
+        schemas = {capability.name: capability.params_schema for capability in described.capabilities}
         tool, arguments = CALLS.get(scenario, ("", {}))
-        name = capability_name(tool) if tool else None
-        if name is None and described.capabilities:
-            name = described.capabilities[0].name
-        if name is not None:
-            reply = await client.reach(name, arguments, session_id="conformance", timeout_ms=20_000)
-            print(scenario, reply.status, reply.error, file=sys.stderr)
+        calls = [(capability_name(tool), arguments)] if tool else []
+        if scenario == "json-schema-2020-12-preservation":
+            calls = [("json_schema_echo", {"schema": schemas.get("json_schema_2020_12_tool")})]
+        elif scenario == "http-invalid-tool-headers":
+            calls = [(name, stub(schema)) for name, schema in schemas.items()]
+        elif scenario == "http-custom-headers":
+            context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
+            # a null argument is left out: our client checks payloads against the tool's schema (null is no boolean)
+            calls = [
+                (capability_name(c["name"]), {k: v for k, v in (c.get("arguments") or {}).items() if v is not None})
+                for c in context.get("toolCalls", [])
+            ]
+        elif not calls and described.capabilities:
+            calls = [(described.capabilities[0].name, {})]
+        for name, payload in calls:
+            if name is not None:
+                reply = await client.reach(name, payload, session_id="conformance", timeout_ms=20_000)
+                print(scenario, name, reply.status, reply.error, file=sys.stderr)
 
 
 if __name__ == "__main__":
-    asyncio.run(run(sys.argv[-1], os.environ.get("MCP_CONFORMANCE_SCENARIO", "")))
+    with answering_elicitation(elicit_defaults):
+        asyncio.run(run(sys.argv[-1], os.environ.get("MCP_CONFORMANCE_SCENARIO", "")))
