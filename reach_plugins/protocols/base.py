@@ -78,6 +78,10 @@ class Exchange(Protocol):
         """The answer has arrived (or the exchange gave up waiting for it)."""
         ...
 
+    def listen(self) -> HttpRequest | None:
+        """A stream to read beside the answer's for what the server asks meanwhile (MCP's GET stream), or ``None``."""
+        ...
+
     def progress(self) -> list[StreamEvent]:
         """Stream events learnt since the last call (progress notifications), for a caller that streams."""
         ...

@@ -47,13 +47,12 @@ from reach_plugins.protocols.base import (
     success,
 )
 from reach_plugins.protocols.mcp_oauth import MAX_FLOWS, OAuthClient, OAuthSettings, Running, needs_authorization
-from reach_plugins.protocols.mcp_stream import ELICITATION, McpExchange
+from reach_plugins.protocols.mcp_stream import ELICITATION, SESSION_HEADER, McpExchange
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.sse import SseDecoder
 
 PROTOCOL_VERSION = "2025-06-18"
 """A handshake revision that both ``mcp`` 1.x and 2.x servers speak."""
-SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 METHOD_HEADER = "Mcp-Method"
 NAME_HEADER = "Mcp-Name"

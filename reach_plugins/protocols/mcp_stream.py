@@ -40,6 +40,7 @@ MAX_RESUMES = 3
 """Reconnections of one call's stream: a server that keeps closing it without answering is not followed forever."""
 DEFAULT_RETRY = 1.0
 """Seconds before reconnecting when the stream never said (the SSE default is the client's choice)."""
+SESSION_HEADER = "Mcp-Session-Id"
 UNANSWERED = -32042
 """The JSON-RPC code of a call that ended because the server asked for input nobody gave."""
 
@@ -117,6 +118,14 @@ class McpExchange:
     def done(self) -> bool:
         return self._answer is not None or self._whole is not None
 
+    def listen(self) -> HttpRequest | None:
+        """The session's GET stream, where servers send requests not tied to a call (elicitation among them): read
+        only for a caller that answers them, since it costs a connection per call."""
+        if self._handler is None or SESSION_HEADER not in self._headers:
+            return None
+        headers = {key: value for key, value in self._headers.items() if key != "Content-Type"}
+        return HttpRequest("GET", self._url, {**headers, "Accept": "text/event-stream"})
+
     def progress(self) -> list[StreamEvent]:
         events, self._progress = self._progress, []
         return events
@@ -125,8 +134,8 @@ class McpExchange:
         if self._last_id is None or self._resumed >= MAX_RESUMES:
             return None
         self._resumed += 1
-        headers = {**self._headers, "Accept": "text/event-stream", "Last-Event-ID": self._last_id}
-        headers.pop("Content-Type", None)
+        headers = {key: value for key, value in self._headers.items() if key != "Content-Type"}
+        headers.update({"Accept": "text/event-stream", "Last-Event-ID": self._last_id})
         return HttpRequest("GET", self._url, headers), DEFAULT_RETRY if retry is None else retry
 
     def whole(self, response: HttpResponse) -> None:

@@ -9,6 +9,7 @@ dedups; the resilience core does that for every transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 from collections.abc import AsyncIterator, Hashable
@@ -22,6 +23,7 @@ from reach_plugins.protocols import (
     HttpRequest,
     HttpResponse,
     SseDecoder,
+    SseEvent,
     StreamDecoder,
     adapter_for,
 )
@@ -222,24 +224,62 @@ async def _converse(
     ``timeout``); yield its progress events."""
     loop = asyncio.get_running_loop()
     ends = loop.time() + timeout
-    while True:
-        sse = SseDecoder()
-        async with engine.stream(request, timeout=ends - loop.time(), connect_timeout=connect) as wire:
+    listening = exchange.listen()
+    listener = None
+    if listening is not None:
+        opened = asyncio.Event()
+        listener = asyncio.create_task(_listen(engine, exchange, listening, opened, timeout, connect))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(opened.wait(), min(connect, ends - loop.time()))  # before the call, or missed
+    try:
+        while True:
+            sse = SseDecoder()
+            async with engine.stream(request, timeout=ends - loop.time(), connect_timeout=connect) as wire:
+                content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
+                if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
+                    exchange.whole(HttpResponse(wire.status, wire.headers, await wire.read()))
+                    return
+                while not exchange.done() and (chunk := await wire.next_chunk()):
+                    for frame in sse.feed(chunk):
+                        await _answer_all(engine, exchange.feed(frame), ends - loop.time(), connect)
+                    for event in exchange.progress():
+                        yield event
+            follow = None if exchange.done() else exchange.resume(sse.retry)
+            if follow is None or loop.time() + follow[1] >= ends:
+                return
+            request = follow[0]
+            await asyncio.sleep(follow[1])  # the server's retry field: a reconnection sooner is refused by spec
+    finally:
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+
+async def _answer_all(engine: Engine, answers: list[HttpRequest], timeout: float, connect: float) -> None:
+    for answer in answers:
+        await engine.send(answer, timeout=max(0.0, timeout), connect_timeout=connect)
+
+
+async def _listen(
+    engine: Engine, exchange: Exchange, request: HttpRequest, opened: asyncio.Event, timeout: float, connect: float
+) -> None:
+    """Read the stream beside the answer's (what the server asks meanwhile) until cancelled; best effort."""
+    try:
+        async with engine.stream(request, timeout=timeout, connect_timeout=connect) as wire:
+            opened.set()
             content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
             if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
-                exchange.whole(HttpResponse(wire.status, wire.headers, await wire.read()))
-                return
-            while not exchange.done() and (chunk := await wire.next_chunk()):
+                return  # the server offers no such stream (405): nothing to hear
+            sse = SseDecoder()
+            while chunk := await wire.next_chunk():
                 for frame in sse.feed(chunk):
-                    for answer in exchange.feed(frame):
-                        await engine.send(answer, timeout=max(0.0, ends - loop.time()), connect_timeout=connect)
-                for event in exchange.progress():
-                    yield event
-        follow = None if exchange.done() else exchange.resume(sse.retry)
-        if follow is None or loop.time() + follow[1] >= ends:
-            return
-        request = follow[0]
-        await asyncio.sleep(follow[1])  # the server's retry field: a reconnection sooner is refused by spec
+                    # its event ids are its own: the answer's stream resumes from the answer's ids only
+                    await _answer_all(engine, exchange.feed(SseEvent(frame.event, frame.data)), timeout, connect)
+    except (ReachError, OSError) as exc:
+        logger.info("the side stream %s ended: %s", request.url, exc)
+    finally:
+        opened.set()
 
 
 async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
