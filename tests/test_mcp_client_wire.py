@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from peer_servers import peer
+from servers import wait_until
 
 from reach_plugins import ReachClient
 from reach_plugins.model import AgentDescriptor
+from reach_plugins.protocols.mcp_stream import answering_elicitation
 from reach_plugins.protocols.mcp_tools import register_mcp_agent
 from reach_plugins.registry.memory import MemoryRegistry
 from transports.direct import DirectTransport
@@ -70,3 +73,49 @@ async def test_output_schema_is_kept_in_the_registry(wire_server: str) -> None:
     assert schema is not None
     assert schema["properties"]["structured_content"]["required"] == ["total"]
     assert schema["required"] == ["structured_content"]
+
+
+async def test_progress_notifications_are_stream_events(client: ReachClient) -> None:
+    """A streamed tool call asks for progress; the server's notifications/progress arrive as data events first."""
+    events = [event async for event in client.stream("show", {}, session_id="progress-1")]
+    assert [event.kind for event in events] == ["data", "data", "end"]
+    assert events[0].data == {"progress": {"progress": 1, "total": 2, "message": "half"}}
+    assert events[1].data["reply_content"] == "a pixel"
+
+
+async def test_elicitation_is_answered_by_the_callers_hook(client: ReachClient) -> None:
+    """The server's elicitation/create on the call's stream goes to the caller's hook; its answer goes back."""
+    asked: list[str] = []
+
+    def answer(params: Mapping[str, Any]) -> dict[str, Any]:
+        asked.append(params["message"])
+        return {"action": "accept", "content": {"name": "Ada"}}
+
+    with answering_elicitation(answer):
+        reply = await asyncio.wait_for(client.reach("ask", {}, session_id="ask-1"), 10)
+    assert reply.status == "success", reply.error
+    assert reply.data["reply_content"] == "hello Ada"
+    assert asked == ["Your name?"]
+
+
+async def test_elicitation_without_a_hook_fails_naming_it(wire_server: str, client: ReachClient) -> None:
+    """Nobody to answer: the server is told no at once (no wait for the timeout) and the call fails saying how to
+    answer."""
+    reply = await asyncio.wait_for(client.reach("ask", {}, session_id="ask-2", timeout_ms=8000), 5)
+    assert reply.status == "fail"
+    assert reply.error is not None and reply.error.type == "business"
+    assert "Your name?" in reply.error.message and "answering_elicitation" in reply.error.message
+    wait_until(lambda: counts(wire_server).get("answer:error", 0) >= 1, 5, "the refusal reaching the server")
+
+
+async def test_a_stream_closed_before_its_answer_is_resumed_with_last_event_id(
+    wire_server: str, client: ReachClient
+) -> None:
+    """The server closes the call's stream after a priming event: the client reconnects with GET and Last-Event-ID,
+    not sooner than the stream's retry time, and gets the answer there."""
+    reply = await asyncio.wait_for(client.reach("resume", {}, session_id="resume-1"), 10)
+    assert reply.status == "success", reply.error
+    assert reply.data["reply_content"] == "resumed"
+    resumes = [entry for entry in httpx.get(f"{wire_server}/counts").json()["resumes"] if entry["last_event_id"]]
+    assert [entry["last_event_id"] for entry in resumes] == ["r-1"]  # other GETs: the elicitation tests' side stream
+    assert resumes[0]["after"] >= 0.2

@@ -6,17 +6,21 @@
 * ``tools/list`` lists ``show`` with an ``outputSchema``; ``tools/call show`` answers on an SSE stream that opens
   with a priming event (``id``, ``retry``, empty ``data``), sends a progress notification, then the result with text,
   image, audio and resource content and ``structuredContent``;
+* ``tools/call ask`` sends an ``elicitation/create`` on its stream and answers with what the client answered;
+* ``tools/call resume`` opens its stream with a priming event (``retry: 200``) and closes it; the result comes on the
+  GET the client reconnects with (its ``Last-Event-ID`` and delay recorded);
 * ``DELETE /mcp`` ends a session (counted);
 * with ``--oauth``, every ``/mcp`` request needs a bearer token from the server's own authorization server:
   protected-resource metadata (RFC 9728), authorization-server metadata (RFC 8414), dynamic client registration
   (RFC 7591), ``/authorize`` redirecting at once with a code, ``/token`` checking PKCE (S256) and refreshing.
   Access tokens expire after ``--token-seconds``.
 
-``GET /counts`` returns how many times each method, DELETE and token grant was seen.
+``GET /counts`` returns how many times each method, GET, DELETE and token grant was seen, and the reconnections.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import collections
 import hashlib
@@ -43,6 +47,11 @@ CLIENTS: dict[str, dict[str, Any]] = {}
 CODES: dict[str, dict[str, str]] = {}
 ACCESS: dict[str, float] = {}
 REFRESH: set[str] = set()
+ANSWERS: dict[str, asyncio.Future[dict[str, Any]]] = {}
+PENDING: list[Any] = []
+RESUMES: list[dict[str, Any]] = []
+CLOSED_AT: list[float] = []
+RETRY_MS = 200
 PIXEL = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
 OUTPUT_SCHEMA = {"type": "object", "properties": {"total": {"type": "integer"}}, "required": ["total"]}
 
@@ -84,15 +93,62 @@ def show_stream(message_id: Any, token: Any) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+def ask_stream(message_id: Any) -> StreamingResponse:
+    asked = {"message": "Your name?", "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}}
+    ANSWERS["el-1"] = asyncio.get_running_loop().create_future()
+
+    async def events() -> Any:
+        request = {"jsonrpc": "2.0", "id": "el-1", "method": "elicitation/create", "params": asked}
+        yield b"data: " + json.dumps(request).encode() + b"\n\n"
+        answer = await asyncio.wait_for(ANSWERS["el-1"], 10)
+        COUNTS["answer:" + ("result" if "result" in answer else "error")] += 1
+        content = (answer.get("result") or {}).get("content") or {}
+        text = f"hello {content.get('name')}" if "result" in answer else "nobody answered"
+        yield b"data: " + json.dumps(rpc(message_id, {"content": [{"type": "text", "text": text}]})).encode() + b"\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def resume_stream(message_id: Any) -> StreamingResponse:
+    PENDING.append(message_id)
+
+    async def events() -> Any:
+        yield f"id: r-1\nretry: {RETRY_MS}\ndata: \n\n".encode()
+        CLOSED_AT.append(time.monotonic())
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def resumed(request: Request) -> Response:
+    """A GET: the stream the client reconnects with; it carries the pending result, then stays open."""
+    COUNTS["GET"] += 1
+    last = request.headers.get("last-event-id")
+    RESUMES.append({"last_event_id": last, "after": time.monotonic() - CLOSED_AT[-1] if CLOSED_AT else None})
+    pending = PENDING.pop() if PENDING and last else None
+
+    async def events() -> Any:
+        if pending is not None:
+            result = rpc(pending, {"content": [{"type": "text", "text": "resumed"}]})
+            yield b"id: r-2\ndata: " + json.dumps(result).encode() + b"\n\n"
+        await asyncio.sleep(30)
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 async def mcp(request: Request) -> Response:
     if not authorised(request):
         COUNTS["unauthorised"] += 1
         return challenge()
+    if request.method == "GET":
+        return resumed(request)
     if request.method == "DELETE":
         COUNTS["DELETE"] += 1
         SESSIONS.discard(request.headers.get("mcp-session-id", ""))
         return Response(status_code=200)
     message = json.loads(await request.body())
+    if "method" not in message and message.get("id") in ANSWERS:
+        ANSWERS.pop(message["id"]).set_result(message)
+        return Response(status_code=202)
     method = message.get("method", "")
     COUNTS[method] += 1
     if method == "initialize":
@@ -106,7 +162,12 @@ async def mcp(request: Request) -> Response:
         return JSONResponse({"jsonrpc": "2.0", "result": {}})
     if method == "tools/list":
         tool = {"name": "show", "description": "Show every content type.", "inputSchema": {"type": "object"}}
-        return JSONResponse(rpc(message["id"], {"tools": [{**tool, "outputSchema": OUTPUT_SCHEMA}]}))
+        others = [{"name": name, "inputSchema": {"type": "object"}} for name in ("ask", "resume")]
+        return JSONResponse(rpc(message["id"], {"tools": [{**tool, "outputSchema": OUTPUT_SCHEMA}, *others]}))
+    if method == "tools/call" and message["params"]["name"] == "ask":
+        return ask_stream(message["id"])
+    if method == "tools/call" and message["params"]["name"] == "resume":
+        return resume_stream(message["id"])
     if method == "tools/call":
         return show_stream(message["id"], (message["params"].get("_meta") or {}).get("progressToken"))
     return JSONResponse({"jsonrpc": "2.0", "id": message.get("id"), "error": {"code": -32601, "message": method}})
@@ -173,12 +234,12 @@ async def token(request: Request) -> Response:
 
 
 async def counts(request: Request) -> Response:
-    return JSONResponse(dict(COUNTS))
+    return JSONResponse({**COUNTS, "resumes": RESUMES})
 
 
 app = Starlette(
     routes=[
-        Route("/mcp", mcp, methods=["POST", "DELETE"]),
+        Route("/mcp", mcp, methods=["POST", "GET", "DELETE"]),
         Route("/.well-known/oauth-protected-resource/mcp", protected_resource),
         Route("/.well-known/oauth-authorization-server", authorization_server),
         Route("/register", register, methods=["POST"]),
