@@ -29,7 +29,7 @@ import secrets
 import sys
 import time
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 
 import uvicorn
 from starlette.applications import Starlette
@@ -120,7 +120,7 @@ def resume_stream(message_id: Any) -> StreamingResponse:
 
 
 def resumed(request: Request) -> Response:
-    """A GET: the stream the client reconnects with; it carries the pending result, then stays open."""
+    """A GET: the stream the client reconnects with; it carries the pending result, if any."""
     COUNTS["GET"] += 1
     last = request.headers.get("last-event-id")
     RESUMES.append({"last_event_id": last, "after": time.monotonic() - CLOSED_AT[-1] if CLOSED_AT else None})
@@ -130,7 +130,6 @@ def resumed(request: Request) -> Response:
         if pending is not None:
             result = rpc(pending, {"content": [{"type": "text", "text": "resumed"}]})
             yield b"id: r-2\ndata: " + json.dumps(result).encode() + b"\n\n"
-        await asyncio.sleep(30)
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -219,7 +218,7 @@ def tokens() -> JSONResponse:
 
 
 async def token(request: Request) -> Response:
-    form = await request.form()
+    form = {key: values[0] for key, values in parse_qs((await request.body()).decode()).items()}
     grant = str(form.get("grant_type"))
     COUNTS[f"grant:{grant}"] += 1
     if grant == "refresh_token" and str(form.get("refresh_token")) in REFRESH:
@@ -250,4 +249,4 @@ app = Starlette(
 )
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="warning", timeout_graceful_shutdown=1)
