@@ -119,3 +119,17 @@ async def test_a_stream_closed_before_its_answer_is_resumed_with_last_event_id(
     resumes = [entry for entry in httpx.get(f"{wire_server}/counts").json()["resumes"] if entry["last_event_id"]]
     assert [entry["last_event_id"] for entry in resumes] == ["r-1"]  # other GETs: the elicitation tests' side stream
     assert resumes[0]["after"] >= 0.2
+
+
+async def test_closing_a_conversation_and_the_transport_deletes_their_mcp_sessions(wire_server: str) -> None:
+    """close_session DELETEs that conversation's MCP session at once; aclose DELETEs the rest (the listing's)."""
+    registry, transport = MemoryRegistry(), DirectTransport()
+    agent = AgentDescriptor(name="wire", protocol="mcp", endpoints=[f"{wire_server}/mcp"])
+    before = counts(wire_server).get("DELETE", 0)
+    async with ReachClient(registry=registry, transport=transport, sessions="memory://") as client:
+        await asyncio.wait_for(register_mcp_agent(registry, agent, transport), 10)
+        reply = await asyncio.wait_for(client.reach("show", {}, session_id="bye-1"), 10)
+        assert reply.status == "success", reply.error
+        await client.close_session("bye-1")
+        assert counts(wire_server)["DELETE"] - before == 1
+    assert counts(wire_server)["DELETE"] - before == 2

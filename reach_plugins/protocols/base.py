@@ -124,6 +124,11 @@ class Adapter(Protocol):
         """Learn from the answer to a :meth:`handshake` request (raise a ReachError when it failed)."""
         ...
 
+    def farewell(self, conversation: tuple[str | None, str] | None) -> list[HttpRequest]:
+        """Requests ending what the far side keeps for a conversation (tenant, session id), or for every one when
+        ``None`` (the transport is closing): MCP's DELETE of its sessions."""
+        ...
+
     def renegotiate(self, call: Call, response: HttpResponse) -> bool:
         """Whether ``response`` refused the call in a way a new handshake fixes (an MCP server's OAuth challenge):
         the transport then runs :meth:`handshake` again and resends the call, once."""
@@ -320,6 +325,9 @@ class NoHandshake:
 
     def renegotiate(self, call: Call, response: HttpResponse) -> bool:
         return False
+
+    def farewell(self, conversation: tuple[str | None, str] | None) -> list[HttpRequest]:
+        return []
 
     def exchange(self, call: Call) -> Exchange | None:
         return None

@@ -74,6 +74,8 @@ class McpSession:
     session_id: str | None
     version: str
     ready: bool = False
+    url: str | None = None
+    """Where the session lives (its DELETE goes there)."""
 
 
 class McpSessions:
@@ -106,6 +108,12 @@ class McpSessions:
     def forget(self, call: Call) -> None:
         with self._lock:
             self._sessions.pop(self.key(call), None)
+
+    def drop(self, conversation: tuple[str | None, str] | None) -> list[tuple[SessionKey, McpSession]]:
+        """Remove and return the sessions of a conversation (tenant, session id), or every one when ``None``."""
+        with self._lock:
+            keys = [key for key in self._sessions if conversation is None or key[1:] == conversation]
+            return [(key, self._sessions.pop(key)) for key in keys]
 
 
 def rpc_message(body: bytes, content_type: str) -> Any:
@@ -266,7 +274,7 @@ class McpAdapter(NoDiscovery):
         if session is not None:
             return  # another call of this conversation opened its session first: all use that one
         version = str(result.get("protocolVersion") or PROTOCOL_VERSION)
-        self.sessions.put(call, McpSession(header(response.headers, SESSION_HEADER), version))
+        self.sessions.put(call, McpSession(header(response.headers, SESSION_HEADER), version, url=self._url(call)))
 
     def _initialize_result(self, call: Call, response: HttpResponse) -> Mapping[str, Any] | None:
         """The result of an ``initialize`` answer (it names a ``protocolVersion``), else ``None``."""
@@ -283,6 +291,19 @@ class McpAdapter(NoDiscovery):
         """Every call's answer may be an event stream (notifications, server requests, reconnections first)."""
         headers = self._headers(call, self.sessions.get(call))
         return McpExchange(call.request.request_id, self._url(call), headers)
+
+    def farewell(self, conversation: tuple[str | None, str] | None) -> list[HttpRequest]:
+        """A DELETE per MCP session of the conversation (or of all, when closing): the server may free it."""
+        requests = []
+        for (endpoint, tenant, _), session in self.sessions.drop(conversation):
+            if not session.session_id:
+                continue
+            headers = {SESSION_HEADER: session.session_id, VERSION_HEADER: session.version}
+            oauth = self._oauth.get((endpoint, tenant))
+            if oauth is not None:
+                headers.update(oauth.authorization())
+            requests.append(HttpRequest("DELETE", session.url or endpoint, headers))
+        return requests
 
     def renegotiate(self, call: Call, response: HttpResponse) -> bool:
         """A call refused for its token (401, or 403 asking for more scope): authorize again, then resend it."""

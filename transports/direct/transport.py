@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     import httpx
 
 logger = logging.getLogger("reach_plugins.transports.direct")
+FAREWELL_SECONDS = 2.0
+"""How long a closing transport waits for each agent to acknowledge the end of a conversation."""
 
 
 CONNECT_SHARE = 0.95
@@ -83,6 +85,14 @@ class DirectTransport(BaseTransport):
         self._shared = wrap_client(client) if client is not None else None
         self._engines: dict[Hashable, tuple[asyncio.AbstractEventLoop, Engine]] = {}
         self._discovered: dict[tuple[str, str], Any] = {}
+        self._adapters: dict[str, Adapter] = {}
+        """This transport's own adapters: what they keep (MCP sessions, tokens) belongs to it, and ends with it."""
+
+    def _adapter(self, protocol: str) -> Adapter:
+        adapter = self._adapters.get(protocol)
+        if adapter is None:
+            adapter = self._adapters[protocol] = type(adapter_for(protocol))()
+        return adapter
 
     def _engine_for(self, call: Call) -> Engine:
         identity = tls_identity(call.credential) if call.credential.type == "cert" else None
@@ -130,7 +140,7 @@ class DirectTransport(BaseTransport):
         return with_credential(adapter.build(call, stream=stream, discovered=discovered), call.credential)
 
     async def send(self, call: Call) -> Reply:
-        adapter = adapter_for(call.agent.protocol)
+        adapter = self._adapter(call.agent.protocol)
         engine = self._engine_for(call)
         discovery = adapter.discovery(call)
         discovered = None
@@ -154,7 +164,7 @@ class DirectTransport(BaseTransport):
 
     async def stream(self, call: Call) -> EventStream:
         """Stream events; failures before the first event raise (retryable), later ones end with an error event."""
-        adapter = adapter_for(call.agent.protocol)
+        adapter = self._adapter(call.agent.protocol)
         decoder = adapter.decoder(call)
         exchange = adapter.exchange(call) if decoder is None else None
         if exchange is not None:
@@ -188,12 +198,26 @@ class DirectTransport(BaseTransport):
                 if not ended:
                     await _abandon(engine, decoder.abandoned(request), connect)
 
+    async def end_session(self, tenant: str | None, session_id: str) -> None:
+        """A conversation closed: ask the agents to drop what they keep for it (MCP's DELETE), best effort."""
+        await self._farewell((tenant, session_id))
+
+    async def _farewell(self, conversation: tuple[str | None, str] | None) -> None:
+        here = asyncio.get_running_loop()
+        engine = next((engine for loop, engine in self._engines.values() if loop is here), self._shared)
+        requests = [request for adapter in self._adapters.values() for request in adapter.farewell(conversation)]
+        if engine is None or not requests:
+            return
+        await asyncio.gather(*(_abandon(engine, request, FAREWELL_SECONDS) for request in requests))
+
     async def aclose(self) -> None:
-        """Close every pool: on this loop directly, on another running loop by handing it the close.
+        """End the conversations the agents keep (MCP sessions), then close every pool: on this loop directly, on
+        another running loop by handing it the close.
 
         Pools are per event loop (a connection belongs to the loop that opened it), so one
         transport serves a framework's async calls and its blocking ones (run on a private loop).
         """
+        await self._farewell(None)
         here = asyncio.get_running_loop()
         engines, self._engines = list(self._engines.values()), {}
         for loop, engine in engines:
@@ -283,7 +307,7 @@ async def _listen(
 
 
 async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
-    """The caller left a stream before its end: ask the far side to stop (A2A's CancelTask), best effort."""
+    """Ask the far side to stop or forget (A2A's CancelTask of an abandoned stream, MCP's DELETE), best effort."""
     if request is None:
         return
     try:
