@@ -43,6 +43,7 @@ from reach_plugins.protocols.base import (
     http_failure,
     invalid,
     list_at,
+    mapping_at,
     reach_headers,
     success,
 )
@@ -53,6 +54,10 @@ from reach_plugins.wire.sse import SseDecoder
 
 PROTOCOL_VERSION = "2025-06-18"
 """A handshake revision that both ``mcp`` 1.x and 2.x servers speak."""
+STATELESS_VERSION = "2026-07-28"
+"""The stateless revision (``server/discover``, ``_meta`` per request), asked for with ``protocol_options.version``."""
+UNSUPPORTED_VERSION = -32022
+CLIENT_INFO: dict[str, str] = {"name": "reach-plugins", "version": "1"}
 VERSION_HEADER = "MCP-Protocol-Version"
 METHOD_HEADER = "Mcp-Method"
 NAME_HEADER = "Mcp-Name"
@@ -76,6 +81,8 @@ class McpSession:
     ready: bool = False
     url: str | None = None
     """Where the session lives (its DELETE goes there)."""
+    stateless: bool = False
+    """The 2026-07-28 wire: no initialize, every request carries the protocol ``_meta`` instead."""
 
 
 class McpSessions:
@@ -124,6 +131,20 @@ def rpc_message(body: bytes, content_type: str) -> Any:
     return events[-1].data.encode() if events else None
 
 
+def _capabilities() -> dict[str, Any]:
+    """What this client serves the server: elicitation, when the caller installed a handler for it."""
+    return {"elicitation": {}} if ELICITATION.get() is not None else {}
+
+
+def _envelope(version: str) -> dict[str, Any]:
+    """The ``_meta`` a stateless (2026-07-28) request carries in place of a session."""
+    return {
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientInfo": CLIENT_INFO,
+        "io.modelcontextprotocol/clientCapabilities": _capabilities(),
+    }
+
+
 def header_params(schema: Mapping[str, Any] | None) -> dict[str, str] | None:
     """The arguments a tool mirrors into ``Mcp-Param-*`` headers (its ``x-mcp-header`` properties, SEP-2243), or
     ``None`` when an annotation is unusable (empty, not a header token, repeated, or on a non-primitive): such a
@@ -165,6 +186,11 @@ class McpAdapter(NoDiscovery):
         self._oauth: OrderedDict[tuple[str, str | None], OAuthClient] = OrderedDict()
         self._flows: dict[str, tuple[Running, int]] = {}
         """Per call (request id): the OAuth flow under way and how many this handshake ran."""
+        self._discovering: dict[str, str] = {}
+        """Per call: the version a ``server/discover`` under way proposes."""
+        self._retried: set[str] = set()
+        self._stateful: set[tuple[str, str | None]] = set()
+        """Servers (endpoint, tenant) that do not know ``server/discover``: they get the 2025 handshake."""
 
     def _oauth_of(self, call: Call) -> OAuthClient | None:
         """The OAuth state for this call's server and tenant, when ``protocol_options.oauth`` asks for OAuth."""
@@ -197,6 +223,9 @@ class McpAdapter(NoDiscovery):
     ) -> HttpRequest:
         """A JSON-RPC message POSTed to the server, its method (and tool name) mirrored in headers (SEP-2243)."""
         headers = {**self._headers(call, session), **(extra or {})}
+        if session is not None and session.stateless:
+            params = body.setdefault("params", {})
+            params["_meta"] = {**params.get("_meta", {}), **_envelope(session.version)}
         headers[METHOD_HEADER] = str(body["method"])
         name = body.get("params", {}).get("name")
         if name is not None:
@@ -231,11 +260,17 @@ class McpAdapter(NoDiscovery):
         if oauth is not None and oauth.refresh_token and oauth.expired(time.monotonic()):
             return self._start(call, Running(oauth.refresh(time.monotonic())))
         session = self.sessions.get(call)
+        proposed = self._discovering.get(call.request.request_id)
+        if session is None and proposed is None and self._stateless_wanted(call):
+            proposed = self._discovering[call.request.request_id] = STATELESS_VERSION
+        if session is None and proposed is not None:
+            body: dict[str, Any] = {"jsonrpc": "2.0", "id": f"discover-{call.request.request_id}", "params": {}}
+            return self._post(call, McpSession(None, proposed, stateless=True), {**body, "method": "server/discover"})
         if session is None:
-            params = {
+            params: dict[str, Any] = {
                 "protocolVersion": PROTOCOL_VERSION,
-                "capabilities": {"elicitation": {}} if ELICITATION.get() is not None else {},
-                "clientInfo": {"name": "reach-plugins", "version": "1"},
+                "capabilities": _capabilities(),
+                "clientInfo": CLIENT_INFO,
             }
             body = {"jsonrpc": "2.0", "id": f"init-{call.request.request_id}", "method": "initialize", "params": params}
             return self._post(call, None, body)
@@ -256,6 +291,9 @@ class McpAdapter(NoDiscovery):
         if oauth is not None and needs_authorization(response):
             oauth.refused = response
             return
+        if call.request.request_id in self._discovering:
+            self._discovered(call, response)
+            return
         if response.status >= 500 or response.status in (408, 429):
             raise RemoteError(
                 f"MCP server {call.instance.instance_id} answered HTTP {response.status} to the handshake"
@@ -275,6 +313,32 @@ class McpAdapter(NoDiscovery):
             return  # another call of this conversation opened its session first: all use that one
         version = str(result.get("protocolVersion") or PROTOCOL_VERSION)
         self.sessions.put(call, McpSession(header(response.headers, SESSION_HEADER), version, url=self._url(call)))
+
+    def _stateless_wanted(self, call: Call) -> bool:
+        wanted = call.agent.protocol_options.get("version") == STATELESS_VERSION
+        return wanted and (call.instance.endpoint, call.request.tenant) not in self._stateful
+
+    def _discovered(self, call: Call, response: HttpResponse) -> None:
+        """A ``server/discover`` answer: a stateless session, one retry with a version the server names, or (a server
+        that does not know the method) the 2025 handshake from now on."""
+        proposed = self._discovering.pop(call.request.request_id)
+        try:
+            message = self._message(call, response)
+        except InvalidResponse:
+            message = None
+        answer: Mapping[str, Any] = message if isinstance(message, Mapping) else {}
+        error = mapping_at(answer, "error")
+        supported = list_at(mapping_at(error, "data"), "supported")
+        rid = call.request.request_id
+        if 200 <= response.status < 300 and isinstance(answer.get("result"), Mapping):
+            self.sessions.put(call, McpSession(None, proposed, ready=True, url=self._url(call), stateless=True))
+        elif error.get("code") == UNSUPPORTED_VERSION and STATELESS_VERSION in supported and rid not in self._retried:
+            self._retried.add(rid)
+            self._discovering[rid] = STATELESS_VERSION
+            return
+        else:
+            self._stateful.add((call.instance.endpoint, call.request.tenant))
+        self._retried.discard(rid)
 
     def _initialize_result(self, call: Call, response: HttpResponse) -> Mapping[str, Any] | None:
         """The result of an ``initialize`` answer (it names a ``protocolVersion``), else ``None``."""

@@ -68,7 +68,8 @@ def oauth_options(scenario: str) -> dict[str, Any]:
 
 
 async def run(url: str, scenario: str) -> None:
-    options: dict[str, Any] = {}
+    # the revision the harness runs the scenario at: 2026-07-28 asks for the stateless wire (server/discover first)
+    options: dict[str, Any] = {"version": os.environ.get("MCP_CONFORMANCE_PROTOCOL_VERSION", "2025-11-25")}
     if scenario.startswith("auth/"):
         options["oauth"] = oauth_options(scenario)
     registry = MemoryRegistry()
