@@ -189,6 +189,8 @@ class McpAdapter(NoDiscovery):
         self._discovering: dict[str, str] = {}
         """Per call: the version a ``server/discover`` under way proposes."""
         self._retried: set[str] = set()
+        self._inputs: dict[str, dict[str, Any]] = {}
+        """Per call: the answers (and server state) its resend after an ``input_required`` result carries."""
         self._stateful: set[tuple[str, str | None]] = set()
         """Servers (endpoint, tenant) that do not know ``server/discover``: they get the 2025 handshake."""
 
@@ -354,7 +356,7 @@ class McpAdapter(NoDiscovery):
     def exchange(self, call: Call) -> McpExchange:
         """Every call's answer may be an event stream (notifications, server requests, reconnections first)."""
         headers = self._headers(call, self.sessions.get(call))
-        return McpExchange(call.request.request_id, self._url(call), headers)
+        return McpExchange(self._rpc_id(call), self._url(call), headers)
 
     def farewell(self, conversation: tuple[str | None, str] | None) -> list[HttpRequest]:
         """A DELETE per MCP session of the conversation (or of all, when closing): the server may free it."""
@@ -370,22 +372,57 @@ class McpAdapter(NoDiscovery):
         return requests
 
     def renegotiate(self, call: Call, response: HttpResponse) -> bool:
-        """A call refused for its token (401, or 403 asking for more scope): authorize again, then resend it."""
+        """A call to send again: refused for its token (401, or 403 asking for more scope: authorize first), or
+        answered ``input_required`` (SEP-2322: resent with the caller's answers and the server's state)."""
         oauth = self._oauth_of(call)
-        if oauth is None or not needs_authorization(response):
+        if oauth is not None and needs_authorization(response):
+            oauth.refused = response
+            return True
+        return self._inputs_given(call, response)
+
+    def _inputs_given(self, call: Call, response: HttpResponse) -> bool:
+        """Answer an ``input_required`` result's requests with the caller's elicitation handler, for the resend."""
+        handler = ELICITATION.get()
+        if handler is None or call.request.request_id in self._inputs or "input_required" not in str(response.body):
             return False
-        oauth.refused = response
+        try:
+            message = self._message(call, response)
+        except InvalidResponse:
+            return False
+        result = mapping_at(message, "result") if isinstance(message, Mapping) else {}
+        asked = mapping_at(result, "inputRequests")
+        if result.get("resultType") != "input_required" or not asked:
+            return False
+        answers = {}
+        for key, question in asked.items():
+            answer = handler(mapping_at(question, "params")) if question.get("method") == "elicitation/create" else None
+            if answer is None:
+                return False
+            answers[key] = dict(answer)
+        retry: dict[str, Any] = {"inputResponses": answers}
+        if "requestState" in result:
+            retry["requestState"] = result["requestState"]  # echoed exactly, never read
+        self._inputs[call.request.request_id] = retry
         return True
+
+    def _rpc_id(self, call: Call) -> str:
+        """The JSON-RPC id of this call's request: a resend with inputs gets a new one, as SEP-2322 asks."""
+        rid = call.request.request_id
+        return f"{rid}-inputs" if rid in self._inputs else rid
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         request = call.request
-        body: dict[str, Any] = {"jsonrpc": "2.0", "id": request.request_id}
+        body: dict[str, Any] = {"jsonrpc": "2.0", "id": self._rpc_id(call)}
         if request.action == LIST_TOOLS:
             body.update(method=LIST_TOOLS, params=dict(request.payload))
             return self._post(call, self.sessions.get(call), body)
         tools = call.agent.protocol_options.get("tools") or {}
         name = tools.get(request.capability, request.capability) if isinstance(tools, Mapping) else request.capability
-        params: dict[str, Any] = {"name": name, "arguments": dict(request.payload)}
+        params: dict[str, Any] = {
+            "name": name,
+            "arguments": dict(request.payload),
+            **self._inputs.get(request.request_id, {}),
+        }
         if stream:
             params["_meta"] = {"progressToken": request.request_id}  # progress comes back as stream events
         capability = call.capability or call.agent.capability(request.capability)
@@ -404,6 +441,7 @@ class McpAdapter(NoDiscovery):
         return decode_json(call, raw if raw is not None else response.body)
 
     def parse(self, call: Call, response: HttpResponse) -> Reply:
+        self._inputs.pop(call.request.request_id, None)  # the resend, if any, is answered
         session = self.sessions.get(call)
         if response.status == 404 and session is not None and session.session_id:
             self.sessions.forget(call)
@@ -434,6 +472,10 @@ class McpAdapter(NoDiscovery):
             raise invalid(call, "the MCP result is not an object")
         if call.request.action == LIST_TOOLS:
             return success(call, dict(result), response.status)
+        if result.get("resultType") == "input_required":
+            asked = ", ".join(sorted(mapping_at(result, "inputRequests"))) or "input"
+            text = f"the MCP tool asks for {asked}: make the call within answering_elicitation(handler) to answer"
+            return failure(call, ErrorInfo(type="business", message=text))
         if result.get("isError") is True:
             return failure(call, ErrorInfo(type="business", message=_texts(result) or "the MCP tool failed"))
         data: dict[str, Any] = {"reply_content": _texts(result), "tool_calls": [], "raw_meta": {}}

@@ -92,6 +92,9 @@ async def run(url: str, scenario: str) -> None:
                 (capability_name(c["name"]), {k: v for k, v in (c.get("arguments") or {}).items() if v is not None})
                 for c in context.get("toolCalls", [])
             ]
+        elif scenario == "sep-2322-client-request-state":
+            names = ("test_mrtr_echo_state", "test_mrtr_unrelated", "test_mrtr_no_state", "test_mrtr_no_result_type")
+            calls = [(capability_name(name), {}) for name in names]
         elif not calls and described.capabilities:
             calls = [(described.capabilities[0].name, {})]
         for name, payload in calls:
