@@ -51,7 +51,9 @@ MAX_FLOWS = 2
 
 FORM = "application/x-www-form-urlencoded"
 METHODS = ("client_secret_basic", "client_secret_post", "none", "private_key_jwt")
-GRANTS = ("authorization_code", "client_credentials")
+GRANTS = ("authorization_code", "client_credentials", "jwt_bearer")
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
 _CHALLENGE = re.compile(r'(\w+)=(?:"([^"]*)"|([^\s,]+))')
 
 
@@ -69,6 +71,11 @@ class OAuthSettings:
     token_endpoint_auth_method: str | None = None
     client_metadata_url: str | None = None
     scope: str | None = None
+    idp_token_endpoint: str | None = None
+    """``jwt_bearer`` (enterprise-managed authorization, SEP-990): the enterprise IdP's token endpoint, where
+    ``idp_id_token`` is exchanged (RFC 8693, as ``idp_client_id``) for an ID-JAG to present to the server's AS."""
+    idp_client_id: str | None = None
+    idp_id_token: str | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> OAuthSettings:
@@ -80,8 +87,10 @@ class OAuthSettings:
         settings = cls(**{key: str(value) for key, value in options.items() if value is not None})
         if settings.grant not in GRANTS:
             raise ConfigError(f"protocol_options.oauth.grant {settings.grant!r}: use one of {', '.join(GRANTS)}")
-        if settings.grant == "client_credentials" and not settings.client_id:
-            raise ConfigError("protocol_options.oauth.grant client_credentials needs client_id (and a secret or key)")
+        if settings.grant != "authorization_code" and not settings.client_id:
+            raise ConfigError(f"protocol_options.oauth.grant {settings.grant} needs client_id (and a secret or key)")
+        if settings.grant == "jwt_bearer" and not (settings.idp_token_endpoint and settings.idp_id_token):
+            raise ConfigError("protocol_options.oauth.grant jwt_bearer needs idp_token_endpoint and idp_id_token")
         method = settings.token_endpoint_auth_method
         if method is not None and method not in METHODS:
             raise ConfigError(f"protocol_options.oauth.token_endpoint_auth_method {method!r}: use one of {METHODS}")
@@ -215,6 +224,9 @@ class OAuthClient:
             self.scope = f"{self.scope} offline_access"
         if self.settings.grant == "client_credentials":
             response = yield self._token_request({"grant_type": "client_credentials", "scope": self.scope or ""})
+        elif self.settings.grant == "jwt_bearer":
+            assertion = yield from self._identity_assertion()
+            response = yield self._token_request({"grant_type": JWT_BEARER, "assertion": assertion, "scope": ""})
         else:
             if self.client is None:
                 yield from self._register()
@@ -316,6 +328,25 @@ class OAuthClient:
         self._check_issuer(query.get("iss"))
         token = {"grant_type": "authorization_code", "code": query["code"], "redirect_uri": self.settings.redirect_uri}
         return (yield self._token_request({**token, "code_verifier": verifier}))
+
+    def _identity_assertion(self) -> Generator[HttpRequest, HttpResponse, str]:
+        """The ID-JAG for this server's authorization server: the enterprise IdP's answer to a token exchange."""
+        settings = self.settings
+        form = {
+            "grant_type": TOKEN_EXCHANGE,
+            "requested_token_type": "urn:ietf:params:oauth:token-type:id-jag",
+            "subject_token": settings.idp_id_token or "",
+            "subject_token_type": "urn:ietf:params:oauth:token-type:id_token",
+            "audience": self.issuer or "",
+            "resource": self._resource(),
+            "client_id": settings.idp_client_id or "",
+        }
+        headers = {"Content-Type": FORM, "Accept": "application/json"}
+        url = settings.idp_token_endpoint or ""
+        answer = _json((yield HttpRequest("POST", url, headers, urlencode(form).encode())))
+        if answer is None or not answer.get("access_token"):
+            raise Unauthenticated(f"the identity provider at {url} refused to exchange the ID token for this server")
+        return str(answer["access_token"])
 
     def _check_issuer(self, iss: str | None) -> None:
         """RFC 9207: an ``iss`` in the authorization response names the server asked; required when it says so."""

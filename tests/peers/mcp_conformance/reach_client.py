@@ -59,9 +59,12 @@ def oauth_options(scenario: str) -> dict[str, Any]:
     options: dict[str, Any] = {"redirect_uri": REDIRECT, "client_name": "reach-conformance"}
     if scenario.startswith("auth/client-credentials"):
         options["grant"] = "client_credentials"
+    if scenario == "auth/enterprise-managed-authorization":
+        options["grant"] = "jwt_bearer"
     if scenario == "auth/basic-cimd":
         options["client_metadata_url"] = "https://conformance-test.local/client-metadata.json"
-    for key in ("client_id", "client_secret", "private_key_pem", "signing_algorithm"):
+    keys = ("client_id", "client_secret", "private_key_pem", "signing_algorithm")
+    for key in (*keys, "idp_token_endpoint", "idp_client_id", "idp_id_token"):
         if context.get(key):
             options[key] = context[key]
     return options
