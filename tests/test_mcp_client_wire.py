@@ -133,3 +133,36 @@ async def test_closing_a_conversation_and_the_transport_deletes_their_mcp_sessio
         await client.close_session("bye-1")
         assert counts(wire_server)["DELETE"] - before == 1
     assert counts(wire_server)["DELETE"] - before == 2
+
+
+async def test_input_required_is_answered_and_resent_with_the_state_echoed(
+    wire_server: str, client: ReachClient
+) -> None:
+    """An input_required result (SEP-2322): the hook answers, the call is resent once with the answers, the exact
+    requestState and a new JSON-RPC id."""
+    with answering_elicitation(lambda asked: {"action": "accept", "content": {"ok": True}}):
+        reply = await asyncio.wait_for(client.reach("confirm", {}, session_id="mrtr-1"), 10)
+    assert reply.status == "success", reply.error
+    assert reply.data["reply_content"] == "confirmed True"
+    first, resent = httpx.get(f"{wire_server}/counts").json()["rounds"][-2:]
+    assert resent["state"] == '{"opaque": 1}'
+    assert resent["answers"] == {"sure": {"action": "accept", "content": {"ok": True}}}
+    assert resent["id"] != first["id"]
+
+
+async def test_the_stateless_wire_discovers_retries_the_named_version_and_needs_no_session(wire_server: str) -> None:
+    """protocol_options.version 2026-07-28: server/discover (refused once as unsupported, naming the version: asked
+    again), then calls carrying the _meta envelope and no initialize."""
+    registry, transport = MemoryRegistry(), DirectTransport()
+    agent = AgentDescriptor(
+        name="wire", protocol="mcp", endpoints=[f"{wire_server}/mcp"], protocol_options={"version": "2026-07-28"}
+    )
+    before = counts(wire_server)
+    async with ReachClient(registry=registry, transport=transport) as reach:
+        await asyncio.wait_for(register_mcp_agent(registry, agent, transport), 10)
+        reply = await asyncio.wait_for(reach.reach("show", {}, session_id="stateless-1"), 10)
+    assert reply.status == "success", reply.error
+    after = counts(wire_server)
+    assert after.get("initialize", 0) == before.get("initialize", 0)
+    assert after["stateless:tools/call"] - before.get("stateless:tools/call", 0) == 1
+    assert httpx.get(f"{wire_server}/counts").json()["discoveries"][0] == "2026-07-28"

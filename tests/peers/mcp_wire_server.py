@@ -9,6 +9,9 @@
 * ``tools/call ask`` sends an ``elicitation/create`` on its stream and answers with what the client answered;
 * ``tools/call resume`` opens its stream with a priming event (``retry: 200``) and closes it; the result comes on the
   GET the client reconnects with (its ``Last-Event-ID`` and delay recorded);
+* ``tools/call confirm`` answers ``input_required`` (SEP-2322) until resent with the answer and the state;
+* ``server/discover`` (the stateless 2026-07-28 wire) is refused once as an unsupported version, then answered;
+  a request carrying the 2026-07-28 ``_meta`` needs no session;
 * ``DELETE /mcp`` ends a session (counted);
 * with ``--oauth``, every ``/mcp`` request needs a bearer token from the server's own authorization server:
   protected-resource metadata (RFC 9728), authorization-server metadata (RFC 8414), dynamic client registration
@@ -51,6 +54,8 @@ ANSWERS: dict[str, asyncio.Future[dict[str, Any]]] = {}
 PENDING: list[Any] = []
 RESUMES: list[dict[str, Any]] = []
 CLOSED_AT: list[float] = []
+DISCOVERIES: list[str] = []
+ROUNDS: list[dict[str, Any]] = []
 RETRY_MS = 200
 PIXEL = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
 OUTPUT_SCHEMA = {"type": "object", "properties": {"total": {"type": "integer"}}, "required": ["total"]}
@@ -134,6 +139,33 @@ def resumed(request: Request) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+def discover(message: dict[str, Any], request: Request) -> Response:
+    """server/discover (2026-07-28): the first one is refused as an unsupported version, naming the supported one."""
+    if COUNTS["server/discover"] == 1:
+        error = {"code": -32022, "message": "Unsupported protocol version", "data": {"supported": ["2026-07-28"]}}
+        return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error}, status_code=400)
+    DISCOVERIES.append(request.headers.get("mcp-protocol-version", ""))
+    result = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "serverInfo": {"name": "wire"}}
+    return JSONResponse(rpc(message["id"], result))
+
+
+def confirm(message: dict[str, Any]) -> Response:
+    """An input_required result (SEP-2322) first; the resend must carry the answer and echo the state exactly."""
+    params = message["params"]
+    if "inputResponses" not in params:
+        ROUNDS.append({"id": message["id"]})
+        asked = {"message": "Sure?", "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}}}
+        result = {
+            "resultType": "input_required",
+            "inputRequests": {"sure": {"method": "elicitation/create", "params": asked}},
+            "requestState": '{"opaque": 1}',
+        }
+        return JSONResponse(rpc(message["id"], result))
+    ROUNDS.append({"id": message["id"], "state": params.get("requestState"), "answers": params["inputResponses"]})
+    ok = params["inputResponses"]["sure"]["content"]["ok"]
+    return JSONResponse(rpc(message["id"], {"content": [{"type": "text", "text": f"confirmed {ok}"}]}))
+
+
 async def mcp(request: Request) -> Response:
     if not authorised(request):
         COUNTS["unauthorised"] += 1
@@ -150,19 +182,27 @@ async def mcp(request: Request) -> Response:
         return Response(status_code=202)
     method = message.get("method", "")
     COUNTS[method] += 1
+    meta = (message.get("params") or {}).get("_meta") or {}
+    stateless = meta.get("io.modelcontextprotocol/protocolVersion") == "2026-07-28"
+    if method == "server/discover":
+        return discover(message, request)
     if method == "initialize":
         session = secrets.token_hex(8)
         SESSIONS.add(session)
         result = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "wire"}}
         return JSONResponse(rpc(message["id"], result), headers={"Mcp-Session-Id": session})
-    if request.headers.get("mcp-session-id") not in SESSIONS:
+    if stateless:
+        COUNTS[f"stateless:{method}"] += 1
+    elif request.headers.get("mcp-session-id") not in SESSIONS:
         return JSONResponse({"error": "unknown session"}, status_code=404)
     if method == "notifications/initialized":
         return JSONResponse({"jsonrpc": "2.0", "result": {}})
     if method == "tools/list":
         tool = {"name": "show", "description": "Show every content type.", "inputSchema": {"type": "object"}}
-        others = [{"name": name, "inputSchema": {"type": "object"}} for name in ("ask", "resume")]
+        others = [{"name": name, "inputSchema": {"type": "object"}} for name in ("ask", "resume", "confirm")]
         return JSONResponse(rpc(message["id"], {"tools": [{**tool, "outputSchema": OUTPUT_SCHEMA}, *others]}))
+    if method == "tools/call" and message["params"]["name"] == "confirm":
+        return confirm(message)
     if method == "tools/call" and message["params"]["name"] == "ask":
         return ask_stream(message["id"])
     if method == "tools/call" and message["params"]["name"] == "resume":
@@ -233,7 +273,7 @@ async def token(request: Request) -> Response:
 
 
 async def counts(request: Request) -> Response:
-    return JSONResponse({**COUNTS, "resumes": RESUMES})
+    return JSONResponse({**COUNTS, "resumes": RESUMES, "discoveries": DISCOVERIES, "rounds": ROUNDS})
 
 
 app = Starlette(
