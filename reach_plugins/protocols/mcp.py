@@ -238,7 +238,7 @@ class McpAdapter(NoDiscovery):
         headers = reach_headers(call, accept=ACCEPT)
         oauth = self._oauth_of(call)
         if oauth is not None:
-            headers.update(oauth.authorization())
+            headers.update(oauth.authorization("POST", self._url(call)))
         # the negotiated version; the one proposed on initialize too (2026-07-28 servers ask for it on every request)
         headers[VERSION_HEADER] = session.version if session is not None else PROTOCOL_VERSION
         if session is not None and session.session_id:
@@ -290,6 +290,8 @@ class McpAdapter(NoDiscovery):
             running.feed(response)
             return
         oauth = self._oauth_of(call)
+        if oauth is not None and oauth.resource_nonce(response):
+            return  # the same request goes again, its proof carrying the nonce
         if oauth is not None and needs_authorization(response):
             oauth.refused = response
             return
@@ -367,7 +369,7 @@ class McpAdapter(NoDiscovery):
             headers = {SESSION_HEADER: session.session_id, VERSION_HEADER: session.version}
             oauth = self._oauth.get((endpoint, tenant))
             if oauth is not None:
-                headers.update(oauth.authorization())
+                headers.update(oauth.authorization("DELETE", session.url or endpoint))
             requests.append(HttpRequest("DELETE", session.url or endpoint, headers))
         return requests
 
@@ -375,6 +377,8 @@ class McpAdapter(NoDiscovery):
         """A call to send again: refused for its token (401, or 403 asking for more scope: authorize first), or
         answered ``input_required`` (SEP-2322: resent with the caller's answers and the server's state)."""
         oauth = self._oauth_of(call)
+        if oauth is not None and oauth.resource_nonce(response):
+            return True  # sent again, its proof carrying the nonce
         if oauth is not None and needs_authorization(response):
             oauth.refused = response
             return True

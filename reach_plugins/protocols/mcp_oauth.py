@@ -27,8 +27,11 @@ the grant parameters come from authlib.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
+import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +42,7 @@ from authlib.oauth2.auth import ClientAuth
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri
 from authlib.oauth2.rfc7523 import PrivateKeyJWT
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
+from joserfc import jwt
 from joserfc.jwk import ECKey, RSAKey
 
 from reach_plugins.errors import ConfigError, Unauthenticated
@@ -54,6 +58,7 @@ METHODS = ("client_secret_basic", "client_secret_post", "none", "private_key_jwt
 GRANTS = ("authorization_code", "client_credentials", "jwt_bearer")
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
+DPOP_ALGORITHM = "ES256"
 _CHALLENGE = re.compile(r'(\w+)=(?:"([^"]*)"|([^\s,]+))')
 
 
@@ -186,6 +191,9 @@ class OAuthClient:
     expires_at: float | None = None
     refused: HttpResponse | None = None
     """A call's 401/403 answer, kept until the next attempt authorizes again."""
+    token_type: str = "Bearer"
+    dpop: DPoP | None = None
+    """The key proving possession of the tokens (RFC 9449), when the authorization server offers DPoP."""
 
     def __post_init__(self) -> None:
         settings = self.settings
@@ -197,9 +205,15 @@ class OAuthClient:
             )
             self.client = {"client_id": settings.client_id, "client_secret": secret, "method": method}
 
-    def authorization(self) -> dict[str, str]:
-        """The ``Authorization`` header of calls to the server, when a token is held."""
-        return {"Authorization": f"Bearer {self.access_token}"} if self.access_token else {}
+    def authorization(self, method: str, url: str) -> dict[str, str]:
+        """The headers authorizing a request to the server, when a token is held: ``Bearer``, or ``DPoP`` with a
+        fresh proof bound to the request and the token."""
+        if not self.access_token:
+            return {}
+        if self.dpop is None or self.token_type.lower() != "dpop":
+            return {"Authorization": f"Bearer {self.access_token}"}
+        proof = self.dpop.proof(method, url, self.dpop.resource_nonce, self.access_token)
+        return {"Authorization": f"DPoP {self.access_token}", "DPoP": proof}
 
     def expired(self, now: float) -> bool:
         return self.access_token is not None and self.expires_at is not None and now >= self.expires_at
@@ -207,7 +221,7 @@ class OAuthClient:
     def refresh(self, now: float) -> Flow:
         """Trade the refresh token for a new access token; on refusal the tokens are dropped (a 401 follows)."""
         token = {"grant_type": "refresh_token", "refresh_token": self.refresh_token or ""}
-        response = yield self._token_request(token)
+        response = yield from self._token(token)
         if not self._keep(response, now):
             self.access_token = self.refresh_token = None
 
@@ -223,10 +237,10 @@ class OAuthClient:
         if self.scope and "offline_access" in supported and "offline_access" not in self.scope.split():
             self.scope = f"{self.scope} offline_access"
         if self.settings.grant == "client_credentials":
-            response = yield self._token_request({"grant_type": "client_credentials", "scope": self.scope or ""})
+            response = yield from self._token({"grant_type": "client_credentials", "scope": self.scope or ""})
         elif self.settings.grant == "jwt_bearer":
             assertion = yield from self._identity_assertion()
-            response = yield self._token_request({"grant_type": JWT_BEARER, "assertion": assertion, "scope": ""})
+            response = yield from self._token({"grant_type": JWT_BEARER, "assertion": assertion, "scope": ""})
         else:
             if self.client is None:
                 yield from self._register()
@@ -267,6 +281,9 @@ class OAuthClient:
                     f"the authorization server metadata at {url} names issuer {named!r}, not {issuer!r}: not trusted"
                 )
             self.issuer, self.metadata = named, found
+            algorithms = found.get("dpop_signing_alg_values_supported")
+            if self.dpop is None and isinstance(algorithms, list) and DPOP_ALGORITHM in algorithms:
+                self.dpop = DPoP()
             break
 
     def _endpoint(self, name: str, fallback: str) -> str:
@@ -327,7 +344,7 @@ class OAuthClient:
             raise Unauthenticated("the authorization response's state does not match the request's: refused")
         self._check_issuer(query.get("iss"))
         token = {"grant_type": "authorization_code", "code": query["code"], "redirect_uri": self.settings.redirect_uri}
-        return (yield self._token_request({**token, "code_verifier": verifier}))
+        return (yield from self._token({**token, "code_verifier": verifier}))
 
     def _identity_assertion(self) -> Generator[HttpRequest, HttpResponse, str]:
         """The ID-JAG for this server's authorization server: the enterprise IdP's answer to a token exchange."""
@@ -360,6 +377,25 @@ class OAuthClient:
         resource = str((self.resource_metadata or {}).get("resource") or "")
         return resource if resource and _covers(resource, self.server_url) else resource_of(self.server_url)
 
+    def _token(self, form: dict[str, str]) -> Generator[HttpRequest, HttpResponse, HttpResponse]:
+        """A token request; asked for a DPoP nonce (RFC 9449 section 8), sent once more with it."""
+        response = yield self._token_request(form)
+        if self.dpop is not None and self._nonce_asked(response):
+            self.dpop.server_nonce = header(response.headers, "DPoP-Nonce")
+            response = yield self._token_request(form)
+        return response
+
+    def _nonce_asked(self, response: HttpResponse) -> bool:
+        asked = response.status in (400, 401) and header(response.headers, "DPoP-Nonce") is not None
+        return asked and (b"use_dpop_nonce" in response.body or challenge(response).get("error") == "use_dpop_nonce")
+
+    def resource_nonce(self, response: HttpResponse) -> bool:
+        """The MCP server asks for a DPoP nonce (RFC 9449 section 9): kept, and the request is to be sent again."""
+        if self.dpop is None or not self._nonce_asked(response):
+            return False
+        self.dpop.resource_nonce = header(response.headers, "DPoP-Nonce")
+        return True
+
     def _token_request(self, form: dict[str, str]) -> HttpRequest:
         """A token-endpoint request carrying ``form``, the resource and the client's authentication."""
         url = self._endpoint("token_endpoint", "/token")
@@ -374,6 +410,8 @@ class OAuthClient:
         else:
             auth = ClientAuth(client["client_id"], secret, method if secret and method in METHODS else "none")
         headers = {"Content-Type": FORM, "Accept": "application/json"}
+        if self.dpop is not None:
+            headers["DPoP"] = self.dpop.proof("POST", url, self.dpop.server_nonce)
         url, headers, body = auth.prepare("POST", url, headers, urlencode(fields))
         return HttpRequest("POST", url, headers, body.encode())
 
@@ -382,11 +420,40 @@ class OAuthClient:
         if token is None or not token.get("access_token"):
             return False
         self.access_token = str(token["access_token"])
+        self.token_type = str(token.get("token_type") or "Bearer")
         self.refresh_token = str(token.get("refresh_token") or self.refresh_token or "") or None
         expires = token.get("expires_in")
         self.expires_at = now + float(expires) if isinstance(expires, int | float) else None
         self.scope = str(token.get("scope") or self.scope or "") or None
         return True
+
+
+class DPoP:
+    """An ES256 key and the proofs it signs (RFC 9449): one per request, bound to its method, URL, the server's
+    nonce and the access token it carries."""
+
+    def __init__(self) -> None:
+        self._key = ECKey.generate_key("P-256")
+        self.server_nonce: str | None = None
+        """The authorization server's nonce, once it asked for one."""
+        self.resource_nonce: str | None = None
+        """The MCP server's nonce, once it asked for one."""
+
+    def proof(self, method: str, url: str, nonce: str | None, token: str | None = None) -> str:
+        parts = urlsplit(url)
+        claims: dict[str, Any] = {
+            "jti": generate_token(24),
+            "htm": method,
+            "htu": f"{parts.scheme}://{parts.netloc}{parts.path}",
+            "iat": int(time.time()),
+        }
+        if token is not None:
+            digest = hashlib.sha256(token.encode()).digest()
+            claims["ath"] = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        if nonce is not None:
+            claims["nonce"] = nonce
+        header_ = {"typ": "dpop+jwt", "alg": DPOP_ALGORITHM, "jwk": self._key.as_dict(private=False)}
+        return str(jwt.encode(header_, claims, self._key))
 
 
 class Running:
