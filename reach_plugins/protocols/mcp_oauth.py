@@ -81,6 +81,8 @@ class OAuthSettings:
     ``idp_id_token`` is exchanged (RFC 8693, as ``idp_client_id``) for an ID-JAG to present to the server's AS."""
     idp_client_id: str | None = None
     idp_id_token: str | None = None
+    assertion: str | None = None
+    """``jwt_bearer`` with a workload identity (SEP-1933): the JWT presented as the grant, as is."""
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> OAuthSettings:
@@ -94,8 +96,11 @@ class OAuthSettings:
             raise ConfigError(f"protocol_options.oauth.grant {settings.grant!r}: use one of {', '.join(GRANTS)}")
         if settings.grant != "authorization_code" and not settings.client_id:
             raise ConfigError(f"protocol_options.oauth.grant {settings.grant} needs client_id (and a secret or key)")
-        if settings.grant == "jwt_bearer" and not (settings.idp_token_endpoint and settings.idp_id_token):
-            raise ConfigError("protocol_options.oauth.grant jwt_bearer needs idp_token_endpoint and idp_id_token")
+        exchangeable = settings.idp_token_endpoint and settings.idp_id_token
+        if settings.grant == "jwt_bearer" and not (settings.assertion or exchangeable):
+            raise ConfigError(
+                "protocol_options.oauth.grant jwt_bearer needs an assertion, or idp_token_endpoint and idp_id_token"
+            )
         method = settings.token_endpoint_auth_method
         if method is not None and method not in METHODS:
             raise ConfigError(f"protocol_options.oauth.token_endpoint_auth_method {method!r}: use one of {METHODS}")
@@ -347,8 +352,11 @@ class OAuthClient:
         return (yield from self._token({**token, "code_verifier": verifier}))
 
     def _identity_assertion(self) -> Generator[HttpRequest, HttpResponse, str]:
-        """The ID-JAG for this server's authorization server: the enterprise IdP's answer to a token exchange."""
+        """The assertion to present: the configured workload JWT, or the ID-JAG the enterprise IdP gives in
+        exchange for its ID token."""
         settings = self.settings
+        if settings.assertion:
+            return settings.assertion
         form = {
             "grant_type": TOKEN_EXCHANGE,
             "requested_token_type": "urn:ietf:params:oauth:token-type:id-jag",

@@ -59,8 +59,10 @@ def oauth_options(scenario: str) -> dict[str, Any]:
     options: dict[str, Any] = {"redirect_uri": REDIRECT, "client_name": "reach-conformance"}
     if scenario.startswith("auth/client-credentials"):
         options["grant"] = "client_credentials"
-    if scenario == "auth/enterprise-managed-authorization":
+    if scenario in ("auth/enterprise-managed-authorization", "auth/wif-jwt-bearer"):
         options["grant"] = "jwt_bearer"
+    if context.get("valid_jwt"):
+        options["assertion"] = context["valid_jwt"]
     if scenario == "auth/basic-cimd":
         options["client_metadata_url"] = "https://conformance-test.local/client-metadata.json"
     keys = ("client_id", "client_secret", "private_key_pem", "signing_algorithm")
