@@ -234,11 +234,12 @@ class McpAdapter(NoDiscovery):
             headers[NAME_HEADER] = str(name)
         return HttpRequest("POST", self._url(call), headers, encode_json(body))
 
-    def _headers(self, call: Call, session: McpSession | None) -> dict[str, str]:
+    def _headers(self, call: Call, session: McpSession | None, method: str = "POST") -> dict[str, str]:
+        """The headers of a request of this conversation (its token's proof, under DPoP, is for ``method``)."""
         headers = reach_headers(call, accept=ACCEPT)
         oauth = self._oauth_of(call)
         if oauth is not None:
-            headers.update(oauth.authorization("POST", self._url(call)))
+            headers.update(oauth.authorization(method, self._url(call)))
         # the negotiated version; the one proposed on initialize too (2026-07-28 servers ask for it on every request)
         headers[VERSION_HEADER] = session.version if session is not None else PROTOCOL_VERSION
         if session is not None and session.session_id:
@@ -357,8 +358,8 @@ class McpAdapter(NoDiscovery):
 
     def exchange(self, call: Call) -> McpExchange:
         """Every call's answer may be an event stream (notifications, server requests, reconnections first)."""
-        headers = self._headers(call, self.sessions.get(call))
-        return McpExchange(self._rpc_id(call), self._url(call), headers)
+        session = self.sessions.get(call)
+        return McpExchange(self._rpc_id(call), self._url(call), lambda method: self._headers(call, session, method))
 
     def farewell(self, conversation: tuple[str | None, str] | None) -> list[HttpRequest]:
         """A DELETE per MCP session of the conversation (or of all, when closing): the server may free it."""

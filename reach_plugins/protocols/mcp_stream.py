@@ -42,6 +42,7 @@ DEFAULT_RETRY = 1.0
 """Seconds before reconnecting when the stream never said (the SSE default is the client's choice)."""
 SESSION_HEADER = "Mcp-Session-Id"
 UNANSWERED = -32042
+ACCEPT = "application/json, text/event-stream"
 """The JSON-RPC code of a call that ended because the server asked for input nobody gave."""
 
 
@@ -58,11 +59,12 @@ def answering_elicitation(handler: ElicitationHandler) -> Iterator[None]:
 class McpExchange:
     """One call's event stream: the answer to ``request_id``, what the server asked on the way, where to resume."""
 
-    def __init__(self, request_id: str, url: str, headers: dict[str, str]) -> None:
+    def __init__(self, request_id: str, url: str, headers: Callable[[str], dict[str, str]]) -> None:
         self._id = request_id
         self._url = url
         self._headers = headers
-        """The session's headers (version, session id, token), for answers and reconnections."""
+        """The session's headers (version, session id, token) for a request of the given method: answers are
+        POSTs, reconnections GETs."""
         self._handler = ELICITATION.get()
         self._answer: bytes | None = None
         self._whole: HttpResponse | None = None
@@ -112,7 +114,7 @@ class McpExchange:
             self._answer = encode_json({"jsonrpc": "2.0", "id": self._id, "error": error})
         else:
             body["error"] = {"code": -32601, "message": f"this client does not serve {method}"}
-        headers = {**self._headers, "Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        headers = {**self._headers("POST"), "Content-Type": "application/json", "Accept": ACCEPT}
         return HttpRequest("POST", self._url, headers, encode_json(body))
 
     def done(self) -> bool:
@@ -121,10 +123,14 @@ class McpExchange:
     def listen(self) -> HttpRequest | None:
         """The session's GET stream, where servers send requests not tied to a call (elicitation among them): read
         only for a caller that answers them, since it costs a connection per call."""
-        if self._handler is None or SESSION_HEADER not in self._headers:
+        headers = self._get_headers()
+        if self._handler is None or SESSION_HEADER not in headers:
             return None
-        headers = {key: value for key, value in self._headers.items() if key != "Content-Type"}
-        return HttpRequest("GET", self._url, {**headers, "Accept": "text/event-stream"})
+        return HttpRequest("GET", self._url, headers)
+
+    def _get_headers(self) -> dict[str, str]:
+        headers = {key: value for key, value in self._headers("GET").items() if key != "Content-Type"}
+        return {**headers, "Accept": "text/event-stream"}
 
     def progress(self) -> list[StreamEvent]:
         events, self._progress = self._progress, []
@@ -134,8 +140,7 @@ class McpExchange:
         if self._last_id is None or self._resumed >= MAX_RESUMES:
             return None
         self._resumed += 1
-        headers = {key: value for key, value in self._headers.items() if key != "Content-Type"}
-        headers.update({"Accept": "text/event-stream", "Last-Event-ID": self._last_id})
+        headers = {**self._get_headers(), "Last-Event-ID": self._last_id}
         return HttpRequest("GET", self._url, headers), DEFAULT_RETRY if retry is None else retry
 
     def whole(self, response: HttpResponse) -> None:
