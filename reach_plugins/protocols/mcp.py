@@ -5,12 +5,22 @@ tool of another name); the payload is the tool's arguments. Before the first
 call of a conversation (the request's ``session_id``; calls without one share
 a session per endpoint and tenant) the adapter asks its transport for the
 handshake: ``initialize``, then ``notifications/initialized`` carrying the
-``Mcp-Session-Id`` the server gave. A server that forgot the session (HTTP 404)
-did not run the tool: that is a :class:`~reach_plugins.errors.ConnectError`
-(safe to retry anything), and the next attempt opens a new session. :data:`LIST_TOOLS` as the request's
-``action`` lists the tools instead (see :mod:`reach_plugins.protocols.mcp_tools`).
+``Mcp-Session-Id`` the server gave (any 2xx answer ends it), or, with
+``protocol_options.version: 2026-07-28``, ``server/discover`` and the protocol
+``_meta`` on every request instead of a session. With ``protocol_options.oauth``
+the handshake also runs OAuth (:mod:`reach_plugins.protocols.mcp_oauth`), and a
+call refused for its token is authorized again and resent. A server that forgot
+the session (HTTP 404) did not run the tool: that is a
+:class:`~reach_plugins.errors.ConnectError` (safe to retry anything), and the
+next attempt opens a new session. A conversation's session is DELETEd when the
+conversation or the transport closes (:meth:`McpAdapter.farewell`).
+:data:`LIST_TOOLS` as the request's ``action`` lists the tools instead (see
+:mod:`reach_plugins.protocols.mcp_tools`).
 
-Replies (JSON or one SSE event) become ``reply_content`` (the text content),
+Answers are read as event streams (:mod:`reach_plugins.protocols.mcp_stream`:
+priming events, reconnection, progress, elicitation); an ``input_required``
+result is answered through the caller's elicitation handler and resent once.
+Replies become ``reply_content`` (the text content),
 ``content`` (every content item, when some are not text: image, audio,
 resource), ``structured_content`` (when the tool has an output schema),
 ``tool_calls`` (empty) and ``raw_meta``; a tool error (``isError``) is a
