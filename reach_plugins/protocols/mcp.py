@@ -29,9 +29,6 @@ resource), ``structured_content`` (when the tool has an output schema),
 
 from __future__ import annotations
 
-import base64
-import json
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -59,27 +56,28 @@ from reach_plugins.protocols.base import (
 )
 from reach_plugins.protocols.mcp_oauth import MAX_FLOWS, OAuthClient, OAuthSettings, Running, needs_authorization
 from reach_plugins.protocols.mcp_stream import ELICITATION, SESSION_HEADER, McpExchange
+from reach_plugins.protocols.mcp_wire import (
+    CLIENT_INFO,
+    METHOD_HEADER,
+    NAME_HEADER,
+    STATELESS_VERSION,
+    capabilities,
+    envelope,
+    header_params,
+    header_value,
+)
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.sse import SseDecoder
 
 PROTOCOL_VERSION = "2025-06-18"
 """A handshake revision that both ``mcp`` 1.x and 2.x servers speak."""
-STATELESS_VERSION = "2026-07-28"
-"""The stateless revision (``server/discover``, ``_meta`` per request), asked for with ``protocol_options.version``."""
 UNSUPPORTED_VERSION = -32022
-CLIENT_INFO: dict[str, str] = {"name": "reach-plugins", "version": "1"}
 VERSION_HEADER = "MCP-Protocol-Version"
-METHOD_HEADER = "Mcp-Method"
-NAME_HEADER = "Mcp-Name"
 ACCEPT = "application/json, text/event-stream"
 LIST_TOOLS = "tools/list"
 SESSIONS_KEPT = 4096
 
 SessionKey = tuple[str, str | None, str | None]
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-"""An HTTP header name (RFC 9110 token)."""
-_PRIMITIVE = frozenset({"string", "integer", "boolean"})
-"""Types a header may carry (SEP-2243: not number, whose spelling varies between languages)."""
 
 
 @dataclass(slots=True)
@@ -141,47 +139,6 @@ def rpc_message(body: bytes, content_type: str) -> Any:
     return events[-1].data.encode() if events else None
 
 
-def _capabilities() -> dict[str, Any]:
-    """What this client serves the server: elicitation, when the caller installed a handler for it."""
-    return {"elicitation": {}} if ELICITATION.get() is not None else {}
-
-
-def _envelope(version: str) -> dict[str, Any]:
-    """The ``_meta`` a stateless (2026-07-28) request carries in place of a session."""
-    return {
-        "io.modelcontextprotocol/protocolVersion": version,
-        "io.modelcontextprotocol/clientInfo": CLIENT_INFO,
-        "io.modelcontextprotocol/clientCapabilities": _capabilities(),
-    }
-
-
-def header_params(schema: Mapping[str, Any] | None) -> dict[str, str] | None:
-    """The arguments a tool mirrors into ``Mcp-Param-*`` headers (its ``x-mcp-header`` properties, SEP-2243), or
-    ``None`` when an annotation is unusable (empty, not a header token, repeated, or on a non-primitive): such a
-    tool is left out, as the spec asks."""
-    properties = schema.get("properties") if isinstance(schema, Mapping) else None
-    mirrored: dict[str, str] = {}
-    for name, field in (properties or {}).items():
-        wanted = field.get("x-mcp-header") if isinstance(field, Mapping) else None
-        if wanted is None:
-            continue
-        if not isinstance(wanted, str) or not _TOKEN.fullmatch(wanted) or field.get("type") not in _PRIMITIVE:
-            return None
-        if wanted.lower() in (known.lower() for known in mirrored.values()):
-            return None
-        mirrored[name] = wanted
-    return mirrored
-
-
-def header_value(value: Any) -> str:
-    """An argument as a header value: JSON's spelling of numbers and booleans; Base64 (``=?base64?...?=``) for text
-    that is not plain printable ASCII or has spaces at its ends."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    if text.isascii() and text.isprintable() and text == text.strip():
-        return text
-    return f"=?base64?{base64.b64encode(text.encode()).decode()}?="
-
-
 def _texts(result: Mapping[str, Any]) -> str:
     return "".join(str(item.get("text", "")) for item in list_at(result, "content") if isinstance(item, Mapping))
 
@@ -237,7 +194,7 @@ class McpAdapter(NoDiscovery):
         headers = {**self._headers(call, session), **(extra or {})}
         if session is not None and session.stateless:
             params = body.setdefault("params", {})
-            params["_meta"] = {**params.get("_meta", {}), **_envelope(session.version)}
+            params["_meta"] = {**params.get("_meta", {}), **envelope(session.version)}
         headers[METHOD_HEADER] = str(body["method"])
         name = body.get("params", {}).get("name")
         if name is not None:
@@ -282,7 +239,7 @@ class McpAdapter(NoDiscovery):
         if session is None:
             params: dict[str, Any] = {
                 "protocolVersion": PROTOCOL_VERSION,
-                "capabilities": _capabilities(),
+                "capabilities": capabilities(),
                 "clientInfo": CLIENT_INFO,
             }
             body = {"jsonrpc": "2.0", "id": f"init-{call.request.request_id}", "method": "initialize", "params": params}

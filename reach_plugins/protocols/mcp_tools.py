@@ -20,7 +20,8 @@ from typing import Any
 from reach_plugins.errors import ConfigError, from_wire
 from reach_plugins.model import NAME_PATTERN, AgentDescriptor, Capability, ErrorInfo, ReachRequest
 from reach_plugins.protocols.base import list_at, mapping_at
-from reach_plugins.protocols.mcp import LIST_TOOLS, header_params
+from reach_plugins.protocols.mcp import LIST_TOOLS
+from reach_plugins.protocols.mcp_wire import header_params
 from reach_plugins.registry.base import Registry
 from reach_plugins.transport import Call, Transport
 
