@@ -28,6 +28,7 @@ from reach_plugins.protocols import (
     adapter_for,
 )
 from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
+from reach_plugins.wire.body import MAX_REPLY
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
 
@@ -261,7 +262,7 @@ async def _converse(
             async with engine.stream(request, timeout=ends - loop.time(), connect_timeout=connect) as wire:
                 content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
                 if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
-                    exchange.whole(HttpResponse(wire.status, wire.headers, await wire.read()))
+                    exchange.whole(HttpResponse(wire.status, wire.headers, await _whole(wire)))
                     return
                 while not exchange.done() and (chunk := await wire.next_chunk()):
                     for frame in sse.feed(chunk):
@@ -278,6 +279,16 @@ async def _converse(
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+
+
+async def _whole(wire: WireStream) -> bytes:
+    """A streamed reply's whole body, refused past :data:`MAX_REPLY` bytes (as ``engine.send`` refuses it)."""
+    body = bytearray()
+    while chunk := await wire.next_chunk():
+        body += chunk
+        if len(body) > MAX_REPLY:
+            raise InvalidResponse(f"the agent's reply is over {MAX_REPLY} bytes, the most accepted")
+    return bytes(body)
 
 
 async def _answer_all(engine: Engine, answers: list[HttpRequest], timeout: float, connect: float) -> None:
