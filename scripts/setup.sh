@@ -28,12 +28,14 @@ if [[ ! -x .venv-a2a03/bin/python ]]; then
   "$PYTHON" -m venv .venv-a2a03
 fi
 .venv-a2a03/bin/python -m pip install --quiet --disable-pip-version-check -r tests/peers/requirements-a2a03.txt
-# The MCP conformance harness (npm, pinned) and the Node 22 it needs (fs.globSync), both from npm, project-local;
-# tests/test_conformance_mcp_client.py runs it against our mcp client and python-sdk's.
-if [[ ! -x .ci-state/mcp-conformance/node_modules/.bin/conformance || ! -x .ci-state/mcp-conformance/node_modules/.bin/node ]]; then
-  mkdir -p .ci-state/mcp-conformance
-  npm install --prefix .ci-state/mcp-conformance --no-audit --no-fund --silent \
-    @modelcontextprotocol/conformance@0.2.0-alpha.11 node@22
+# The MCP conformance harness (npm @modelcontextprotocol/conformance 0.2.0-alpha.11 = its commit c321dd3) and the
+# Node 22 it needs (Debian's nodejs is older; npm's "node" package ships the binary), in .mcp-conformance/.
+if ! command -v npm >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm
+fi
+if ! grep -qs '"@modelcontextprotocol/conformance": "0.2.0-alpha.11"' .mcp-conformance/package.json; then
+  npm install --prefix .mcp-conformance --no-audit --no-fund --save-exact \
+    node@22.23.3 @modelcontextprotocol/conformance@0.2.0-alpha.11
 fi
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh

@@ -1,7 +1,7 @@
 """The MCP conformance harness's client scenarios, run against our mcp client and against the official SDK's.
 
 The harness is npm ``@modelcontextprotocol/conformance`` 0.2.0-alpha.11 (commit c321dd3), installed by
-``scripts/setup.sh`` under ``.ci-state/mcp-conformance`` with a Node 22 from npm. Every client scenario the harness
+``scripts/setup.sh`` into ``.mcp-conformance/`` with a Node 22 from npm. Every client scenario the harness
 lists is run once per client, a few at a time; a scenario counts as green when it reported checks and none failed
 or warned. Both rows are printed; the test fails when ours passes fewer scenarios than the official client.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from peer_servers import PEER_PYTHON, PEERS, ROOT
 from servers import _missing
 
-HARNESS = ROOT / ".ci-state" / "mcp-conformance" / "node_modules" / ".bin"
+HARNESS = ROOT / ".mcp-conformance" / "node_modules" / ".bin"
 CLIENTS = PEERS / "mcp_conformance"
 OURS = f"{sys.executable} {CLIENTS / 'reach_client.py'}"
 OFFICIAL = f"{PEER_PYTHON} {CLIENTS / 'python_sdk_client.py'}"
