@@ -1,3 +1,4 @@
+# ruff: noqa
 """MCP unified conformance test client.
 
 This client is designed to work with the @modelcontextprotocol/conformance npm package.
