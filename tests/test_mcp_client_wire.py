@@ -15,6 +15,8 @@ from servers import wait_until
 
 from reach_plugins import ReachClient
 from reach_plugins.model import AgentDescriptor
+from reach_plugins.protocols.mcp import McpAdapter
+from reach_plugins.protocols.mcp_sessions import McpSessions
 from reach_plugins.protocols.mcp_stream import answering_elicitation
 from reach_plugins.protocols.mcp_tools import register_mcp_agent
 from reach_plugins.registry.memory import MemoryRegistry
@@ -166,3 +168,21 @@ async def test_the_stateless_wire_discovers_retries_the_named_version_and_needs_
     assert after.get("initialize", 0) == before.get("initialize", 0)
     assert after["stateless:tools/call"] - before.get("stateless:tools/call", 0) == 1
     assert httpx.get(f"{wire_server}/counts").json()["discoveries"][0] == "2026-07-28"
+
+
+async def test_a_session_pushed_out_of_the_table_is_deleted_at_the_next_handshake(wire_server: str) -> None:
+    """With room for two sessions, a third conversation pushes the oldest out: its DELETE goes with the next
+    handshake request to that server (it was dropped silently before)."""
+    registry, transport = MemoryRegistry(), DirectTransport()
+    agent = AgentDescriptor(name="wire", protocol="mcp", endpoints=[f"{wire_server}/mcp"])
+    async with ReachClient(registry=registry, transport=transport) as reach:
+        await asyncio.wait_for(register_mcp_agent(registry, agent, transport), 10)
+        adapter = transport._adapter("mcp")
+        assert isinstance(adapter, McpAdapter)
+        adapter.sessions = McpSessions(2)
+        before = counts(wire_server).get("DELETE", 0)
+        for conversation in ("lru-1", "lru-2", "lru-3"):
+            reply = await asyncio.wait_for(reach.reach("show", {}, session_id=conversation), 10)
+            assert reply.status == "success", reply.error
+        # lru-3's session pushed lru-1's out: the rest of lru-3's handshake DELETEd it, and only it
+        assert counts(wire_server)["DELETE"] - before == 1

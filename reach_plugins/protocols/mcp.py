@@ -29,11 +29,9 @@ resource), ``structured_content`` (when the tool has an output schema),
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from reach_plugins.errors import ConnectError, InvalidResponse, RemoteError, Unauthenticated
@@ -55,6 +53,7 @@ from reach_plugins.protocols.base import (
     success,
 )
 from reach_plugins.protocols.mcp_oauth import MAX_FLOWS, OAuthClient, OAuthSettings, Running, needs_authorization
+from reach_plugins.protocols.mcp_sessions import SESSIONS_KEPT, McpSession, McpSessions
 from reach_plugins.protocols.mcp_stream import ELICITATION, SESSION_HEADER, McpExchange
 from reach_plugins.protocols.mcp_wire import (
     CLIENT_INFO,
@@ -75,60 +74,6 @@ UNSUPPORTED_VERSION = -32022
 VERSION_HEADER = "MCP-Protocol-Version"
 ACCEPT = "application/json, text/event-stream"
 LIST_TOOLS = "tools/list"
-SESSIONS_KEPT = 4096
-
-SessionKey = tuple[str, str | None, str | None]
-
-
-@dataclass(slots=True)
-class McpSession:
-    """One MCP session: the server's id (``None`` for a stateless server), its version, whether it is initialised."""
-
-    session_id: str | None
-    version: str
-    ready: bool = False
-    url: str | None = None
-    """Where the session lives (its DELETE goes there)."""
-    stateless: bool = False
-    """The 2026-07-28 wire: no initialize, every request carries the protocol ``_meta`` instead."""
-
-
-class McpSessions:
-    """MCP sessions per (endpoint, tenant, conversation); bounded, the least recently used dropped first."""
-
-    def __init__(self, size: int = SESSIONS_KEPT) -> None:
-        self._size = size
-        self._sessions: OrderedDict[SessionKey, McpSession] = OrderedDict()
-        self._lock = threading.Lock()
-        """Blocking clients run their own loop in another thread: the map is shared across them."""
-
-    @staticmethod
-    def key(call: Call) -> SessionKey:
-        return (call.instance.endpoint, call.request.tenant, call.request.session_id)
-
-    def get(self, call: Call) -> McpSession | None:
-        key = self.key(call)
-        with self._lock:
-            session = self._sessions.get(key)
-            if session is not None:
-                self._sessions.move_to_end(key)
-            return session
-
-    def put(self, call: Call, session: McpSession) -> None:
-        with self._lock:
-            self._sessions[self.key(call)] = session
-            while len(self._sessions) > self._size:
-                self._sessions.popitem(last=False)
-
-    def forget(self, call: Call) -> None:
-        with self._lock:
-            self._sessions.pop(self.key(call), None)
-
-    def drop(self, conversation: tuple[str | None, str] | None) -> list[tuple[SessionKey, McpSession]]:
-        """Remove and return the sessions of a conversation (tenant, session id), or every one when ``None``."""
-        with self._lock:
-            keys = [key for key in self._sessions if conversation is None or key[1:] == conversation]
-            return [(key, self._sessions.pop(key)) for key in keys]
 
 
 def rpc_message(body: bytes, content_type: str) -> Any:
@@ -156,6 +101,8 @@ class McpAdapter(NoDiscovery):
         self._discovering: dict[str, str] = {}
         """Per call: the version a ``server/discover`` under way proposes."""
         self._retried: set[str] = set()
+        self._deleting: set[str] = set()
+        """Calls whose handshake is DELETEing a pushed-out session first."""
         self._inputs: dict[str, dict[str, Any]] = {}
         """Per call: the answers (and server state) its resend after an ``input_required`` result carries."""
         self._stateful: set[tuple[str, str | None]] = set()
@@ -229,6 +176,11 @@ class McpAdapter(NoDiscovery):
             return self._start(call, Running(oauth.authorize(refused, time.monotonic())))
         if oauth is not None and oauth.refresh_token and oauth.expired(time.monotonic()):
             return self._start(call, Running(oauth.refresh(time.monotonic())))
+        gone = self.sessions.evicted(call)
+        goodbye = None if gone is None else self._goodbye(call.instance.endpoint, call.request.tenant, gone)
+        if goodbye is not None:
+            self._deleting.add(call.request.request_id)
+            return goodbye
         session = self.sessions.get(call)
         proposed = self._discovering.get(call.request.request_id)
         if session is None and proposed is None and self._stateless_wanted(call):
@@ -256,6 +208,9 @@ class McpAdapter(NoDiscovery):
         running, _ = self._flows.get(call.request.request_id, (None, 0))
         if running is not None and running.request is not None:
             running.feed(response)
+            return
+        if call.request.request_id in self._deleting:
+            self._deleting.discard(call.request.request_id)  # a pushed-out session's DELETE: any answer will do
             return
         oauth = self._oauth_of(call)
         if oauth is not None and oauth.resource_nonce(response):
@@ -332,14 +287,20 @@ class McpAdapter(NoDiscovery):
         """A DELETE per MCP session of the conversation (or of all, when closing): the server may free it."""
         requests = []
         for (endpoint, tenant, _), session in self.sessions.drop(conversation):
-            if not session.session_id:
-                continue
-            headers = {SESSION_HEADER: session.session_id, VERSION_HEADER: session.version}
-            oauth = self._oauth.get((endpoint, tenant))
-            if oauth is not None:
-                headers.update(oauth.authorization("DELETE", session.url or endpoint))
-            requests.append(HttpRequest("DELETE", session.url or endpoint, headers))
+            goodbye = self._goodbye(endpoint, tenant, session)
+            if goodbye is not None:
+                requests.append(goodbye)
         return requests
+
+    def _goodbye(self, endpoint: str, tenant: str | None, session: McpSession) -> HttpRequest | None:
+        """The DELETE ending ``session`` (``None`` for a stateless one: nothing to end)."""
+        if not session.session_id:
+            return None
+        headers = {SESSION_HEADER: session.session_id, VERSION_HEADER: session.version}
+        oauth = self._oauth.get((endpoint, tenant))
+        if oauth is not None:
+            headers.update(oauth.authorization("DELETE", session.url or endpoint))
+        return HttpRequest("DELETE", session.url or endpoint, headers)
 
     def renegotiate(self, call: Call, response: HttpResponse) -> bool:
         """A call to send again: refused for its token (401, or 403 asking for more scope: authorize first), or
