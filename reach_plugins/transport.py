@@ -122,6 +122,11 @@ class Transport(Protocol):
 
     def stream(self, call: Call) -> EventStream: ...
 
+    async def end_session(self, tenant: str | None, session_id: str) -> None:
+        """Conversation ``session_id`` of ``tenant`` closed: end what the far side keeps for it (an MCP session),
+        best effort."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -141,6 +146,9 @@ class BaseTransport:
             yield StreamEvent("end")
         else:
             yield StreamEvent("error", error=reply.error)
+
+    async def end_session(self, tenant: str | None, session_id: str) -> None:
+        return None
 
     async def aclose(self) -> None:
         return None

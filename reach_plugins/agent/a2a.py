@@ -314,7 +314,7 @@ class A2AServer:
         named in the status message's metadata so our client can tell a ``Retryable`` from a business failure)."""
         if task.done:  # cancelled meanwhile: what the handler answered after that is not applied
             return
-        message = None
+        message: dict[str, Any] | None = None
         if text is not None:
             message = {
                 "messageId": uuid.uuid4().hex,

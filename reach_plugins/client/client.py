@@ -297,16 +297,18 @@ class ReachClient:
 
     async def close_session(self, session_id: str, tenant: str | None = None) -> None:
         """End conversation ``session_id`` of ``tenant`` (else the client's): later reaches get ``SessionClosed``,
-        calls in flight stop, its pins go.
+        calls in flight stop, its pins go, and the transport ends what agents keep for it (MCP sessions).
 
         It runs on this client's loop, beside the calls it cancels.
         """
         self._check_loop()
         if self.sessions is None:
             raise ConfigError("this client has no session store: build the ReachClient with sessions=")
-        conversation = session_key(tenant if tenant is not None else self.tenant, session_id)
+        owner = tenant if tenant is not None else self.tenant
+        conversation = session_key(owner, session_id)
         await self.sessions.close(conversation)
         self.router.release(conversation)
+        await self.transport.end_session(owner, session_id)
 
     def _check_loop(self) -> None:
         """Bind the client to the loop of its first call; refuse any other (its waits belong to that loop)."""

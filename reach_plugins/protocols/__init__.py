@@ -10,6 +10,7 @@ from reach_plugins.errors import ConfigError
 from reach_plugins.protocols.a2a import A2AAdapter
 from reach_plugins.protocols.base import (
     Adapter,
+    Exchange,
     HttpRequest,
     HttpResponse,
     StreamDecoder,
@@ -18,6 +19,7 @@ from reach_plugins.protocols.base import (
     reach_headers,
 )
 from reach_plugins.protocols.mcp import McpAdapter
+from reach_plugins.protocols.mcp_stream import answering_elicitation
 from reach_plugins.protocols.openai import OpenAIAdapter
 from reach_plugins.protocols.rawhttp import RawHttpAdapter
 from reach_plugins.protocols.reach import ReachAdapter
@@ -41,6 +43,7 @@ __all__ = [
     "ADAPTERS",
     "A2AAdapter",
     "Adapter",
+    "Exchange",
     "HttpRequest",
     "HttpResponse",
     "McpAdapter",
@@ -51,6 +54,7 @@ __all__ = [
     "SseEvent",
     "StreamDecoder",
     "adapter_for",
+    "answering_elicitation",
     "check_return",
     "encode_sse",
     "parse_retry_after",

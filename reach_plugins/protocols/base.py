@@ -79,6 +79,40 @@ class StreamDecoder(Protocol):
         ...
 
 
+class Exchange(Protocol):
+    """One call whose answer is an event stream to read, talk back to and reconnect to (MCP's Streamable HTTP):
+    the transport feeds it the events until it is done, sends what it asks, and reconnects where it says."""
+
+    def feed(self, event: SseEvent) -> list[HttpRequest]:
+        """Read one event; return the requests to send now (answers to what the server asked)."""
+        ...
+
+    def done(self) -> bool:
+        """The answer has arrived (or the exchange gave up waiting for it)."""
+        ...
+
+    def listen(self) -> HttpRequest | None:
+        """A stream to read beside the answer's for what the server asks meanwhile (MCP's GET stream), or ``None``."""
+        ...
+
+    def progress(self) -> list[StreamEvent]:
+        """Stream events learnt since the last call (progress notifications), for a caller that streams."""
+        ...
+
+    def resume(self, retry: float | None) -> tuple[HttpRequest, float] | None:
+        """The stream ended before the answer: the request that resumes it and after how many seconds (``retry``:
+        what the stream's ``retry:`` field said), or ``None``."""
+        ...
+
+    def whole(self, response: HttpResponse) -> None:
+        """The answer came as one body (JSON, or a refusal), not as a stream."""
+        ...
+
+    def response(self) -> HttpResponse:
+        """The answer as a plain response, for :meth:`Adapter.parse`."""
+        ...
+
+
 class Adapter(Protocol):
     """Builds requests for, and normalises replies of, agents speaking one protocol."""
 
@@ -103,10 +137,25 @@ class Adapter(Protocol):
         """Learn from the answer to a :meth:`handshake` request (raise a ReachError when it failed)."""
         ...
 
+    def farewell(self, conversation: tuple[str | None, str] | None) -> list[HttpRequest]:
+        """Requests ending what the far side keeps for a conversation (tenant, session id), or for every one when
+        ``None`` (the transport is closing): MCP's DELETE of its sessions."""
+        ...
+
+    def renegotiate(self, call: Call, response: HttpResponse) -> bool:
+        """Whether ``response`` refused the call in a way a new handshake fixes (an MCP server's OAuth challenge):
+        the transport then runs :meth:`handshake` again and resends the call, once."""
+        ...
+
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest: ...
 
     def pending(self, call: Call, sent: HttpRequest, response: HttpResponse) -> Pending | None:
         """The unfinished work ``response`` (to ``sent``) announces, or ``None`` when it is the answer to parse."""
+        ...
+
+    def exchange(self, call: Call) -> Exchange | None:
+        """An :class:`Exchange` reading this call's answer when it comes as an event stream, or ``None`` (the body is
+        read whole)."""
         ...
 
     def parse(self, call: Call, response: HttpResponse) -> Reply: ...
@@ -295,6 +344,15 @@ class NoHandshake:
         return None
 
     def pending(self, call: Call, sent: HttpRequest, response: HttpResponse) -> Pending | None:
+        return None
+
+    def renegotiate(self, call: Call, response: HttpResponse) -> bool:
+        return False
+
+    def farewell(self, conversation: tuple[str | None, str] | None) -> list[HttpRequest]:
+        return []
+
+    def exchange(self, call: Call) -> Exchange | None:
         return None
 
 

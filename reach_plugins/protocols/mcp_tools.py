@@ -4,7 +4,7 @@
     agent = await register_mcp_agent(registry, agent, DirectTransport())
 
 Each tool becomes a :class:`~reach_plugins.model.Capability` with its
-description and ``inputSchema`` as ``params_schema``. Tool names that are not
+description, ``inputSchema`` as ``params_schema`` and ``outputSchema`` within ``return_schema``. Tool names that are not
 capability names (``getWeather``) are lowercased and mapped back through
 ``protocol_options.tools``. A tool is ``retryable`` only when its annotations
 say it is idempotent or read-only, and ``danger_level: medium`` when they say
@@ -29,6 +29,7 @@ from reach_plugins.errors import ConfigError, from_wire
 from reach_plugins.model import NAME_PATTERN, AgentDescriptor, Capability, ErrorInfo, ReachRequest
 from reach_plugins.protocols.base import list_at, mapping_at
 from reach_plugins.protocols.mcp import LIST_TOOLS
+from reach_plugins.protocols.mcp_wire import header_params
 from reach_plugins.registry.base import Registry
 from reach_plugins.transport import Call, Transport
 
@@ -45,17 +46,24 @@ def capability_name(tool: str) -> str | None:
     return name if _NAME.match(name) else None
 
 
+def structured_schema(output: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool's ``outputSchema`` as the capability's ``return_schema``: it describes the reply's
+    ``structured_content``, which a reply must then carry (the spec: a tool with an output schema returns one)."""
+    return {"type": "object", "properties": {"structured_content": dict(output)}, "required": ["structured_content"]}
+
+
 def capability_of(tool: Mapping[str, Any]) -> Capability | None:
-    """A tool of ``tools/list`` as a capability (``None`` for a tool without a usable name)."""
+    """A tool of ``tools/list`` as a capability (``None`` for a tool without a usable name or header annotations)."""
     name = capability_name(str(tool.get("name", "")))
-    if name is None:
+    schema, output = tool.get("inputSchema"), tool.get("outputSchema")
+    if name is None or header_params(schema if isinstance(schema, Mapping) else None) is None:
         return None
     hints = mapping_at(tool, "annotations")
-    schema = tool.get("inputSchema")
     return Capability(
         name=name,
         description=str(tool.get("description") or tool.get("title") or ""),
         params_schema=dict(schema) if isinstance(schema, Mapping) else None,
+        return_schema=structured_schema(output) if isinstance(output, Mapping) else None,
         retryable=bool(hints.get("idempotentHint") or hints.get("readOnlyHint")),
         danger_level="medium" if hints.get("destructiveHint") is True else "low",
     )

@@ -13,5 +13,8 @@ class Wrapping(BaseTransport):
         self.owns_retries = inner.owns_retries
         self.hop = inner.hop
 
+    async def end_session(self, tenant: str | None, session_id: str) -> None:
+        await self.inner.end_session(tenant, session_id)
+
     async def aclose(self) -> None:
         await self.inner.aclose()

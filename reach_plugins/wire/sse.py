@@ -4,7 +4,9 @@ Chunks may split lines, CRLF pairs and multi-byte characters anywhere; the
 decoder keeps the partial line and an incremental UTF-8 decoder between
 ``feed`` calls. What it holds is bounded (DESIGN.md 11.5): an event (or a line)
 longer than ``max_event`` characters is an ``InvalidResponse``, not a buffer
-that grows with whatever a hostile upstream sends.
+that grows with whatever a hostile upstream sends. An event with an empty
+``data`` line (a priming event: ``id``, ``retry``, ``data:``) is dispatched with
+empty data; ``retry`` lines set :attr:`SseDecoder.retry`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class SseDecoder:
         """Characters of ``data`` lines held for the event being read."""
         self._id: str | None = None
         self._max = max_event
+        self.retry: float | None = None
+        """The reconnection time (seconds) the stream's last ``retry:`` line set, ``None`` until one did."""
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         text = self._pending + self._text.decode(chunk)
@@ -72,6 +76,8 @@ class SseDecoder:
             self._event = value
         elif name == "id":
             self._id = value
+        elif name == "retry" and value.isdigit():
+            self.retry = int(value) / 1000
         return None
 
     def _dispatch(self) -> SseEvent | None:

@@ -11,6 +11,7 @@ attempt's time, and stopped when the caller leaves it (:mod:`.leaving`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 from collections.abc import AsyncIterator, Hashable
@@ -27,10 +28,20 @@ from reach_plugins.errors import (
     TransportError,
 )
 from reach_plugins.model import ErrorInfo, Timeouts
-from reach_plugins.protocols import Adapter, HttpRequest, HttpResponse, SseDecoder, StreamDecoder, adapter_for
+from reach_plugins.protocols import (
+    Adapter,
+    Exchange,
+    HttpRequest,
+    HttpResponse,
+    SseDecoder,
+    SseEvent,
+    StreamDecoder,
+    adapter_for,
+)
 from reach_plugins.protocols.base import Pending
 from reach_plugins.telemetry.spans import note_http_request, note_http_status
 from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
+from reach_plugins.wire.body import MAX_REPLY
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
 from transports.direct.leaving import Leaving
@@ -39,6 +50,8 @@ if TYPE_CHECKING:
     import httpx
 
 logger = logging.getLogger("reach_plugins.transports.direct")
+FAREWELL_SECONDS = 2.0
+"""How long a closing transport waits for each agent to acknowledge the end of a conversation."""
 
 
 CONNECT_SHARE = 0.95
@@ -94,6 +107,14 @@ class DirectTransport(BaseTransport):
         self._engines: dict[Hashable, tuple[asyncio.AbstractEventLoop, Engine]] = {}
         self._discovered: dict[tuple[str, str], Any] = {}
         self._leaving = Leaving()
+        self._adapters: dict[str, Adapter] = {}
+        """This transport's own adapters: what they keep (MCP sessions, tokens) belongs to it, and ends with it."""
+
+    def _adapter(self, protocol: str) -> Adapter:
+        adapter = self._adapters.get(protocol)
+        if adapter is None:
+            adapter = self._adapters[protocol] = type(adapter_for(protocol))()
+        return adapter
 
     def _engine_for(self, call: Call) -> Engine:
         identity = tls_identity(call.credential) if call.credential.type == "cert" else None
@@ -141,7 +162,7 @@ class DirectTransport(BaseTransport):
         return with_credential(adapter.build(call, stream=stream, discovered=discovered), call.credential)
 
     async def send(self, call: Call) -> Reply:
-        adapter = adapter_for(call.agent.protocol)
+        adapter = self._adapter(call.agent.protocol)
         engine = self._engine_for(call)
         discovery = adapter.discovery(call)
         discovered = None
@@ -155,9 +176,13 @@ class DirectTransport(BaseTransport):
         if timeout <= 0:
             raise ReadTimeout(f"discovering {call.instance.endpoint} used up the attempt's time")
         request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
-        connect = _connect_timeout(call)
+        connect = min(_connect_timeout(call), timeout)
         note_http_request(call.span, request.method, request.url)
-        response = await engine.send(request, timeout=timeout, connect_timeout=min(connect, timeout))
+        response = await _answer(adapter, engine, call, request, timeout, connect)
+        if adapter.renegotiate(call, response):
+            await self._handshake(adapter, engine, call)
+            request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
+            response = await _answer(adapter, engine, call, request, timeout, connect)
         pending = adapter.pending(call, request, response)
         if pending is not None:
             response = await self._follow(adapter, engine, call, pending, began + call.timeout)
@@ -201,8 +226,17 @@ class DirectTransport(BaseTransport):
 
     async def stream(self, call: Call) -> EventStream:
         """Stream events; failures before the first event raise (retryable), later ones end with an error event."""
-        adapter = adapter_for(call.agent.protocol)
+        adapter = self._adapter(call.agent.protocol)
         decoder = adapter.decoder(call)
+        exchange = adapter.exchange(call) if decoder is None else None
+        if exchange is not None:
+            engine = self._engine_for(call)
+            request = await self._prepare(adapter, engine, call, stream=True)
+            async for event in _converse(engine, exchange, request, call.timeout, _connect_timeout(call)):
+                yield event
+            for event in _reply_events(adapter.parse(call, exchange.response())):
+                yield event
+            return
         if decoder is None:
             async for event in super().stream(call):
                 yield event
@@ -228,12 +262,26 @@ class DirectTransport(BaseTransport):
             finally:
                 self._leaving.leave(key)  # the caller left before the end: the far side stops (A2A's CancelTask)
 
+    async def end_session(self, tenant: str | None, session_id: str) -> None:
+        """A conversation closed: ask the agents to drop what they keep for it (MCP's DELETE), best effort."""
+        await self._farewell((tenant, session_id))
+
+    async def _farewell(self, conversation: tuple[str | None, str] | None) -> None:
+        here = asyncio.get_running_loop()
+        engine = next((engine for loop, engine in self._engines.values() if loop is here), self._shared)
+        requests = [request for adapter in self._adapters.values() for request in adapter.farewell(conversation)]
+        if engine is None or not requests:
+            return
+        await asyncio.gather(*(_abandon(engine, request, FAREWELL_SECONDS) for request in requests))
+
     async def aclose(self) -> None:
-        """Close every pool: on this loop directly, on another running loop by handing it the close.
+        """End the conversations the agents keep (MCP sessions), then close every pool: on this loop directly, on
+        another running loop by handing it the close.
 
         Pools are per event loop (a connection belongs to the loop that opened it), so one
         transport serves a framework's async calls and its blocking ones (run on a private loop).
         """
+        await self._farewell(None)
         here = asyncio.get_running_loop()
         for loop in self._leaving.loops():  # stop work callers left, before the pools that would carry it close
             if loop is here:
@@ -248,6 +296,103 @@ class DirectTransport(BaseTransport):
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(engine.aclose(), loop))
         if self._shared is not None:
             await self._shared.aclose()
+
+
+async def _answer(
+    adapter: Adapter, engine: Engine, call: Call, request: HttpRequest, timeout: float, connect: float
+) -> HttpResponse:
+    """The answer to ``request``: its body, or what the adapter's exchange made of an event stream."""
+    exchange = adapter.exchange(call)
+    if exchange is None:
+        return await engine.send(request, timeout=timeout, connect_timeout=connect)
+    async for _ in _converse(engine, exchange, request, timeout, connect):
+        pass  # progress matters only to a caller that streams
+    return exchange.response()
+
+
+async def _converse(
+    engine: Engine, exchange: Exchange, request: HttpRequest, timeout: float, connect: float
+) -> AsyncIterator[StreamEvent]:
+    """Read an event-stream answer through ``exchange``: send what it asks, reconnect where and when it says (within
+    ``timeout``); yield its progress events."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + timeout
+    listening = exchange.listen()
+    listener = None
+    if listening is not None:
+        opened = asyncio.Event()
+        listener = asyncio.create_task(_listen(engine, exchange, listening, opened, timeout, connect))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(opened.wait(), min(connect, ends - loop.time()))  # before the call, or missed
+    try:
+        while True:
+            sse = SseDecoder()
+            async with engine.stream(request, timeout=ends - loop.time(), connect_timeout=connect) as wire:
+                content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
+                if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
+                    exchange.whole(HttpResponse(wire.status, wire.headers, await _whole(wire)))
+                    return
+                while not exchange.done() and (chunk := await wire.next_chunk()):
+                    for frame in sse.feed(chunk):
+                        await _answer_all(engine, exchange.feed(frame), ends - loop.time(), connect)
+                    for event in exchange.progress():
+                        yield event
+            follow = None if exchange.done() else exchange.resume(sse.retry)
+            if follow is None or loop.time() + follow[1] >= ends:
+                return
+            request = follow[0]
+            await asyncio.sleep(follow[1])  # the server's retry field: a reconnection sooner is refused by spec
+    finally:
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+
+async def _whole(wire: WireStream) -> bytes:
+    """A streamed reply's whole body, refused past :data:`MAX_REPLY` bytes (as ``engine.send`` refuses it)."""
+    body = bytearray()
+    while chunk := await wire.next_chunk():
+        body += chunk
+        if len(body) > MAX_REPLY:
+            raise InvalidResponse(f"the agent's reply is over {MAX_REPLY} bytes, the most accepted")
+    return bytes(body)
+
+
+async def _answer_all(engine: Engine, answers: list[HttpRequest], timeout: float, connect: float) -> None:
+    for answer in answers:
+        await engine.send(answer, timeout=max(0.0, timeout), connect_timeout=connect)
+
+
+async def _listen(
+    engine: Engine, exchange: Exchange, request: HttpRequest, opened: asyncio.Event, timeout: float, connect: float
+) -> None:
+    """Read the stream beside the answer's (what the server asks meanwhile) until cancelled; best effort."""
+    try:
+        async with engine.stream(request, timeout=timeout, connect_timeout=connect) as wire:
+            opened.set()
+            content_type = wire.headers.get("Content-Type") or wire.headers.get("content-type") or ""
+            if not (200 <= wire.status < 300 and content_type.startswith("text/event-stream")):
+                return  # the server offers no such stream (405): nothing to hear
+            sse = SseDecoder()
+            while chunk := await wire.next_chunk():
+                for frame in sse.feed(chunk):
+                    # its event ids are its own: the answer's stream resumes from the answer's ids only
+                    await _answer_all(engine, exchange.feed(SseEvent(frame.event, frame.data)), timeout, connect)
+    except (ReachError, OSError) as exc:
+        logger.info("the side stream %s ended: %s", request.url, exc)
+    finally:
+        opened.set()
+
+
+async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
+    """Ask the far side to stop or forget (A2A's CancelTask of an abandoned stream, MCP's DELETE), best effort."""
+    if request is None:
+        return
+    try:
+        await engine.send(request, timeout=timeout, connect_timeout=timeout)
+    except (ReachError, OSError, TimeoutError) as exc:
+        logger.info("could not ask %s to stop the abandoned stream's work: %s", request.url, exc)
 
 
 def _reply_events(reply: Reply) -> list[StreamEvent]:
