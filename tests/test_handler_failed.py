@@ -12,6 +12,7 @@ Last, the README's LangChain recipe (``on_error="raise"`` +
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -294,7 +295,9 @@ def _mcp_call(url: str, capability: str, call: str) -> dict[str, Any]:
         "method": "tools/call",
         "params": {"name": capability, "arguments": {"call": call}},
     }
-    result: dict[str, Any] = httpx.post(f"{url}/mcp", json=body, headers=session, timeout=30).json()["result"]
+    answer = httpx.post(f"{url}/mcp", json=body, headers=session, timeout=30)
+    said = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ") and line[6:].strip()]
+    result: dict[str, Any] = json.loads(said[-1])["result"]  # an SSE response stream: its result is the last event
     return result
 
 

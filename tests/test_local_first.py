@@ -175,7 +175,7 @@ def test_the_semantic_opt_in_routes_only_at_its_stated_threshold(registry: Memor
     with enhancer(registry, match="semantic", min_similarity=score, matcher=LEXICAL) as e:
         routed = run_langgraph(e, get_order_status, "get_order_status")
     assert RAN == {"remote:query_order": 1}
-    assert routed.artifact["capability"] == "query_order"
+    assert routed.artifact["reach"]["capability"] == "query_order"
     RAN.clear()
     with enhancer(registry, match="semantic", min_similarity=min(1.0, score + 0.01), matcher=LEXICAL) as e:
         kept = run_langgraph(e, get_order_status, "get_order_status")
@@ -198,7 +198,7 @@ def test_the_map_routes_even_a_dangerous_capability(
     with enhancer(registry, **options) as e:
         message = run_langgraph(e, local, name)
         assert e.explain(name).rule == "map"
-    assert message.artifact["capability"] == capability
+    assert message.artifact["reach"]["capability"] == capability
     assert {f"remote:{capability}": 1} == RAN
 
 
@@ -214,7 +214,7 @@ async def test_an_exact_name_routes_in_both_frameworks(registry: MemoryRegistry)
     with enhancer(registry) as e:
         message = run_langgraph(e, cancel_order, "cancel_order")
         assert e.explain("cancel_order").rule == "exact"
-    assert message.artifact["capability"] == "cancel_order"
+    assert message.artifact["reach"]["capability"] == "cancel_order"
     assert RAN == {"remote:cancel_order": 1}
 
     def li_cancel_order(order_id: str) -> str:
