@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,8 @@ from reach_plugins.config.loader import load_config
 from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.registry import Registry, open_registry
+from reach_plugins.routing.probes import Prober
+from reach_plugins.routing.status import judge
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
 from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
@@ -73,10 +76,12 @@ def demo(
 def agents(
     registry: Annotated[str, typer.Option(help="Registry URL: memory://, file://agents.yaml, etcd://host:port.")],
     load: Annotated[Path | None, typer.Option(help="Upsert the agents of this YAML file first.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the same data as JSON.")] = False,
+    probe: Annotated[bool, typer.Option(help="Probe each instance's liveness now, as a gateway would.")] = True,
 ) -> None:
-    """List agents, their instances and health; with --load, upsert a YAML file's agents first."""
+    """List agents and, per instance, what a router would decide now (lease, probe) and why; --load upserts first."""
     with _named_errors():
-        asyncio.run(_agents(registry, load))
+        asyncio.run(_agents(registry, load, as_json=json_, probe=probe))
 
 
 @app.command()
@@ -263,33 +268,59 @@ def trace(
             return
 
 
-async def _agents(url: str, load: Path | None) -> None:
+async def _agents(url: str, load: Path | None, *, as_json: bool, probe: bool) -> None:
     endpoints = EndpointPolicy.from_environ(os.environ)
     reg = open_registry(url, endpoints=endpoints)
+    prober = Prober(reg)
     try:
         if load is not None:
             for descriptor in load_config(load, endpoints=endpoints).agents:
                 await reg.register_agent(descriptor)
-            console.print(f"loaded {load} into {url}")
-        console.print(_agents_table(reg))
+            if not as_json:
+                console.print(f"loaded {load} into {url}")
+        if probe:
+            await prober.sweep()
+        listed = _agent_statuses(reg, prober)
+        if as_json:
+            print(json.dumps(listed, indent=2))
+        else:
+            console.print(_agents_table(listed))
     finally:
+        await prober.aclose()
         await reg.aclose()
 
 
-def _agents_table(reg: Registry) -> Table:
-    table = Table(title="agents")
-    for column in ("agent", "capabilities", "instance", "endpoint", "status", "health"):
-        table.add_column(column)
-    now = reg.clock()
+def _agent_statuses(reg: Registry, prober: Prober) -> list[dict[str, Any]]:
+    """Every agent with what a router would decide about each instance now (no breakers: none live here)."""
+    now, probed = reg.clock(), prober.now()
+    listed = []
     for name, descriptor in sorted(reg.agents().items()):
-        caps = ", ".join(cap.name for cap in descriptor.capabilities)
-        instances = reg.instances(name)
-        if not instances:
-            table.add_row(name, caps, "-", "-", "-", "no instance")
-        for instance in instances.values():
-            alive = reg.is_alive(instance, now)
-            health = "[green]alive[/green]" if alive else "[red]heartbeat missed[/red]"
-            table.add_row(name, caps, instance.instance_id, instance.endpoint, instance.status, health)
+        instances = []
+        for inst in reg.instances(name).values():
+            last = prober.book.last(name, inst.instance_id)
+            found = judge(inst, now, alive=reg.is_alive(inst, now), probe=last, probe_now=probed)
+            instances.append({**found.as_json(), "endpoint": inst.endpoint})
+        capabilities = [cap.name for cap in descriptor.capabilities]
+        listed.append({"name": name, "capabilities": capabilities, "instances": instances})
+    return listed
+
+
+def _agents_table(listed: list[dict[str, Any]]) -> Table:
+    table = Table(title="agents")
+    for column in ("agent", "capabilities", "instance", "endpoint", "status", "lease", "probe", "routing"):
+        table.add_column(column)
+    for agent in listed:
+        name, caps = agent["name"], ", ".join(agent["capabilities"])
+        if not agent["instances"]:
+            table.add_row(terminal_text(name), terminal_text(caps), "-", "-", "-", "-", "-", "no instance")
+        for inst in agent["instances"]:
+            lease = "alive" if inst["lease"]["alive"] else "[red]expired[/red]"
+            probe = inst["probe"]
+            probed = "-" if probe is None else ("ok" if probe["ok"] else f"[red]failed[/red] ({escape(probe['why'])})")
+            why = inst["reason"]
+            routing = "[green]available[/green]" if why is None else f"[red]unavailable:[/red] {escape(why)}"
+            row = (name, caps, inst["instance_id"], inst["endpoint"], inst["status"])
+            table.add_row(*(terminal_text(cell) for cell in row), lease, probed, routing)
             name, caps = "", ""
     return table
 
