@@ -24,6 +24,7 @@ from reach_plugins.routing.probes import Prober
 from reach_plugins.routing.status import judge
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES
 from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
@@ -34,6 +35,11 @@ TRACES = Path("reach-traces.jsonl")
 TlsCert = Annotated[Path | None, typer.Option(help="Serve TLS with this certificate chain (PEM).")]
 TlsKey = Annotated[Path | None, typer.Option(help="The private key of --tls-cert (PEM, unencrypted).")]
 ClientCa = Annotated[Path | None, typer.Option(help="Require client certificates of this CA (mutual TLS).")]
+TraceFile = Annotated[
+    Path | None, typer.Option(help="Write each request's trace here (JSON lines; `reach trace`, `reach usage`).")
+]
+TraceMaxBytes = Annotated[int, typer.Option(min=1, help="Rotate --trace-file past this size (bytes).")]
+TraceBackups = Annotated[int, typer.Option(min=0, help="Rotated --trace-file copies kept (PATH.1, PATH.2, ...).")]
 AgentToken = Annotated[
     list[str],
     typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
@@ -140,6 +146,9 @@ def gateway(
     ] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics on this port instead (one worker).")] = None,
     metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
+    trace_file: TraceFile = None,
+    trace_max_bytes: TraceMaxBytes = TRACE_MAX_BYTES,
+    trace_backups: TraceBackups = TRACE_BACKUPS,
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
@@ -150,6 +159,7 @@ def gateway(
         raise typer.Exit(2)
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
     options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
+    options.update(_trace_options(trace_file, trace_max_bytes, trace_backups))
     with _named_errors():
         options |= _tls(tls_cert, tls_key, client_ca)
         options["agent_tokens"] = _pairs(agent_token, "--agent-token")
@@ -180,6 +190,9 @@ def node(
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     client_ca: ClientCa = None,
+    trace_file: TraceFile = None,
+    trace_max_bytes: TraceMaxBytes = TRACE_MAX_BYTES,
+    trace_backups: TraceBackups = TRACE_BACKUPS,
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import run_node
@@ -198,6 +211,7 @@ def node(
             allow_open=allow_open,
             callback_hosts=callback_host or (),
             **_tls(tls_cert, tls_key, client_ca),
+            **_trace_options(trace_file, trace_max_bytes, trace_backups),
         )
 
 
@@ -233,6 +247,13 @@ def issuer(
         serve_issuer(
             config, host, port, keys=key, name=name, ttl=ttl, agent_tokens=agents, allow_open=allow_open, **tls
         )
+
+
+def _trace_options(path: Path | None, max_bytes: int, backups: int) -> dict[str, Any]:
+    """The trace-file keywords of a server's ``serve`` function (none without ``--trace-file``)."""
+    if path is None:
+        return {}
+    return {"trace_file": str(path), "trace_max_bytes": max_bytes, "trace_backups": backups}
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:

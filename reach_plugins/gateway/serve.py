@@ -22,6 +22,7 @@ from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
 from reach_plugins.telemetry.prometheus import Metrics
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, with_file
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -47,6 +48,9 @@ def create_app(
     metrics_token_env: str | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    trace_file: str | None = None,
+    trace_max_bytes: int = TRACE_MAX_BYTES,
+    trace_backups: int = TRACE_BACKUPS,
 ) -> ServerApp:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
     ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz).
@@ -58,6 +62,8 @@ def create_app(
     ``/metrics`` shows only names the gateway knows (its agents, capabilities, instances and tenants); with
     ``metrics_token_env`` a scrape must present that variable's value as its bearer, and only then are tenant
     names shown; with ``metrics_port`` it is served on ``metrics_host:metrics_port`` instead of the gateway's port.
+    ``trace_file``: every request's trace as a JSON line there (rotated past ``trace_max_bytes``, ``trace_backups``
+    kept), what ``reach trace`` and ``reach usage`` read.
     """
     loaded = load_config(Path(config))
     tenants = loaded.tenants
@@ -75,7 +81,7 @@ def create_app(
         issuer=issuer,
         via=VIA_GATEWAY,
         audit=audit,
-        sink=metrics.reach,
+        sink=with_file(metrics.reach, trace_file, max_bytes=trace_max_bytes, backups=trace_backups),
         store=store,
     )
     gateway = Gateway(
@@ -113,6 +119,9 @@ def serve_gateway(
     metrics_token_env: str | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    trace_file: str | None = None,
+    trace_max_bytes: int = TRACE_MAX_BYTES,
+    trace_backups: int = TRACE_BACKUPS,
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -136,6 +145,9 @@ def serve_gateway(
         metrics_token_env=metrics_token_env,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        trace_file=trace_file,
+        trace_max_bytes=trace_max_bytes,
+        trace_backups=trace_backups,
     )
     options.setdefault("proxy_headers", False)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run(sockets=sockets)

@@ -25,6 +25,7 @@ from rich.tree import Tree
 
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import Attempt, ReachTrace
+from reach_plugins.telemetry.trace import trace_files
 
 _BIDI: Final = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 _CONTROLS: Final = {
@@ -66,10 +67,15 @@ def read_traces(lines: Iterator[str] | TextIO) -> Iterator[ReachTrace]:
 
 def find_trace(path: Path, request_id: str) -> ReachTrace:
     """The record of ``request_id`` (a unique prefix will do); ``ConfigError`` naming what was there otherwise."""
-    if not path.exists():
-        raise ConfigError(f"no trace file at {path}; write one with sink='file://{path}' (JsonLinesSink)")
-    with path.open(encoding="utf-8") as lines:
-        found = [trace for trace in read_traces(lines) if trace.request_id.startswith(request_id)]
+    files = trace_files(path)
+    if not files:
+        raise ConfigError(
+            f"no trace file at {path}; write one with `reach gateway --trace-file {path}` or sink='file://{path}'"
+        )
+    found = []
+    for file in files:  # the rotated backups first: the newest record of a request wins
+        with file.open(encoding="utf-8") as lines:
+            found += [trace for trace in read_traces(lines) if trace.request_id.startswith(request_id)]
     exact = [trace for trace in found if trace.request_id == request_id]
     if exact or len(found) == 1:
         return (exact or found)[-1]
