@@ -25,7 +25,7 @@ from reach_plugins.routing.status import judge
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
 from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES
-from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
+from reach_plugins.telemetry.traceview import find_trace, follow, follow_url, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
@@ -272,21 +272,33 @@ def trace(
     request_id: Annotated[str | None, typer.Argument(help="The request to show (a unique prefix will do).")] = None,
     file: Annotated[Path, typer.Option(help="JSON-lines trace file (a JsonLinesSink's).")] = TRACES,
     tail: Annotated[bool, typer.Option(help="Follow the file and show each new request as it is written.")] = False,
-    count: Annotated[int | None, typer.Option(help="With --tail: stop after this many requests.")] = None,
+    follow_: Annotated[
+        str | None, typer.Option("--follow", help="Follow a live gateway (its URL): recent requests, then new ones.")
+    ] = None,
+    token_env: Annotated[
+        str | None, typer.Option(help="With --follow: the variable holding the gateway's metrics token.")
+    ] = None,
+    count: Annotated[int | None, typer.Option(help="With --tail or --follow: stop after this many requests.")] = None,
 ) -> None:
     """Replay one request's route decision (candidates, scores, pick, reason) and attempts as a timed tree."""
-    if tail == (request_id is not None):
-        console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests")
+    if [tail, request_id is not None, follow_ is not None].count(True) != 1:
+        console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests, or --follow URL")
         raise typer.Exit(2)
     if request_id is not None:
         with _named_errors():
             console.print(trace_tree(find_trace(file, request_id)))
         return
-    records = follow(file, ready=lambda: console.print(f"[dim]following {escape(str(file))}[/dim]"))
-    for shown, record in enumerate(records, start=1):
-        console.print(trace_tree(record))
-        if count is not None and shown >= count:
-            return
+    if follow_ is not None:
+        token = os.environ.get(token_env) if token_env else None
+        where = follow_
+        records = follow_url(follow_, token, ready=lambda: console.print(f"[dim]following {escape(where)}[/dim]"))
+    else:
+        records = follow(file, ready=lambda: console.print(f"[dim]following {escape(str(file))}[/dim]"))
+    with _named_errors():
+        for shown, record in enumerate(records, start=1):
+            console.print(trace_tree(record))
+            if count is not None and shown >= count:
+                return
 
 
 async def _agents(url: str, load: Path | None, *, as_json: bool, probe: bool) -> None:

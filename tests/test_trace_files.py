@@ -4,18 +4,24 @@ and ``reach trace`` / ``reach usage`` read the file and its backups."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
-from hop_support import TOKENS, demo_tenants, serve_agents, write_config
+from chaos_support import port_answers
+from hop_support import TOKENS, demo_tenants, free_port, serve_agents, write_config
+from servers import wait_until
 from test_credentials_hop import hop
 
 from reach_plugins import ReachClient
 from reach_plugins.telemetry.trace import trace_files
+from transports.gateway import GatewayTransport
 
 MAX_BYTES = 4000
 BACKUPS = 2
@@ -66,3 +72,74 @@ async def test_a_servers_trace_file_is_written_rotated_and_replayed(tmp_path: Pa
     usage = _reach("usage", str(traces))
     row = next(line for line in usage.splitlines() if "demo" in line and "whoami" in line)
     assert f" {kept} " in f" {row.replace('│', ' ')} ", usage
+
+
+async def test_reach_trace_follows_a_live_gateway_behind_the_operators_token(tmp_path: Path) -> None:
+    """``reach trace --follow URL`` (its own process) prints the reaches made through a live gateway after it
+    connected; the stream refuses a caller without the operator's (metrics) token, and a tenant's token too."""
+    env = {**TOKENS, "OPS_TOKEN": "tok-operator"}
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        async with hop("gateway", config, env, "--metrics-token-env", "OPS_TOKEN") as transport:
+            assert isinstance(transport, GatewayTransport)
+            route = f"{transport.url}/v1/traces/stream"
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(route, timeout=5)).status_code == 401
+                tenant = {"Authorization": f"Bearer {TOKENS['DEMO_TOKEN']}"}
+                assert (await http.get(route, headers=tenant, timeout=5)).status_code == 401
+            command = [sys.executable, "-m", "reach_plugins.cli", "trace", "--follow", transport.url]
+            command += ["--token-env", "OPS_TOKEN", "--count", "3"]
+            follower = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
+            )
+            try:
+                assert follower.stdout is not None
+                first = await asyncio.wait_for(asyncio.to_thread(follower.stdout.readline), 30)
+                assert first.startswith("following"), first + (follower.stderr.read() if follower.stderr else "")
+                async with ReachClient(str(config), transport, tenant="demo", environ=TOKENS) as client:
+                    answers = [await client.reach("whoami", timeout_ms=5000) for _ in range(3)]
+                out, err = await asyncio.to_thread(follower.communicate, timeout=30)
+            finally:
+                if follower.poll() is None:
+                    follower.kill()
+                    follower.wait()
+    assert follower.returncode == 0, err
+    for answer in answers:
+        assert answer.ok and answer.request_id in out, (answer.request_id, out)
+
+
+def test_a_gateway_with_a_follower_connected_stops_at_once(tmp_path: Path) -> None:
+    """SIGINT while ``reach trace --follow`` is connected: the gateway ends the stream and exits within seconds
+    (uvicorn waits for every response to end; an endless one would hold the shutdown), the follower exits 0."""
+    env = {**os.environ, **TOKENS, "OPS_TOKEN": "tok-operator"}
+    config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "reach_plugins.cli", "gateway", "--config", str(config), "--port", str(port)]
+    gateway = subprocess.Popen(
+        [*command, "--metrics-token-env", "OPS_TOKEN"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    follower = None
+    try:
+        wait_until(lambda: port_answers(port) or gateway.poll() is not None, 30, "the gateway listens")
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "reach_plugins.cli", "trace", "--follow", url, "--token-env", "OPS_TOKEN"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert follower.stdout is not None
+        assert follower.stdout.readline().startswith("following")
+        gateway.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        gateway.wait(10)
+        print(f"gateway exited {time.monotonic() - stopped:.2f}s after SIGINT with a follower connected")
+        assert follower.wait(10) == 0, follower.stderr.read() if follower.stderr else ""
+    finally:
+        for process in (gateway, follower):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -22,7 +24,7 @@ from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
 from reach_plugins.telemetry.prometheus import Metrics
-from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, with_file
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, FanOut, RecentTraces, with_file
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -51,6 +53,7 @@ def create_app(
     trace_file: str | None = None,
     trace_max_bytes: int = TRACE_MAX_BYTES,
     trace_backups: int = TRACE_BACKUPS,
+    recent: RecentTraces | None = None,
 ) -> ServerApp:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
     ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz).
@@ -63,7 +66,8 @@ def create_app(
     ``metrics_token_env`` a scrape must present that variable's value as its bearer, and only then are tenant
     names shown; with ``metrics_port`` it is served on ``metrics_host:metrics_port`` instead of the gateway's port.
     ``trace_file``: every request's trace as a JSON line there (rotated past ``trace_max_bytes``, ``trace_backups``
-    kept), what ``reach trace`` and ``reach usage`` read.
+    kept), what ``reach trace`` and ``reach usage`` read; the recent ones stream from ``GET /v1/traces/stream``
+    behind the metrics token (``reach trace --follow``).
     """
     loaded = load_config(Path(config))
     tenants = loaded.tenants
@@ -72,6 +76,7 @@ def create_app(
     token = metrics_token(metrics_token_env, environ)
     known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
     metrics = Metrics(vocabulary=known, token=token)
+    recent = recent if recent is not None else RecentTraces()
     forwarder, access = build_forwarder(
         config,
         registry=registry,
@@ -81,7 +86,7 @@ def create_app(
         issuer=issuer,
         via=VIA_GATEWAY,
         audit=audit,
-        sink=with_file(metrics.reach, trace_file, max_bytes=trace_max_bytes, backups=trace_backups),
+        sink=with_file(FanOut(metrics.reach, recent), trace_file, max_bytes=trace_max_bytes, backups=trace_backups),
         store=store,
     )
     gateway = Gateway(
@@ -96,6 +101,7 @@ def create_app(
         worker=worker,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        recent=recent,
     )
     return gateway.app()
 
@@ -133,6 +139,7 @@ def serve_gateway(
     ``client_ca`` requires callers' certificates of that CA too (:mod:`reach_plugins.server.tls`).
     """
     options |= uvicorn_tls(tls_cert, tls_key, client_ca)
+    recent = RecentTraces()
     app = create_app(
         config,
         registry=registry,
@@ -148,6 +155,23 @@ def serve_gateway(
         trace_file=trace_file,
         trace_max_bytes=trace_max_bytes,
         trace_backups=trace_backups,
+        recent=recent,
     )
     options.setdefault("proxy_headers", False)
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run(sockets=sockets)
+    _Server(uvicorn_config(app, host=host, port=port, **options), recent).run(sockets=sockets)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the trace followers' streams as soon as it is told to stop: it waits for every
+    response to end, and ``GET /v1/traces/stream`` would never end by itself."""
+
+    def __init__(self, config: uvicorn.Config, recent: RecentTraces) -> None:
+        super().__init__(config)
+        self._recent = recent
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(self._recent.close)
+        except RuntimeError:  # not serving yet
+            self._recent.close()

@@ -7,9 +7,11 @@ asked for it (``trace=True``), a sink is set, or the request did not succeed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, runtime_checkable
 
@@ -105,6 +107,50 @@ class FanOut:
     def emit(self, trace: ReachTrace) -> None:
         for sink in self.sinks:
             emit_safely(sink, trace)
+
+
+class RecentTraces:
+    """The latest ``keep`` traces as JSON and the live followers of new ones: what a gateway streams to
+    ``reach trace --follow``. Bounded: a follower that reads slower than ``backlog`` traces loses the overflow."""
+
+    END = ""
+    """What a follower's queue yields when the server stops: its stream ends there."""
+
+    def __init__(self, keep: int = 100, backlog: int = 1000) -> None:
+        self._recent: deque[str] = deque(maxlen=keep)
+        self._backlog = backlog
+        self._followers: set[asyncio.Queue[str]] = set()
+        self.closed = False
+
+    def emit(self, trace: ReachTrace) -> None:
+        line = trace.model_dump_json(exclude_none=True)
+        self._recent.append(line)
+        for queue in self._followers:
+            if queue.qsize() < self._backlog:
+                queue.put_nowait(line)
+
+    def follow(self) -> asyncio.Queue[str]:
+        """A new follower: a queue holding the recent traces, then each new one (end it with :meth:`leave`)."""
+        queue: asyncio.Queue[str] = asyncio.Queue(self._backlog + 1)
+        for line in self._recent:
+            queue.put_nowait(line)
+        if self.closed:
+            queue.put_nowait(self.END)
+        else:
+            self._followers.add(queue)
+        return queue
+
+    def leave(self, queue: asyncio.Queue[str]) -> None:
+        self._followers.discard(queue)
+
+    def close(self) -> None:
+        """The server stops: end every follower's stream (an endless response would hold its shutdown)."""
+        self.closed = True
+        for queue in self._followers:
+            while queue.full():
+                queue.get_nowait()
+            queue.put_nowait(self.END)
+        self._followers.clear()
 
 
 TRACE_MAX_BYTES = 10_000_000

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+import httpx
 from pydantic import ValidationError
 from rich.markup import escape
 from rich.tree import Tree
@@ -33,6 +34,8 @@ _CONTROLS: Final = {
 }
 """C0 and C1 controls (ESC, CR, BEL, the 8-bit CSI ...), DEL and the bidirectional overrides, written out as escapes."""
 
+TRACE_STREAM = "/v1/traces/stream"
+"""A gateway's route of recent traces, as server-sent events (behind its metrics token)."""
 _STATUS_STYLE = {"success": "green", "fail": "red", "timeout": "red", "error": "red", "cancelled": "yellow"}
 
 
@@ -106,6 +109,24 @@ def follow(
             if pending.endswith("\n"):
                 yield from read_traces(iter([pending]))
                 pending = ""
+
+
+def follow_url(url: str, token: str | None, *, ready: Callable[[], None] = lambda: None) -> Iterator[ReachTrace]:
+    """The recent traces a live gateway keeps, then each new one, from its ``GET /v1/traces/stream`` (``url`` is
+    the gateway's base URL or that route); ``token`` is its operator (metrics) token."""
+    route = url if url.rstrip("/").endswith(TRACE_STREAM) else url.rstrip("/") + TRACE_STREAM
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.stream("GET", route, headers=headers, timeout=httpx.Timeout(10.0, read=None)) as answer:
+            if answer.status_code != 200:
+                answer.read()
+                raise ConfigError(f"GET {route} answered {answer.status_code}: {answer.text[:300]}")
+            ready()
+            for line in answer.iter_lines():
+                if line.startswith("data: "):
+                    yield from read_traces(iter([line.removeprefix("data: ")]))
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"cannot follow {route}: {type(exc).__name__}: {exc}; is the gateway up?") from None
 
 
 def summary(trace: ReachTrace) -> str:
