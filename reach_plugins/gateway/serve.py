@@ -23,8 +23,9 @@ from reach_plugins.server.layer import ServerApp
 from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
+from reach_plugins.telemetry.metrics import fan_out
 from reach_plugins.telemetry.prometheus import Metrics
-from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, FanOut, RecentTraces, with_file
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, RecentTraces, file_sink
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -86,7 +87,7 @@ def create_app(
         issuer=issuer,
         via=VIA_GATEWAY,
         audit=audit,
-        sink=with_file(FanOut(metrics.reach, recent), trace_file, max_bytes=trace_max_bytes, backups=trace_backups),
+        sink=fan_out(metrics.reach, recent, file_sink(trace_file, max_bytes=trace_max_bytes, backups=trace_backups)),
         store=store,
     )
     gateway = Gateway(

@@ -27,7 +27,8 @@ from reach_plugins.server.inbound import MAX_BODY
 from reach_plugins.server.tls import ServerTls
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
-from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, with_file
+from reach_plugins.telemetry.metrics import fan_out
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, file_sink
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -192,11 +193,9 @@ def build_node(
         environ=environ,
         tracer_provider=tracer_provider,
         node_id=node_id,
-        sink=with_file(
+        sink=fan_out(
             metrics.reach if metrics is not None else None,
-            trace_file,
-            max_bytes=trace_max_bytes,
-            backups=trace_backups,
+            file_sink(trace_file, max_bytes=trace_max_bytes, backups=trace_backups),
         ),
         allow_open=allow_open,
     )

@@ -98,17 +98,6 @@ def trace_files(path: str | os.PathLike[str]) -> list[Path]:
     return [*reversed(backups), *([current] if current.exists() else [])]
 
 
-class FanOut:
-    """Hands every trace to each of ``sinks`` (a broken one is logged and skipped, the others still get it)."""
-
-    def __init__(self, *sinks: TraceSink) -> None:
-        self.sinks = sinks
-
-    def emit(self, trace: ReachTrace) -> None:
-        for sink in self.sinks:
-            emit_safely(sink, trace)
-
-
 class RecentTraces:
     """The latest ``keep`` traces as JSON and the live followers of new ones: what a gateway streams to
     ``reach trace --follow``. Bounded: a follower that reads slower than ``backlog`` traces loses the overflow."""
@@ -159,14 +148,11 @@ TRACE_BACKUPS = 5
 """Rotated trace files a server keeps unless told otherwise."""
 
 
-def with_file(
-    sink: TraceSink | None, path: str | None, *, max_bytes: int = TRACE_MAX_BYTES, backups: int = TRACE_BACKUPS
-) -> TraceSink | None:
-    """``sink``, plus a rotated JSON-lines file at ``path`` when one is given (a server's ``--trace-file``)."""
-    if path is None:
-        return sink
-    lines = JsonLinesSink(path, max_bytes=max_bytes, backups=backups)
-    return lines if sink is None else FanOut(sink, lines)
+def file_sink(
+    path: str | None, *, max_bytes: int = TRACE_MAX_BYTES, backups: int = TRACE_BACKUPS
+) -> JsonLinesSink | None:
+    """A server's ``--trace-file``: a JSON-lines file rotated by size, or ``None`` when no path is given."""
+    return None if path is None else JsonLinesSink(path, max_bytes=max_bytes, backups=backups)
 
 
 class LoggingSink:
