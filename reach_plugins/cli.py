@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -312,6 +313,7 @@ async def _agents(url: str, load: Path | None, *, as_json: bool, probe: bool) ->
             if not as_json:
                 console.print(f"loaded {load} into {url}")
         if probe:
+            logging.getLogger("reach_plugins.routing.probes").setLevel(logging.ERROR)  # the table says it
             await prober.sweep()
         listed = _agent_statuses(reg, prober)
         if as_json:

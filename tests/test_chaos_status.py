@@ -8,6 +8,7 @@ The lease is 30 s here, so a view that only reads the registry (main before issu
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -33,16 +34,23 @@ def _instances(port: int) -> dict[str, dict[str, Any]]:
     return {inst["instance_id"]: inst for agent in answer.json()["agents"] for inst in agent["instances"]}
 
 
-def _cli(registry: str) -> dict[str, dict[str, Any]]:
-    """``reach agents --json`` run as its own process."""
+def _reach_agents(registry: str, *extra: str) -> str:
+    """``reach agents`` run as its own process; its standard output."""
     done = subprocess.run(
-        [sys.executable, "-m", "reach_plugins.cli", "agents", "--registry", registry, "--json"],
+        [sys.executable, "-m", "reach_plugins.cli", "agents", "--registry", registry, *extra],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        env={**os.environ, "COLUMNS": "300"},
     )
-    return {inst["instance_id"]: inst for agent in json.loads(done.stdout) for inst in agent["instances"]}
+    return done.stdout
+
+
+def _cli(registry: str) -> dict[str, dict[str, Any]]:
+    """``reach agents --json``, by instance."""
+    listed = json.loads(_reach_agents(registry, "--json"))
+    return {inst["instance_id"]: inst for agent in listed for inst in agent["instances"]}
 
 
 def test_killed_instance_reads_unavailable_with_a_reason(etcd_url: str, tmp_path: Path) -> None:
@@ -76,5 +84,8 @@ def test_killed_instance_reads_unavailable_with_a_reason(etcd_url: str, tmp_path
         assert listed[dead]["available"] is False, listed[dead]
         assert listed[dead]["reason"].startswith("liveness probe failed 2 time(s) in a row"), listed[dead]
         assert listed[alive]["available"] is True and listed[alive]["reason"] is None, listed[alive]
+        rows = {line.split("│")[3].strip(): line for line in _reach_agents(c.registry).splitlines() if "│" in line}
+        assert "unavailable: liveness probe failed 2 time(s) in a row" in rows[dead], rows
+        assert "expired" not in rows[dead] and "unavailable" not in rows[alive], rows
     finally:
         c.stop()
