@@ -25,8 +25,9 @@ def _orders() -> AgentDescriptor:
 
 
 async def test_one_tenants_open_breaker_shows_with_its_reopen_time() -> None:
-    """Calls of tenant ``acme`` open orders-0's breaker: the view says circuit open and when it reopens; once the
-    wait is over it reads half-open and available again; the healthy peers read closed and available."""
+    """Calls of tenant ``acme`` open orders-0's breaker: the view (acme's, or the worst of all tenants') says
+    circuit open and when it reopens, tenant beta's says closed; once the wait is over it reads half-open and
+    available again; the healthy peers read closed and available."""
     clock = FakeClock()
     fake = FakeAgent(clock)
     agent = _orders()
@@ -44,6 +45,9 @@ async def test_one_tenants_open_breaker_shows_with_its_reopen_time() -> None:
     assert guarded.window[1] < agent.pool.max_conns, "the failing instance's adaptive window narrowed"
     seen = judge(inst, NOW, alive=True, guarded=guarded)
     assert seen.reason == f"circuit open: reopens in {guarded.reopens_in:.1f}s"
+    other = pipeline.guarded("orders", "orders-0", tenant="beta")
+    assert other.breaker == "closed" and other.reopens_in is None, "another tenant's calls meet their own breaker"
+    assert pipeline.guarded("orders", "orders-0", tenant="acme") == guarded
     peer = judge(agent.instances[1], NOW, alive=True, guarded=pipeline.guarded("orders", "orders-1"))
     assert peer.available and peer.breaker == "closed"
     clock.advance(guarded.reopens_in)

@@ -168,11 +168,17 @@ class Pipeline:
             agent, instance_id, self._clock.monotonic()
         )
 
-    def guarded(self, agent: str, instance_id: str) -> Guarded:
-        """What the core holds of one instance now (breaker, ejections, window), for status views; changes nothing."""
+    def guarded(self, agent: str, instance_id: str, tenant: str | None = None) -> Guarded:
+        """What the core holds of one instance now (breaker, ejections, window), for status views; changes nothing.
+
+        Breakers are per tenant: ``tenant``'s is shown when given (what its calls meet), else the worst of them.
+        """
         engine = self._engine
         now = self._clock.monotonic()
-        breaker = engine.breakers.worst(agent, instance_id, now)
+        breakers = engine.breakers
+        breaker = (
+            breakers.find(agent, instance_id, tenant) if tenant is not None else breakers.worst(agent, instance_id, now)
+        )
         ends = [
             until - now
             for until in (

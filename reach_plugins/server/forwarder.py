@@ -212,7 +212,7 @@ class Forwarder:
                 continue
             if agent.internal_only and outside:
                 continue
-            instances = [self.status(i, now).as_json() for i in self.table.instances(name).values()]
+            instances = [self.status(i, now, tenant).as_json() for i in self.table.instances(name).values()]
             capabilities = [
                 {
                     "name": c.name,
@@ -228,8 +228,9 @@ class Forwarder:
             )
         return listed
 
-    def status(self, inst: Instance, now: float) -> InstanceStatus:
-        """What this server's router would decide about ``inst`` now (``now``: the registry's clock), and why."""
+    def status(self, inst: Instance, now: float, tenant: str | None = None) -> InstanceStatus:
+        """What this server's router would decide about ``inst`` now (``now``: the registry's clock), and why;
+        with ``tenant``, that tenant's breaker (else the worst of the tenants')."""
         key = (inst.agent, inst.instance_id)
         prober = self.prober
         return judge(
@@ -238,7 +239,7 @@ class Forwarder:
             alive=self.table.is_alive(inst, now),
             probe=prober.book.last(*key) if prober is not None else None,
             probe_now=prober.now() if prober is not None else 0.0,
-            guarded=self.pipeline.guarded(*key),
+            guarded=self.pipeline.guarded(*key, tenant),
             standing=self.pipeline.standing(*key),
             pins=self.router.sessions.active.get(key, 0),
         )
