@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,9 +21,12 @@ from reach_plugins.config.loader import load_config
 from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.registry import Registry, open_registry
+from reach_plugins.routing.probes import Prober
+from reach_plugins.routing.status import judge
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
-from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES
+from reach_plugins.telemetry.traceview import find_trace, follow, follow_url, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
 app = typer.Typer(help="Reach other agents by capability.", no_args_is_help=True, add_completion=False)
@@ -31,6 +36,11 @@ TRACES = Path("reach-traces.jsonl")
 TlsCert = Annotated[Path | None, typer.Option(help="Serve TLS with this certificate chain (PEM).")]
 TlsKey = Annotated[Path | None, typer.Option(help="The private key of --tls-cert (PEM, unencrypted).")]
 ClientCa = Annotated[Path | None, typer.Option(help="Require client certificates of this CA (mutual TLS).")]
+TraceFile = Annotated[
+    Path | None, typer.Option(help="Write each request's trace here (JSON lines; `reach trace`, `reach usage`).")
+]
+TraceMaxBytes = Annotated[int, typer.Option(min=1, help="Rotate --trace-file past this size (bytes).")]
+TraceBackups = Annotated[int, typer.Option(min=0, help="Rotated --trace-file copies kept (PATH.1, PATH.2, ...).")]
 AgentToken = Annotated[
     list[str],
     typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
@@ -73,10 +83,12 @@ def demo(
 def agents(
     registry: Annotated[str, typer.Option(help="Registry URL: memory://, file://agents.yaml, etcd://host:port.")],
     load: Annotated[Path | None, typer.Option(help="Upsert the agents of this YAML file first.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the same data as JSON.")] = False,
+    probe: Annotated[bool, typer.Option(help="Probe each instance's liveness now, as a gateway would.")] = True,
 ) -> None:
-    """List agents, their instances and health; with --load, upsert a YAML file's agents first."""
+    """List agents and, per instance, what a router would decide now (lease, probe) and why; --load upserts first."""
     with _named_errors():
-        asyncio.run(_agents(registry, load))
+        asyncio.run(_agents(registry, load, as_json=json_, probe=probe))
 
 
 @app.command()
@@ -135,6 +147,9 @@ def gateway(
     ] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics on this port instead (one worker).")] = None,
     metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
+    trace_file: TraceFile = None,
+    trace_max_bytes: TraceMaxBytes = TRACE_MAX_BYTES,
+    trace_backups: TraceBackups = TRACE_BACKUPS,
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
@@ -145,6 +160,7 @@ def gateway(
         raise typer.Exit(2)
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
     options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
+    options.update(_trace_options(trace_file, trace_max_bytes, trace_backups))
     with _named_errors():
         options |= _tls(tls_cert, tls_key, client_ca)
         options["agent_tokens"] = _pairs(agent_token, "--agent-token")
@@ -175,6 +191,9 @@ def node(
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     client_ca: ClientCa = None,
+    trace_file: TraceFile = None,
+    trace_max_bytes: TraceMaxBytes = TRACE_MAX_BYTES,
+    trace_backups: TraceBackups = TRACE_BACKUPS,
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import run_node
@@ -193,6 +212,7 @@ def node(
             allow_open=allow_open,
             callback_hosts=callback_host or (),
             **_tls(tls_cert, tls_key, client_ca),
+            **_trace_options(trace_file, trace_max_bytes, trace_backups),
         )
 
 
@@ -230,6 +250,13 @@ def issuer(
         )
 
 
+def _trace_options(path: Path | None, max_bytes: int, backups: int) -> dict[str, Any]:
+    """The trace-file keywords of a server's ``serve`` function (none without ``--trace-file``)."""
+    if path is None:
+        return {}
+    return {"trace_file": str(path), "trace_max_bytes": max_bytes, "trace_backups": backups}
+
+
 def _pairs(values: list[str], option: str) -> dict[str, str]:
     """``NAME=VALUE`` options as a dict (``ConfigError`` naming the option for anything else)."""
     pairs: dict[str, str] = {}
@@ -246,50 +273,89 @@ def trace(
     request_id: Annotated[str | None, typer.Argument(help="The request to show (a unique prefix will do).")] = None,
     file: Annotated[Path, typer.Option(help="JSON-lines trace file (a JsonLinesSink's).")] = TRACES,
     tail: Annotated[bool, typer.Option(help="Follow the file and show each new request as it is written.")] = False,
-    count: Annotated[int | None, typer.Option(help="With --tail: stop after this many requests.")] = None,
+    follow_: Annotated[
+        str | None, typer.Option("--follow", help="Follow a live gateway (its URL): recent requests, then new ones.")
+    ] = None,
+    token_env: Annotated[
+        str | None, typer.Option(help="With --follow: the variable holding the gateway's metrics token.")
+    ] = None,
+    count: Annotated[int | None, typer.Option(help="With --tail or --follow: stop after this many requests.")] = None,
 ) -> None:
     """Replay one request's route decision (candidates, scores, pick, reason) and attempts as a timed tree."""
-    if tail == (request_id is not None):
-        console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests")
+    if [tail, request_id is not None, follow_ is not None].count(True) != 1:
+        console.print("[red]error:[/red] give a REQUEST_ID, or --tail to follow new requests, or --follow URL")
         raise typer.Exit(2)
     if request_id is not None:
         with _named_errors():
             console.print(trace_tree(find_trace(file, request_id)))
         return
-    records = follow(file, ready=lambda: console.print(f"[dim]following {escape(str(file))}[/dim]"))
-    for shown, record in enumerate(records, start=1):
-        console.print(trace_tree(record))
-        if count is not None and shown >= count:
-            return
+    if follow_ is not None:
+        token = os.environ.get(token_env) if token_env else None
+        where = follow_
+        records = follow_url(follow_, token, ready=lambda: console.print(f"[dim]following {escape(where)}[/dim]"))
+    else:
+        records = follow(file, ready=lambda: console.print(f"[dim]following {escape(str(file))}[/dim]"))
+    with _named_errors():
+        for shown, record in enumerate(records, start=1):
+            console.print(trace_tree(record))
+            if count is not None and shown >= count:
+                return
 
 
-async def _agents(url: str, load: Path | None) -> None:
+async def _agents(url: str, load: Path | None, *, as_json: bool, probe: bool) -> None:
     endpoints = EndpointPolicy.from_environ(os.environ)
     reg = open_registry(url, endpoints=endpoints)
+    prober = Prober(reg)
     try:
         if load is not None:
             for descriptor in load_config(load, endpoints=endpoints).agents:
                 await reg.register_agent(descriptor)
-            console.print(f"loaded {load} into {url}")
-        console.print(_agents_table(reg))
+            if not as_json:
+                console.print(f"loaded {load} into {url}")
+        if probe:
+            logging.getLogger("reach_plugins.routing.probes").setLevel(logging.ERROR)  # the table says it
+            await prober.sweep()
+        listed = _agent_statuses(reg, prober)
+        if as_json:
+            print(json.dumps(listed, indent=2))
+        else:
+            console.print(_agents_table(listed))
     finally:
+        await prober.aclose()
         await reg.aclose()
 
 
-def _agents_table(reg: Registry) -> Table:
-    table = Table(title="agents")
-    for column in ("agent", "capabilities", "instance", "endpoint", "status", "health"):
-        table.add_column(column)
-    now = reg.clock()
+def _agent_statuses(reg: Registry, prober: Prober) -> list[dict[str, Any]]:
+    """Every agent with what a router would decide about each instance now (no breakers: none live here)."""
+    now, probed = reg.clock(), prober.now()
+    listed = []
     for name, descriptor in sorted(reg.agents().items()):
-        caps = ", ".join(cap.name for cap in descriptor.capabilities)
-        instances = reg.instances(name)
-        if not instances:
-            table.add_row(name, caps, "-", "-", "-", "no instance")
-        for instance in instances.values():
-            alive = reg.is_alive(instance, now)
-            health = "[green]alive[/green]" if alive else "[red]heartbeat missed[/red]"
-            table.add_row(name, caps, instance.instance_id, instance.endpoint, instance.status, health)
+        instances = []
+        for inst in reg.instances(name).values():
+            last = prober.book.last(name, inst.instance_id)
+            found = judge(inst, now, alive=reg.is_alive(inst, now), probe=last, probe_now=probed)
+            instances.append({**found.as_json(), "endpoint": inst.endpoint})
+        capabilities = [cap.name for cap in descriptor.capabilities]
+        listed.append({"name": name, "capabilities": capabilities, "instances": instances})
+    return listed
+
+
+def _agents_table(listed: list[dict[str, Any]]) -> Table:
+    table = Table(title="agents")
+    for column in ("agent", "capabilities", "instance", "endpoint", "status", "lease", "probe", "routing"):
+        table.add_column(column)
+    for agent in listed:
+        name, caps = agent["name"], ", ".join(agent["capabilities"])
+        if not agent["instances"]:
+            table.add_row(terminal_text(name), terminal_text(caps), "-", "-", "-", "-", "-", "no instance")
+        for inst in agent["instances"]:
+            lease = "alive" if inst["lease"]["alive"] else "[red]expired[/red]"
+            probe = inst["probe"]
+            probed = "-" if probe is None else ("ok" if probe["ok"] else f"[red]failed[/red] ({escape(probe['why'])})")
+            why = inst["reason"]
+            routing = "[green]available[/green]" if why is None else f"[red]unavailable:[/red] {escape(why)}"
+            row = (name, caps, inst["instance_id"], inst["endpoint"], inst["status"])
+            table.add_row(*(terminal_text(cell) for cell in row), lease, probed, routing)
             name, caps = "", ""
     return table
 

@@ -97,6 +97,11 @@ class AgentGuards:
             self._instances[instance] = found
         return found
 
+    def window(self, instance: str) -> tuple[int, int] | None:
+        """``instance``'s attempts in flight and its adaptive window now, if a call made its guards."""
+        found = self._instances.get(instance)
+        return None if found is None else (found[0].limiter.in_flight, found[0].limiter.limit)
+
     def window_full(self, instance: str, capability: Capability | None) -> bool:
         """Whether ``instance``'s own limits (its window, or the capability's there), not the pool, have no room."""
         guards = self.instance(instance)[0]
@@ -193,6 +198,10 @@ class GuardTable:
 
     def __init__(self) -> None:
         self._guards: dict[str, AgentGuards] = {}
+
+    def find(self, agent: str) -> AgentGuards | None:
+        """The guards of ``agent`` if a call made them (status views read them without creating any)."""
+        return self._guards.get(agent)
 
     def get(self, agent: AgentDescriptor, now: float) -> AgentGuards:
         guards = self._guards.get(agent.name)

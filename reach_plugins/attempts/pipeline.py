@@ -20,6 +20,7 @@ import math
 import random
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from opentelemetry import trace as otel
 from opentelemetry.context import Context
@@ -93,6 +94,17 @@ _SPANS_RECHECK = 1.0
 free)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Guarded:
+    """One instance as the core's guards see it now: breaker state, seconds to reopen and left ejected, window."""
+
+    breaker: str
+    reopens_in: float | None
+    ejected_for: float | None
+    window: tuple[int, int] | None
+    """Attempts in flight and the adaptive limit, once a call went there."""
+
+
 class Pipeline:
     """Runs ReachRequests through the resilience core around one Transport."""
 
@@ -154,6 +166,33 @@ class Pipeline:
             return False
         return consistency.healthy(agent, instance_id) or consistency.available(
             agent, instance_id, self._clock.monotonic()
+        )
+
+    def guarded(self, agent: str, instance_id: str, tenant: str | None = None) -> Guarded:
+        """What the core holds of one instance now (breaker, ejections, window), for status views; changes nothing.
+
+        Breakers are per tenant: ``tenant``'s is shown when given (what its calls meet), else the worst of them.
+        """
+        engine = self._engine
+        now = self._clock.monotonic()
+        breakers = engine.breakers
+        breaker = (
+            breakers.find(agent, instance_id, tenant) if tenant is not None else breakers.worst(agent, instance_id, now)
+        )
+        ends = [
+            until - now
+            for until in (
+                engine.outliers.ejected_until(agent, instance_id),
+                engine.consistency.ejected_until(agent, instance_id),
+            )
+            if until is not None and until > now
+        ]
+        guards = engine.guards.find(agent)
+        return Guarded(
+            breaker=breaker.state(now) if breaker is not None else "closed",
+            reopens_in=breaker.reopens_in(now) if breaker is not None else None,
+            ejected_for=max(ends) if ends else None,
+            window=guards.window(instance_id) if guards is not None else None,
         )
 
     def standing(self, agent: str, instance_id: str) -> Standing:

@@ -50,6 +50,7 @@ from reach_plugins.telemetry.spans import (
     get_tracer,
     spans_are_noop,
 )
+from reach_plugins.telemetry.trace import RecentTraces
 from reach_plugins.transport import EventStream, StreamEvent
 from reach_plugins.wire.body import WireBody, error_body, response_body, to_request
 from reach_plugins.wire.headers import HEADER_TRACEPARENT
@@ -60,6 +61,8 @@ REQUESTS = "reach_gateway_requests_total"
 LATENCY = "reach_gateway_request_seconds"
 INFLIGHT = "reach_gateway_inflight"
 REFUSED = "reach_gateway_refused_total"
+KEEPALIVE = 15.0
+"""Seconds of silence after which the trace stream sends a comment (so a follower that left is noticed)."""
 
 
 def _dumps(value: Any) -> bytes:
@@ -126,6 +129,7 @@ class Gateway:
         worker: int | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        recent: RecentTraces | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -155,6 +159,8 @@ class Gateway:
         self.metrics_port = metrics_port
         """Where ``/metrics`` is served instead of on the gateway's port (from a thread, on ``metrics_host``)."""
         self.metrics_host = metrics_host
+        self.recent = recent
+        """The recent traces ``GET /v1/traces/stream`` serves (the route exists when given)."""
 
     # ------------------------------------------------------------------ request handling
 
@@ -359,6 +365,38 @@ class Gateway:
         if not scrape_allowed(self.metrics.token, headers.get("authorization")):
             raise Unauthenticated("GET /metrics needs the metrics token: Authorization: Bearer <token>")
 
+    async def _operator(self, request: Request, headers: Mapping[str, str]) -> None:
+        """The auth rule of the operator's trace stream: the metrics token, which must be set (traces show tenants
+        and payloads)."""
+        token = self.metrics.token
+        if token is None or not scrape_allowed(token, headers.get("authorization")):
+            raise Unauthenticated(
+                "GET /v1/traces/stream needs the operator's token: start the gateway with --metrics-token-env VAR "
+                "and send Authorization: Bearer <its value>"
+            )
+
+    async def traces(self, inbound: Inbound) -> Response:
+        """The recent traces, then each new one, as server-sent events (one JSON ``ReachTrace`` per event)."""
+        recent = self.recent
+        assert recent is not None  # the route exists only with it
+        queue = recent.follow()
+
+        async def frames() -> AsyncIterator[bytes]:
+            while True:
+                try:
+                    line = await asyncio.wait_for(queue.get(), KEEPALIVE)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"  # a gone follower is noticed on the next write
+                    continue
+                if line == RecentTraces.END:
+                    return
+                yield b"data: " + line.encode() + b"\n\n"
+
+        async def release() -> None:
+            recent.leave(queue)
+
+        return _Released(frames(), release)
+
     # ------------------------------------------------------------------ app
 
     def app(self) -> ServerApp:
@@ -410,6 +448,11 @@ class Gateway:
             ServerRoute("/healthz", ("GET",), self.healthz, auth=OPEN),
             ServerRoute("/readyz", ("GET",), self.readyz, auth=OPEN),
             *self._metrics_routes(),
+            *(
+                [ServerRoute("/v1/traces/stream", ("GET",), self.traces, auth=self._operator)]
+                if self.recent is not None
+                else []
+            ),
             *McpEndpoint(self.forwarder).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
         ]
         if self.issuer is not None:

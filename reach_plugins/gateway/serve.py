@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -21,7 +23,9 @@ from reach_plugins.server.layer import ServerApp
 from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
+from reach_plugins.telemetry.metrics import fan_out
 from reach_plugins.telemetry.prometheus import Metrics
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, RecentTraces, file_sink
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -47,6 +51,10 @@ def create_app(
     metrics_token_env: str | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    trace_file: str | None = None,
+    trace_max_bytes: int = TRACE_MAX_BYTES,
+    trace_backups: int = TRACE_BACKUPS,
+    recent: RecentTraces | None = None,
 ) -> ServerApp:
     """The gateway's ASGI app for ``config`` (see :func:`build_forwarder`), with the token issuer role mounted;
     ``limits`` bound each request read; ``worker`` is this process's number under ``--workers`` (in /healthz).
@@ -58,6 +66,9 @@ def create_app(
     ``/metrics`` shows only names the gateway knows (its agents, capabilities, instances and tenants); with
     ``metrics_token_env`` a scrape must present that variable's value as its bearer, and only then are tenant
     names shown; with ``metrics_port`` it is served on ``metrics_host:metrics_port`` instead of the gateway's port.
+    ``trace_file``: every request's trace as a JSON line there (rotated past ``trace_max_bytes``, ``trace_backups``
+    kept), what ``reach trace`` and ``reach usage`` read; the recent ones stream from ``GET /v1/traces/stream``
+    behind the metrics token (``reach trace --follow``).
     """
     loaded = load_config(Path(config))
     tenants = loaded.tenants
@@ -66,6 +77,7 @@ def create_app(
     token = metrics_token(metrics_token_env, environ)
     known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
     metrics = Metrics(vocabulary=known, token=token)
+    recent = recent if recent is not None else RecentTraces()
     forwarder, access = build_forwarder(
         config,
         registry=registry,
@@ -75,7 +87,7 @@ def create_app(
         issuer=issuer,
         via=VIA_GATEWAY,
         audit=audit,
-        sink=metrics.reach,
+        sink=fan_out(metrics.reach, recent, file_sink(trace_file, max_bytes=trace_max_bytes, backups=trace_backups)),
         store=store,
     )
     gateway = Gateway(
@@ -90,6 +102,7 @@ def create_app(
         worker=worker,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        recent=recent,
     )
     return gateway.app()
 
@@ -113,6 +126,9 @@ def serve_gateway(
     metrics_token_env: str | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    trace_file: str | None = None,
+    trace_max_bytes: int = TRACE_MAX_BYTES,
+    trace_backups: int = TRACE_BACKUPS,
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -124,6 +140,7 @@ def serve_gateway(
     ``client_ca`` requires callers' certificates of that CA too (:mod:`reach_plugins.server.tls`).
     """
     options |= uvicorn_tls(tls_cert, tls_key, client_ca)
+    recent = RecentTraces()
     app = create_app(
         config,
         registry=registry,
@@ -136,6 +153,26 @@ def serve_gateway(
         metrics_token_env=metrics_token_env,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        trace_file=trace_file,
+        trace_max_bytes=trace_max_bytes,
+        trace_backups=trace_backups,
+        recent=recent,
     )
     options.setdefault("proxy_headers", False)
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, **options)).run(sockets=sockets)
+    _Server(uvicorn_config(app, host=host, port=port, **options), recent).run(sockets=sockets)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the trace followers' streams as soon as it is told to stop: it waits for every
+    response to end, and ``GET /v1/traces/stream`` would never end by itself."""
+
+    def __init__(self, config: uvicorn.Config, recent: RecentTraces) -> None:
+        super().__init__(config)
+        self._recent = recent
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(self._recent.close)
+        except RuntimeError:  # not serving yet
+            self._recent.close()

@@ -27,6 +27,8 @@ from reach_plugins.server.inbound import MAX_BODY
 from reach_plugins.server.tls import ServerTls
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
+from reach_plugins.telemetry.metrics import fan_out
+from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, file_sink
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
@@ -162,10 +164,14 @@ def build_node(
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
     client_ca: str | os.PathLike[str] | None = None,
+    trace_file: str | None = None,
+    trace_max_bytes: int = TRACE_MAX_BYTES,
+    trace_backups: int = TRACE_BACKUPS,
 ) -> NodeServer:
     """A node for ``config`` (tenants; agents unless ``registry`` is given), not yet started.
 
     ``tls_cert``/``tls_key`` serve gRPC over TLS; ``client_ca`` requires client certificates of that CA.
+    ``trace_file``: every request's trace as a JSON line there, rotated by size (``reach trace``, ``reach usage``).
 
     With ``metrics_port`` the node serves ``/metrics`` (Prometheus text, through the
     OpenTelemetry exporter) over HTTP on that port of ``host``: only names the node
@@ -187,7 +193,10 @@ def build_node(
         environ=environ,
         tracer_provider=tracer_provider,
         node_id=node_id,
-        sink=metrics.reach if metrics is not None else None,
+        sink=fan_out(
+            metrics.reach if metrics is not None else None,
+            file_sink(trace_file, max_bytes=trace_max_bytes, backups=trace_backups),
+        ),
         allow_open=allow_open,
     )
     return NodeServer(

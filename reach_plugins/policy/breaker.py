@@ -158,6 +158,12 @@ class CircuitBreaker:
     def is_closed(self) -> bool:
         return self._state == "closed"
 
+    def reopens_in(self, now: float) -> float | None:
+        """Seconds until an open breaker admits a half-open probe (0 once it would), ``None`` unless open."""
+        if self._state != "open":
+            return None
+        return max(0.0, self._opened_at + self._open_for - now)
+
     def available(self, now: float) -> bool:
         """Whether a call could be admitted now; never changes state (the router asks this)."""
         state = self.state(now)
@@ -282,6 +288,12 @@ class Breakers:
 
     def find(self, agent: str, instance_id: str, tenant: str | None = None) -> CircuitBreaker | None:
         return self._breakers.get((agent, instance_id, tenant or ""))
+
+    def worst(self, agent: str, instance_id: str, now: float) -> CircuitBreaker | None:
+        """Of the instance's breakers (one per tenant), the one furthest from closed now: what a status view shows."""
+        rank = {"open": 0, "half_open": 1, "closed": 2}
+        found = [b for (name, instance, _), b in self._breakers.items() if (name, instance) == (agent, instance_id)]
+        return min(found, key=lambda b: (rank[b.state(now)], -(b.reopens_in(now) or 0.0)), default=None)
 
     def _emit(self, transition: BreakerTransition) -> None:
         if self._listener is not None:

@@ -137,6 +137,11 @@ class ConsistencyMonitor:
         track = self._tracks.get((agent, instance))
         return "healthy" if track is None else track.state
 
+    def ejected_until(self, agent: str, instance: str) -> float | None:
+        """When the instance's ejection for inconsistent replies ends (its clock), ``None`` unless ejected."""
+        track = self._tracks.get((agent, instance))
+        return track.until if track is not None and track.state == "ejected" else None
+
     def _eject(
         self,
         agent: str,

@@ -178,6 +178,11 @@ class OutlierDetector:
         track = self._agents.get(agent, {}).get(instance)
         return "healthy" if track is None else track.state
 
+    def ejected_until(self, agent: str, instance: str) -> float | None:
+        """When the instance's ejection ends (its clock), ``None`` unless ejected."""
+        track = self._agents.get(agent, {}).get(instance)
+        return track.until if track is not None and track.state == "ejected" else None
+
     def record(
         self,
         agent: str,

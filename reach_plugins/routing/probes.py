@@ -26,7 +26,7 @@ import logging
 import random
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from reach_plugins.model import HealthCheck, Instance
@@ -52,6 +52,19 @@ class _Health:
     unready: bool = False
     next_alive: float = 0.0
     next_ready: float = 0.0
+    last: Probed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """The latest liveness probe of an instance: answered in time (``ok``) or why not, when, and its standing."""
+
+    ok: bool
+    why: str
+    at: float
+    failures: int
+    down: bool
+    unready: bool
 
 
 class ProbeBook:
@@ -65,6 +78,13 @@ class ProbeBook:
         health = self._health.get((agent, instance))
         return health is None or not (health.down or health.unready)
 
+    def last(self, agent: str, instance: str) -> Probed | None:
+        """The latest liveness probe of the instance, ``None`` before the first."""
+        health = self._health.get((agent, instance))
+        if health is None or health.last is None:
+            return None
+        return replace(health.last, down=health.down, unready=health.unready)
+
     def due(self, agent: str, instance: str, check: HealthCheck, now: float) -> tuple[bool, bool]:
         """Whether a liveness probe and a readiness probe are due now (and schedule the next ones)."""
         health = self._health.setdefault((agent, instance), _Health(next_alive=now, next_ready=now))
@@ -76,9 +96,13 @@ class ProbeBook:
             health.next_ready = now + self._jittered(check.ready_interval)
         return alive, ready
 
-    def alive(self, agent: str, instance: str, *, ok: bool, why: str = "", check: HealthCheck) -> None:
-        """A liveness probe's result: answered in time (``ok``), or ``why`` not; failures in a row mark down."""
+    def alive(
+        self, agent: str, instance: str, *, ok: bool, why: str = "", check: HealthCheck, now: float = 0.0
+    ) -> None:
+        """A liveness probe's result at ``now``: answered in time (``ok``), or ``why`` not; failures in a row mark
+        down."""
         health = self._health.setdefault((agent, instance), _Health())
+        health.last = Probed(ok, why, now, 0 if ok else health.failures + 1, False, False)
         if ok:
             if health.down:
                 log.info("probe: %s/%s answers its liveness probe again", agent, instance)
@@ -159,7 +183,7 @@ class Prober:
 
     async def probe_once(self) -> None:
         """One round: every instance whose probes are due, concurrently."""
-        now = self._now()
+        now = self.now()
         jobs, present = [], set()
         for name, descriptor in self.registry.agents().items():
             check = descriptor.health_check
@@ -175,6 +199,25 @@ class Prober:
                     jobs.append(self._ready(instance, check))
         self.book.forget(present)
         await asyncio.gather(*jobs)
+
+    async def sweep(self) -> None:
+        """Probe every instance's liveness now, up to ``refusals_to_down`` times in a row while it fails: what a
+        gateway's prober would conclude after that many intervals (``reach agents`` looks once, at once)."""
+        checks = []
+        for name, descriptor in self.registry.agents().items():
+            check = descriptor.health_check
+            path = LIVENESS_PATH if descriptor.protocol == "reach" else ""
+            for instance in self.registry.instances(name).values():
+                if check.probe and instance.status == "ready" and instance.endpoint.startswith("http"):
+                    checks.append(self._until_down(instance, check, path))
+        await asyncio.gather(*checks)
+
+    async def _until_down(self, instance: Instance, check: HealthCheck, path: str) -> None:
+        for _ in range(check.refusals_to_down):
+            await self._alive(instance, check, path)
+            last = self.book.last(instance.agent, instance.instance_id)
+            if last is None or last.ok:
+                return
 
     async def _run(self) -> None:
         while True:
@@ -196,7 +239,7 @@ class Prober:
                 why = f"status {answer.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        self.book.alive(instance.agent, instance.instance_id, ok=ok, why=why, check=check)
+        self.book.alive(instance.agent, instance.instance_id, ok=ok, why=why, check=check, now=self.now())
 
     async def _ready(self, instance: Instance, check: HealthCheck) -> None:
         import aiohttp  # imported when probing starts: importing reach_plugins pulls in no HTTP client
@@ -217,5 +260,6 @@ class Prober:
             self._session = aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT))
         return self._session
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """The prober's clock (the ``at`` of its results)."""
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()

@@ -31,7 +31,7 @@ from reach_plugins.config.loader import (
     token_envs,
 )
 from reach_plugins.errors import UnknownCapability
-from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, Instance, ReachRequest, ReachResponse
 from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
@@ -41,6 +41,7 @@ from reach_plugins.routing.index import Offer
 from reach_plugins.routing.pinning import TargetedRouter
 from reach_plugins.routing.policy import tenant_denial
 from reach_plugins.routing.probes import Prober
+from reach_plugins.routing.status import InstanceStatus, judge
 from reach_plugins.server.access import SourceRule
 from reach_plugins.stores.urls import open_store
 from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, Transport
@@ -199,7 +200,8 @@ class Forwarder:
         return UnknownCapability(exc.capability, known=[name for name in exc.known if name in seen])
 
     def visible(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
-        """The agents ``tenant`` may reach from ``source``: capabilities and instance health, never endpoints."""
+        """The agents ``tenant`` may reach from ``source``: capabilities and what routing would decide about each
+        instance now (:mod:`reach_plugins.routing.status`), never endpoints."""
         probe = ReachRequest(capability="-", tenant=tenant, metadata={SOURCE: source or UNKNOWN_SOURCE})
         outside = self.rule.outside(probe)
         now = self.registry.clock()
@@ -210,10 +212,7 @@ class Forwarder:
                 continue
             if agent.internal_only and outside:
                 continue
-            instances = [
-                {"instance_id": i.instance_id, "status": i.status, "alive": self.table.is_alive(i, now)}
-                for i in self.table.instances(name).values()
-            ]
+            instances = [self.status(i, now, tenant).as_json() for i in self.table.instances(name).values()]
             capabilities = [
                 {
                     "name": c.name,
@@ -228,6 +227,22 @@ class Forwarder:
                 {"name": name, "description": agent.description, "capabilities": capabilities, "instances": instances}
             )
         return listed
+
+    def status(self, inst: Instance, now: float, tenant: str | None = None) -> InstanceStatus:
+        """What this server's router would decide about ``inst`` now (``now``: the registry's clock), and why;
+        with ``tenant``, that tenant's breaker (else the worst of the tenants')."""
+        key = (inst.agent, inst.instance_id)
+        prober = self.prober
+        return judge(
+            inst,
+            now,
+            alive=self.table.is_alive(inst, now),
+            probe=prober.book.last(*key) if prober is not None else None,
+            probe_now=prober.now() if prober is not None else 0.0,
+            guarded=self.pipeline.guarded(*key, tenant),
+            standing=self.pipeline.standing(*key),
+            pins=self.router.sessions.active.get(key, 0),
+        )
 
     async def aclose(self) -> None:
         if self._watch is not None:

@@ -7,9 +7,12 @@ asked for it (``trace=True``), a sink is set, or the request did not succeed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+from collections import deque
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, runtime_checkable
 
 from opentelemetry.trace import Span
@@ -41,10 +44,19 @@ class TraceSink(Protocol):
 
 
 class JsonLinesSink:
-    """Appends one JSON line per request to ``path`` (opened lazily, flushed per line)."""
+    """Appends one JSON line per request to ``path`` (opened lazily, flushed per line).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    With ``max_bytes`` the file is rotated by size, as the standard library's ``RotatingFileHandler``: past it,
+    ``path`` becomes ``path.1``, ``path.1`` becomes ``path.2``, ... and ``path.{backups}`` is dropped, so the files
+    take at most ``max_bytes * (backups + 1)``; :func:`trace_files` lists them for the readers, oldest first.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_bytes: int | None = None, backups: int = 5) -> None:
+        if (max_bytes is not None and max_bytes < 1) or backups < 0:
+            raise ConfigError(f"a trace file needs max_bytes >= 1 and backups >= 0, got {max_bytes} and {backups}")
         self.path = os.fspath(path)
+        self.max_bytes = max_bytes
+        self.backups = backups
         self._file: TextIO | None = None
         self._lock = threading.Lock()
 
@@ -53,14 +65,94 @@ class JsonLinesSink:
         with self._lock:
             if self._file is None:
                 self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across emits
+            limit = self.max_bytes
+            if limit is not None and self._file.tell() > 0 and self._file.tell() + len(line.encode()) > limit:
+                self._file = self._rotate(self._file)
             self._file.write(line)
             self._file.flush()
+
+    def _rotate(self, current: TextIO) -> TextIO:
+        """Shift the backups up by one (the oldest drops out) and start ``path`` afresh."""
+        current.close()
+        for number in range(self.backups, 0, -1):
+            older = f"{self.path}.{number - 1}" if number > 1 else self.path
+            if os.path.exists(older):
+                os.replace(older, f"{self.path}.{number}")
+        return open(self.path, "w" if self.backups == 0 else "a", encoding="utf-8")
 
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+
+def trace_files(path: str | os.PathLike[str]) -> list[Path]:
+    """A trace file and its rotated backups (``path.1``, ``path.2``, ...) that exist, oldest first."""
+    current = Path(path)
+    backups = []
+    number = 1
+    while (backup := current.with_name(f"{current.name}.{number}")).exists():
+        backups.append(backup)
+        number += 1
+    return [*reversed(backups), *([current] if current.exists() else [])]
+
+
+class RecentTraces:
+    """The latest ``keep`` traces as JSON and the live followers of new ones: what a gateway streams to
+    ``reach trace --follow``. Bounded: a follower that reads slower than ``backlog`` traces loses the overflow."""
+
+    END = ""
+    """What a follower's queue yields when the server stops: its stream ends there."""
+
+    def __init__(self, keep: int = 100, backlog: int = 1000) -> None:
+        self._recent: deque[str] = deque(maxlen=keep)
+        self._backlog = backlog
+        self._followers: set[asyncio.Queue[str]] = set()
+        self.closed = False
+
+    def emit(self, trace: ReachTrace) -> None:
+        line = trace.model_dump_json(exclude_none=True)
+        self._recent.append(line)
+        for queue in self._followers:
+            if queue.qsize() < self._backlog:
+                queue.put_nowait(line)
+
+    def follow(self) -> asyncio.Queue[str]:
+        """A new follower: a queue holding the recent traces, then each new one (end it with :meth:`leave`)."""
+        queue: asyncio.Queue[str] = asyncio.Queue(self._backlog + 1)
+        for line in self._recent:
+            queue.put_nowait(line)
+        if self.closed:
+            queue.put_nowait(self.END)
+        else:
+            self._followers.add(queue)
+        return queue
+
+    def leave(self, queue: asyncio.Queue[str]) -> None:
+        self._followers.discard(queue)
+
+    def close(self) -> None:
+        """The server stops: end every follower's stream (an endless response would hold its shutdown)."""
+        self.closed = True
+        for queue in self._followers:
+            while queue.full():
+                queue.get_nowait()
+            queue.put_nowait(self.END)
+        self._followers.clear()
+
+
+TRACE_MAX_BYTES = 10_000_000
+"""Size at which a server's ``--trace-file`` rotates unless told otherwise."""
+TRACE_BACKUPS = 5
+"""Rotated trace files a server keeps unless told otherwise."""
+
+
+def file_sink(
+    path: str | None, *, max_bytes: int = TRACE_MAX_BYTES, backups: int = TRACE_BACKUPS
+) -> JsonLinesSink | None:
+    """A server's ``--trace-file``: a JSON-lines file rotated by size, or ``None`` when no path is given."""
+    return None if path is None else JsonLinesSink(path, max_bytes=max_bytes, backups=backups)
 
 
 class LoggingSink:

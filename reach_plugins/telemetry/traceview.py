@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+import httpx
 from pydantic import ValidationError
 from rich.markup import escape
 from rich.tree import Tree
 
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import Attempt, ReachTrace
+from reach_plugins.telemetry.trace import trace_files
 
 _BIDI: Final = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 _CONTROLS: Final = {
@@ -32,6 +34,8 @@ _CONTROLS: Final = {
 }
 """C0 and C1 controls (ESC, CR, BEL, the 8-bit CSI ...), DEL and the bidirectional overrides, written out as escapes."""
 
+TRACE_STREAM = "/v1/traces/stream"
+"""A gateway's route of recent traces, as server-sent events (behind its metrics token)."""
 _STATUS_STYLE = {"success": "green", "fail": "red", "timeout": "red", "error": "red", "cancelled": "yellow"}
 
 
@@ -66,10 +70,15 @@ def read_traces(lines: Iterator[str] | TextIO) -> Iterator[ReachTrace]:
 
 def find_trace(path: Path, request_id: str) -> ReachTrace:
     """The record of ``request_id`` (a unique prefix will do); ``ConfigError`` naming what was there otherwise."""
-    if not path.exists():
-        raise ConfigError(f"no trace file at {path}; write one with sink='file://{path}' (JsonLinesSink)")
-    with path.open(encoding="utf-8") as lines:
-        found = [trace for trace in read_traces(lines) if trace.request_id.startswith(request_id)]
+    files = trace_files(path)
+    if not files:
+        raise ConfigError(
+            f"no trace file at {path}; write one with `reach gateway --trace-file {path}` or sink='file://{path}'"
+        )
+    found = []
+    for file in files:  # the rotated backups first: the newest record of a request wins
+        with file.open(encoding="utf-8") as lines:
+            found += [trace for trace in read_traces(lines) if trace.request_id.startswith(request_id)]
     exact = [trace for trace in found if trace.request_id == request_id]
     if exact or len(found) == 1:
         return (exact or found)[-1]
@@ -100,6 +109,24 @@ def follow(
             if pending.endswith("\n"):
                 yield from read_traces(iter([pending]))
                 pending = ""
+
+
+def follow_url(url: str, token: str | None, *, ready: Callable[[], None] = lambda: None) -> Iterator[ReachTrace]:
+    """The recent traces a live gateway keeps, then each new one, from its ``GET /v1/traces/stream`` (``url`` is
+    the gateway's base URL or that route); ``token`` is its operator (metrics) token."""
+    route = url if url.rstrip("/").endswith(TRACE_STREAM) else url.rstrip("/") + TRACE_STREAM
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.stream("GET", route, headers=headers, timeout=httpx.Timeout(10.0, read=None)) as answer:
+            if answer.status_code != 200:
+                answer.read()
+                raise ConfigError(f"GET {route} answered {answer.status_code}: {answer.text[:300]}")
+            ready()
+            for line in answer.iter_lines():
+                if line.startswith("data: "):
+                    yield from read_traces(iter([line.removeprefix("data: ")]))
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"cannot follow {route}: {type(exc).__name__}: {exc}; is the gateway up?") from None
 
 
 def summary(trace: ReachTrace) -> str:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from reach_plugins.model import ReachTrace
 from reach_plugins.telemetry.spans import EVENT_STREAMED
+from reach_plugins.telemetry.trace import trace_files
 from reach_plugins.units import estimate_tokens
 
 
@@ -81,10 +82,15 @@ def summarise(
 
 
 def read_traces(path: Path) -> Iterator[ReachTrace]:
-    """The traces of a JSON-lines file, skipping lines that are not one (a torn last line, say)."""
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
-            try:
-                yield ReachTrace.model_validate_json(line)
-            except ValidationError:
-                continue
+    """The traces of a JSON-lines file and its rotated backups (oldest first), skipping lines that are not one (a
+    torn last line, say)."""
+    files = trace_files(path)
+    if not files:
+        raise FileNotFoundError(f"no trace file at {path}; write one with `reach gateway --trace-file {path}`")
+    for file in files:
+        with file.open(encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    yield ReachTrace.model_validate_json(line)
+                except ValidationError:
+                    continue
