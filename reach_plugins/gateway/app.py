@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, Unauthenticated
 from reach_plugins.gateway.mcp import McpEndpoint
+from reach_plugins.gateway.ops import OpsPage, Recent
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.issuer import TokenIssuer
@@ -126,6 +127,7 @@ class Gateway:
         worker: int | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        recent: Recent | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -155,6 +157,8 @@ class Gateway:
         self.metrics_port = metrics_port
         """Where ``/metrics`` is served instead of on the gateway's port (from a thread, on ``metrics_host``)."""
         self.metrics_host = metrics_host
+        self.recent = recent if recent is not None else Recent()
+        """The newest reaches the operations page shows (the forwarder's trace sink when wired as in ``serve``)."""
 
     # ------------------------------------------------------------------ request handling
 
@@ -411,6 +415,7 @@ class Gateway:
             ServerRoute("/readyz", ("GET",), self.readyz, auth=OPEN),
             *self._metrics_routes(),
             *McpEndpoint(self.forwarder).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
+            *OpsPage(self.forwarder, self.recent, token=self.metrics.token).routes(),
         ]
         if self.issuer is not None:
             routes += issuer_routes(self.issuer, self.access.authenticate, limits=limits, agents=self.exchangers)

@@ -12,6 +12,7 @@ import uvicorn
 
 from reach_plugins.config.loader import load_config
 from reach_plugins.gateway.app import Gateway
+from reach_plugins.gateway.ops import Recent
 from reach_plugins.registry import Registry
 from reach_plugins.security.claims import VIA_GATEWAY
 from reach_plugins.server.build import build_forwarder
@@ -66,6 +67,7 @@ def create_app(
     token = metrics_token(metrics_token_env, environ)
     known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
     metrics = Metrics(vocabulary=known, token=token)
+    recent = Recent(metrics.reach)
     forwarder, access = build_forwarder(
         config,
         registry=registry,
@@ -75,7 +77,7 @@ def create_app(
         issuer=issuer,
         via=VIA_GATEWAY,
         audit=audit,
-        sink=metrics.reach,
+        sink=recent,
         store=store,
     )
     gateway = Gateway(
@@ -90,6 +92,7 @@ def create_app(
         worker=worker,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        recent=recent,
     )
     return gateway.app()
 

@@ -1,0 +1,247 @@
+"""The operations page: agents and instances with live health, recent reaches and their route decisions, error rates
+and p95 per capability, usage per tenant (issue 28, deliverable 2).
+
+``GET /ops`` is a static page (``ops_page.html``, no external assets, no data in it); everything it shows comes from
+``GET /ops/feed`` and ``GET /ops/trace?id=...``, which need the operator token (the bearer that guards
+``/metrics``, ``--metrics-token-env``). The feed never carries a secret: no tokens, no credential values, no request
+parameters or results, and endpoints without userinfo or query. :func:`fleet` is the one place the instance view is
+read from the forwarder, so the page follows when the routing status view grows. The gateway keeps its recent
+reaches in :class:`Recent` (a bounded trace sink in front of the metrics sink); ``reach ops`` (a direct-transport
+fleet) feeds it from the clients' trace file.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from rich.console import Console
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+
+from reach_plugins.errors import ConfigError, Unauthenticated
+from reach_plugins.model import ReachTrace
+from reach_plugins.server.forwarder import Forwarder
+from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute
+from reach_plugins.telemetry.prometheus import scrape_allowed
+from reach_plugins.telemetry.trace import TraceSink
+from reach_plugins.telemetry.traceview import read_traces, trace_tree
+from reach_plugins.telemetry.usage import summarise
+
+RECENT: Final = 500
+"""Reaches the page's figures are computed over (the newest ones)."""
+SHOWN: Final = 50
+"""Reaches listed on the page."""
+
+
+class Recent:
+    """The newest reaches, bounded, as a :class:`TraceSink` that hands every trace on to ``forward`` too.
+
+    With ``follow`` it also reads the traces other processes append to that JSON-lines file (``reach ops``).
+    """
+
+    def __init__(self, forward: TraceSink | None = None, *, size: int = RECENT, follow: Path | None = None) -> None:
+        if size < 1:
+            raise ConfigError(f"Recent keeps at least 1 reach, got size={size}")
+        self._traces: deque[ReachTrace] = deque(maxlen=size)
+        self._forward = forward
+        self._follow = follow
+        self._offset = 0
+
+    def emit(self, trace: ReachTrace) -> None:
+        self._traces.append(trace)
+        if self._forward is not None:
+            self._forward.emit(trace)
+
+    def traces(self) -> list[ReachTrace]:
+        """Oldest first, after reading what was appended to the followed file since the last look."""
+        if self._follow is not None and self._follow.exists():
+            with self._follow.open(encoding="utf-8") as handle:
+                handle.seek(self._offset)
+                complete = handle.read().rpartition("\n")[0]
+            if complete:
+                self._offset += len(complete.encode()) + 1
+                self._traces.extend(read_traces(iter(complete.splitlines())))
+        return list(self._traces)
+
+    def find(self, request_id: str) -> ReachTrace | None:
+        return next((t for t in reversed(self.traces()) if t.request_id == request_id), None)
+
+
+def shown_endpoint(endpoint: str) -> str:
+    """An endpoint as operators see it: scheme, host, port and path; never userinfo, query or fragment."""
+    parts = urlsplit(endpoint)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def fleet(forwarder: Forwarder, load: Mapping[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """Every agent and instance with what routing decides about it now (the page's one read of instance health).
+
+    An instance is ``available`` when its lease (or static entry) is alive, its breaker and consistency admit calls
+    and the probes found it up; ``why`` names the first reason it is not. ``load`` is its share of recent reaches.
+    """
+    now = forwarder.registry.clock()
+    agents = []
+    for name, agent in sorted(forwarder.table.agents().items()):
+        instances = []
+        for instance in sorted(forwarder.table.instances(name).values(), key=lambda i: i.instance_id):
+            key = (name, instance.instance_id)
+            checks = (
+                ("lease", forwarder.table.is_alive(instance, now), "lease expired or heartbeat missed"),
+                ("breaker", forwarder.pipeline.is_available(*key), "breaker open or ejected"),
+                ("probe", forwarder.prober is None or forwarder.prober.available(*key), "failed its health probes"),
+            )
+            why = next((reason for _, ok, reason in checks if not ok), None)
+            instances.append(
+                {
+                    "instance_id": instance.instance_id,
+                    "endpoint": shown_endpoint(instance.endpoint),
+                    "status": instance.status,
+                    **{label: ok for label, ok, _ in checks},
+                    "available": why is None,
+                    "why": why,
+                    "recent_calls": load.get(key, 0),
+                }
+            )
+        capabilities = [capability.name for capability in agent.capabilities]
+        agents.append({"name": name, "capabilities": capabilities, "instances": instances})
+    return agents
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile by the nearest-rank method (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def figures(traces: list[ReachTrace]) -> dict[str, Any]:
+    """Error rate and p95 per capability, usage per tenant and the recent reaches (newest first), of ``traces``."""
+    per: dict[str, list[ReachTrace]] = {}
+    for trace in traces:
+        per.setdefault(trace.capability, []).append(trace)
+    capabilities = [
+        {
+            "capability": name,
+            "calls": len(group),
+            "errors": sum(t.status != "success" for t in group),
+            "error_rate": sum(t.status != "success" for t in group) / len(group),
+            "p95_ms": p95([t.duration_ms for t in group]),
+        }
+        for name, group in sorted(per.items())
+    ]
+    tenants: dict[str, dict[str, Any]] = {}
+    for row in summarise(traces):
+        total = tenants.setdefault(row.tenant, {"tenant": row.tenant, "calls": 0, "succeeded": 0, "tokens": 0})
+        total["calls"] += row.calls
+        total["succeeded"] += row.succeeded
+        total["tokens"] += row.tokens
+    recent = [
+        {
+            "request_id": t.request_id,
+            "capability": t.capability,
+            "tenant": t.tenant,
+            "status": t.status,
+            "started_at": t.started_at,
+            "duration_ms": t.duration_ms,
+            "agent": t.route.agent if t.route else None,
+            "instance": t.route.instance if t.route else None,
+            "reason": t.route.reason if t.route else None,
+            "attempts": len(t.attempts),
+        }
+        for t in reversed(traces[-SHOWN:])
+    ]
+    return {
+        "window": len(traces),
+        "capabilities": capabilities,
+        "tenants": [tenants[name] for name in sorted(tenants)],
+        "recent": recent,
+    }
+
+
+def replay(trace: ReachTrace) -> str:
+    """The request as ``reach trace`` draws it (route decision, attempts, events), as plain text."""
+    console = Console(file=io.StringIO(), width=120, record=True, color_system=None)
+    console.print(trace_tree(trace))
+    return console.export_text()
+
+
+class OpsPage:
+    """The page's routes over a forwarder and its recent reaches, behind the operator token."""
+
+    def __init__(self, forwarder: Forwarder, recent: Recent, *, token: str | None) -> None:
+        self.forwarder = forwarder
+        self.recent = recent
+        self.token = token
+
+    async def operator(self, request: Request, headers: Mapping[str, str]) -> None:
+        """The auth rule of the feeds: the operator token, and nothing without one configured."""
+        if self.token is None:
+            raise Unauthenticated(
+                "the operations page needs an operator token: start the server with --metrics-token-env VAR "
+                "(the bearer /metrics asks for) and present it as 'Authorization: Bearer <token>'"
+            )
+        if not scrape_allowed(self.token, headers.get("authorization")):
+            raise Unauthenticated("the operations feed needs the operator token: Authorization: Bearer <token>")
+
+    async def page(self, inbound: Inbound) -> Response:
+        html = files("reach_plugins.gateway").joinpath("ops_page.html").read_text(encoding="utf-8")
+        return HTMLResponse(html, headers={"Cache-Control": "no-store", "Content-Security-Policy": _CSP})
+
+    async def feed(self, inbound: Inbound) -> Response:
+        traces = self.recent.traces()
+        load: dict[tuple[str, str], int] = {}
+        for trace in traces:
+            if trace.route is not None:
+                key = (trace.route.agent, trace.route.instance)
+                load[key] = load.get(key, 0) + 1
+        body = {"agents": fleet(self.forwarder, load), **figures(traces)}
+        return JSONResponse(body, headers={"Cache-Control": "no-store"})
+
+    async def trace(self, inbound: Inbound) -> Response:
+        request_id = inbound.request.query_params.get("id", "")
+        found = self.recent.find(request_id)
+        if found is None:
+            body = {"error": f"no recent reach {request_id!r}; the page lists the newest {SHOWN}"}
+            return JSONResponse(body, status_code=404)
+        return JSONResponse({"request_id": found.request_id, "text": replay(found)})
+
+    def routes(self) -> list[ServerRoute]:
+        return [
+            ServerRoute("/ops", ("GET",), self.page, auth=OPEN),
+            ServerRoute("/ops/feed", ("GET",), self.feed, auth=self.operator),
+            ServerRoute("/ops/trace", ("GET",), self.trace, auth=self.operator),
+        ]
+
+
+_CSP: Final = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:"
+)
+"""The page loads nothing from anywhere else."""
+
+
+def ops_app(forwarder: Forwarder, recent: Recent, *, token: str | None) -> ServerApp:
+    """The page alone, for a direct-transport fleet (``reach ops``): the forwarder only watches and probes."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await forwarder.start()
+        try:
+            yield
+        finally:
+            await forwarder.aclose()
+
+    return ServerApp(OpsPage(forwarder, recent, token=token).routes(), lifespan=lifespan)

@@ -1,0 +1,218 @@
+"""The operations page (issue 28, deliverable 2) on a real `reach gateway` process and 2 agent processes, in Debian's
+headless Chromium: live health (a SIGKILLed instance turns unavailable within the probe interval), a click replays a
+reach as `reach trace` does, the feeds need the operator token and carry no secret, the screenshot is not blank."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hop_support import AgentProcess, free_port, until_true, write_config
+from PIL import Image, ImageStat
+
+from reach_plugins.gateway import create_app
+from reach_plugins.routing.probes import JITTER, PROBE_TIMEOUT
+
+CLI = "from reach_plugins.cli import main; main()"
+OPERATOR = "tok-operator"
+TENANT = "tok-tenant"
+SECRET = "key-downstream-secret"
+ENV = {"OPS_TOKEN": OPERATOR, "DEMO_TOKEN": TENANT, "DEMO_KEY": SECRET}
+PROBE_INTERVAL = 0.5
+REFUSALS_TO_DOWN = 2
+PROBER_TICK = 0.5
+"""The prober's loop wakes this often (routing.probes.Prober's default tick)."""
+PAGE_POLL = 1.0
+"""The page fetches its feed this often (POLL_MS in ops_page.html)."""
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+TENANTS = {
+    "demo": {
+        "token_env": "DEMO_TOKEN",
+        "agents": "*",
+        "networks": ["127.0.0.0/8"],
+        "credentials": {"orders": {"type": "header", "key": "X-Api-Key", "value_env": "DEMO_KEY"}},
+    }
+}
+
+
+@dataclass
+class Fleet:
+    url: str
+    gateway: subprocess.Popen[bytes]
+    agents: list[AgentProcess]
+
+
+def _config(path: Path, urls: list[str]) -> Path:
+    check = {"probe_interval": f"{int(PROBE_INTERVAL * 1000)}ms", "ready_interval": "30s"}
+    check["refusals_to_down"] = REFUSALS_TO_DOWN  # type: ignore[assignment]
+    body = {"endpoints": urls, "capabilities": ["query_order"], "health_check": check}
+    return write_config(path / "agents.yaml", {"orders": body}, TENANTS)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    agents = [AgentProcess("orders", label, free_port()) for label in ("a", "b")]
+    gateway: subprocess.Popen[bytes] | None = None
+    try:
+        for agent in agents:
+            agent.wait_ready()
+        config = _config(tmp_path_factory.mktemp("ops"), [agent.url for agent in agents])
+        port = free_port()
+        command = [sys.executable, "-c", CLI, "gateway", "--config", str(config), "--port", str(port)]
+        gateway = subprocess.Popen(
+            [*command, "--metrics-token-env", "OPS_TOKEN"], env={**os.environ, **ENV}, stderr=subprocess.DEVNULL
+        )
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(until_true(lambda: _ready(url, gateway), within=60.0))
+        yield Fleet(url, gateway, agents)
+    finally:
+        if gateway is not None:
+            gateway.send_signal(signal.SIGINT)
+            gateway.wait(15)
+        for agent in agents:
+            agent.kill()
+
+
+async def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
+    assert process.poll() is None, "the gateway process exited"
+    try:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"{url}/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _reach(fleet: Fleet, count: int) -> list[str]:
+    """``count`` reaches through the gateway as tenant demo; their request ids."""
+    ids = []
+    with httpx.Client(headers={"Authorization": f"Bearer {TENANT}"}, timeout=10) as http:
+        for n in range(count):
+            answer = http.post(
+                f"{fleet.url}/v1/reach", json={"capability": "query_order", "payload": {"order_id": f"o{n}"}}
+            )
+            assert answer.status_code == 200 and answer.json()["status"] == "success", answer.text
+            ids.append(answer.json()["request_id"])
+    return ids
+
+
+def _feed(fleet: Fleet, token: str | None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(f"{fleet.url}/ops/feed", headers=headers, timeout=10)
+
+
+def _wait(condition: Callable[[], Any], within: float, what: str) -> float:
+    """Poll ``condition`` until it is truthy; the seconds it took (an assertion error after ``within``)."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < within, f"{what}: not within {within:.1f}s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_the_feeds_need_the_operator_token_and_show_no_secret(fleet: Fleet) -> None:
+    """No token or a tenant's token: 401; the operator's: the fleet, and no token or credential value in it."""
+    _reach(fleet, 3)
+    assert _feed(fleet, None).status_code == 401
+    assert _feed(fleet, TENANT).status_code == 401
+    assert httpx.get(f"{fleet.url}/ops/trace?id=x", timeout=10).status_code == 401
+    answer = _feed(fleet, OPERATOR)
+    assert answer.status_code == 200
+    for secret in (OPERATOR, TENANT, SECRET):
+        assert secret not in answer.text
+    instances = [i for agent in answer.json()["agents"] for i in agent["instances"]]
+    assert sorted(i["endpoint"] for i in instances) == sorted(agent.url for agent in fleet.agents)
+    assert answer.json()["tenants"][0]["tenant"] == "demo" and answer.json()["tenants"][0]["calls"] >= 3
+
+
+async def test_without_an_operator_token_the_feed_says_how_to_set_one(tmp_path: Path) -> None:
+    """A gateway started without --metrics-token-env refuses the feed and names the option."""
+    config = _config(tmp_path, ["http://127.0.0.1:9"])
+    app = create_app(config, environ=ENV)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
+        answer = await http.get("/ops/feed", headers={"Authorization": f"Bearer {OPERATOR}"})
+        page = await http.get("/ops")
+    assert answer.status_code == 401 and "--metrics-token-env" in answer.text
+    assert (
+        page.status_code == 200 and "reach · operations" in page.text and "http" not in page.text.split("<script>")[1]
+    )
+
+
+def _browser() -> Any:
+    if not (os.access(CHROMEDRIVER, os.X_OK) and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--window-size=1280,860",
+        "--disable-dev-shm-usage",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def _non_blank(path: Path) -> tuple[float, float]:
+    """(share of pixels unlike the most common colour, standard deviation of the grey levels) of a screenshot."""
+    image = Image.open(path).convert("RGB")
+    colours = image.getcolors(maxcolors=image.width * image.height) or []
+    background = max(colours)[0]
+    share = 1 - background / (image.width * image.height)
+    return share, ImageStat.Stat(image.convert("L")).stddev[0]
+
+
+def test_a_killed_instance_turns_unavailable_on_the_page(fleet: Fleet, tmp_path: Path) -> None:
+    """In Chromium: both instances available, a click replays a reach; SIGKILL one and the page shows it unavailable
+    within the probes' bound while the other stays available; the screenshot is not blank."""
+    from selenium.webdriver.common.by import By
+
+    ids = _reach(fleet, 6)
+    by_url = {i["endpoint"]: i["instance_id"] for a in _feed(fleet, OPERATOR).json()["agents"] for i in a["instances"]}
+    victim, survivor = (by_url[agent.url] for agent in fleet.agents)
+    driver = _browser()
+    try:
+        driver.get(f"{fleet.url}/ops#token={OPERATOR}")
+
+        def state(instance: str) -> str | None:
+            rows = driver.find_elements(By.CSS_SELECTOR, f'#instances tr[data-instance="{instance}"]')
+            return rows[0].get_attribute("data-state") if rows else None
+
+        _wait(lambda: state(victim) == state(survivor) == "available", 15, "both instances shown available")
+        assert OPERATOR not in driver.current_url, "the token stays out of the address bar"
+        row = f'#recent tr[data-request="{ids[-1]}"]'
+        _wait(lambda: driver.find_elements(By.CSS_SELECTOR, row), 10, "the last reach listed")
+        driver.find_element(By.CSS_SELECTOR, row).click()
+        replay = driver.find_element(By.ID, "replay")
+        _wait(lambda: ids[-1] in replay.text, 10, "the reach replayed")
+        assert "route" in replay.text and "attempt" in replay.text, replay.text
+
+        fleet.agents[0].kill()
+        bound = REFUSALS_TO_DOWN * PROBE_INTERVAL * (1 + JITTER) + PROBER_TICK + PROBE_TIMEOUT + PAGE_POLL
+        took = _wait(lambda: state(victim) == "unavailable", bound, "the killed instance shown unavailable")
+        print(f"killed instance unavailable on the page after {took:.2f}s (bound {bound:.2f}s)")
+        assert state(survivor) == "available"
+        shot = tmp_path / "ops-page.png"
+        driver.save_screenshot(str(shot))
+    finally:
+        driver.quit()
+    share, spread = _non_blank(shot)
+    print(f"screenshot: {share:.1%} of pixels unlike the background, grey-level stddev {spread:.1f}")
+    assert share > 0.05 and spread > 10, (share, spread)
+    if os.environ.get("REACH_OPS_SCREENSHOT"):
+        shutil.copy(shot, os.environ["REACH_OPS_SCREENSHOT"])
