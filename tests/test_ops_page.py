@@ -21,8 +21,10 @@ import pytest
 from hop_support import AgentProcess, free_port, until_true, write_config
 from PIL import Image, ImageStat
 
+from reach_plugins import ReachClient
 from reach_plugins.gateway import create_app
 from reach_plugins.routing.probes import JITTER, PROBE_TIMEOUT
+from reach_plugins.telemetry.trace import JsonLinesSink
 
 CLI = "from reach_plugins.cli import main; main()"
 OPERATOR = "tok-operator"
@@ -54,11 +56,11 @@ class Fleet:
     agents: list[AgentProcess]
 
 
-def _config(path: Path, urls: list[str]) -> Path:
+def _config(path: Path, urls: list[str], tenants: dict[str, Any] | None = TENANTS) -> Path:
     check = {"probe_interval": f"{int(PROBE_INTERVAL * 1000)}ms", "ready_interval": "30s"}
     check["refusals_to_down"] = REFUSALS_TO_DOWN  # type: ignore[assignment]
     body = {"endpoints": urls, "capabilities": ["query_order"], "health_check": check}
-    return write_config(path / "agents.yaml", {"orders": body}, TENANTS)
+    return write_config(path / "agents.yaml", {"orders": body}, tenants)
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +182,7 @@ def _non_blank(path: Path) -> tuple[float, float]:
 def test_a_killed_instance_turns_unavailable_on_the_page(fleet: Fleet, tmp_path: Path) -> None:
     """In Chromium: both instances available, a click replays a reach; SIGKILL one and the page shows it unavailable
     within the probes' bound while the other stays available; the screenshot is not blank."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     ids = _reach(fleet, 6)
@@ -190,14 +193,25 @@ def test_a_killed_instance_turns_unavailable_on_the_page(fleet: Fleet, tmp_path:
         driver.get(f"{fleet.url}/ops#token={OPERATOR}")
 
         def state(instance: str) -> str | None:
-            rows = driver.find_elements(By.CSS_SELECTOR, f'#instances tr[data-instance="{instance}"]')
-            return rows[0].get_attribute("data-state") if rows else None
+            """The row's state, read in one script call (the page redraws its rows every second)."""
+            found: str | None = driver.execute_script(
+                "const row = document.querySelector(arguments[0]); return row ? row.dataset.state : null;",
+                f'#instances tr[data-instance="{instance}"]',
+            )
+            return found
+
+        def clicked(css: str) -> bool:
+            """A real click on the element, or False when the page redrew it meanwhile (try again)."""
+            try:
+                driver.find_element(By.CSS_SELECTOR, css).click()
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+            return True
 
         _wait(lambda: state(victim) == state(survivor) == "available", 15, "both instances shown available")
         assert OPERATOR not in driver.current_url, "the token stays out of the address bar"
         row = f'#recent tr[data-request="{ids[-1]}"]'
-        _wait(lambda: driver.find_elements(By.CSS_SELECTOR, row), 10, "the last reach listed")
-        driver.find_element(By.CSS_SELECTOR, row).click()
+        _wait(lambda: clicked(row), 10, "the last reach listed and clicked")
         replay = driver.find_element(By.ID, "replay")
         _wait(lambda: ids[-1] in replay.text, 10, "the reach replayed")
         assert "route" in replay.text and "attempt" in replay.text, replay.text
@@ -216,3 +230,87 @@ def test_a_killed_instance_turns_unavailable_on_the_page(fleet: Fleet, tmp_path:
     assert share > 0.05 and spread > 10, (share, spread)
     if os.environ.get("REACH_OPS_SCREENSHOT"):
         shutil.copy(shot, os.environ["REACH_OPS_SCREENSHOT"])
+
+
+def _ops(*args: str, env: dict[str, str], output: int = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    """A `reach ops` process; its output to ``output`` (a pipe only when the test reads it to the end)."""
+    command = [sys.executable, "-c", CLI, "ops", *args]
+    return subprocess.Popen(command, env={**os.environ, **env}, stdout=output, stderr=subprocess.STDOUT)
+
+
+def test_reach_ops_refuses_to_start_without_its_operator_token(tmp_path: Path) -> None:
+    """`reach ops` with an unset --token-env exits 2 naming the variable (a page nobody could open is refused)."""
+    registry = f"file://{_config(tmp_path, ['http://127.0.0.1:9'])}"
+    process = _ops(
+        "--registry",
+        registry,
+        "--token-env",
+        "NO_SUCH_OPS_TOKEN",
+        "--port",
+        str(free_port()),
+        env={},
+        output=subprocess.PIPE,
+    )
+    said, _ = process.communicate(timeout=60)
+    assert process.returncode == 2 and b"NO_SUCH_OPS_TOKEN" in said
+
+
+async def test_reach_ops_shows_a_direct_fleet_and_its_clients_reaches(tmp_path: Path) -> None:
+    """`reach ops --registry`: a direct client's reach (from its trace file) is listed and replayed; a SIGKILLed
+    instance turns unavailable within the probes' bound."""
+    agent = AgentProcess("orders", "d", free_port())
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        agent.wait_ready()
+        registry = f"file://{_config(tmp_path, [agent.url], tenants=None)}"
+        traces = tmp_path / "traces.jsonl"
+        async with ReachClient(registry, sink=JsonLinesSink(traces)) as client:
+            answer = await client.reach("query_order", {"order_id": "o1"})
+        assert answer.status == "success"
+        port = free_port()
+        process = _ops(
+            "--registry",
+            registry,
+            "--token-env",
+            "OPS_TOKEN",
+            "--port",
+            str(port),
+            "--trace-file",
+            str(traces),
+            env=ENV,
+        )
+        url = f"http://127.0.0.1:{port}"
+        headers = {"Authorization": f"Bearer {OPERATOR}"}
+        feed: dict[str, Any] = {}
+
+        async def fetched(condition: Callable[[dict[str, Any]], bool]) -> bool:
+            assert process is not None and process.poll() is None, "reach ops exited"
+            try:
+                async with httpx.AsyncClient(timeout=5) as http:
+                    got = await http.get(f"{url}/ops/feed", headers=headers)
+            except httpx.TransportError:
+                return False
+            feed.update(got.json() if got.status_code == 200 else {})
+            return got.status_code == 200 and condition(feed)
+
+        def instance() -> dict[str, Any]:
+            found: dict[str, Any] = feed["agents"][0]["instances"][0]
+            return found
+
+        await until_true(lambda: fetched(lambda f: instance()["available"]), within=60.0)
+        assert [r["request_id"] for r in feed["recent"]] == [answer.request_id]
+        async with httpx.AsyncClient(timeout=5) as http:
+            assert (await http.get(f"{url}/ops/feed")).status_code == 401
+            replayed = (await http.get(f"{url}/ops/trace", params={"id": answer.request_id}, headers=headers)).json()
+        assert answer.request_id in replayed["text"] and "candidate" in replayed["text"]
+        agent.kill()
+        started = time.monotonic()
+        bound = REFUSALS_TO_DOWN * PROBE_INTERVAL * (1 + JITTER) + PROBER_TICK + PROBE_TIMEOUT
+        await until_true(lambda: fetched(lambda f: not instance()["available"]), within=bound)
+        print(f"reach ops: killed instance unavailable after {time.monotonic() - started:.2f}s (bound {bound:.2f}s)")
+        assert instance()["why"] == "failed its health probes"
+    finally:
+        agent.kill()
+        if process is not None:
+            process.send_signal(signal.SIGINT)
+            process.wait(15)

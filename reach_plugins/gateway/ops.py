@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -22,15 +23,19 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+import uvicorn
 from rich.console import Console
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError, Unauthenticated
 from reach_plugins.model import ReachTrace
+from reach_plugins.registry import open_registry
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute
+from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.prometheus import scrape_allowed
 from reach_plugins.telemetry.trace import TraceSink
 from reach_plugins.telemetry.traceview import read_traces, trace_tree
@@ -245,3 +250,24 @@ def ops_app(forwarder: Forwarder, recent: Recent, *, token: str | None) -> Serve
             await forwarder.aclose()
 
     return ServerApp(OpsPage(forwarder, recent, token=token).routes(), lifespan=lifespan)
+
+
+def serve_ops(
+    registry: str,
+    host: str = "127.0.0.1",
+    port: int = 8070,
+    *,
+    token_env: str,
+    trace_file: Path,
+    environ: Mapping[str, str] = os.environ,
+) -> None:
+    """``reach ops``: the page of a direct-transport fleet, the agents of ``registry`` probed from here and the reaches
+    its clients write to ``trace_file``, behind the operator token in ``$token_env``, under uvicorn until interrupted.
+    """
+    token = environ.get(token_env)
+    if not token:
+        raise ConfigError(f"environment variable {token_env} is not set; it holds the operator token the page asks for")
+    endpoints = EndpointPolicy.from_environ(environ)
+    forwarder = Forwarder(open_registry(registry, endpoints=endpoints), tenants={}, owns_registry=True)
+    app = ops_app(forwarder, Recent(follow=trace_file), token=token)
+    uvicorn.Server(uvicorn_config(app, host=host, port=port)).run()
