@@ -146,9 +146,24 @@ async def test_without_an_operator_token_the_feed_says_how_to_set_one(tmp_path: 
         answer = await http.get("/ops/feed", headers={"Authorization": f"Bearer {OPERATOR}"})
         page = await http.get("/ops")
     assert answer.status_code == 401 and "--metrics-token-env" in answer.text
-    assert (
-        page.status_code == 200 and "reach · operations" in page.text and "http" not in page.text.split("<script>")[1]
-    )
+    assert page.status_code == 401 and "--metrics-token-env" in page.text and "Agents and instances" not in page.text
+
+
+def test_the_page_itself_is_behind_the_sign_in_and_its_cookie_is_not_the_token(fleet: Fleet) -> None:
+    """GET /ops without the token: 401 and the sign-in form; signing in sets an HttpOnly, SameSite=Strict cookie
+    that opens the page and the feed, holds no token, and a forged one opens nothing."""
+    page = httpx.get(f"{fleet.url}/ops", timeout=10)
+    assert page.status_code == 401 and "Sign in" in page.text and "Agents and instances" not in page.text
+    assert httpx.post(f"{fleet.url}/ops/login", headers={"Authorization": f"Bearer {TENANT}"}).status_code == 401
+    login = httpx.post(f"{fleet.url}/ops/login", headers={"Authorization": f"Bearer {OPERATOR}"}, timeout=10)
+    assert login.status_code == 204
+    cookie = login.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and OPERATOR not in cookie
+    with httpx.Client(base_url=fleet.url, cookies=login.cookies, timeout=10) as browser:
+        assert "Agents and instances" in browser.get("/ops").text
+        assert browser.get("/ops/feed").status_code == 200
+    forged = {"reach-ops": login.cookies["reach-ops"][:-1] + "0"}
+    assert httpx.get(f"{fleet.url}/ops/feed", cookies=forged, timeout=10).status_code == 401
 
 
 def _browser() -> Any:
@@ -190,7 +205,9 @@ def test_a_killed_instance_turns_unavailable_on_the_page(fleet: Fleet, tmp_path:
     victim, survivor = (by_url[agent.url] for agent in fleet.agents)
     driver = _browser()
     try:
-        driver.get(f"{fleet.url}/ops#token={OPERATOR}")
+        driver.get(f"{fleet.url}/ops")
+        driver.find_element(By.ID, "token").send_keys(OPERATOR)
+        driver.find_element(By.ID, "go").click()
 
         def state(instance: str) -> str | None:
             """The row's state, read in one script call (the page redraws its rows every second)."""
@@ -209,7 +226,10 @@ def test_a_killed_instance_turns_unavailable_on_the_page(fleet: Fleet, tmp_path:
             return True
 
         _wait(lambda: state(victim) == state(survivor) == "available", 15, "both instances shown available")
-        assert OPERATOR not in driver.current_url, "the token stays out of the address bar"
+        kept = driver.execute_script(
+            "return document.cookie + JSON.stringify(sessionStorage) + JSON.stringify(localStorage)"
+        )
+        assert OPERATOR not in driver.current_url + kept, "the token stays out of the address bar, script and storage"
         row = f'#recent tr[data-request="{ids[-1]}"]'
         _wait(lambda: clicked(row), 10, "the last reach listed and clicked")
         replay = driver.find_element(By.ID, "replay")

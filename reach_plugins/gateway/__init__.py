@@ -3,7 +3,8 @@
 ``reach gateway --config agents.yaml --host 0.0.0.0 --port 8080`` serves it
 under uvicorn; :func:`create_app` builds the Starlette app for any ASGI server
 (needs the ``server`` extra); ``/ops`` is its operations page, and
-:func:`serve_ops` serves that page alone for a direct-transport fleet (``reach ops``). What is not HTTP-specific lives in
+:func:`serve_ops` serves that page alone for a direct-transport fleet (``reach ops``).
+What is not HTTP-specific lives in
 :mod:`reach_plugins.server` (the forwarder: router + core + next hop; access:
 tokens, ``internal_only`` by address; the server layer every route goes
 through) and is shared with the gRPC node (:mod:`reach_plugins.node`).

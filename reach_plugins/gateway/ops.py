@@ -1,23 +1,26 @@
 """The operations page: agents and instances with live health, recent reaches and their route decisions, error rates
 and p95 per capability, usage per tenant (issue 28, deliverable 2).
 
-``GET /ops`` is a static page (``ops_page.html``, no external assets, no data in it); everything it shows comes from
-``GET /ops/feed`` and ``GET /ops/trace?id=...``, which need the operator token (the bearer that guards
-``/metrics``, ``--metrics-token-env``). The feed never carries a secret: no tokens, no credential values, no request
-parameters or results, and endpoints without userinfo or query. :func:`fleet` is the one place the instance view is
-read from the forwarder, so the page follows when the routing status view grows. The gateway keeps its recent
-reaches in :class:`Recent` (a bounded trace sink in front of the metrics sink); ``reach ops`` (a direct-transport
-fleet) feeds it from the clients' trace file.
+``GET /ops`` is a static page (``ops_page.html``, no external assets, no data in it) filled from ``GET /ops/feed``
+and ``GET /ops/trace?id=...``; all of them need the operator token (the bearer that guards ``/metrics``,
+``--metrics-token-env``), with which a browser signs in once (:class:`OpsPage`). The feed never carries a secret:
+no tokens, no credential values, no request parameters or results, and endpoints without userinfo or query.
+:func:`fleet` is the one place the instance view is read from the forwarder, so the page follows when the routing
+status view grows. The gateway keeps its recent reaches in :class:`Recent` (a bounded trace sink in front of the
+metrics sink); ``reach ops`` (a direct-transport fleet) feeds it from the clients' trace file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import math
 import os
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from html import escape
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Final
@@ -30,11 +33,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from reach_plugins.endpoints import EndpointPolicy
-from reach_plugins.errors import ConfigError, Unauthenticated
+from reach_plugins.errors import ConfigError, ReachError, Unauthenticated
 from reach_plugins.model import ReachTrace
 from reach_plugins.registry import open_registry
 from reach_plugins.server.forwarder import Forwarder
-from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute
+from reach_plugins.server.layer import Inbound, ServerApp, ServerRoute, Stage
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.prometheus import scrape_allowed
 from reach_plugins.telemetry.trace import TraceSink
@@ -185,26 +188,48 @@ def replay(trace: ReachTrace) -> str:
 
 
 class OpsPage:
-    """The page's routes over a forwarder and its recent reaches, behind the operator token."""
+    """The page's routes over a forwarder and its recent reaches, every one behind the operator token.
+
+    A browser signs in once (``POST /ops/login`` with the token as its bearer) and gets an HttpOnly, SameSite=Strict
+    cookie holding a keyed digest of the token, never the token; the page's script never sees either.
+    """
 
     def __init__(self, forwarder: Forwarder, recent: Recent, *, token: str | None) -> None:
         self.forwarder = forwarder
         self.recent = recent
         self.token = token
+        self._session = hmac.new(token.encode(), b"reach-ops-session", hashlib.sha256).hexdigest() if token else None
 
     async def operator(self, request: Request, headers: Mapping[str, str]) -> None:
-        """The auth rule of the feeds: the operator token, and nothing without one configured."""
-        if self.token is None:
+        """The auth rule of every route of the page: the operator token (or its sign-in cookie); none configured,
+        nobody."""
+        if self.token is None or self._session is None:
             raise Unauthenticated(
                 "the operations page needs an operator token: start the server with --metrics-token-env VAR "
-                "(the bearer /metrics asks for) and present it as 'Authorization: Bearer <token>'"
+                "(the bearer /metrics asks for) and sign in with its value"
             )
-        if not scrape_allowed(self.token, headers.get("authorization")):
-            raise Unauthenticated("the operations feed needs the operator token: Authorization: Bearer <token>")
+        cookie = request.cookies.get(COOKIE, "")
+        if not (
+            hmac.compare_digest(cookie.encode(), self._session.encode())
+            or scrape_allowed(self.token, headers.get("authorization"))
+        ):
+            raise Unauthenticated(
+                "the operations page needs the operator token: sign in at /ops, or send Authorization: Bearer <token>"
+            )
 
     async def page(self, inbound: Inbound) -> Response:
-        html = files("reach_plugins.gateway").joinpath("ops_page.html").read_text(encoding="utf-8")
-        return HTMLResponse(html, headers={"Cache-Control": "no-store", "Content-Security-Policy": _CSP})
+        return HTMLResponse(_resource("ops_page.html"), headers=_HEADERS)
+
+    def _sign_in(self, exc: ReachError, stage: Stage) -> Response:
+        """The refusal of ``GET /ops``: the sign-in form, saying why (401)."""
+        html = _resource("ops_login.html").replace("{why}", escape(exc.message))
+        return HTMLResponse(html, status_code=exc.http_status, headers=_HEADERS)
+
+    async def login(self, inbound: Inbound) -> Response:
+        assert self._session is not None  # the auth rule let the caller in
+        answer = Response(status_code=204)
+        answer.set_cookie(COOKIE, self._session, max_age=SESSION, path="/ops", httponly=True, samesite="strict")
+        return answer
 
     async def feed(self, inbound: Inbound) -> Response:
         traces = self.recent.traces()
@@ -226,16 +251,25 @@ class OpsPage:
 
     def routes(self) -> list[ServerRoute]:
         return [
-            ServerRoute("/ops", ("GET",), self.page, auth=OPEN),
+            ServerRoute("/ops", ("GET",), self.page, auth=self.operator, refuse=self._sign_in),
+            ServerRoute("/ops/login", ("POST",), self.login, auth=self.operator),
             ServerRoute("/ops/feed", ("GET",), self.feed, auth=self.operator),
             ServerRoute("/ops/trace", ("GET",), self.trace, auth=self.operator),
         ]
 
 
+def _resource(name: str) -> str:
+    return files("reach_plugins.gateway").joinpath(name).read_text(encoding="utf-8")
+
+
+COOKIE: Final = "reach-ops"
+SESSION: Final = 8 * 3600
+"""Seconds a browser's sign-in lasts."""
 _CSP: Final = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:"
 )
 """The page loads nothing from anywhere else."""
+_HEADERS: Final = {"Cache-Control": "no-store", "Content-Security-Policy": _CSP, "X-Frame-Options": "DENY"}
 
 
 def ops_app(forwarder: Forwarder, recent: Recent, *, token: str | None) -> ServerApp:
