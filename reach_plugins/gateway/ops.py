@@ -3,7 +3,7 @@ and p95 per capability, usage per tenant (issue 28, deliverable 2).
 
 ``GET /ops`` is a static page (``ops_page.html``, no external assets, no data in it) filled from ``GET /ops/feed``
 and ``GET /ops/trace?id=...``; all of them need the operator token (the bearer that guards ``/metrics``,
-``--metrics-token-env``), with which a browser signs in once (:class:`OpsPage`). The feed never carries a secret:
+``--metrics-token-env``), which a browser is asked for once (:class:`OpsPage`). The feed never carries a secret:
 no tokens, no credential values, no request parameters or results, and endpoints without userinfo or query.
 :func:`fleet` is the one place the instance view is read from the forwarder, so the page follows when the routing
 status view grows. The gateway keeps its recent reaches in :class:`Recent` (a bounded trace sink in front of the
@@ -12,6 +12,7 @@ metrics sink); ``reach ops`` (a direct-transport fleet) feeds it from the client
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import io
@@ -20,7 +21,6 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from html import escape
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Final
@@ -37,7 +37,7 @@ from reach_plugins.errors import ConfigError, ReachError, Unauthenticated
 from reach_plugins.model import ReachTrace
 from reach_plugins.registry import open_registry
 from reach_plugins.server.forwarder import Forwarder
-from reach_plugins.server.layer import Inbound, ServerApp, ServerRoute, Stage
+from reach_plugins.server.layer import Inbound, ServerApp, ServerRoute, Stage, refusal
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.prometheus import scrape_allowed
 from reach_plugins.telemetry.trace import TraceSink
@@ -190,8 +190,9 @@ def replay(trace: ReachTrace) -> str:
 class OpsPage:
     """The page's routes over a forwarder and its recent reaches, every one behind the operator token.
 
-    A browser signs in once (``POST /ops/login`` with the token as its bearer) and gets an HttpOnly, SameSite=Strict
-    cookie holding a keyed digest of the token, never the token; the page's script never sees either.
+    A browser asked for ``GET /ops`` prompts for credentials (HTTP Basic: any user name, the token as password) and
+    is given an HttpOnly, SameSite=Strict cookie holding a keyed digest of the token, never the token, which its
+    feeds then present; the page's script never sees either.
     """
 
     def __init__(self, forwarder: Forwarder, recent: Recent, *, token: str | None) -> None:
@@ -201,34 +202,36 @@ class OpsPage:
         self._session = hmac.new(token.encode(), b"reach-ops-session", hashlib.sha256).hexdigest() if token else None
 
     async def operator(self, request: Request, headers: Mapping[str, str]) -> None:
-        """The auth rule of every route of the page: the operator token (or its sign-in cookie); none configured,
-        nobody."""
+        """The auth rule of every route of the page: the operator token as a bearer, a Basic password or its
+        cookie; with no token configured, nobody."""
         if self.token is None or self._session is None:
             raise Unauthenticated(
                 "the operations page needs an operator token: start the server with --metrics-token-env VAR "
                 "(the bearer /metrics asks for) and sign in with its value"
             )
+        authorization = headers.get("authorization")
         cookie = request.cookies.get(COOKIE, "")
         if not (
             hmac.compare_digest(cookie.encode(), self._session.encode())
-            or scrape_allowed(self.token, headers.get("authorization"))
+            or scrape_allowed(self.token, authorization)
+            or hmac.compare_digest(basic_password(authorization).encode(), self.token.encode())
         ):
             raise Unauthenticated(
-                "the operations page needs the operator token: sign in at /ops, or send Authorization: Bearer <token>"
+                "the operations page needs the operator token: as the password your browser asks for, or as "
+                "'Authorization: Bearer <token>'"
             )
 
     async def page(self, inbound: Inbound) -> Response:
-        return HTMLResponse(_resource("ops_page.html"), headers=_HEADERS)
-
-    def _sign_in(self, exc: ReachError, stage: Stage) -> Response:
-        """The refusal of ``GET /ops``: the sign-in form, saying why (401)."""
-        html = _resource("ops_login.html").replace("{why}", escape(exc.message))
-        return HTMLResponse(html, status_code=exc.http_status, headers=_HEADERS)
-
-    async def login(self, inbound: Inbound) -> Response:
         assert self._session is not None  # the auth rule let the caller in
-        answer = Response(status_code=204)
+        answer = HTMLResponse(_resource("ops_page.html"), headers=_HEADERS)
         answer.set_cookie(COOKIE, self._session, max_age=SESSION, path="/ops", httponly=True, samesite="strict")
+        return answer
+
+    @staticmethod
+    def _ask(exc: ReachError, stage: Stage) -> Response:
+        """The refusal of ``GET /ops``: the layer's, asking a browser for the token (HTTP Basic)."""
+        answer = refusal(exc, stage)
+        answer.headers["WWW-Authenticate"] = 'Basic realm="reach operations (password: the operator token)"'
         return answer
 
     async def feed(self, inbound: Inbound) -> Response:
@@ -251,11 +254,21 @@ class OpsPage:
 
     def routes(self) -> list[ServerRoute]:
         return [
-            ServerRoute("/ops", ("GET",), self.page, auth=self.operator, refuse=self._sign_in),
-            ServerRoute("/ops/login", ("POST",), self.login, auth=self.operator),
+            ServerRoute("/ops", ("GET",), self.page, auth=self.operator, refuse=self._ask),
             ServerRoute("/ops/feed", ("GET",), self.feed, auth=self.operator),
             ServerRoute("/ops/trace", ("GET",), self.trace, auth=self.operator),
         ]
+
+
+def basic_password(authorization: str | None) -> str:
+    """The password of an ``Authorization: Basic`` header, else "" (never a valid token)."""
+    scheme, _, encoded = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "basic":
+        return ""
+    try:
+        return base64.b64decode(encoded.strip(), validate=True).decode().partition(":")[2]
+    except (ValueError, UnicodeDecodeError):
+        return ""
 
 
 def _resource(name: str) -> str:
