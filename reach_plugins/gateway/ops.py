@@ -72,12 +72,15 @@ class Recent:
     def traces(self) -> list[ReachTrace]:
         """Oldest first, after reading what was appended to the followed file since the last look."""
         if self._follow is not None and self._follow.exists():
-            with self._follow.open(encoding="utf-8") as handle:
+            if self._follow.stat().st_size < self._offset:
+                self._offset = 0  # rotated or truncated: read the new file from its start
+            with self._follow.open("rb") as handle:
                 handle.seek(self._offset)
-                complete = handle.read().rpartition("\n")[0]
+                complete = handle.read().rpartition(b"\n")[0]
             if complete:
-                self._offset += len(complete.encode()) + 1
-                self._traces.extend(read_traces(iter(complete.splitlines())))
+                self._offset += len(complete) + 1
+                lines = complete.decode("utf-8", errors="replace").splitlines()
+                self._traces.extend(read_traces(iter(lines)))
         return list(self._traces)
 
     def find(self, request_id: str) -> ReachTrace | None:
