@@ -84,3 +84,12 @@ def test_a_basic_password_is_read_only_from_a_well_formed_header() -> None:
     assert basic_password(good) == "tok:with:colons"
     for bad in (None, "", "Bearer x", "Basic !!!", "Basic " + base64.b64encode(b"\xff\xfe").decode()):
         assert basic_password(bad) == ""
+
+
+def test_a_big_trace_file_is_read_from_its_newest_part_only(tmp_path: Path) -> None:
+    """Past tail_bytes only the newest whole lines are read (the cut one is skipped), so a look stays bounded."""
+    path = tmp_path / "traces.jsonl"
+    lines = [_trace(n).model_dump_json() + "\n" for n in range(10)]
+    path.write_text("".join(lines), encoding="utf-8")
+    recent = Recent(follow=path, tail_bytes=len(lines[-1]) * 2 + 5)
+    assert [t.request_id for t in recent.traces()] == ["r8", "r9"]

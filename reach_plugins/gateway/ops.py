@@ -46,6 +46,8 @@ from reach_plugins.telemetry.usage import summarise
 
 RECENT: Final = 500
 """Reaches the page's figures are computed over (the newest ones)."""
+TAIL_BYTES: Final = 4 << 20
+"""At most this much of a followed trace file is read at a time (its newest part)."""
 SHOWN: Final = 50
 """Reaches listed on the page."""
 
@@ -56,13 +58,21 @@ class Recent:
     With ``follow`` it also reads the traces other processes append to that JSON-lines file (``reach ops``).
     """
 
-    def __init__(self, forward: TraceSink | None = None, *, size: int = RECENT, follow: Path | None = None) -> None:
+    def __init__(
+        self,
+        forward: TraceSink | None = None,
+        *,
+        size: int = RECENT,
+        follow: Path | None = None,
+        tail_bytes: int = TAIL_BYTES,
+    ) -> None:
         if size < 1:
             raise ConfigError(f"Recent keeps at least 1 reach, got size={size}")
         self._traces: deque[ReachTrace] = deque(maxlen=size)
         self._forward = forward
         self._follow = follow
         self._offset = 0
+        self._tail = tail_bytes
 
     def emit(self, trace: ReachTrace) -> None:
         self._traces.append(trace)
@@ -72,16 +82,24 @@ class Recent:
     def traces(self) -> list[ReachTrace]:
         """Oldest first, after reading what was appended to the followed file since the last look."""
         if self._follow is not None and self._follow.exists():
-            if self._follow.stat().st_size < self._offset:
-                self._offset = 0  # rotated or truncated: read the new file from its start
-            with self._follow.open("rb") as handle:
-                handle.seek(self._offset)
-                complete = handle.read().rpartition(b"\n")[0]
-            if complete:
-                self._offset += len(complete) + 1
-                lines = complete.decode("utf-8", errors="replace").splitlines()
-                self._traces.extend(read_traces(iter(lines)))
+            self._read(self._follow)
         return list(self._traces)
+
+    def _read(self, path: Path) -> None:
+        """The whole lines appended since the last look, within the file's last ``tail_bytes``."""
+        size = path.stat().st_size
+        if size < self._offset:
+            self._offset = 0  # rotated or truncated: read the new file from its start
+        start = max(self._offset, size - self._tail)
+        with path.open("rb") as handle:
+            handle.seek(start)
+            chunk = handle.read(size - start)
+        complete, newline, _ = chunk.rpartition(b"\n")
+        if not newline:
+            return
+        self._offset = start + len(complete) + 1
+        lines = complete.decode("utf-8", errors="replace").splitlines()
+        self._traces.extend(read_traces(iter(lines)))  # a first line cut by the tail bound does not parse: skipped
 
     def find(self, request_id: str) -> ReachTrace | None:
         return next((t for t in reversed(self.traces()) if t.request_id == request_id), None)
