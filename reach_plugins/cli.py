@@ -257,6 +257,21 @@ def _trace_options(path: Path | None, max_bytes: int, backups: int) -> dict[str,
     return {"trace_file": str(path), "trace_max_bytes": max_bytes, "trace_backups": backups}
 
 
+@app.command()
+def ops(
+    registry: Annotated[str, typer.Option(help="Registry URL of the fleet: file://agents.yaml, etcd://host:port.")],
+    token_env: Annotated[str, typer.Option(help="Variable holding the operator token the page asks for.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8070,
+    trace_file: Annotated[Path, typer.Option(help="The clients' JSON-lines trace file (recent reaches).")] = TRACES,
+) -> None:
+    """Serve the operations page of a direct-transport fleet: GET /ops (open the page with #token=<token>)."""
+    from reach_plugins.gateway import serve_ops
+
+    with _named_errors():
+        serve_ops(registry, host, port, token_env=token_env, trace_file=trace_file)
+
+
 def _pairs(values: list[str], option: str) -> dict[str, str]:
     """``NAME=VALUE`` options as a dict (``ConfigError`` naming the option for anything else)."""
     pairs: dict[str, str] = {}

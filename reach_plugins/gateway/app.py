@@ -30,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, Unauthenticated
 from reach_plugins.gateway.mcp import McpEndpoint
+from reach_plugins.gateway.ops import OpsPage, Recent
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.issuer import TokenIssuer
@@ -130,6 +131,7 @@ class Gateway:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         recent: RecentTraces | None = None,
+        reaches: Recent | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be at least 1, got {max_inflight}")
@@ -161,6 +163,8 @@ class Gateway:
         self.metrics_host = metrics_host
         self.recent = recent
         """The recent traces ``GET /v1/traces/stream`` serves (the route exists when given)."""
+        self.reaches = reaches if reaches is not None else Recent()
+        """The newest reaches the operations page shows (a sink of the forwarder's traces, as ``serve`` wires it)."""
 
     # ------------------------------------------------------------------ request handling
 
@@ -454,6 +458,7 @@ class Gateway:
                 else []
             ),
             *McpEndpoint(self.forwarder).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
+            *OpsPage(self.forwarder, self.reaches, token=self.metrics.token).routes(),
         ]
         if self.issuer is not None:
             routes += issuer_routes(self.issuer, self.access.authenticate, limits=limits, agents=self.exchangers)

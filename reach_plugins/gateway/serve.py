@@ -14,6 +14,7 @@ import uvicorn
 
 from reach_plugins.config.loader import load_config
 from reach_plugins.gateway.app import Gateway
+from reach_plugins.gateway.ops import Recent
 from reach_plugins.registry import Registry
 from reach_plugins.security.claims import VIA_GATEWAY
 from reach_plugins.server.build import build_forwarder
@@ -78,6 +79,7 @@ def create_app(
     known = Vocabulary(lambda: forwarder.table, tenants=tenants, show_tenants=token is not None)
     metrics = Metrics(vocabulary=known, token=token)
     recent = recent if recent is not None else RecentTraces()
+    reaches = Recent()
     forwarder, access = build_forwarder(
         config,
         registry=registry,
@@ -87,7 +89,9 @@ def create_app(
         issuer=issuer,
         via=VIA_GATEWAY,
         audit=audit,
-        sink=fan_out(metrics.reach, recent, file_sink(trace_file, max_bytes=trace_max_bytes, backups=trace_backups)),
+        sink=fan_out(
+            metrics.reach, recent, reaches, file_sink(trace_file, max_bytes=trace_max_bytes, backups=trace_backups)
+        ),
         store=store,
     )
     gateway = Gateway(
@@ -103,6 +107,7 @@ def create_app(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         recent=recent,
+        reaches=reaches,
     )
     return gateway.app()
 
