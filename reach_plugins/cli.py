@@ -21,6 +21,7 @@ from reach_plugins.errors import ConfigError, ReachError
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
+from reach_plugins.telemetry.logs import FORMATS, LEVELS, reach_version
 from reach_plugins.telemetry.traceview import find_trace, follow, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
 
@@ -31,10 +32,36 @@ TRACES = Path("reach-traces.jsonl")
 TlsCert = Annotated[Path | None, typer.Option(help="Serve TLS with this certificate chain (PEM).")]
 TlsKey = Annotated[Path | None, typer.Option(help="The private key of --tls-cert (PEM, unencrypted).")]
 ClientCa = Annotated[Path | None, typer.Option(help="Require client certificates of this CA (mutual TLS).")]
+LogFormat = Annotated[str, typer.Option(help=f"Log lines as {' or '.join(FORMATS)} (JSON: one object a line).")]
+LogLevel = Annotated[str, typer.Option(help=f"Log this level and above: {', '.join(LEVELS)}.")]
 AgentToken = Annotated[
     list[str],
     typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
 ]
+
+
+def _show_version(shown: bool) -> None:
+    if shown:
+        console.print(f"reach {reach_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Reach other agents by capability."""
+
+
+def _ports(**ports: int | None) -> None:
+    """``ConfigError`` naming the option whose value is no TCP port (0 picks a free one), instead of listening
+    on the value modulo 65536 as the socket layer would."""
+    for option, port in ports.items():
+        if port is not None and not 0 <= port <= 65535:
+            name = "--" + option.replace("_", "-")
+            raise ConfigError(f"{name} {port}: a port is a number from 1 to 65535 (or 0 for a free one)")
 
 
 def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, str]:
@@ -135,6 +162,8 @@ def gateway(
     ] = None,
     metrics_port: Annotated[int | None, typer.Option(help="Serve /metrics on this port instead (one worker).")] = None,
     metrics_host: Annotated[str, typer.Option(help="Address of --metrics-port.")] = "127.0.0.1",
+    log_format: LogFormat = "text",
+    log_level: LogLevel = "info",
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
@@ -145,7 +174,9 @@ def gateway(
         raise typer.Exit(2)
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
     options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
+    options.update(log_format=log_format, log_level=log_level)
     with _named_errors():
+        _ports(port=port, metrics_port=metrics_port)
         options |= _tls(tls_cert, tls_key, client_ca)
         options["agent_tokens"] = _pairs(agent_token, "--agent-token")
         if workers == 1:
@@ -175,11 +206,14 @@ def node(
     tls_cert: TlsCert = None,
     tls_key: TlsKey = None,
     client_ca: ClientCa = None,
+    log_format: LogFormat = "text",
+    log_level: LogLevel = "info",
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import run_node
 
     with _named_errors():
+        _ports(port=port, metrics_port=metrics_port)
         run_node(
             config,
             host,
@@ -192,6 +226,8 @@ def node(
             metrics_token_env=metrics_token_env,
             allow_open=allow_open,
             callback_hosts=callback_host or (),
+            log_format=log_format,
+            log_level=log_level,
             **_tls(tls_cert, tls_key, client_ca),
         )
 
@@ -223,6 +259,7 @@ def issuer(
     from reach_plugins.server.issuer_server import serve_issuer
 
     with _named_errors():
+        _ports(port=port)
         agents = _pairs(agent_token, "--agent-token")
         tls = _tls(tls_cert, tls_key, client_ca)
         serve_issuer(
