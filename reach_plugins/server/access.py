@@ -60,9 +60,7 @@ class Access:
                 )
             key = digest(token)
             if key in self._by_digest:
-                raise ConfigError(
-                    f"tenants {self._by_digest[key]!r} and {name!r} share one token; give each its own"
-                )
+                raise ConfigError(f"tenants {self._by_digest[key]!r} and {name!r} share one token; give each its own")
             self._by_digest[key] = name
             self._tokens[name] = token
 
