@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from rich.table import Table
 from reach_plugins.config.loader import load_config
 from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError, ReachError
+from reach_plugins.fleet import Fleet, load_fleet
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
@@ -265,6 +267,29 @@ def issuer(
         serve_issuer(
             config, host, port, keys=key, name=name, ttl=ttl, agent_tokens=agents, allow_open=allow_open, **tls
         )
+
+
+@app.command()
+def up(
+    fleet: Annotated[Path, typer.Argument(help="A fleet file (see examples/fleet.yaml).")],
+) -> None:
+    """Start a local fleet: secured etcd, Redis, agent instances, a gateway with workers, a node; Ctrl-C stops it."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the fleet as Ctrl-C does
+    with _named_errors():
+        running = Fleet(load_fleet(fleet))
+        try:
+            table = Table("process", "listens on", title=f"reach up {fleet}")
+            for what, where in running.up():
+                table.add_row(what, where)
+            console.print(table)
+            console.print(f"logs, certificates and tokens.env under {running.spec.state}; Ctrl-C stops everything")
+            while True:
+                signal.pause()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            running.down()
+        console.print("stopped")
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:
