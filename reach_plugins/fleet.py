@@ -245,9 +245,13 @@ class Fleet:
         """As the operator: upsert the descriptors of the fleet's agents (agents register only under one)."""
         names = {agent.name for agent in self.spec.agents}
         endpoints = EndpointPolicy.from_environ(self.environ)
+        descriptors = load_config(self.spec.config, endpoints=endpoints).agents
+        unknown = names - {descriptor.name for descriptor in descriptors}
+        if unknown:
+            raise ConfigError(f"agents {sorted(unknown)} of the fleet file are not described in {self.spec.config}")
         registry = open_registry(url, endpoints=endpoints)
         try:
-            for descriptor in load_config(self.spec.config, endpoints=endpoints).agents:
+            for descriptor in descriptors:
                 if descriptor.name in names:
                     await registry.register_agent(descriptor)
         finally:
