@@ -242,7 +242,8 @@ class Fleet:
         return made
 
     async def _load_descriptors(self, url: str) -> None:
-        """As the operator: upsert the descriptors of the fleet's agents (agents register only under one)."""
+        """As the operator: upsert the descriptors of the fleet's agents (agents register only under one); their
+        instances are the ones the fleet starts, which register themselves."""
         names = {agent.name for agent in self.spec.agents}
         endpoints = EndpointPolicy.from_environ(self.environ)
         descriptors = load_config(self.spec.config, endpoints=endpoints).agents
@@ -252,8 +253,8 @@ class Fleet:
         registry = open_registry(url, endpoints=endpoints)
         try:
             for descriptor in descriptors:
-                if descriptor.name in names:
-                    await registry.register_agent(descriptor)
+                if descriptor.name in names:  # without the config's static endpoints: the instances run here
+                    await registry.register_agent(descriptor.model_copy(update={"endpoints": [], "instances": []}))
         finally:
             await registry.aclose()
 
