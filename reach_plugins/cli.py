@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -20,11 +21,13 @@ from rich.table import Table
 from reach_plugins.config.loader import load_config
 from reach_plugins.endpoints import EndpointPolicy
 from reach_plugins.errors import ConfigError, ReachError
+from reach_plugins.fleet import Fleet, load_fleet
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing.probes import Prober
 from reach_plugins.routing.status import judge
 from reach_plugins.security.keys import SigningKey
 from reach_plugins.server.tls import ServerTls
+from reach_plugins.telemetry.logs import FORMATS, LEVELS, reach_version
 from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES
 from reach_plugins.telemetry.traceview import find_trace, follow, follow_url, terminal_text, trace_tree
 from reach_plugins.telemetry.usage import read_traces, summarise
@@ -41,10 +44,36 @@ TraceFile = Annotated[
 ]
 TraceMaxBytes = Annotated[int, typer.Option(min=1, help="Rotate --trace-file past this size (bytes).")]
 TraceBackups = Annotated[int, typer.Option(min=0, help="Rotated --trace-file copies kept (PATH.1, PATH.2, ...).")]
+LogFormat = Annotated[str, typer.Option(help=f"Log lines as {' or '.join(FORMATS)} (JSON: one object a line).")]
+LogLevel = Annotated[str, typer.Option(help=f"Log this level and above: {', '.join(LEVELS)}.")]
 AgentToken = Annotated[
     list[str],
     typer.Option(help="NAME=ENV: agent NAME exchanges the tokens it receives with the token in $ENV; repeatable."),
 ]
+
+
+def _show_version(shown: bool) -> None:
+    if shown:
+        console.print(f"reach {reach_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Reach other agents by capability."""
+
+
+def _ports(**ports: int | None) -> None:
+    """``ConfigError`` naming the option whose value is no TCP port (0 picks a free one), instead of listening
+    on the value modulo 65536 as the socket layer would."""
+    for option, port in ports.items():
+        if port is not None and not 0 <= port <= 65535:
+            name = "--" + option.replace("_", "-")
+            raise ConfigError(f"{name} {port}: a port is a number from 1 to 65535 (or 0 for a free one)")
 
 
 def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> dict[str, str]:
@@ -150,6 +179,8 @@ def gateway(
     trace_file: TraceFile = None,
     trace_max_bytes: TraceMaxBytes = TRACE_MAX_BYTES,
     trace_backups: TraceBackups = TRACE_BACKUPS,
+    log_format: LogFormat = "text",
+    log_level: LogLevel = "info",
 ) -> None:
     """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
@@ -161,7 +192,9 @@ def gateway(
     options: dict[str, Any] = {"registry": registry, "allow_open": allow_open, "audit": audit, "store": dedup_store}
     options.update(metrics_token_env=metrics_token_env, metrics_port=metrics_port, metrics_host=metrics_host)
     options.update(_trace_options(trace_file, trace_max_bytes, trace_backups))
+    options.update(log_format=log_format, log_level=log_level)
     with _named_errors():
+        _ports(port=port, metrics_port=metrics_port)
         options |= _tls(tls_cert, tls_key, client_ca)
         options["agent_tokens"] = _pairs(agent_token, "--agent-token")
         if workers == 1:
@@ -194,11 +227,14 @@ def node(
     trace_file: TraceFile = None,
     trace_max_bytes: TraceMaxBytes = TRACE_MAX_BYTES,
     trace_backups: TraceBackups = TRACE_BACKUPS,
+    log_format: LogFormat = "text",
+    log_level: LogLevel = "info",
 ) -> None:
     """Serve a Reach node (gRPC): Call, Stream, Submit/Result, with a bounded priority queue."""
     from reach_plugins.node import run_node
 
     with _named_errors():
+        _ports(port=port, metrics_port=metrics_port)
         run_node(
             config,
             host,
@@ -211,6 +247,8 @@ def node(
             metrics_token_env=metrics_token_env,
             allow_open=allow_open,
             callback_hosts=callback_host or (),
+            log_format=log_format,
+            log_level=log_level,
             **_tls(tls_cert, tls_key, client_ca),
             **_trace_options(trace_file, trace_max_bytes, trace_backups),
         )
@@ -243,6 +281,7 @@ def issuer(
     from reach_plugins.server.issuer_server import serve_issuer
 
     with _named_errors():
+        _ports(port=port)
         agents = _pairs(agent_token, "--agent-token")
         tls = _tls(tls_cert, tls_key, client_ca)
         serve_issuer(
@@ -269,7 +308,29 @@ def ops(
     from reach_plugins.gateway import serve_ops
 
     with _named_errors():
+        _ports(port=port)
         serve_ops(registry, host, port, token_env=token_env, trace_file=trace_file)
+@app.command()
+def up(
+    fleet: Annotated[Path, typer.Argument(help="A fleet file (see examples/fleet.yaml).")],
+) -> None:
+    """Start a local fleet: secured etcd, Redis, agent instances, a gateway with workers, a node; Ctrl-C stops it."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the fleet as Ctrl-C does
+    with _named_errors():
+        running = Fleet(load_fleet(fleet))
+        try:
+            table = Table("process", "listens on", title=f"reach up {fleet}")
+            for what, where in running.up():
+                table.add_row(what, where)
+            console.print(table)
+            console.print(f"logs, certificates and tokens.env under {running.spec.state}; Ctrl-C stops everything")
+            while True:
+                signal.pause()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            running.down()
+        console.print("stopped")
 
 
 def _pairs(values: list[str], option: str) -> dict[str, str]:

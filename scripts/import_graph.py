@@ -56,6 +56,7 @@ FLOORS: dict[str, int] = {
             "reach_plugins.langchain",
             "reach_plugins.llamaindex",
             "reach_plugins.dify",
+            "reach_plugins.fleet",
         ],
         11,
     ),

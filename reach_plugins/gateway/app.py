@@ -39,6 +39,7 @@ from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import InputLimits
 from reach_plugins.server.issuer_routes import issuer_routes
 from reach_plugins.server.layer import OPEN, Inbound, ServerApp, ServerRoute, Stage
+from reach_plugins.telemetry.logs import bind_request_id
 from reach_plugins.telemetry.prometheus import CONTENT_TYPE, Metrics, scrape_allowed
 from reach_plugins.telemetry.spans import (
     ATTR_AGENT,
@@ -189,7 +190,9 @@ class Gateway:
             tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
         request = inbound.request
         source = request.client.host if request.client else None
-        return to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
+        reach = to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
+        bind_request_id(reach.request_id)
+        return reach
 
     def _refuser(self, endpoint: str) -> Callable[[ReachError, Stage], Response]:
         """The layer's refusals for ``endpoint``, counted like every refusal of the gateway."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from reach_plugins.config.loader import load_config
+from reach_plugins.errors import ConfigError
 from reach_plugins.gateway.app import Gateway
 from reach_plugins.gateway.ops import Recent
 from reach_plugins.registry import Registry
@@ -24,6 +26,7 @@ from reach_plugins.server.layer import ServerApp
 from reach_plugins.server.tls import uvicorn_tls
 from reach_plugins.server.uvicorn import uvicorn_config
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
+from reach_plugins.telemetry.logs import security_mode, setup_logging, startup_line
 from reach_plugins.telemetry.metrics import fan_out
 from reach_plugins.telemetry.prometheus import Metrics
 from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, RecentTraces, file_sink
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
 
     from reach_plugins.security.audit import AuditHook
     from reach_plugins.stores.dedup import DedupStore
+
+log = logging.getLogger("reach_plugins.gateway")
 
 
 def create_app(
@@ -112,6 +117,42 @@ def create_app(
     return gateway.app()
 
 
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on ``host:port`` that child processes inherit (``ConfigError`` if it cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def log_startup(
+    config: str | os.PathLike[str],
+    sock: socket.socket,
+    *,
+    registry: str | None,
+    allow_open: bool,
+    tls_cert: str | None,
+    client_ca: str | None,
+    workers: int = 1,
+) -> None:
+    """Log the gateway's start-up line: version, where it listens, its registry, tenants and security mode."""
+    tenants = len(load_config(Path(config)).tenants)
+    host, port = sock.getsockname()[:2]
+    scheme = "https" if tls_cert else "http"
+    security = security_mode(tls=tls_cert is not None, mutual=client_ca is not None, open_=allow_open and not tenants)
+    line = startup_line(
+        "gateway", address=f"{scheme}://{host}:{port}", registry=registry, tenants=tenants, security=security
+    )
+    log.info("%s workers=%d", line, workers)
+
+
 def serve_gateway(
     config: str | os.PathLike[str],
     host: str = "127.0.0.1",
@@ -134,6 +175,8 @@ def serve_gateway(
     trace_file: str | None = None,
     trace_max_bytes: int = TRACE_MAX_BYTES,
     trace_backups: int = TRACE_BACKUPS,
+    log_format: str | None = None,
+    log_level: str = "info",
     **options: Any,
 ) -> None:
     """Serve the gateway under uvicorn until interrupted (uvloop and httptools when installed).
@@ -143,7 +186,12 @@ def serve_gateway(
     of :mod:`reach_plugins.gateway.workers` serves the listening ``sockets``
     its supervisor handed down instead of binding ``host:port``. ``tls_cert``/``tls_key`` serve https,
     ``client_ca`` requires callers' certificates of that CA too (:mod:`reach_plugins.server.tls`).
+    With ``log_format`` ("text" or "json") every line, uvicorn's too, goes through
+    :func:`~reach_plugins.telemetry.logs.setup_logging` at ``log_level``.
     """
+    if log_format is not None:
+        setup_logging(log_format, log_level)
+        options.setdefault("log_config", None)
     options |= uvicorn_tls(tls_cert, tls_key, client_ca)
     recent = RecentTraces()
     app = create_app(
@@ -164,6 +212,11 @@ def serve_gateway(
         recent=recent,
     )
     options.setdefault("proxy_headers", False)
+    if sockets is None:
+        sockets = [listen(host, port)]
+        log_startup(
+            config, sockets[0], registry=registry, allow_open=allow_open, tls_cert=tls_cert, client_ca=client_ca
+        )
     _Server(uvicorn_config(app, host=host, port=port, **options), recent).run(sockets=sockets)
 
 

@@ -26,12 +26,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
-from reach_plugins.gateway.serve import serve_gateway
+from reach_plugins.gateway.serve import listen, log_startup, serve_gateway
 from reach_plugins.security.keys import ENV_KEYS, SigningKey
+from reach_plugins.server.access import Access
+from reach_plugins.telemetry.logs import setup_logging
 
 log = logging.getLogger("reach_plugins.gateway")
 
@@ -56,21 +60,6 @@ class _Slot:
     started: float = 0.0
     delay: float = FIRST_DELAY
     due: float = 0.0
-
-
-def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """A listening TCP socket on ``host:port`` that child processes inherit."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(backlog)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port") from None
-    sock.set_inheritable(True)
-    return sock
 
 
 class Supervisor:
@@ -150,15 +139,24 @@ def serve_workers(workers: int, host: str, port: int, options: dict[str, Any]) -
             f"--workers {workers} needs a dedup store they share, or an idempotency key retried on another "
             "worker would run twice: pass --dedup-store redis://HOST:PORT/DB"
         )
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_logging(options.get("log_format") or "text", options.get("log_level") or "info")
     if workers > 1 and not options.get("issuer_keys") and not os.environ.get(ENV_KEYS):
         # Each worker would sign with a key of its own, and refuse the others' tokens and exchanges: they inherit
         # one made here instead (it lives as long as this supervisor; --issuer-key gives one that outlives it).
         os.environ[ENV_KEYS] = SigningKey.generate().pem().decode()
         log.warning("no --issuer-key: the %d workers sign with one key made at start (tokens die with it)", workers)
+    # a tenant no caller can authenticate as is refused here, not by each worker dying at start over and over
+    Access(load_config(Path(options["config"])).tenants)
     sock = listen(host, port)
-    log.info("gateway listening on %s:%d with %d workers", host, sock.getsockname()[1], workers)
+    log_startup(
+        options["config"],
+        sock,
+        registry=options.get("registry"),
+        allow_open=bool(options.get("allow_open")),
+        tls_cert=options.get("tls_cert"),
+        client_ca=options.get("client_ca"),
+        workers=workers,
+    )
     Supervisor(options, workers, sock).run()
 
 

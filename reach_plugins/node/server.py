@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import uuid
@@ -27,6 +28,7 @@ from reach_plugins.server.inbound import MAX_BODY
 from reach_plugins.server.tls import ServerTls
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.telemetry.labels import Vocabulary, metrics_token
+from reach_plugins.telemetry.logs import security_mode, setup_logging, startup_line
 from reach_plugins.telemetry.metrics import fan_out
 from reach_plugins.telemetry.trace import TRACE_BACKUPS, TRACE_MAX_BYTES, file_sink
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
     from reach_plugins.telemetry.prometheus import Metrics
 
+log = logging.getLogger("reach_plugins.node")
 
 SLOW_CLIENTS: Final[tuple[tuple[str, Any], ...]] = (
     ("grpc.server_handshake_timeout_ms", 10_000),
@@ -217,11 +220,31 @@ def build_node(
 
 
 async def serve_node(
-    config: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 50051, **options: Any
+    config: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    *,
+    log_format: str | None = None,
+    log_level: str = "info",
+    **options: Any,
 ) -> None:
-    """Serve a node until SIGINT/SIGTERM (``reach node``)."""
+    """Serve a node until SIGINT/SIGTERM (``reach node``), logging in ``log_format`` ("text", "json") when given."""
+    if log_format is not None:
+        setup_logging(log_format, log_level)
     node = build_node(config, host=host, port=port, **options)
     await node.start()
+    access = node.service.access
+    tls = node.tls
+    security = security_mode(tls=tls is not None, mutual=tls is not None and tls.mutual, open_=access.open)
+    metrics = f"http://{node.host}:{node.metrics_port}/metrics" if node.metrics is not None else "off"
+    line = startup_line(
+        "node",
+        address=f"grpc{'s' if tls else ''}://{node.target}",
+        registry=options.get("registry"),
+        tenants=len(access.tenants),
+        security=security,
+    )
+    log.info("%s node_id=%s metrics=%s", line, node.node_id, metrics)
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -26,6 +26,7 @@ from reach_plugins.node.tickets import Tickets
 from reach_plugins.server.access import Access
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.inbound import loads, single_headers
+from reach_plugins.telemetry.logs import bind_request_id
 from reach_plugins.telemetry.spans import (
     ATTR_CAPABILITY,
     ATTR_REQUEST_ID,
@@ -125,6 +126,7 @@ class NodeService:
             tenant = self.access.authenticate(authorization, body.tenant)
         source = peer_address(context.peer())
         request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source)
+        bind_request_id(request.request_id)
         return request, metadata
 
     async def refuse(self, context: Context, exc: ReachError) -> NoReturn:

@@ -48,18 +48,19 @@ class Access:
         self._tokens: dict[str, str] = {}
         for name, tenant in tenants.items():
             if tenant.token_env is None:
-                continue
+                raise ConfigError(
+                    f"tenant {name!r} has no token_env, so no caller could ever authenticate as it: add "
+                    "'token_env: VARIABLE' (the environment variable holding its bearer token), or remove the tenant"
+                )
             token = environ.get(tenant.token_env)
             if not token:
                 raise ConfigError(
-                    f"tenant {name!r}: environment variable {tenant.token_env} is not set; "
-                    "it holds the bearer token this tenant presents"
+                    f"tenant {name!r}: environment variable {tenant.token_env} is not set or empty; "
+                    "set it to the bearer token this tenant presents"
                 )
             key = digest(token)
             if key in self._by_digest:
-                raise ConfigError(
-                    f"tenants {self._by_digest[key]!r} and {name!r} share one token; give each its own"
-                )
+                raise ConfigError(f"tenants {self._by_digest[key]!r} and {name!r} share one token; give each its own")
             self._by_digest[key] = name
             self._tokens[name] = token
 
