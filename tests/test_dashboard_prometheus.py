@@ -52,12 +52,17 @@ AGENT = """
 import asyncio, sys
 from pathlib import Path
 from reach_plugins.agent import ReachAgent, ReachContext, serve
+from reach_plugins.errors import Retryable
 
 name, port, registry, instance_id, started = sys.argv[1:6]
 agent = ReachAgent(name, tokens="open")
 
 @agent.capability("work", description="Do some work")
-async def work(n: int, ctx: ReachContext, sleep: float = 0.0) -> dict:
+async def work(n: int, ctx: ReachContext, sleep: float = 0.0, flaky: bool = False) -> dict:
+    tried = Path(f"{started}-{n}")  # shared by every instance: the first try of n fails, wherever it runs
+    if flaky and not tried.exists():
+        tried.touch()
+        raise Retryable("a busy backend: try again")
     if sleep:
         Path(started).write_text(str(n))
         await asyncio.sleep(sleep)
@@ -264,10 +269,13 @@ def test_every_dashboard_query_returns_data_after_a_fault_drill(fleet: Fleet) ->
         assert sessions(fleet, http, ids, 2) == pinned  # every session stays on its agent
         for _ in range(2):  # the second answer replayed by its key
             assert reach(fleet, http, 7, idempotency_key="order-7")["status"] == "success"
+        assert reach(fleet, http, 8, idempotency_key="order-8", payload={"flaky": True})["attempts"] == 2
         with mcp_session(fleet, http) as headers:
             for n in range(3):
                 tool_call(fleet, http, headers, n)
         close_during_call(fleet, http)
+        fleet.scraped("sum(reach_sessions_closed_total)", lambda value: value == 2)
+        fleet.scraped("sum(reach_client_cancellations_total)", lambda value: value == 1)  # counted once, not twice
         fleet.scraped('reach_route_decisions_total{reach_route_affinity="pinned"}')
 
         fleet.kill("t0")  # calls that meet it fail over; enough of them open its breaker
@@ -287,7 +295,8 @@ def test_every_dashboard_query_returns_data_after_a_fault_drill(fleet: Fleet) ->
             assert set(moved.values()) == {"spare"}, moved
             done = half if n == 5 else len(on_tickets)
             fleet.scraped('sum(reach_route_decisions_total{reach_degraded="true"})', lambda value: value == done)
-        fleet.scraped("sum(reach_registry_heartbeat_expirations_total)", lambda value: value >= 2)
+        fleet.scraped("sum(reach_registry_heartbeat_expirations_total)", lambda value: value == 2)
+        fleet.scraped('sum(reach_registry_registrations_total{reach_result="success"})', lambda value: value == 4)
 
     empty = []
     for title, expr in queries():
@@ -301,8 +310,8 @@ def test_every_dashboard_query_returns_data_after_a_fault_drill(fleet: Fleet) ->
     print("seed 001 4.1 panels:", values)
     assert values["Registration success rate"] == 1.0
     assert values["Heartbeat expiry rate"] > 0
-    assert values["Semantic route distribution"] >= 4  # the MCP tool calls routed by their exact name
-    assert 0 < values["Session cache hit rate"] < 1
+    assert values["Semantic route distribution"] > 0  # MCP tool calls routed by their exact name, after a scrape
+    assert 0 < values["Session cache hit rate"] <= 1
     assert values["Degraded routes"] > 0
     p95 = [float(s["value"][1]) for t, e in queries() if "p95" in t for s in fleet.query(e)]
     assert p95 and all(math.isfinite(value) and value > 0 for value in p95), p95
