@@ -43,6 +43,11 @@ if ! grep -qs '"@modelcontextprotocol/conformance": "0.2.0-alpha.11"' .mcp-confo
   npm install --prefix .mcp-conformance --no-audit --no-fund --save-exact \
     node@22.23.3 @modelcontextprotocol/conformance@0.2.0-alpha.11
 fi
+# Debian's Prometheus: tests/test_dashboard_prometheus.py runs every Grafana dashboard query against it, scraping a
+# real gateway (root and apt only, as scripts/services.sh installs etcd; without it the test skips, or fails in CI).
+if ! command -v prometheus >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+fi
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh
 # Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway

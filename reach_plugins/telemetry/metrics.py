@@ -320,26 +320,27 @@ class ReachMetrics:
         instances present when the watch starts are not counted as registrations, but their expiry is.
         """
         events = registry.watch()  # subscribed before the snapshot, so nothing falls between them
-        seen = {
-            (agent, instance.instance_id): instance.status
-            for agent in registry.agents()
-            for instance in registry.instances(agent).values()
-        }
+        seen = {(agent, instance_id) for agent in registry.agents() for instance_id in registry.instances(agent)}
+        down: set[tuple[str, str]] = set()
         async for event in events:
             key = (event.agent, event.instance_id or "")
-            if event.kind == "instance_put":
-                if registrations and key not in seen:
+            if event.kind == "instance_put" and key not in seen:
+                seen.add(key)
+                if registrations:
                     self.registration(event.agent, ok=True)
-                current = registry.instances(event.agent).get(key[1])
-                seen[key] = current.status if current is not None else seen.get(key, "ready")
             elif event.kind == "instance_up":
-                seen[key] = "ready"
-            elif event.kind in ("instance_down", "instance_deleted"):
-                status = seen.pop(key, None)
-                if event.kind == "instance_down":
-                    seen[key] = "down"
-                if status == "ready":
-                    self.heartbeat_expirations.add(1, self._labels(HEARTBEAT_EXPIRATIONS, {ATTR_AGENT: event.agent}))
+                down.discard(key)
+            elif event.kind == "instance_down" and key not in down:
+                down.add(key)
+                self._expired(event.agent)
+            elif event.kind == "instance_deleted":
+                seen.discard(key)
+                if key not in down and event.status == "ready":
+                    self._expired(event.agent)
+                down.discard(key)
+
+    def _expired(self, agent: str) -> None:
+        self.heartbeat_expirations.add(1, self._labels(HEARTBEAT_EXPIRATIONS, {ATTR_AGENT: agent}))
 
 
 _GLOBAL_LOCK = threading.Lock()
