@@ -48,6 +48,11 @@ fi
 if ! command -v chromedriver >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver
 fi
+# Debian's Prometheus: tests/test_dashboard_prometheus.py runs every Grafana dashboard query against it, scraping a
+# real gateway (root and apt only, as scripts/services.sh installs etcd; without it the test skips, or fails in CI).
+if ! command -v prometheus >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+fi
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh
 # Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway

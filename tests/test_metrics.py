@@ -23,7 +23,7 @@ from reach_plugins import AgentDescriptor, Capability, ReachEnhancer
 from reach_plugins.agent import BackgroundServer, ReachAgent
 from reach_plugins.errors import BusinessError, SessionClosed
 from reach_plugins.frameworks.toolcalls import ToolCall
-from reach_plugins.model import Attempt, CircuitBreakerConfig, ReachTrace, RouteDecision
+from reach_plugins.model import Attempt, CircuitBreakerConfig, Instance, ReachTrace, RouteDecision
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.telemetry import metrics as m
 from reach_plugins.telemetry.metrics import ReachMetrics, attempt_outcome, fan_out
@@ -350,3 +350,35 @@ def test_running_totals_fold_attribute_sets_past_the_limit() -> None:
     assert len(found["t.instances"]) == 11
     assert total(found, "t.instances") == 100
     assert total(found, "t.instances", **{"otel.metric.overflow": "true"}) == 80
+
+
+async def test_a_server_counts_registrations_and_expiry_but_not_a_drained_stop(
+    metrics: ReachMetrics, reader: InMemoryMetricReader
+) -> None:
+    """Seen through the registry: each instance that appears registers once (heartbeats are not registrations); one
+    gone while ready (lease expired) or marked down is an expiry, counted once; one that drained first is not."""
+    clock = Clock()
+    registry = MemoryRegistry(clock=clock)
+    await registry.register_agent(AgentDescriptor(name="orders", capabilities=[Capability(name="q", description="q")]))
+    watching = asyncio.create_task(metrics.watch(registry, registrations=True))
+    await asyncio.sleep(0)  # the watch subscribes
+
+    def instance(name: str, status: Any = "ready", seq: int = 1) -> Instance:
+        endpoint = f"http://127.0.0.1:{free_port()}"
+        return Instance(agent="orders", instance_id=name, endpoint=endpoint, status=status, heartbeat_seq=seq,
+                        last_heartbeat=clock.now)  # fmt: skip
+
+    for name in ("killed", "stopped", "silent"):
+        await registry.register_instance(instance(name))
+    await registry.register_instance(instance("killed", seq=2))  # a heartbeat
+    await registry.register_instance(instance("stopped", "draining", seq=2))
+    await registry.deregister_instance("orders", "killed")
+    await registry.deregister_instance("orders", "stopped")
+    clock.now += 3600
+    registry.sweep()  # "silent" stopped heartbeating: instance_down, then its lease goes too
+    await registry.deregister_instance("orders", "silent")
+    await registry.aclose()  # the watch ends after the events before it
+    await watching
+    found = points(reader)
+    assert total(found, m.REGISTRATIONS, **{"reach.agent": "orders", "reach.result": "success"}) == 3
+    assert total(found, m.HEARTBEAT_EXPIRATIONS, **{"reach.agent": "orders"}) == 2

@@ -416,16 +416,22 @@ class Gateway:
             await self.forwarder.start()
             port = self.metrics_port
             scrapes = None if port is None else self.metrics.serve_http(self.metrics_host, port)
+            watching = asyncio.create_task(
+                self.metrics.reach.watch(self.forwarder.registry, registrations=True), name="reach registry metrics"
+            )
             try:
                 yield
             finally:
                 self.draining = True
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
                 if scrapes is not None:
                     await asyncio.to_thread(scrapes.shutdown)
                     scrapes.server_close()
                 await self.forwarder.aclose()
 
         limits, large = self.limits, self.large
+        mcp = McpEndpoint(self.forwarder, metrics=self.metrics.reach)
         routes = [
             ServerRoute(
                 "/v1/reach",
@@ -460,7 +466,7 @@ class Gateway:
                 if self.recent is not None
                 else []
             ),
-            *McpEndpoint(self.forwarder).routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
+            *mcp.routes(self.caller, limits=limits, large=large, around=self._mcp_counted),
             *OpsPage(self.forwarder, self.reaches, token=self.metrics.token).routes(),
         ]
         if self.issuer is not None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import Response, StreamingResponse
 
 from reach_plugins.errors import EntryTooLarge, ReachError
-from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, run_call
+from reach_plugins.gateway.mcp_calls import LEVELS, McpSession, Questions, ToolCall, measured, run_call
 from reach_plugins.gateway.mcp_catalog import Catalog, card_result, prompt_result, read_result
 from reach_plugins.gateway.mcp_origin import foreign
 from reach_plugins.gateway.mcp_replay import Replay
@@ -61,6 +61,7 @@ from reach_plugins.wire.redact import without_addresses
 
 if TYPE_CHECKING:
     from reach_plugins.server.forwarder import Forwarder
+    from reach_plugins.telemetry.metrics import ReachMetrics
 
 VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
 """The handshake revisions served, newest first; an unknown one is answered with the newest."""
@@ -166,8 +167,12 @@ class _Asked:
 class McpEndpoint:
     """MCP over Streamable HTTP in front of one gateway's :class:`~reach_plugins.server.forwarder.Forwarder`."""
 
-    def __init__(self, forwarder: Forwarder, *, budget: Budget = DEFAULT_BUDGET) -> None:
+    def __init__(
+        self, forwarder: Forwarder, *, budget: Budget = DEFAULT_BUDGET, metrics: ReachMetrics | None = None
+    ) -> None:
         self.forwarder = forwarder
+        self.metrics = metrics
+        """Where tool calls and closed sessions are counted (the gateway's ``/metrics``), if anywhere."""
         self.sessions: LruTable[McpSession] = LruTable(budget, "MCP session")
         """The open MCP sessions, each under the key of the tenant that opened it."""
         self.questions = Questions()
@@ -212,8 +217,9 @@ class McpEndpoint:
         if inbound.request.method == "GET":
             resumed = self._resume(inbound, session) if session is not None else None
             return resumed or Response(status_code=405, headers={"Allow": "POST, DELETE"})
-        if session is not None:
-            self.sessions.pop(ScopedKey.of(inbound.caller, KIND, session))
+        if session is not None and self.sessions.pop(ScopedKey.of(inbound.caller, KIND, session)) is not None:
+            if self.metrics is not None:
+                self.metrics.session_closed()
             self._close_calls(ScopedKey.of(inbound.caller, STREAM_KIND, f"{session}/"))
         return Response(status_code=200)
 
@@ -413,7 +419,8 @@ class McpEndpoint:
         live = asked.streaming and not asked.stateless
         questions, key = (self.questions, asked.key) if live else (None, None)
         hand_back = self._hand_back(asked) if asked.stateless else None
-        return run_call(self.forwarder, call, asked.state, questions, key, hand_back)
+        messages = run_call(self.forwarder, call, asked.state, questions, key, hand_back)
+        return messages if self.metrics is None else measured(messages, name, self.metrics)
 
     async def _reach(self, asked: _Asked, capability: str, payload: dict[str, Any]) -> tuple[Any, str | None]:
         """Reach ``capability`` for a read or a prompt: its data, or why it failed."""

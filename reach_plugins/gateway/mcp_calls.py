@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from reach_plugins.wire.redact import without_addresses
 
 if TYPE_CHECKING:
     from reach_plugins.server.forwarder import Forwarder
+    from reach_plugins.telemetry.metrics import ReachMetrics
 
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 """MCP log levels, least severe first."""
@@ -191,6 +193,28 @@ async def run_call(
         carried = {"requestState": data["requestState"]} if isinstance(data.get("requestState"), str) else {}
         arguments = {**call.arguments, "inputResponses": answers, **carried}
     yield _response(call.rpc_id, _failed(f"{call.name!r} asked for input more than {MAX_ROUNDS} times"))
+
+
+async def measured(
+    messages: AsyncIterator[dict[str, Any]], tool: str, metrics: ReachMetrics
+) -> AsyncIterator[dict[str, Any]]:
+    """The messages of one ``tools/call`` of ``tool``, counted as the dashboard charts them: the tool route (a tool
+    is a capability by its exact name here), its ``gen_ai.execute_tool.duration`` and a cancellation (the
+    session closed while it ran)."""
+    metrics.tool_route(tool, "exact", remote=True)
+    started, error = time.perf_counter(), None
+    try:
+        async for message in messages:
+            result = message.get("result")
+            if "id" in message and isinstance(result, Mapping) and result.get("isError"):
+                error = "tool_error"
+            yield message
+    except asyncio.CancelledError:
+        error = "cancelled"
+        metrics.cancellation(tool)
+        raise
+    finally:
+        metrics.tool_call(tool, time.perf_counter() - started, error)
 
 
 async def _ask(

@@ -32,6 +32,9 @@ class RegistryEvent:
     agent: str
     instance_id: str | None = None
     revision: int = 0
+    status: InstanceStatus | None = None
+    """An ``instance_put``'s new status, an ``instance_deleted``'s last (None for a static instance): gone while
+    ``ready`` is a lease that expired, after ``draining`` a stop (read here: the view may already be past it)."""
 
 
 @runtime_checkable

@@ -159,7 +159,7 @@ class MemoryRegistry:
         for instance_id, instance in wanted.items():
             if current.get(instance_id) != instance:
                 current[instance_id] = instance
-                self._emit("instance_put", name, instance_id)
+                self._emit("instance_put", name, instance_id, status=instance.status)
         self._static[name] = set(wanted)
         return True
 
@@ -209,7 +209,7 @@ class MemoryRegistry:
         self.endpoints.admit([instance.endpoint], f"instance {instance.agent}/{instance.instance_id}")
         instances[instance.instance_id] = instance
         self._static.get(agent, set()).discard(instance.instance_id)
-        self._emit("instance_put", agent, instance.instance_id)
+        self._emit("instance_put", agent, instance.instance_id, status=instance.status)
         self._judge(instance, self.clock())
 
     async def deregister_instance(self, agent: str, instance_id: str) -> None:
@@ -275,11 +275,13 @@ class MemoryRegistry:
 
     def _drop_instance(self, agent: str, instance_id: str) -> None:
         instances = self._instances.get(agent)
-        if instances is None or instances.pop(instance_id, None) is None:
+        gone = instances.pop(instance_id, None) if instances is not None else None
+        if gone is None:
             return
         self._static.get(agent, set()).discard(instance_id)
         self._down.discard((agent, instance_id))
-        self._emit("instance_deleted", agent, instance_id)
+        tracked = gone.last_heartbeat is not None  # a static instance's removal is no heartbeat's doing
+        self._emit("instance_deleted", agent, instance_id, status=gone.status if tracked else None)
 
     def _judge(self, instance: Instance, now: float) -> RegistryEvent | None:
         """Emit ``instance_down``/``instance_up`` when liveness differs from what was last reported."""
@@ -293,10 +295,18 @@ class MemoryRegistry:
         self._down.add(key)
         return self._emit("instance_down", instance.agent, instance.instance_id, bump=False)
 
-    def _emit(self, kind: EventKind, agent: str, instance_id: str | None = None, *, bump: bool = True) -> RegistryEvent:
+    def _emit(
+        self,
+        kind: EventKind,
+        agent: str,
+        instance_id: str | None = None,
+        *,
+        bump: bool = True,
+        status: InstanceStatus | None = None,
+    ) -> RegistryEvent:
         if bump:
             self._revision += 1
-        event = RegistryEvent(kind=kind, agent=agent, instance_id=instance_id, revision=self._revision)
+        event = RegistryEvent(kind=kind, agent=agent, instance_id=instance_id, revision=self._revision, status=status)
         for watcher in list(self._watchers):
             watcher.push(event)
         return event

@@ -310,11 +310,37 @@ class ReachMetrics:
         registered = {ATTR_AGENT: agent, ATTR_RESULT: "success" if ok else "failure"}
         self.registrations.add(1, self._labels(REGISTRATIONS, registered))
 
-    async def watch(self, registry: Registry) -> None:
-        """Count heartbeat expiry (``instance_down``) from ``registry``'s watch stream until it ends."""
-        async for event in registry.watch():
-            if event.kind == "instance_down":
-                self.heartbeat_expirations.add(1, self._labels(HEARTBEAT_EXPIRATIONS, {ATTR_AGENT: event.agent}))
+    async def watch(self, registry: Registry, *, registrations: bool = False) -> None:
+        """Count heartbeat expiry, and with ``registrations`` the instances that register, from ``registry``'s watch
+        stream until it ends.
+
+        An expiry is an instance whose heartbeats stopped: ``instance_down``, or an instance gone without saying
+        ``draining`` first (its lease expired: killed, not stopped). ``registrations`` is for a server, which sees
+        agents register only through the registry (an agent's own SDK counts its tries, failures included);
+        instances present when the watch starts are not counted as registrations, but their expiry is.
+        """
+        events = registry.watch()  # subscribed before the snapshot, so nothing falls between them
+        seen = {(agent, instance_id) for agent in registry.agents() for instance_id in registry.instances(agent)}
+        down: set[tuple[str, str]] = set()
+        async for event in events:
+            key = (event.agent, event.instance_id or "")
+            if event.kind == "instance_put" and key not in seen:
+                seen.add(key)
+                if registrations:
+                    self.registration(event.agent, ok=True)
+            elif event.kind == "instance_up":
+                down.discard(key)
+            elif event.kind == "instance_down" and key not in down:
+                down.add(key)
+                self._expired(event.agent)
+            elif event.kind == "instance_deleted":
+                seen.discard(key)
+                if key not in down and event.status == "ready":
+                    self._expired(event.agent)
+                down.discard(key)
+
+    def _expired(self, agent: str) -> None:
+        self.heartbeat_expirations.add(1, self._labels(HEARTBEAT_EXPIRATIONS, {ATTR_AGENT: agent}))
 
 
 _GLOBAL_LOCK = threading.Lock()
