@@ -181,7 +181,11 @@ class DirectTransport(BaseTransport):
         response = await _answer(adapter, engine, call, request, timeout, connect)
         if adapter.renegotiate(call, response):
             await self._handshake(adapter, engine, call)
+            timeout = began + call.timeout - loop.time()  # the resend gets what is left of the attempt's time
+            if timeout <= 0:
+                raise ReadTimeout(f"renegotiating with {call.instance.endpoint} used up the attempt's time")
             request = with_credential(adapter.build(call, stream=False, discovered=discovered), call.credential)
+            connect = min(connect, timeout)
             response = await _answer(adapter, engine, call, request, timeout, connect)
         pending = adapter.pending(call, request, response)
         if pending is not None:
