@@ -34,11 +34,11 @@ from reach_plugins.transport import Call
 
 
 def call(protocol: str = "reach", payload: dict[str, Any] | None = None, **options: Any) -> Call:
-    """A call to an agent at http://agent:9000 speaking ``protocol``."""
+    """A call to an agent at http://127.0.0.1:9000 speaking ``protocol``."""
     agent = AgentDescriptor(
         name="agent",
         protocol=protocol,
-        endpoints=["http://agent:9000"],
+        endpoints=["http://127.0.0.1:9000"],
         capabilities=[options.pop("capability", Capability(name="ask"))],
         protocol_options=options.pop("protocol_options", {}),
     )
@@ -182,7 +182,7 @@ def test_openai_request_options() -> None:
         call("openai-compatible", {"input": "x", "tools": [{"type": "function"}]}, protocol_options=options),
         stream=True,
     )
-    assert request.url == "http://agent:9000/api/v3/chat"
+    assert request.url == "http://127.0.0.1:9000/api/v3/chat"
     assert request.headers["Accept"] == "text/event-stream"
     assert {key: sent(request.body)[key] for key in ("model", "stream", "tools")} == {
         "model": "qwen",
@@ -235,7 +235,7 @@ def test_raw_http_get_sends_the_template_as_query() -> None:
     request = RawHttpAdapter().build(call("raw-http", {"order_id": "A1"}, protocol_options=options))
     assert (request.method, request.url, request.params, request.body) == (
         "GET",
-        "http://agent:9000/q",
+        "http://127.0.0.1:9000/q",
         {"id": "A1"},
         None,
     )
@@ -302,10 +302,10 @@ def test_a2a_card_picks_the_1x_interface_then_0_3() -> None:
             {"url": "/new", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
         ]
     }
-    assert adapter.discovered(a2a_call, response(both)) == Binding("http://agent:9000/new", "1.0", "1.0")
-    assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == Binding("http://agent:9000/rpc", "0.3", "0.3")
+    assert adapter.discovered(a2a_call, response(both)) == Binding("http://127.0.0.1:9000/new", "1.0", "1.0")
+    assert adapter.discovered(a2a_call, response({"url": "/rpc"})) == Binding("http://127.0.0.1:9000/rpc", "0.3", "0.3")
     old = call("a2a", protocol_options={"version": "0.3"})
-    assert adapter.discovered(old, response(both)).url == "http://agent:9000/old"
+    assert adapter.discovered(old, response(both)).url == "http://127.0.0.1:9000/old"
     with pytest.raises(InvalidResponse, match=r"offers no JSON-RPC .* or HTTP\+JSON"):
         adapter.discovered(a2a_call, response({"name": "kb"}))
 
@@ -315,14 +315,16 @@ def test_a2a_http_json_is_used_only_without_json_rpc() -> None:
     adapter, a2a_call = A2AAdapter(), call("a2a")
     rest = {"url": "/rest/v1", "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"}
     rpc = {"url": "/rpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}
-    assert adapter.discovered(a2a_call, response({"supportedInterfaces": [rest, rpc]})).url == "http://agent:9000/rpc"
+    assert (
+        adapter.discovered(a2a_call, response({"supportedInterfaces": [rest, rpc]})).url == "http://127.0.0.1:9000/rpc"
+    )
     binding = adapter.discovered(a2a_call, response({"supportedInterfaces": [rest]}))
-    assert binding == Binding("http://agent:9000/rest/v1", "1.0", "1.0", "HTTP+JSON")
+    assert binding == Binding("http://127.0.0.1:9000/rest/v1", "1.0", "1.0", "HTTP+JSON")
     request = adapter.build(call("a2a", {"query": "refunds"}), discovered=binding)
     body = sent(request.body)
     assert (request.method, request.url, request.headers["A2A-Version"]) == (
         "POST",
-        "http://agent:9000/rest/v1/message:send",
+        "http://127.0.0.1:9000/rest/v1/message:send",
         "1.0",
     )
     assert body["configuration"] == {"returnImmediately": True} and "jsonrpc" not in body
@@ -331,9 +333,13 @@ def test_a2a_http_json_is_used_only_without_json_rpc() -> None:
 @pytest.mark.parametrize(
     ("binding", "poll", "stop"),
     [
-        (Binding("http://agent:9000/rpc", "1.0", "1.0"), ("POST", "/rpc", "GetTask"), ("POST", "/rpc", "CancelTask")),
         (
-            Binding("http://agent:9000/rest/v1", "1.0", "1.0", "HTTP+JSON"),
+            Binding("http://127.0.0.1:9000/rpc", "1.0", "1.0"),
+            ("POST", "/rpc", "GetTask"),
+            ("POST", "/rpc", "CancelTask"),
+        ),
+        (
+            Binding("http://127.0.0.1:9000/rest/v1", "1.0", "1.0", "HTTP+JSON"),
             ("GET", "/rest/v1/tasks/t%2F1", None),
             ("POST", "/rest/v1/tasks/t%2F1:cancel", None),
         ),
@@ -354,7 +360,7 @@ def test_a2a_a_working_task_is_pending_until_it_is_final(
     pending = adapter.pending(a2a_call, request, answer("TASK_STATE_WORKING"))
     assert pending is not None
     for made, (method, path, rpc) in ((pending.poll, poll), (pending.stop, stop)):
-        assert (made.method, made.url) == (method, "http://agent:9000" + path)
+        assert (made.method, made.url) == (method, "http://127.0.0.1:9000" + path)
         assert (sent(made.body)["method"] if rpc else None) == rpc
         assert rpc is None or sent(made.body)["params"] == {"id": "t/1"}
     assert adapter.pending(a2a_call, request, answer("TASK_STATE_COMPLETED")) is None

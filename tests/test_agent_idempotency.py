@@ -52,7 +52,7 @@ async def test_concurrent_duplicates_share_one_execution() -> None:
         await release.wait()
         return amount
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://127.0.0.1") as http:
         request = body("charge", {"amount": 5})
         calls = [asyncio.create_task(http.post("/reach", json=request, headers={"Idempotency-Key": "c1"}))]
         calls.append(asyncio.create_task(http.post("/reach", json=request, headers={"Idempotency-Key": "c1"})))
@@ -85,7 +85,7 @@ async def test_a_handler_that_raised_is_stored_and_a_retryable_one_is_not() -> N
         runs.append(entry)
         raise Retryable("ledger busy") if entry == "busy" else RuntimeError("ledger down")
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://127.0.0.1") as http:
         answers = [
             await http.post("/reach", json=body("post", {"entry": entry}), headers={"Idempotency-Key": entry})
             for entry in ("down", "down", "busy", "busy")
@@ -100,7 +100,7 @@ async def test_stored_replies_expire_after_the_window() -> None:
     """Past the idempotency window the same key executes again."""
     clock = Clock()
     agent, executed = build_agent(idempotency_window=60.0, clock=clock)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://a") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=agent.app), base_url="http://127.0.0.1") as http:
         request = body("create_ticket", {"wo_number": "W1"})
         await http.post("/reach", json=request, headers={"Idempotency-Key": "k"})
         clock.now += 59

@@ -21,7 +21,7 @@ from vcr.request import Request  # type: ignore[import-untyped]
 from reach_plugins.model import AgentDescriptor, ReachRequest
 from reach_plugins.transport import Call, Credential
 
-HOST = "http://agent.test"
+HOST = "http://127.0.0.1:9"
 """The host every cassette is stored under."""
 FOLDER = Path(__file__).parent
 _LOCAL = re.compile(r"^http://127\.0\.0\.1:\d+")
