@@ -95,7 +95,7 @@ class Leaving:
         request = held.stop()
         if request is None:
             return
-        task = held.loop.create_task(_stop(held.engine, request))
+        task = held.loop.create_task(best_effort(held.engine, request))
         with self._lock:
             self._sending.add(task)
         task.add_done_callback(self._sent)
@@ -105,9 +105,10 @@ class Leaving:
             self._sending.discard(task)
 
 
-async def _stop(engine: Engine, request: HttpRequest) -> None:
-    """Send one stop request, best effort: whatever goes wrong is logged, never left in an unawaited task."""
+async def best_effort(engine: Engine, request: HttpRequest, timeout: float = STOP_TIMEOUT) -> None:
+    """Send one request asking the far side to stop or forget (A2A's CancelTask, MCP's DELETE), best effort:
+    whatever goes wrong is logged, never raised nor left in an unawaited task."""
     try:
-        await engine.send(request, timeout=STOP_TIMEOUT, connect_timeout=STOP_TIMEOUT)
-    except Exception as exc:  # a background best-effort send: any failure (closed pool included) is only logged
-        logger.info("could not ask %s to stop the work its caller left: %r", request.url, exc)
+        await engine.send(request, timeout=timeout, connect_timeout=timeout)
+    except Exception as exc:  # a best-effort send: any failure (closed pool included) is only logged
+        logger.info("could not ask %s to stop or forget its work: %r", request.url, exc)

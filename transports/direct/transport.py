@@ -44,7 +44,7 @@ from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, Str
 from reach_plugins.wire.body import MAX_REPLY
 from transports.direct.auth import tls_context, tls_identity, with_credential
 from transports.direct.engine import Engine, EngineName, WireStream, make_engine, wrap_client
-from transports.direct.leaving import Leaving
+from transports.direct.leaving import Leaving, best_effort
 
 if TYPE_CHECKING:
     import httpx
@@ -276,7 +276,7 @@ class DirectTransport(BaseTransport):
         requests = [request for adapter in self._adapters.values() for request in adapter.farewell(conversation)]
         if engine is None or not requests:
             return
-        await asyncio.gather(*(_abandon(engine, request, FAREWELL_SECONDS) for request in requests))
+        await asyncio.gather(*(best_effort(engine, request, FAREWELL_SECONDS) for request in requests))
 
     async def aclose(self) -> None:
         """End the conversations the agents keep (MCP sessions), then close every pool: on this loop directly, on
@@ -387,16 +387,6 @@ async def _listen(
         logger.info("the side stream %s ended: %s", request.url, exc)
     finally:
         opened.set()
-
-
-async def _abandon(engine: Engine, request: HttpRequest | None, timeout: float) -> None:
-    """Ask the far side to stop or forget (A2A's CancelTask of an abandoned stream, MCP's DELETE), best effort."""
-    if request is None:
-        return
-    try:
-        await engine.send(request, timeout=timeout, connect_timeout=timeout)
-    except (ReachError, OSError, TimeoutError) as exc:
-        logger.info("could not ask %s to stop the abandoned stream's work: %s", request.url, exc)
 
 
 def _reply_events(reply: Reply) -> list[StreamEvent]:
