@@ -22,6 +22,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.config.shapes import (
     TOP_LEVEL_KEYS,
     Problems,
@@ -277,6 +278,8 @@ class ReachConfig(BaseModel):
     """Top-level ``tools:`` catalogue: capability declarations merged into agents offering them."""
     secrets: SecretsPolicy = NO_SECRETS_POLICY
     """Which variables descriptors may name as their secrets."""
+    quotas: QuotaConfig | None = None
+    """Fleet-wide budgets (:mod:`reach_plugins.config.quotas`), applied by every client and server given this file."""
     source: str = "<config>"
 
     @model_validator(mode="after")
@@ -366,6 +369,7 @@ def parse_config(
     agents = [_agent(one, defaults_body, catalogue_body, problems) for one in shaped]
     tenants = _tenants(doc.get("tenants", {}), problems)
     secrets = _validate(SecretsPolicy, Shaped("secrets", doc.get("secrets", {})), problems)
+    quotas = _validate(QuotaConfig, Shaped("quotas", doc["quotas"]), problems) if "quotas" in doc else None
     _raise_if(problems, source)
     secrets = secrets or NO_SECRETS_POLICY
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
@@ -377,6 +381,7 @@ def parse_config(
         defaults=defaults or AgentDefaults(),
         tools=catalogue,
         secrets=secrets,
+        quotas=quotas,
         source=source,
     )
 
