@@ -28,13 +28,15 @@ every priority gets the layer's full rate. Only tenants named here (and
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Annotated, Final
 
 from pydantic import Field, model_validator
 
 from reach_plugins.model import Priority, Strict
 from reach_plugins.units import Duration
 
+Share = Annotated[float, Field(gt=0, le=1)]
+"""A share of a budget, in (0, 1]."""
 DEFAULT_SHARES: Final[dict[Priority, float]] = {"online": 1.0, "batch": 0.5}
 """How much of each layer a call of each priority may fill, unless ``priorities:`` says otherwise."""
 
@@ -95,15 +97,9 @@ class QuotaConfig(Strict):
     tenants: dict[str, TenantQuota] = Field(default_factory=dict)
     other: TenantQuota | None = None
     """The budget shared by every tenant not in ``tenants`` (a request naming none is tenant ``default``)."""
-    priorities: dict[Priority, float] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
+    priorities: dict[Priority, Share] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
+    """The share of every layer a call of each priority may fill (module docstring)."""
     fallback: QuotaFallback = Field(default_factory=QuotaFallback)
-
-    @model_validator(mode="after")
-    def _shares(self) -> QuotaConfig:
-        bad = {name: share for name, share in self.priorities.items() if not 0 < share <= 1}
-        if bad:
-            raise ValueError(f"priorities are shares of a budget in (0, 1], got {bad}")
-        return self
 
     def share_of(self, priority: Priority) -> float:
         """The share of a layer a call of ``priority`` may fill (``priorities:``, else :data:`DEFAULT_SHARES`)."""

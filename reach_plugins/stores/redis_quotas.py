@@ -54,7 +54,7 @@ for i = 1, n do
   if tonumber(ARGV[5 + (i - 1) * 3 + 3]) > 0 then
     redis.call('ZADD', KEYS[2 * i], now + ttl, id)
     local last = redis.call('ZRANGE', KEYS[2 * i], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[2 * i], math.ceil(tonumber(last[2]) * 1000) + 1000)
+    redis.call('PEXPIRE', KEYS[2 * i], math.ceil((tonumber(last[2]) - now) * 1000) + 1000)
   end
 end
 return {0}
