@@ -24,8 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from hop_support import TOKENS, demo_tenants, free_port, serve_agents, until_true, write_config
+from test_credentials_hop import hop
+
+from reach_plugins import ReachClient
+from reach_plugins.errors import RateLimited
 
 RATE = 100.0
 BURST = 10
@@ -205,3 +210,22 @@ async def test_two_gateway_workers_and_two_clients_share_a_tenant_quota(tmp_path
     assert executed == admitted
     assert admitted <= RATE * window + BURST
     assert abs(rate - RATE) <= 0.05 * RATE
+
+
+@pytest.mark.parametrize("kind", ["gateway", "node"])
+async def test_a_hop_refuses_past_the_tenant_quota_naming_the_layer(tmp_path: Path, kind: str) -> None:
+    """Behind a real ``reach gateway`` or ``reach node`` with a burst-2 tenant quota, the caller's third call is
+    refused as RateLimited naming the tenant layer, with retry_after, over HTTP and gRPC alike."""
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        doc = yaml.safe_load(config.read_text())
+        doc["quotas"] = {"tenants": {"demo": {"rate": 0.1, "burst": 2}}}
+        config.write_text(yaml.safe_dump(doc))
+        async with hop(kind, config, TOKENS) as transport, ReachClient(str(config), transport, tenant="demo") as client:
+            first = await client.reach("query_order", {"order_id": "1"}, timeout_ms=5000)
+            second = await client.reach("query_order", {"order_id": "2"}, timeout_ms=5000)
+            with pytest.raises(RateLimited) as refused:
+                await client.reach("query_order", {"order_id": "3"}, timeout_ms=5000)
+        assert first.ok and second.ok and agents[0].count("query_order") == 2
+    assert refused.value.layer == "tenant" and "quotas.tenants.demo" in refused.value.message
+    assert refused.value.retry_after is not None and 5.0 < refused.value.retry_after <= 10.0
