@@ -221,12 +221,14 @@ async def test_a_batch_tenant_is_judged_as_batch_whatever_its_calls_say() -> Non
 
 
 def test_bad_quota_config_names_the_key() -> None:
-    """A quota without rate or concurrency, a share above 1, a misspelt key: ConfigError naming the path."""
+    """A quota without rate or concurrency, a share above 1, a misspelt key, a reserved tenant name: ConfigError
+    naming the path or the rule."""
     agents = [{"name": "orders", "endpoints": ["http://127.0.0.1:9"], "capabilities": ["query_order"]}]
     cases = [
         ({"tenants": {"demo": {"burst": 3}}}, "quotas.tenants.demo"),
         ({"priorities": {"batch": 2}}, "quotas.priorities"),
         ({"global": {"rat": 10}}, "quotas.global"),
+        ({"tenants": {"*other": {"rate": 1}}}, "reserved"),
     ]
     for quotas, path in cases:
         with pytest.raises(ConfigError) as refused:
@@ -372,3 +374,24 @@ async def test_redis_down_each_process_enforces_its_share_never_unlimited(
         assert not quotas.on_fallback
     finally:
         await quotas.aclose()
+
+
+async def test_a_stream_holds_its_concurrency_slot_until_it_ends() -> None:
+    """A tenant with one slot: while a stream is open another call is refused (concurrency), once it ends one
+    passes."""
+    registry = MemoryRegistry()
+    await registry.register_agent(AgentDescriptor.model_validate(ORDERS))
+    config = QuotaConfig.model_validate({"tenants": {"demo": {"concurrency": 1}}})
+    client = ReachClient(registry, MockTransport(echo), tenant="demo", quotas=config, clock=FakeClock())
+    try:
+        events = client.stream("query_order")
+        first = await anext(events)
+        assert first is not None
+        with pytest.raises(RateLimited) as refused:
+            await client.reach("query_order")
+        assert refused.value.layer == "tenant" and "calls in flight" in refused.value.message
+        async for _ in events:
+            pass
+        assert (await client.reach("query_order")).ok
+    finally:
+        await client.aclose()

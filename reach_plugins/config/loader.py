@@ -1,9 +1,10 @@
-"""YAML configuration: agents, shared ``defaults:`` that each agent overrides key by key, tenants.
+"""YAML configuration: agents, shared ``defaults:`` that each agent overrides key by key, tenants, quotas.
 
 A top-level ``agents:`` list uses the AgentDescriptor field names; ``defaults:``
 holds agent-level blocks (``retry``, ``timeouts``, ``pool``...) deep-merged
 under every agent; ``tenants:`` maps a tenant to its token, allow-list, source
-networks and its own per-agent credentials. ``examples/agents.yaml`` shows every
+networks and its own per-agent credentials; ``quotas:`` holds the fleet's budgets
+(:mod:`reach_plugins.config.quotas`). ``examples/agents.yaml`` shows every
 field. The seeds' other dialects (``agent:``, ``connectors:``, ``base_url``,
 top-level ``tools:``...) are translated by :mod:`reach_plugins.config.shapes`.
 

@@ -101,6 +101,13 @@ class QuotaConfig(Strict):
     """The share of every layer a call of each priority may fill (module docstring)."""
     fallback: QuotaFallback = Field(default_factory=QuotaFallback)
 
+    @model_validator(mode="after")
+    def _tenant_names(self) -> QuotaConfig:
+        reserved = sorted(name for name in self.tenants if name.startswith("*") or not name.isprintable())
+        if reserved:
+            raise ValueError(f"tenant names {reserved} are reserved (a leading '*' names the fleet's own budgets)")
+        return self
+
     def share_of(self, priority: Priority) -> float:
         """The share of a layer a call of ``priority`` may fill (``priorities:``, else :data:`DEFAULT_SHARES`)."""
         return self.priorities.get(priority, DEFAULT_SHARES[priority])
