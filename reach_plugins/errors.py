@@ -29,7 +29,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     │   └── EntryTooLarge            one entry over a store's max_bytes (nothing kept)
     ├── NoHealthyAgent               candidates exist, none can take work (says why each)
     │   └── CircuitOpen              every candidate's breaker is open
-    ├── RateLimited                  the local rate limit did not free up within max_wait
+    ├── RateLimited                  a rate limit or quota refused: which layer (global/tenant/agent), retry_after
     ├── TransportError               a transport's failure, mapped at its boundary
     │   ├── ConnectError             never reached the agent (safe to retry anything)
     │   ├── ConnectionLost           reset or closed mid-request (may have executed)
@@ -77,6 +77,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Final, Protocol
 
+QUOTA_LAYERS: Final = ("global", "tenant", "agent")
+"""The layers of a fleet-wide quota, widest first; a quota refusal's message starts ``the <layer> quota``."""
+_QUOTA_LAYER: Final = re.compile(r"^the (global|tenant|agent) quota\b")
 _ERROR_ID: Final = re.compile(r"error id ([0-9a-f]{16})\b")
 """How a :class:`HandlerFailed` message names its error id (:func:`reach_plugins.agent.faults.failed` writes it)."""
 
@@ -323,11 +326,26 @@ class CircuitOpen(NoHealthyAgent):
 
 
 class RateLimited(ReachError):
-    """The local rate limit or concurrency limit did not free a slot in time."""
+    """A limit refused the call: the local rate or concurrency limit did not free a slot in time, or a quota.
+
+    ``layer`` names the quota layer that refused (``global``, ``tenant`` or ``agent``; ``None`` for the local
+    per-agent limits) and ``retry_after`` when a new try may pass (seconds, when known). Both survive every hop:
+    the layer is read back from the message (:data:`QUOTA_LAYERS`), ``retry_after`` travels beside it.
+    """
 
     code = "rate_limited"
     http_status = 429
     grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, layer: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, layer=layer, retry_after=retry_after)
+        self.layer = layer
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_wire(cls, message: str, retry_after: float | None) -> ReachError:
+        found = _QUOTA_LAYER.search(message)
+        return cls(message, layer=found.group(1) if found else None, retry_after=retry_after)
 
 
 class TransportError(ReachError):

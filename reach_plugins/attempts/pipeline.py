@@ -1,6 +1,7 @@
 """The one async pipeline every transport goes through.
 
 Order of a call: loop guard -> route -> target loop check -> payload vs params_schema -> deadline ->
+fleet-wide quotas (once per request, where its retries are owned) ->
 dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
 breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
 retry (full jitter, budget) or fail over -> trace and span.
@@ -33,6 +34,7 @@ from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Flight
 from reach_plugins.attempts.hooks import AttemptHooks
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
+from reach_plugins.attempts.quotas import Lease, Quotas
 from reach_plugins.attempts.streaming import StreamTally, stream_attempts
 from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import (
@@ -123,8 +125,12 @@ class Pipeline:
         default_timeout: float = 30.0,
         stream_batching: BatchPolicy | None = None,
         hooks: Sequence[AttemptHooks] = (),
+        quotas: Quotas | None = None,
     ) -> None:
         """``hooks`` hear of every request's attempts and breaker/consistency changes (metrics, logs).
+
+        ``quotas`` are applied to every request unless the transport is a hop owning its retries (a gateway or
+        node: it applies its own, so a call is counted once); the caller owns (and closes) them.
 
         ``sink`` gets every finished request's trace; without one, traces go to :class:`ReachMetrics` on the global
         ``MeterProvider`` once an SDK is installed there (like spans; nothing is built until then).
@@ -146,6 +152,7 @@ class Pipeline:
         self._max_hops = max_hops
         self._default_timeout = default_timeout
         self._batching = stream_batching or BatchPolicy()
+        self._quotas = None if quotas is None or transport.owns_retries else quotas
         self._engine = Engine(
             router=router,
             transport=transport,
@@ -297,14 +304,29 @@ class Pipeline:
         start_client_span(span, request)
         try:
             flight = self._prepare(request, rec, None, routed)
-            if flight.key is None:
-                response = await run_unary(self._engine, flight)
-            else:
-                response = await self._deduplicated(flight, flight.key)
+            lease = await self._admit(flight)
+            try:
+                if flight.key is None:
+                    response = await run_unary(self._engine, flight)
+                else:
+                    response = await self._deduplicated(flight, flight.key)
+            finally:
+                await self._leave(lease)
         except ReachError as exc:
             self._refused(rec, exc)
             raise
         return self._finish(rec, response, trace)
+
+    async def _admit(self, flight: Flight) -> Lease | None:
+        """The request's claim on the fleet's quotas (None without any); raises RateLimited."""
+        if self._quotas is None:
+            return None
+        remaining = flight.deadline.remaining(self._clock.now())
+        return await self._quotas.acquire(flight.request, flight.route.agent.name, remaining)
+
+    async def _leave(self, lease: Lease | None) -> None:
+        if lease is not None and self._quotas is not None:
+            await self._quotas.release(lease)
 
     async def _deduplicated(self, flight: Flight, idempotency_key: str) -> ReachResponse:
         """Run the flight once per idempotency key: a twin's stored or in-flight result answers the rest.
@@ -469,11 +491,17 @@ class Pipeline:
         tally = StreamTally()
         try:
             flight = self._prepare(request, rec, otel.set_span_in_context(span))
-            explicit = has_explicit_deadline(request)
-            attempts = stream_attempts(self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching)
-            async with aclosing(attempts) as batches:
-                async for batch in batches:
-                    yield batch
+            lease = await self._admit(flight)
+            try:
+                explicit = has_explicit_deadline(request)
+                attempts = stream_attempts(
+                    self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching
+                )
+                async with aclosing(attempts) as batches:
+                    async for batch in batches:
+                        yield batch
+            finally:
+                await self._leave(lease)
         except ReachError as exc:
             self._refused(rec, exc)
             raise

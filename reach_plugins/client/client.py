@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack
 from pydantic import ValidationError
 
 from reach_plugins.attempts.pipeline import Pipeline
+from reach_plugins.attempts.quotas import Quotas, open_quotas
 from reach_plugins.client.broadcast import Aggregate, AgreeKey, BroadcastResult, broadcast
 from reach_plugins.config.loader import TenantConfig, resolve_credential
+from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.errors import ConfigError, InvalidPayload
 from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.policy.outliers import Standing
@@ -110,6 +112,7 @@ class ReachClient:
         environ: Mapping[str, str] | None = None,
         probes: bool = False,
         tokens: TokenSource | Literal[False] | None = None,
+        quotas: QuotaConfig | Quotas | None = None,
     ) -> None:
         self.registry = open_registry(registry, clock=clock)
         self._opened: list[Any] = [self.registry] if isinstance(registry, str) else []
@@ -121,6 +124,10 @@ class ReachClient:
         self.tenant = tenant
         self.tenants: Mapping[str, TenantConfig] | None = tenants if tenants is not None else self.registry.tenants
         self.sessions = open_sessions(sessions, clock=clock) if sessions is not None else None
+        self.quotas = open_quotas(quotas, clock=clock) if quotas is not None else None
+        """Fleet-wide quotas (:mod:`reach_plugins.attempts.quotas`); left to the hop when the transport is one."""
+        if isinstance(quotas, QuotaConfig) and self.quotas is not None:
+            self._opened.append(self.quotas)
         dedup = open_store(store) if store is not None else None
         self._opened += [
             opened for opened, given in ((self.sessions, sessions), (dedup, store)) if isinstance(given, str)
@@ -147,6 +154,7 @@ class ReachClient:
             sink=sink,
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
+            quotas=self.quotas,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 

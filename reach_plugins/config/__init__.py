@@ -4,5 +4,6 @@
 """
 
 from reach_plugins.config.loader import ReachConfig, TenantConfig, load_config, parse_config
+from reach_plugins.config.quotas import QuotaConfig
 
-__all__ = ["ReachConfig", "TenantConfig", "load_config", "parse_config"]
+__all__ = ["QuotaConfig", "ReachConfig", "TenantConfig", "load_config", "parse_config"]

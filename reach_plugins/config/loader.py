@@ -1,9 +1,10 @@
-"""YAML configuration: agents, shared ``defaults:`` that each agent overrides key by key, tenants.
+"""YAML configuration: agents, shared ``defaults:`` that each agent overrides key by key, tenants, quotas.
 
 A top-level ``agents:`` list uses the AgentDescriptor field names; ``defaults:``
 holds agent-level blocks (``retry``, ``timeouts``, ``pool``...) deep-merged
 under every agent; ``tenants:`` maps a tenant to its token, allow-list, source
-networks and its own per-agent credentials. ``examples/agents.yaml`` shows every
+networks and its own per-agent credentials; ``quotas:`` holds the fleet's budgets
+(:mod:`reach_plugins.config.quotas`). ``examples/agents.yaml`` shows every
 field. The seeds' other dialects (``agent:``, ``connectors:``, ``base_url``,
 top-level ``tools:``...) are translated by :mod:`reach_plugins.config.shapes`.
 
@@ -22,6 +23,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.config.shapes import (
     TOP_LEVEL_KEYS,
     Problems,
@@ -277,6 +279,8 @@ class ReachConfig(BaseModel):
     """Top-level ``tools:`` catalogue: capability declarations merged into agents offering them."""
     secrets: SecretsPolicy = NO_SECRETS_POLICY
     """Which variables descriptors may name as their secrets."""
+    quotas: QuotaConfig | None = None
+    """Fleet-wide budgets (:mod:`reach_plugins.config.quotas`), applied by every client and server given this file."""
     source: str = "<config>"
 
     @model_validator(mode="after")
@@ -366,6 +370,7 @@ def parse_config(
     agents = [_agent(one, defaults_body, catalogue_body, problems) for one in shaped]
     tenants = _tenants(doc.get("tenants", {}), problems)
     secrets = _validate(SecretsPolicy, Shaped("secrets", doc.get("secrets", {})), problems)
+    quotas = _validate(QuotaConfig, Shaped("quotas", doc["quotas"]), problems) if "quotas" in doc else None
     _raise_if(problems, source)
     secrets = secrets or NO_SECRETS_POLICY
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
@@ -377,6 +382,7 @@ def parse_config(
         defaults=defaults or AgentDefaults(),
         tools=catalogue,
         secrets=secrets,
+        quotas=quotas,
         source=source,
     )
 

@@ -45,6 +45,7 @@ from reach_plugins.wire.headers import (
     HEADER_DEADLINE,
     HEADER_TRACEPARENT,
     HTTP_STATUS,
+    RETRY_AFTER,
 )
 from reach_plugins.wire.proto import reach_pb2 as pb
 from reach_plugins.wire.protocodec import body_from_message, dumps, error_message, result_message
@@ -135,7 +136,10 @@ class NodeService:
         if isinstance(exc, ConfigError):
             log.error("the node's configuration cannot serve a request: %s", exc.message)
             message = "the node's configuration cannot serve this request; its log names the problem"
-        trailers = ((ERROR_TYPE, exc.error_type), (HTTP_STATUS, str(exc.http_status)))
+        trailers: tuple[tuple[str, str], ...] = ((ERROR_TYPE, exc.error_type), (HTTP_STATUS, str(exc.http_status)))
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            trailers += ((RETRY_AFTER, repr(float(retry_after))),)
         abort: Callable[..., Awaitable[NoReturn]] = context.abort
         await abort(grpc.StatusCode[exc.grpc_code], message, trailers)
 

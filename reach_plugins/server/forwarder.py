@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from reach_plugins.attempts.pipeline import Pipeline
+from reach_plugins.attempts.quotas import Quotas
 from reach_plugins.config.loader import (
     NO_SECRETS_POLICY,
     SecretsPolicy,
@@ -30,6 +31,7 @@ from reach_plugins.config.loader import (
     resolve_credential,
     token_envs,
 )
+from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.errors import UnknownCapability
 from reach_plugins.model import AgentDescriptor, Instance, ReachRequest, ReachResponse
 from reach_plugins.policy.outliers import Standing
@@ -128,6 +130,7 @@ class Forwarder:
         sink: TraceSink | None = None,
         probes: bool = True,
         direct: Transport | None = None,
+        quotas: QuotaConfig | None = None,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -142,6 +145,8 @@ class Forwarder:
         self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
         self._owned_store = open_store(store) if isinstance(store, str) else None
         """A store opened here from a URL (``redis://``: idempotency shared by every worker), closed here too."""
+        self.quotas = Quotas(quotas) if quotas is not None else None
+        """The fleet's quotas (``quotas:`` of the config): every request this server forwards draws from them."""
         self.pipeline = Pipeline(
             router=TargetedRouter(self.rule),
             transport=self.transport,
@@ -150,6 +155,7 @@ class Forwarder:
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
             sink=sink,
+            quotas=self.quotas,
         )
         self._watch: asyncio.Task[None] | None = None
         self.prober = Prober.shared(self.table) if probes else None
@@ -253,6 +259,8 @@ class Forwarder:
             if self.prober is not None:
                 await self.prober.release()
         await self.pipeline.aclose()
+        if self.quotas is not None:
+            await self.quotas.aclose()
         if self._owned_store is not None:
             await self._owned_store.aclose()
         await self.transport.aclose()

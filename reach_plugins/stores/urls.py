@@ -20,6 +20,7 @@ from reach_plugins.stores.sessions import MemorySessions, SessionStore
 
 if TYPE_CHECKING:
     from reach_plugins.stores.dedup import DedupStore
+    from reach_plugins.stores.quotas import QuotaStore
 
 SUPPORTED = ("memory://", "redis://HOST:PORT/DB")
 
@@ -55,3 +56,12 @@ def open_sessions(sessions: SessionStore | str, *, clock: Callable[[], float] | 
             return opened
         return MemorySessions(budget=DEFAULT_BUDGET, clock=clock)
     return sessions
+
+
+def open_quota_store(url: str) -> QuotaStore | None:
+    """The shared quota store of ``quotas.store`` (``redis://``); None for ``memory://`` (this process alone)."""
+    backend = _backend(url, "quotas.store", "reach_plugins.stores.redis_quotas")
+    if backend is None:
+        return None
+    store: QuotaStore = backend.from_url(url)
+    return store

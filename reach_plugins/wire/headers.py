@@ -33,6 +33,8 @@ HEADER_SAFE: Final = r"^[\x20-\x7e]+$"
 # gRPC metadata and trailers of the node
 ERROR_TYPE: Final = "x-reach-error-type"
 HTTP_STATUS: Final = "x-reach-http-status"
+RETRY_AFTER: Final = "x-reach-retry-after"
+"""Seconds a refused caller should wait (a gRPC trailer beside the error type; HTTP says ``Retry-After``)."""
 CALLBACK_STATUS: Final = "x-reach-callback"
 """Trailer of ``Result``: ``delivered`` or ``failed``, once the ticket's callback was tried."""
 CALLBACK_ERROR: Final = "x-reach-callback-error"

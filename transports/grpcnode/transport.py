@@ -30,7 +30,7 @@ from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry.spans import note_rpc
 from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, StreamEvent
 from reach_plugins.wire.body import refusal
-from reach_plugins.wire.headers import ERROR_TYPE
+from reach_plugins.wire.headers import ERROR_TYPE, RETRY_AFTER
 from reach_plugins.wire.proto import reach_pb2 as pb
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 from reach_plugins.wire.protocodec import (
@@ -53,8 +53,15 @@ _STREAM = "reach.v1.ReachNode/Stream"
 
 def _refusal(exc: grpc.aio.AioRpcError) -> ReachError | None:
     """A node's deliberate refusal (it names the error's wire code in its trailers), as the error it names."""
-    kind = metadata_lookup(exc.trailing_metadata()).get(ERROR_TYPE)
-    return None if kind is None else refusal(kind, exc.details() or kind)
+    trailers = metadata_lookup(exc.trailing_metadata())
+    kind = trailers.get(ERROR_TYPE)
+    if kind is None:
+        return None
+    try:
+        retry_after = float(trailers[RETRY_AFTER]) if RETRY_AFTER in trailers else None
+    except ValueError:
+        retry_after = None
+    return refusal(kind, exc.details() or kind, retry_after)
 
 
 def _mapped(exc: grpc.aio.AioRpcError, target: str) -> ReachError:

@@ -1,0 +1,150 @@
+"""Fleet-wide quotas, applied once per request by the pipeline of whoever owns its retries.
+
+:class:`Quotas` judges a routed request against its layers (global, tenant,
+tenant and agent: :func:`~reach_plugins.stores.quotas.layers_of`) in the shared
+store and hands back a :class:`Lease` its concurrency slots are returned with.
+A refusal is :class:`~reach_plugins.errors.RateLimited` naming the layer and
+``retry_after``. A client whose transport is a gateway or node leaves quotas to
+that hop (it owns the request's retries too), so a call is counted once.
+
+While the shared store is unreachable each process enforces its share of every
+budget alone (``fallback.processes``: ``rate / processes``, burst and slots
+rounded up), never an unlimited one; the switch is logged as a warning, every
+call judged so is counted on ``reach.quota.fallbacks``, and the store is tried
+again ``fallback.recheck`` seconds later.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from opentelemetry.metrics import MeterProvider, get_meter
+
+from reach_plugins.clock import Clock, as_clock
+from reach_plugins.config.quotas import QuotaConfig
+from reach_plugins.errors import BackendUnavailable, RateLimited
+from reach_plugins.ids import new_request_id
+from reach_plugins.model import ReachRequest
+from reach_plugins.policy.gcra import QuotaLayer, Refusal
+from reach_plugins.stores.keys import DEFAULT_TENANT
+from reach_plugins.stores.quotas import MemoryQuotaStore, QuotaStore, layers_of
+from reach_plugins.stores.urls import open_quota_store
+from reach_plugins.telemetry.metrics import QUOTA_FALLBACKS, QUOTA_REFUSALS
+
+logger = logging.getLogger("reach_plugins.quotas")
+
+LEASE_GRACE: Final = 2.0
+"""Seconds a concurrency lease outlives its request's deadline: a killed process holds a slot no longer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One admitted call's claim on its layers, and the store that holds it."""
+
+    layers: tuple[QuotaLayer, ...]
+    id: str
+    store: QuotaStore
+
+
+class Quotas:
+    """The fleet's budgets for one process: the shared store, and this process's share while it is down."""
+
+    def __init__(
+        self,
+        config: QuotaConfig,
+        *,
+        store: QuotaStore | None = None,
+        clock: Clock | Callable[[], float] | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        """``store`` overrides ``config.store`` (a URL, opened and closed here); with neither, memory only."""
+        self.config = config
+        self._clock = as_clock(clock)
+        self._owns_store = store is None and config.store is not None
+        self.store = store if store is not None else open_quota_store(config.store) if config.store else None
+        self.local = MemoryQuotaStore(clock=self._clock.monotonic)
+        """This process's books: the whole budget without a shared store, its share while the store is down."""
+        self._local_until = -math.inf
+        meter = get_meter("reach_plugins.quotas", meter_provider=meter_provider)
+        self._fallbacks = meter.create_counter(
+            QUOTA_FALLBACKS, unit="{request}", description="Calls judged by a process's local share of the quotas."
+        )
+        self._refusals = meter.create_counter(QUOTA_REFUSALS, unit="{request}", description="Calls refused by quotas.")
+
+    @property
+    def on_fallback(self) -> bool:
+        """Whether calls are judged locally now because the shared store failed."""
+        return self._clock.monotonic() < self._local_until
+
+    async def acquire(self, request: ReachRequest, agent: str, remaining: float) -> Lease | None:
+        """Admit ``request`` to ``agent`` (``remaining`` seconds to its deadline) or raise RateLimited."""
+        tenant = request.tenant or DEFAULT_TENANT
+        layers = layers_of(self.config, tenant, agent)
+        if not layers:
+            return None
+        share = self.config.share(request.priority, tenant)
+        lease = new_request_id()
+        ttl = max(remaining, 0.0) + LEASE_GRACE
+        store, refusal = await self._judge(layers, share, lease, ttl)
+        if refusal is not None:
+            self._refusals.add(1, {"layer": refusal.layer.name, "kind": refusal.kind})
+            raise _refused(refusal, request, share)
+        return Lease(layers, lease, store)
+
+    async def release(self, lease: Lease) -> None:
+        """Return ``lease``'s slots; a store that cannot be reached lets them expire."""
+        try:
+            await lease.store.release(lease.layers, lease.id)
+        except BackendUnavailable as exc:
+            logger.info("%s", exc.message)
+
+    async def _judge(
+        self, layers: tuple[QuotaLayer, ...], share: float, lease: str, ttl: float
+    ) -> tuple[QuotaStore, Refusal | None]:
+        shared = self.store
+        if shared is None:
+            return self.local, await self.local.acquire(layers, share, lease, ttl)
+        if not self.on_fallback:
+            try:
+                return shared, await shared.acquire(layers, share, lease, ttl)
+            except BackendUnavailable as exc:
+                processes = self.config.fallback.processes
+                logger.warning(
+                    "%s; for %gs this process enforces 1/%d of every quota alone",
+                    exc.message,
+                    self.config.fallback.recheck,
+                    processes,
+                )
+                self._local_until = self._clock.monotonic() + self.config.fallback.recheck
+        self._fallbacks.add(1)
+        mine = tuple(layer.share(self.config.fallback.processes) for layer in layers)
+        return self.local, await self.local.acquire(mine, share, lease, ttl)
+
+    async def aclose(self) -> None:
+        if self._owns_store and self.store is not None:
+            await self.store.aclose()
+
+
+def _refused(refusal: Refusal, request: ReachRequest, share: float) -> RateLimited:
+    """The RateLimited of ``refusal``: which layer, whose budget, and what to do."""
+    layer = refusal.layer
+    if refusal.kind == "rate":
+        budget = f"{layer.rate:g} requests/s (burst {layer.burst})"
+    else:
+        budget = f"{layer.concurrency} calls in flight"
+    part = "" if share >= 1 else f"; {request.priority} calls may use {share:g} of it"
+    return RateLimited(
+        f"the {layer.name} quota of {layer.label} ({budget}{part}) refused request {request.request_id}; "
+        f"retry after {refusal.retry_after:.3g}s, or raise {layer.path}",
+        layer=layer.name,
+        retry_after=refusal.retry_after,
+    )
+
+
+def open_quotas(quotas: QuotaConfig | Quotas, *, clock: Clock | Callable[[], float] | None = None) -> Quotas:
+    """``quotas`` as :class:`Quotas` (a config is opened here, its store too: the caller closes them)."""
+    return quotas if isinstance(quotas, Quotas) else Quotas(quotas, clock=clock)
