@@ -74,6 +74,9 @@ class MatchResult:
     runner_up_score: float | None
     reason: Reason
     best: str | None = None
+    contenders: tuple[tuple[str, float], ...] = ()
+    """When ``ambiguous``: every capability above the threshold within ``margin`` of the best, with its
+    similarity, best first (what :mod:`.ranking` weighs against free capacity)."""
 
     def __str__(self) -> str:
         if self.reason == "degraded":
@@ -286,7 +289,12 @@ class CapabilityMatcher:
                 runner_score,
                 self.embedder.name,
             )
-            return MatchResult(None, score, runner_up, runner_score, "ambiguous", best=best)
+            close = tuple(
+                (name, similarity)
+                for name, similarity in ranked
+                if score - similarity <= self.margin and similarity >= self.threshold
+            )
+            return MatchResult(None, score, runner_up, runner_score, "ambiguous", best=best, contenders=close)
         return MatchResult(best, score, runner_up, runner_score, "semantic", best=best)
 
     def _scores(self, query: list[float], candidates: Sequence[Capability]) -> list[tuple[str, float]]:
