@@ -281,7 +281,8 @@ class CapabilityMatcher:
         if runner_score is not None and score - runner_score <= self.margin:
             logger.warning(
                 "tool %r is ambiguous between capabilities %r (%.3f) and %r (%.3f) with %s; "
-                "not routing it: add it to capability_map or give it a more specific description",
+                "meaning alone routes it nowhere (free capacity may break the tie): add it to capability_map or "
+                "give it a more specific description",
                 tool_name,
                 best,
                 score,
