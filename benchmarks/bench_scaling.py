@@ -20,7 +20,10 @@ loop, calls one after another, no OpenTelemetry SDK. Two parts, one run:
    registry's own garbage is collected before the client's first call (it is
    the build's cost, not a call's); nothing is frozen. Each case runs in
    ``STATELESS_ROUNDS`` fresh rounds, interleaved; the median round counts.
-   Target: mean and p50 at 1,000 agents <= 1.5x those at 10.
+   Target: mean and p50 at 1,000 agents <= 1.5x those at 10. Beside it, the
+   router alone for a caller that calls less than once a ``refresh`` period
+   (the router's clock moved 1.1 s between calls): each call then pays the
+   pool's full look, O(instances) (health is re-checked, not pushed).
 3. **Scaling curve**: p50 and mean per call, and memory, as the number of
    agents (3 instances each, all offering the capability), instances of one
    agent, and open conversations (pinned sessions revisited at random) grow
@@ -236,6 +239,21 @@ async def stateless_round(agents: int, tokens: bool, calls: int) -> tuple[list[i
     return samples, len(seen) - before
 
 
+def sparse_caller_us(agents: int, calls: int = 100) -> float:
+    """The router's mean decision, in microseconds, when every call comes after the pool's ``refresh`` period."""
+    now = [1_000.0]
+    router = Router(asyncio.run(estate(agents, INSTANCES)), clock=lambda: now[0])
+    request = ReachRequest(capability="query_order")
+    router.route(request)
+    took = []
+    for _ in range(calls):
+        now[0] += 1.1
+        started = time.perf_counter_ns()
+        router.route(request)
+        took.append(time.perf_counter_ns() - started)
+    return statistics.fmean(took) / 1000
+
+
 def signature_us() -> float:
     """The floor of a token miss: one Ed25519 signature of a token-sized message (median of 2,000)."""
     key = default_issuer().keys.active.private
@@ -419,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     calls, batch, curve_calls = (2_000, 200, 500) if args.quick else (20_000, 500, 5_000)
     load_before = os.getloadavg()[0]
     lone, floor = asyncio.run(stateless(STATELESS_CALLS, 2 if args.quick else STATELESS_ROUNDS))
+    for agents in STATELESS_SIZES:
+        floor[f"sparse_caller_route_mean_us_{agents}"] = round(sparse_caller_us(agents), 1)
     print(f"{'stateless caller (median round)':40} {'agents':>6} {'p50 us':>8} {'p99 us':>8} {'mean us':>8}")
     for r in lone:
         print(f"{r.dimension:40} {r.size:>6,} {r.p50_us:8.1f} {r.p99_us:8.1f} {r.mean_us:8.1f}")
@@ -426,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("no_tokens", "tokens"):
         mean, p50 = (lone_checks[f"stateless_{kind}_{q}_ratio"] for q in ("mean", "p50"))
         print(f"  1,000 / 10 agents, {kind.replace('_', ' '):9}: mean {mean:.2f}x, p50 {p50:.2f}x (target <= 1.5x)")
+    few, many = (floor[f"sparse_caller_route_mean_us_{agents}"] for agents in STATELESS_SIZES)
+    print(f"  a caller calling once a second, route alone: {few:.1f} us at 10 agents, {many:.1f} us at 1,000")
     print(
         f"  the floor with tokens: {floor['calls_meeting_a_new_agent']:.0%} of the timed calls meet a new agent, "
         f"one signature each ({floor['signature_us']:.1f} us): mean {floor['tokens_floor_mean_ratio']:.2f}x"
