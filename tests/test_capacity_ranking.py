@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -114,6 +115,10 @@ def test_an_idle_less_similar_agent_wins_over_a_busy_one(busy_parcels: ReachEnha
     assert decision.remote and decision.capability is not None and decision.capability.name == "find_shipment"
     result = busy_parcels.reach(ToolCall(TOOL[0], description=TOOL[1], call_id="c1"))
     assert result.ok and result.route is not None and result.route.agent == "shipments"
+    ranking = result.route.as_dict()["ranking"]
+    scores = [(r["capability"], round(r["score"], 3)) for r in ranking]
+    assert scores == [("find_shipment", 0.909), ("track_parcel", 0.66)]
+    assert json.loads(json.dumps(ranking)) == list(ranking)  # the adapters' artifacts carry it as JSON
 
 
 @pytest.mark.parametrize(

@@ -334,11 +334,11 @@ class ReachEnhancer:
                 capability, answer = self._ask(call, decision, approver)
                 sent = _approved(call, capability, await answer if inspect.isawaitable(answer) else answer)
                 try:
-                    return await self._adeliver(span, sent, capability, on_item, None)
+                    return _ranked(await self._adeliver(span, sent, capability, on_item, None), decision)
                 except ApprovalRequired as asked:
                     answer = self._asked_by_target(sent, capability, approver, asked)
                     sent = _approved(sent, capability, await answer if inspect.isawaitable(answer) else answer)
-                    return await self._adeliver(span, sent, capability, on_item, asked.ticket)
+                    return _ranked(await self._adeliver(span, sent, capability, on_item, asked.ticket), decision)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
 
@@ -358,11 +358,11 @@ class ReachEnhancer:
                 capability, answer = self._ask(call, decision, approver)
                 sent = _approved(call, capability, run(answer) if inspect.isawaitable(answer) else answer)
                 try:
-                    return self._deliver(span, sent, capability, on_item, None)
+                    return _ranked(self._deliver(span, sent, capability, on_item, None), decision)
                 except ApprovalRequired as asked:
                     answer = self._asked_by_target(sent, capability, approver, asked)
                     sent = _approved(sent, capability, run(answer) if inspect.isawaitable(answer) else answer)
-                    return self._deliver(span, sent, capability, on_item, asked.ticket)
+                    return _ranked(self._deliver(span, sent, capability, on_item, asked.ticket), decision)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
 
@@ -599,6 +599,14 @@ class ReachEnhancer:
 
 OnItem = Callable[[Any], "Awaitable[None] | None"]
 """Gets each item of a streamed reply as it arrives (:meth:`ReachEnhancer.areach` awaits an awaitable answer)."""
+
+
+def _ranked(result: ToolResult, decision: Decision) -> ToolResult:
+    """``result`` with the ranking that chose its capability in its route record (when free capacity chose it)."""
+    route = result.route
+    if route is None or decision.resolution.rule != "capacity":
+        return result
+    return replace(result, route=route.ranked_by(decision.resolution))
 
 
 def _data(event: StreamEvent) -> list[Any]:

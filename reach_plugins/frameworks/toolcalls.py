@@ -15,7 +15,7 @@ import json
 import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from reach_plugins.errors import (
@@ -122,6 +122,9 @@ class RouteInfo:
     """False when no attempt reached an agent (refused connection, no healthy agent, open breaker)."""
     fallback: str | None = None
     """Why the local tool ran instead of the agent (``remote_first``, nothing delivered), else ``None``."""
+    ranking: tuple[dict[str, Any], ...] = ()
+    """When free capacity broke a near tie: each contender's ``capability``, ``similarity``, ``capacity`` and
+    ``score``, best first (JSON-ready, as the adapters' artifacts carry it)."""
 
     @classmethod
     def of(cls, response: ReachResponse, capability: str) -> RouteInfo:
@@ -143,6 +146,16 @@ class RouteInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+    def ranked_by(self, resolution: Resolution) -> RouteInfo:
+        """This record with the ranking that chose the capability, when capacity chose it."""
+        if resolution.rule != "capacity":
+            return self
+        ranking = tuple(
+            {"capability": c.capability, "similarity": c.similarity, "capacity": c.capacity, "score": c.score}
+            for c in resolution.contenders
+        )
+        return replace(self, ranking=ranking)
 
 
 @dataclass(frozen=True, slots=True)
