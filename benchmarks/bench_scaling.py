@@ -12,7 +12,19 @@ loop, calls one after another, no OpenTelemetry SDK. Two parts, one run:
    decision (router only, 1 agent of 3 and 5 agents of 3) <= 20 us p50; the
    same over 1,000 agents is timed after the rest, with fewer calls (rendezvous
    hashing scores every instance: it is O(instances)).
-2. **Scaling curve**: p50 and mean per call, and memory, as the number of
+2. **Stateless caller** (issue 29.5): how a caller with no sessions sees a
+   fresh estate: a new registry of 10 or 1,000 agents of 3 instances, a new
+   client, a short warm-up (200 calls), then 1,000 session-less calls spread
+   by round robin over every instance, with and without per-hop tokens (the
+   in-process issuer mints one per target agent, on its first call). The
+   registry's own garbage is collected before the client's first call (it is
+   the build's cost, not a call's); nothing is frozen. Each case runs in
+   ``STATELESS_ROUNDS`` fresh rounds, interleaved; the median round counts.
+   Target: mean and p50 at 1,000 agents <= 1.5x those at 10. Beside it, the
+   router alone for a caller that calls less than once a ``refresh`` period
+   (the router's clock moved 1.1 s between calls): each call then pays the
+   pool's full look, O(instances) (health is re-checked, not pushed).
+3. **Scaling curve**: p50 and mean per call, and memory, as the number of
    agents (3 instances each, all offering the capability), instances of one
    agent, and open conversations (pinned sessions revisited at random) grow
    from 10 to 10,000. Memory is what ``tracemalloc`` sees allocated by the
@@ -50,6 +62,7 @@ from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.model import AgentDescriptor, Capability, Instance, ReachRequest, RouteDecision
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing import Route, Router
+from reach_plugins.security.source import default_issuer
 from reach_plugins.telemetry.spans import spans_are_noop
 from reach_plugins.transport import MockTransport
 
@@ -61,6 +74,10 @@ INSTANCES = 3
 TARGET_P50_US = 30.0
 TARGET_FLATNESS = 1.5
 TARGET_NEW_SESSION_US = 20.0
+STATELESS_SIZES = (10, 1_000)
+STATELESS_WARMUP = 200
+STATELESS_CALLS = 1_000
+STATELESS_ROUNDS = 7
 SLOW_CALLS = 300
 """New-session decisions timed over 1,000 agents (each scores all 3,000 instances)."""
 PAYLOAD = {"order_id": "A1"}
@@ -202,6 +219,81 @@ async def flatness(calls: int, batch: int) -> list[Row]:
     return rows
 
 
+async def stateless_round(agents: int, tokens: bool, calls: int) -> tuple[list[int], int]:
+    """One stateless caller's first calls over a fresh estate (see the module docstring, part 2), and how many of
+    the timed calls were the first to their agent (each of those mints a token, when tokens are on)."""
+    registry = await estate(agents, INSTANCES)
+    gc.collect()
+    seen: set[str] = set()
+
+    def answer(call: Any) -> dict[str, str]:
+        seen.add(call.agent.name)
+        return {"status": "shipped"}
+
+    transport = MockTransport(answer, record=0)
+    client = ReachClient(registry, transport=transport) if tokens else ReachClient(registry, transport, tokens=False)
+    await timed(lambda n: client.reach("query_order", PAYLOAD), STATELESS_WARMUP)
+    before = len(seen)
+    samples = await timed(lambda n: client.reach("query_order", PAYLOAD), calls)
+    await client.aclose()
+    return samples, len(seen) - before
+
+
+def sparse_caller_us(agents: int, calls: int = 100) -> float:
+    """The router's mean decision, in microseconds, when every call comes after the pool's ``refresh`` period."""
+    now = [1_000.0]
+    router = Router(asyncio.run(estate(agents, INSTANCES)), clock=lambda: now[0])
+    request = ReachRequest(capability="query_order")
+    router.route(request)
+    took = []
+    for _ in range(calls):
+        now[0] += 1.1
+        started = time.perf_counter_ns()
+        router.route(request)
+        took.append(time.perf_counter_ns() - started)
+    return statistics.fmean(took) / 1000
+
+
+def signature_us() -> float:
+    """The floor of a token miss: one Ed25519 signature of a token-sized message (median of 2,000)."""
+    key = default_issuer().keys.active.private
+    message = b"x" * 300
+    took = []
+    for _ in range(2_000):
+        started = time.perf_counter_ns()
+        key.sign(message)
+        took.append(time.perf_counter_ns() - started)
+    return statistics.median(took) / 1000
+
+
+async def stateless(calls: int, rounds: int) -> tuple[list[Row], dict[str, float]]:
+    """Part 2: 10 and 1,000 agents, with and without tokens, each in ``rounds`` fresh rounds (median round kept);
+    and the floor with tokens: the 1,000-agent mean without tokens plus one signature for each timed call that met
+    a new agent, against the 10-agent mean with tokens (what the target compares)."""
+    cases = [(agents, tokens) for tokens in (False, True) for agents in STATELESS_SIZES]
+    measured: dict[tuple[int, bool], list[Row]] = {case: [] for case in cases}
+    firsts: list[int] = []
+    for _ in range(rounds):
+        for agents, tokens in cases:
+            name = f"stateless, {'tokens' if tokens else 'no tokens'}"
+            samples, new = await stateless_round(agents, tokens, calls)
+            measured[agents, tokens].append(row("stateless", name, agents, samples))
+            if tokens and agents == STATELESS_SIZES[-1]:
+                firsts.append(new)
+    rows = [sorted(got, key=lambda r: r.mean_us)[len(got) // 2] for got in measured.values()]
+    by = {(r.dimension, r.size): r for r in rows}
+    few = by["stateless, tokens", STATELESS_SIZES[0]]
+    plain = by["stateless, no tokens", STATELESS_SIZES[-1]]
+    signed = signature_us()
+    share = statistics.median(firsts) / calls
+    floor = {
+        "signature_us": round(signed, 1),
+        "calls_meeting_a_new_agent": round(share, 3),
+        "tokens_floor_mean_ratio": round((plain.mean_us + share * signed) / few.mean_us, 2),
+    }
+    return rows, floor
+
+
 async def built(
     make: Callable[[], Awaitable[tuple[ReachClient, Call]]],
 ) -> tuple[ReachClient, Call, float, float]:
@@ -266,6 +358,19 @@ async def curve(calls: int) -> list[Row]:
     return rows
 
 
+def stateless_verdict(rows: list[Row]) -> dict[str, Any]:
+    """1,000 agents against 10, mean and p50, with and without tokens."""
+    checks: dict[str, Any] = {"target_stateless_ratio": TARGET_FLATNESS}
+    for kind in ("no tokens", "tokens"):
+        by = {r.size: r for r in rows if r.dimension == f"stateless, {kind}"}
+        few, many = by[STATELESS_SIZES[0]], by[STATELESS_SIZES[-1]]
+        key = kind.replace(" ", "_")
+        checks[f"stateless_{key}_mean_ratio"] = round(many.mean_us / few.mean_us, 2)
+        checks[f"stateless_{key}_p50_ratio"] = round(many.p50_us / few.p50_us, 2)
+        checks[f"met_stateless_{key}"] = max(many.mean_us / few.mean_us, many.p50_us / few.p50_us) <= TARGET_FLATNESS
+    return checks
+
+
 def verdict(rows: list[Row]) -> dict[str, Any]:
     by = {r.dimension: r for r in rows if r.part == "flatness"}
     one, many = by["reach, 1 agent(s)"].p50_us, by["reach, 1000 agent(s)"].p50_us
@@ -291,6 +396,7 @@ def verdict(rows: list[Row]) -> dict[str, Any]:
         "met_new_session": max(new, new_15) <= TARGET_NEW_SESSION_US,
         "memory_mb_per_10000_agents_of_3": per_10k.memory_mb if per_10k else None,
         "routing_state_mb_per_10000_agents_of_3": per_10k.router_mb if per_10k else None,
+        **stateless_verdict(rows),
     }
 
 
@@ -326,21 +432,41 @@ def draw(rows: list[Row], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer calls: a smoke run, not a measurement")
+    parser.add_argument("--stateless-only", action="store_true", help="part 2 alone (the stateless caller)")
     args = parser.parse_args(argv)
     calls, batch, curve_calls = (2_000, 200, 500) if args.quick else (20_000, 500, 5_000)
     load_before = os.getloadavg()[0]
+    lone, floor = asyncio.run(stateless(STATELESS_CALLS, 2 if args.quick else STATELESS_ROUNDS))
+    for agents in STATELESS_SIZES:
+        floor[f"sparse_caller_route_mean_us_{agents}"] = round(sparse_caller_us(agents), 1)
+    print(f"{'stateless caller (median round)':40} {'agents':>6} {'p50 us':>8} {'p99 us':>8} {'mean us':>8}")
+    for r in lone:
+        print(f"{r.dimension:40} {r.size:>6,} {r.p50_us:8.1f} {r.p99_us:8.1f} {r.mean_us:8.1f}")
+    lone_checks = {**stateless_verdict(lone), **floor}
+    for kind in ("no_tokens", "tokens"):
+        mean, p50 = (lone_checks[f"stateless_{kind}_{q}_ratio"] for q in ("mean", "p50"))
+        print(f"  1,000 / 10 agents, {kind.replace('_', ' '):9}: mean {mean:.2f}x, p50 {p50:.2f}x (target <= 1.5x)")
+    few, many = (floor[f"sparse_caller_route_mean_us_{agents}"] for agents in STATELESS_SIZES)
+    print(f"  a caller calling once a second, route alone: {few:.1f} us at 10 agents, {many:.1f} us at 1,000")
+    print(
+        f"  the floor with tokens: {floor['calls_meeting_a_new_agent']:.0%} of the timed calls meet a new agent, "
+        f"one signature each ({floor['signature_us']:.1f} us): mean {floor['tokens_floor_mean_ratio']:.2f}x"
+    )
+    if args.stateless_only:
+        alone = RESULTS.with_name("scaling_stateless.json")
+        return report(args, load_before, lone, lone_checks, drawn=False, path=alone)
     flat = asyncio.run(flatness(calls, batch))
     print(f"{'case':40} {'p50 us':>8} {'p99 us':>8} {'mean us':>8}")
     for r in flat:
         print(f"{r.dimension:40} {r.p50_us:8.1f} {r.p99_us:8.1f} {r.mean_us:8.1f}")
     print("scaling curve:")
-    rows = flat + asyncio.run(curve(curve_calls))
-    checks = verdict(rows)
+    rows = lone + flat + asyncio.run(curve(curve_calls))
+    checks = {**verdict(rows), **floor}
     print(
         f"\n{'dimension':28} {'size':>7} {'p50 us':>8} {'p99 us':>9} {'mean us':>8} "
         f"{'memory MB':>10} {'routing MB':>10}"
     )
-    for r in rows[len(flat) :]:
+    for r in rows[len(lone) + len(flat) :]:
         print(
             f"{r.dimension:28} {r.size:>7,} {r.p50_us:8.1f} {r.p99_us:9.1f} {r.mean_us:8.1f} "
             f"{r.memory_mb:10.2f} {r.router_mb:10.2f}"
@@ -355,9 +481,15 @@ def main(argv: list[str] | None = None) -> int:
         f"  memory, 10,000 agents x 3: {checks['memory_mb_per_10000_agents_of_3']} MB "
         f"(routing state {checks['routing_state_mb_per_10000_agents_of_3']} MB)"
     )
-    drawn = draw(rows, PICTURE)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    report = {
+    return report(args, load_before, rows, checks, drawn=draw(rows, PICTURE), path=RESULTS)
+
+
+def report(
+    args: argparse.Namespace, load_before: float, rows: list[Row], checks: dict[str, Any], *, drawn: bool, path: Path
+) -> int:
+    """Write the run's rows and verdicts, with the machine's load before and after, as JSON at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
         "benchmark": "scaling",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
@@ -371,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
         "targets": checks,
         "picture": PICTURE.name if drawn else None,
     }
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}" + (f" and {PICTURE}" if drawn else ""))
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {path}" + (f" and {PICTURE}" if drawn else ""))
     return 0
 
 

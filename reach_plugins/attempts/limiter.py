@@ -22,7 +22,8 @@ class ConcurrencyLimiter:
         self._limit = limit
         self._max_queue = max_queue
         self._in_flight = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiters: deque[asyncio.Future[None]] | None = None
+        """Made when the first caller has to wait: most limiters (one per instance) never see a line."""
         self.name = name
 
     @property
@@ -49,7 +50,7 @@ class ConcurrencyLimiter:
 
     @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return len(self._waiters) if self._waiters else 0
 
     def try_acquire(self) -> bool:
         if self._in_flight < self._limit and not self._waiters:
@@ -61,21 +62,24 @@ class ConcurrencyLimiter:
         """Take a slot, waiting in line if needed; raise RateLimited at once when the line is full."""
         if self.try_acquire():
             return
-        if len(self._waiters) >= self._max_queue:
+        waiters = self._waiters
+        if waiters is None:
+            waiters = self._waiters = deque()
+        if len(waiters) >= self._max_queue:
             raise RateLimited(
                 f"{self.name or 'agent'}: {self._in_flight} calls in flight (limit {self._limit}) and "
-                f"{len(self._waiters)} waiting; the wait queue is full — slow down or raise pool.max_conns"
+                f"{len(waiters)} waiting; the wait queue is full — slow down or raise pool.max_conns"
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        waiters.append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.release()
-            elif waiter in self._waiters:
+            elif waiter in waiters:
                 # A release between the cancellation and this line already dropped the waiter from the line.
-                self._waiters.remove(waiter)
+                waiters.remove(waiter)
             raise
 
     def release(self) -> None:
@@ -83,8 +87,9 @@ class ConcurrencyLimiter:
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self._in_flight < self._limit:
-            waiter = self._waiters.popleft()
+        waiters = self._waiters
+        while waiters and self._in_flight < self._limit:
+            waiter = waiters.popleft()
             if not waiter.done():
                 self._in_flight += 1
                 waiter.set_result(None)

@@ -42,6 +42,7 @@ from reach_plugins.config.shapes import (
 )
 from reach_plugins.endpoints import ANY_NETWORK, EndpointPolicy
 from reach_plugins.errors import ConfigError
+from reach_plugins.matching.ranking import DEFAULT_WEIGHTS, check_weights
 from reach_plugins.model import (
     AgentDescriptor,
     Auth,
@@ -267,6 +268,21 @@ class AgentDefaults(Strict):
     protocol_options: dict[str, Any] | None = None
 
 
+class MatchingConfig(Strict):
+    """``matching:``: how a near tie by meaning is ranked (``ReachEnhancer(capacity_weights=...)`` takes it)."""
+
+    capacity_weights: tuple[float, float] | None = DEFAULT_WEIGHTS
+    """Similarity, free capacity (seed 001 section 3.2); ``null`` leaves a near tie ambiguous."""
+
+    @field_validator("capacity_weights")
+    @classmethod
+    def _weights(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        try:
+            return None if value is None else check_weights(value)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None  # reported under its path: matching.capacity_weights
+
+
 class ReachConfig(BaseModel):
     """A loaded configuration: the agents (defaults applied), the tenant table, the defaults themselves."""
 
@@ -275,6 +291,7 @@ class ReachConfig(BaseModel):
     agents: list[AgentDescriptor] = Field(default_factory=list)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     defaults: AgentDefaults = Field(default_factory=AgentDefaults)
+    matching: MatchingConfig = Field(default_factory=MatchingConfig)
     tools: dict[str, Capability] = Field(default_factory=dict)
     """Top-level ``tools:`` catalogue: capability declarations merged into agents offering them."""
     secrets: SecretsPolicy = NO_SECRETS_POLICY
@@ -371,6 +388,7 @@ def parse_config(
     tenants = _tenants(doc.get("tenants", {}), problems)
     secrets = _validate(SecretsPolicy, Shaped("secrets", doc.get("secrets", {})), problems)
     quotas = _validate(QuotaConfig, Shaped("quotas", doc["quotas"]), problems) if "quotas" in doc else None
+    matching = _validate(MatchingConfig, Shaped("matching", doc.get("matching", {})), problems)
     _raise_if(problems, source)
     secrets = secrets or NO_SECRETS_POLICY
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
@@ -381,6 +399,7 @@ def parse_config(
         tenants=tenants,
         defaults=defaults or AgentDefaults(),
         tools=catalogue,
+        matching=matching or MatchingConfig(),
         secrets=secrets,
         quotas=quotas,
         source=source,

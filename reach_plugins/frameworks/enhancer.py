@@ -71,6 +71,7 @@ from reach_plugins.frameworks.toolcalls import (
     content_of,
     error_text,
 )
+from reach_plugins.matching.ranking import DEFAULT_WEIGHTS
 from reach_plugins.model import Capability, ReachRequest, ReachResponse, error_for_response
 from reach_plugins.security import context
 from reach_plugins.telemetry.metrics import ReachMetrics, fan_out, global_metrics
@@ -144,7 +145,10 @@ class ReachEnhancer:
     global ``MeterProvider`` once an SDK is installed there.
     ``match="exact"`` (the default) routes a tool only by ``capability_map``
     or its own name; ``match="semantic", min_similarity=0.46`` also by meaning
-    (``matcher`` picks the embedder, or is a ready ``CapabilityMatcher``).
+    (``matcher`` picks the embedder, or is a ready ``CapabilityMatcher``); a near
+    tie by meaning goes to the capability with the best
+    ``capacity_weights[0] * similarity + capacity_weights[1] * free capacity``
+    (0.7 / 0.3; ``None``: a tie stays a tie), and :meth:`explain` shows both parts.
     ``serve_as`` names what this agent offers when it is
     served itself (``auto_register=True``; the agent SDK serves it, see :meth:`adopt`).
     """
@@ -172,6 +176,7 @@ class ReachEnhancer:
         timeout_ms: int | None = None,
         tracer_provider: TracerProvider | None = None,
         metrics: ReachMetrics | None = None,
+        capacity_weights: Sequence[float] | None = DEFAULT_WEIGHTS,
         **client_options: Any,
     ) -> None:
         check_choice("policy", policy, Policy)
@@ -219,6 +224,7 @@ class ReachEnhancer:
             min_similarity=min_similarity,
             matcher=matcher,
             scope_tags=scope_tags,
+            capacity_weights=capacity_weights,
         )
         self._probes: dict[str, ReachRequest] = {}
         self.served: list[Stoppable] = []
@@ -328,11 +334,11 @@ class ReachEnhancer:
                 capability, answer = self._ask(call, decision, approver)
                 sent = _approved(call, capability, await answer if inspect.isawaitable(answer) else answer)
                 try:
-                    return await self._adeliver(span, sent, capability, on_item, None)
+                    return _ranked(await self._adeliver(span, sent, capability, on_item, None), decision)
                 except ApprovalRequired as asked:
                     answer = self._asked_by_target(sent, capability, approver, asked)
                     sent = _approved(sent, capability, await answer if inspect.isawaitable(answer) else answer)
-                    return await self._adeliver(span, sent, capability, on_item, asked.ticket)
+                    return _ranked(await self._adeliver(span, sent, capability, on_item, asked.ticket), decision)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
 
@@ -352,11 +358,11 @@ class ReachEnhancer:
                 capability, answer = self._ask(call, decision, approver)
                 sent = _approved(call, capability, run(answer) if inspect.isawaitable(answer) else answer)
                 try:
-                    return self._deliver(span, sent, capability, on_item, None)
+                    return _ranked(self._deliver(span, sent, capability, on_item, None), decision)
                 except ApprovalRequired as asked:
                     answer = self._asked_by_target(sent, capability, approver, asked)
                     sent = _approved(sent, capability, run(answer) if inspect.isawaitable(answer) else answer)
-                    return self._deliver(span, sent, capability, on_item, asked.ticket)
+                    return _ranked(self._deliver(span, sent, capability, on_item, asked.ticket), decision)
             except ReachError as exc:
                 return self._failed(span, call, decision.resolution.capability, exc, None)
 
@@ -593,6 +599,14 @@ class ReachEnhancer:
 
 OnItem = Callable[[Any], "Awaitable[None] | None"]
 """Gets each item of a streamed reply as it arrives (:meth:`ReachEnhancer.areach` awaits an awaitable answer)."""
+
+
+def _ranked(result: ToolResult, decision: Decision) -> ToolResult:
+    """``result`` with the ranking that chose its capability in its route record (when free capacity chose it)."""
+    route = result.route
+    if route is None or decision.resolution.rule != "capacity":
+        return result
+    return replace(result, route=route.ranked_by(decision.resolution))
 
 
 def _data(event: StreamEvent) -> list[Any]:

@@ -15,7 +15,7 @@ import json
 import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from reach_plugins.errors import (
@@ -36,9 +36,11 @@ from reach_plugins.errors import (
     is_retryable,
 )
 from reach_plugins.matching import CapabilityMatcher, Embedder, EmbedFunction, default_embedder
-from reach_plugins.matching.matcher import DEFAULT_TIMEOUT, identifier
+from reach_plugins.matching.matcher import DEFAULT_TIMEOUT, MatchResult, identifier
+from reach_plugins.matching.ranking import DEFAULT_WEIGHTS, CapacityRanking, Contender, FreeCapacityOf
 from reach_plugins.model import NAME_PATTERN, Capability, Hop, ReachResponse
 from reach_plugins.registry.base import RegistryView
+from reach_plugins.routing.capacity import FreeCapacity
 from reach_plugins.security.verifier import TokenVerifier
 
 Policy = Literal["remote_first", "remote_only", "local_only"]
@@ -47,10 +49,21 @@ MatchMode = Literal["exact", "semantic"]
 """``match=``: ``exact`` (the default) routes a tool only by ``capability_map`` or its own name; ``semantic`` also
 by the meaning of its name and description, at the stated ``min_similarity``."""
 Rule = Literal[
-    "map", "exact", "semantic", "ambiguous", "below_threshold", "filtered", "unmapped", "off", "degraded", "high_danger"
+    "map",
+    "exact",
+    "semantic",
+    "capacity",
+    "ambiguous",
+    "below_threshold",
+    "filtered",
+    "unmapped",
+    "off",
+    "degraded",
+    "high_danger",
 ]
-"""How a tool was mapped: ``map`` (``capability_map``), ``exact`` name, ``semantic`` match; or why it was not
-(``high_danger``: the closest capability is ``danger_level: high``, which meaning alone never reaches)."""
+"""How a tool was mapped: ``map`` (``capability_map``), ``exact`` name, ``semantic`` match, ``capacity`` (a near tie
+broken by free capacity, :mod:`reach_plugins.matching.ranking`); or why it was not (``high_danger``: the closest
+capability is ``danger_level: high``, which meaning alone never reaches)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +90,8 @@ class Resolution:
     capability: str | None
     rule: Rule
     detail: str = ""
+    contenders: tuple[Contender, ...] = ()
+    """A near tie ranked by similarity and free capacity: each contender's two parts and score, best first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +122,9 @@ class RouteInfo:
     """False when no attempt reached an agent (refused connection, no healthy agent, open breaker)."""
     fallback: str | None = None
     """Why the local tool ran instead of the agent (``remote_first``, nothing delivered), else ``None``."""
+    ranking: tuple[dict[str, Any], ...] = ()
+    """When free capacity broke a near tie: each contender's ``capability``, ``similarity``, ``capacity`` and
+    ``score``, best first (JSON-ready, as the adapters' artifacts carry it)."""
 
     @classmethod
     def of(cls, response: ReachResponse, capability: str) -> RouteInfo:
@@ -128,6 +146,16 @@ class RouteInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+    def ranked_by(self, resolution: Resolution) -> RouteInfo:
+        """This record with the ranking that chose the capability, when capacity chose it."""
+        if resolution.rule != "capacity":
+            return self
+        ranking = tuple(
+            {"capability": c.capability, "similarity": c.similarity, "capacity": c.capacity, "score": c.score}
+            for c in resolution.contenders
+        )
+        return replace(self, ranking=ranking)
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,9 +359,16 @@ class ToolMapper:
     local code never ran), and it never routes to a ``danger_level: high``
     capability, which needs the map or its exact name.
 
+    A near tie by meaning (several capabilities within the matcher's margin)
+    is ranked by ``capacity_weights`` of similarity and free capacity
+    (:class:`~reach_plugins.matching.ranking.CapacityRanking`; ``None`` leaves
+    it a tie); ``capacity`` reads free capacity (by default from the registry,
+    :class:`~reach_plugins.routing.capacity.FreeCapacity`).
+
     The catalogue is rebuilt (and the decisions forgotten) when the registry's
     revision moves, so an agent registered later is found; decisions are
-    cached per ``(tool, description)`` otherwise.
+    cached per ``(tool, description)`` otherwise, except ranked ties: load
+    moves between calls, so they are ranked again on every call.
     """
 
     def __init__(
@@ -345,6 +380,8 @@ class ToolMapper:
         min_similarity: float | None = None,
         matcher: MatcherOption = None,
         scope_tags: Sequence[str] = (),
+        capacity_weights: Sequence[float] | None = DEFAULT_WEIGHTS,
+        capacity: FreeCapacityOf | None = None,
     ) -> None:
         check_choice("match", match, MatchMode)
         capability_map = capability_map or {}
@@ -357,6 +394,12 @@ class ToolMapper:
         self.view = view
         self.capability_map = dict(capability_map)
         self.matcher = _matcher(match, min_similarity, matcher)
+        self.ranking = (
+            CapacityRanking(capacity_weights, margin=self.matcher.margin)
+            if self.matcher is not None and capacity_weights is not None
+            else None
+        )
+        self.capacity: FreeCapacityOf = capacity or FreeCapacity(view)
         self.scope_tags = tuple(scope_tags)
         self._lock = threading.Lock()
         self._revision: int | None = None
@@ -390,8 +433,8 @@ class ToolMapper:
         found = resolved.get((tool, description))
         if found is None:
             found = self._resolve(tool, description, catalogue, wait)
-            if found.rule == "degraded":
-                return found  # the model was slow or failed: ask it again next time
+            if found.rule == "degraded" or found.contenders:
+                return found  # the model was slow or failed, or load decided: ask again next time
             with self._lock:
                 if len(resolved) >= _MAX_CACHED:
                     resolved.clear()
@@ -422,16 +465,12 @@ class ToolMapper:
         if self.matcher is None:
             return self._exact(tool, catalogue)
         match = self.matcher.match(tool, description, scope_tags=self.scope_tags, wait=wait)
-        found = catalogue.get(match.capability) if match.reason == "semantic" and match.capability else None
-        if found is not None and found.danger_level == "high":
-            return Resolution(
-                tool,
-                None,
-                "high_danger",
-                f"{match}; meaning alone never routes to a danger_level: high capability: "
-                f"route it with capability_map={{{tool!r}: {found.name!r}}} or name the tool {found.name!r}",
-            )
-        return Resolution(tool, match.capability, match.reason, str(match))
+        ranked = self.ranking.rank(match, self.capacity) if self.ranking is not None else None
+        if ranked is not None:
+            chosen = Resolution(tool, ranked.capability, ranked.reason, f"{match}; {ranked}", ranked.contenders)
+        else:
+            chosen = Resolution(tool, match.capability, match.reason, str(match))
+        return _not_dangerous(chosen, match, catalogue)
 
     def _exact(self, tool: str, catalogue: Mapping[str, Capability]) -> Resolution:
         """``match="exact"``: the capability named like the tool (``queryOrder`` is ``query_order``), or none."""
@@ -446,6 +485,22 @@ class ToolMapper:
             f"no capability named {tool!r} and matching by meaning is off (match='exact'): route it with "
             f"capability_map={{{tool!r}: 'capability_name'}}, or opt in with match='semantic', min_similarity=...",
         )
+
+
+def _not_dangerous(chosen: Resolution, match: MatchResult, catalogue: Mapping[str, Capability]) -> Resolution:
+    """``chosen``, unless meaning chose a ``danger_level: high`` capability: then no route, and how to give one."""
+    found = catalogue.get(chosen.capability) if chosen.rule in ("semantic", "capacity") and chosen.capability else None
+    if found is None or found.danger_level != "high":
+        return chosen
+    tool = chosen.tool
+    return Resolution(
+        tool,
+        None,
+        "high_danger",
+        f"{match}; meaning alone never routes to a danger_level: high capability: "
+        f"route it with capability_map={{{tool!r}: {found.name!r}}} or name the tool {found.name!r}",
+        chosen.contenders,
+    )
 
 
 def _matcher(match: MatchMode, min_similarity: float | None, option: MatcherOption) -> CapabilityMatcher | None:

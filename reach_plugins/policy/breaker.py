@@ -59,50 +59,60 @@ class Permit:
     generation: int
 
 
+_FIRST_PERMIT = Permit(False, 0)
+"""The closed-state permit of generation 0, shared by every new breaker (permits are immutable)."""
+
+
 class _Window:
     """Counts of calls, failures and slow calls over the last ``window`` seconds, in buckets.
 
     Running sums are kept next to the buckets, so reading the totals (after
-    every call) costs the same for ten buckets as for a thousand.
+    every call) costs the same for ten buckets as for a thousand. The three
+    counts of every bucket share one list (calls, failures, slow, bucket by
+    bucket), cleared in place: a caller spreading calls over thousands of
+    instances makes one window per instance, each one object for the garbage
+    collector to track rather than several.
     """
 
-    __slots__ = ("all_calls", "all_failures", "all_slow", "calls", "failures", "head", "slow", "width")
+    __slots__ = ("all_calls", "all_failures", "all_slow", "counts", "head", "size", "width")
 
     def __init__(self, window: float, buckets: int) -> None:
         self.width = window / buckets
-        self.calls = [0] * buckets
-        self.failures = [0] * buckets
-        self.slow = [0] * buckets
+        self.size = buckets
+        self.counts = [0] * (3 * buckets)
         self.all_calls = self.all_failures = self.all_slow = 0
         self.head = -1
 
     def _slot(self, now: float) -> int:
+        """The first index in ``counts`` of the bucket ``now`` falls in (stale buckets emptied on the way)."""
         index = int(now // self.width)
         head = self.head
-        size = len(self.calls)
+        size = self.size
         if 0 <= index <= head:
-            return head % size
-        if head < 0 or index - head >= size:
-            self.clear()
-        else:
+            return 3 * (head % size)
+        if head >= 0 and index - head < size:
+            counts = self.counts
             for stale in range(head + 1, index + 1):
-                slot = stale % size
-                self.all_calls -= self.calls[slot]
-                self.all_failures -= self.failures[slot]
-                self.all_slow -= self.slow[slot]
-                self.calls[slot] = self.failures[slot] = self.slow[slot] = 0
+                at = 3 * (stale % size)
+                self.all_calls -= counts[at]
+                self.all_failures -= counts[at + 1]
+                self.all_slow -= counts[at + 2]
+                counts[at] = counts[at + 1] = counts[at + 2] = 0
+        elif head >= 0:
+            self.clear()
         self.head = max(head, index)
-        return self.head % size
+        return 3 * (self.head % size)
 
     def add(self, now: float, *, failure: bool, slow: bool) -> None:
-        slot = self._slot(now)
-        self.calls[slot] += 1
+        at = self._slot(now)
+        counts = self.counts
+        counts[at] += 1
         self.all_calls += 1
         if failure:
-            self.failures[slot] += 1
+            counts[at + 1] += 1
             self.all_failures += 1
         if slow:
-            self.slow[slot] += 1
+            counts[at + 2] += 1
             self.all_slow += 1
 
     def totals(self, now: float) -> tuple[int, int, int]:
@@ -110,10 +120,9 @@ class _Window:
         return self.all_calls, self.all_failures, self.all_slow
 
     def clear(self) -> None:
-        size = len(self.calls)
-        self.calls = [0] * size
-        self.failures = [0] * size
-        self.slow = [0] * size
+        counts = self.counts
+        for at in range(len(counts)):
+            counts[at] = 0
         self.all_calls = self.all_failures = self.all_slow = 0
 
 
@@ -140,7 +149,7 @@ class CircuitBreaker:
         """Consecutive re-opens (failed probes) since the breaker last closed: the open time doubles with each."""
         self._probes = 0
         self._generation = 0
-        self._permit = Permit(False, 0)
+        self._permit = _FIRST_PERMIT
         """The permit of a call admitted while closed in this generation (immutable, so shared)."""
 
     def state(self, now: float) -> BreakerState:
@@ -267,6 +276,8 @@ class Breakers:
 
     def __init__(self, listener: Listener | None = None, *, max_breakers: int = 10_000) -> None:
         self._listener = listener
+        self._emits = self._emit
+        """One bound method handed to every breaker (not one made per breaker)."""
         self._max = max_breakers
         self._breakers: dict[tuple[str, str, str], CircuitBreaker] = {}
 
@@ -282,7 +293,7 @@ class Breakers:
         if breaker is None or (config is not None and breaker.config is not config and breaker.config != config):
             if breaker is None and len(self._breakers) >= self._max:
                 self._prune()
-            breaker = CircuitBreaker(config, agent=key[0], instance=key[1], listener=self._emit)
+            breaker = CircuitBreaker(config, agent=key[0], instance=key[1], listener=self._emits)
             self._breakers[key] = breaker
         return breaker
 

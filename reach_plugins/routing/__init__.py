@@ -6,6 +6,7 @@ that explains the choice.
 """
 
 from reach_plugins.routing.affinity import Rendezvous, SessionTable
+from reach_plugins.routing.capacity import FreeCapacity
 from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.route import AvailabilityHook, Route, TenantLike
 from reach_plugins.routing.router import Router
@@ -14,6 +15,7 @@ from reach_plugins.routing.swrr import SmoothWeightedRoundRobin
 __all__ = [
     "AvailabilityHook",
     "CapabilityIndex",
+    "FreeCapacity",
     "Offer",
     "Rendezvous",
     "Route",

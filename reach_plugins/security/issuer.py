@@ -19,18 +19,16 @@ logger.
 from __future__ import annotations
 
 import json
+import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jwt
-
 from reach_plugins.errors import ConfigError, ExchangeDenied, ReachError, TokenDenied
 from reach_plugins.security.auditlog import audit_logger
 from reach_plugins.security.claims import DEFAULT_TTL, MAX_CHAIN, MAX_TTL, TENANT_PREFIX, Claims
-from reach_plugins.security.keys import ALGORITHM, KeyRing
+from reach_plugins.security.keys import KeyRing
 from reach_plugins.security.verifier import KeySource, TokenVerifier
 
 MayReach = Callable[[str | None, str], "str | None"]
@@ -125,7 +123,7 @@ class TokenIssuer:
             "aud": audience,
             "tenant": tenant,
             "chain": list(chain),
-            "jti": uuid.uuid4().hex,
+            "jti": os.urandom(16).hex(),
             "iat": int(now),
             "exp": expires,
         }
@@ -133,9 +131,7 @@ class TokenIssuer:
             payload["via"] = via
         if trust is not None:
             payload["trust"] = trust
-        key = self.keys.active
-        token = jwt.encode(payload, key.private, algorithm=ALGORITHM, headers={"kid": key.kid})
-        return Issued(token, expires, Claims.from_payload(payload))
+        return Issued(self.keys.active.sign(payload), expires, Claims.from_payload(payload))
 
     def for_tenant(
         self, tenant: str | None, audience: str, *, via: str | None = None, trust: str | None = None

@@ -1,7 +1,10 @@
 """Where a caller gets the token for its target: :class:`LocalTokens` (an in-process issuer) or :class:`RemoteTokens`.
 
 Both cache a token per (target, tenant, received token) until shortly before it
-expires, and share one fetch between concurrent misses. Inside a served
+expires, and share one fetch between concurrent misses. A miss that needs no
+await (an in-process issuer signing for a tenant) is signed inline: a caller
+spreading calls over 1,000 agents misses once per agent, and a task plus a
+shielded wait per miss cost more than the signature itself. Inside a served
 handler (:func:`~reach_plugins.security.held.received`) they *exchange* the
 received token for one bound to the chain instead of asking as the tenant:
 in-process the presenter is the agent being served (:func:`~reach_plugins.security.context.current`);
@@ -59,7 +62,7 @@ class TokenCache:
 
 
 class _Cached(ABC):
-    """Cache + single flight around ``_fetch``."""
+    """Cache + single flight around ``_fetch``; ``_at_once`` answers a miss without awaiting when it can."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._cache = TokenCache(clock=clock)
@@ -71,6 +74,10 @@ class _Cached(ABC):
         found = self._cache.get(key)
         if found is not None:
             return found
+        signed = self._at_once(audience, tenant, held, trust)
+        if signed is not None:
+            self._cache.put(key, *signed)
+            return signed[0]
         flight = self._flights.get(key)
         if flight is None:
             flight = self._flights[key] = asyncio.ensure_future(self._fetch(audience, tenant, held, trust))
@@ -78,6 +85,12 @@ class _Cached(ABC):
         token, expires_at = await asyncio.shield(flight)
         self._cache.put(key, token, expires_at)
         return token
+
+    def _at_once(
+        self, audience: str, tenant: str | None, held: str | None, trust: str | None
+    ) -> tuple[str, float] | None:
+        """A new token made without awaiting (and when it expires), or ``None`` when only ``_fetch`` can make one."""
+        return None
 
     @abstractmethod
     async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
@@ -92,13 +105,20 @@ class LocalTokens(_Cached):
         self._via = via
         super().__init__(self.issuer.clock)
 
-    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
+    def _at_once(
+        self, audience: str, tenant: str | None, held: str | None, trust: str | None
+    ) -> tuple[str, float] | None:
+        """A tenant's token is signed here and now (an exchange verifies the received token first: it awaits)."""
         if held is not None:
-            served = current()
-            presenter = served.agent if served is not None else ""
-            issued = await self.issuer.exchange(held, audience=audience, presenter=presenter)
-        else:
-            issued = self.issuer.for_tenant(tenant, audience, via=self._via, trust=trust)
+            return None
+        issued = self.issuer.for_tenant(tenant, audience, via=self._via, trust=trust)
+        return issued.token, issued.expires_at
+
+    async def _fetch(self, audience: str, tenant: str | None, held: str | None, trust: str | None) -> tuple[str, float]:
+        assert held is not None, "a tenant's token is signed at once (_at_once)"
+        served = current()
+        presenter = served.agent if served is not None else ""
+        issued = await self.issuer.exchange(held, audience=audience, presenter=presenter)
         return issued.token, issued.expires_at
 
 
