@@ -1,7 +1,7 @@
 """The one async pipeline every transport goes through.
 
-Order of a call: loop guard -> route -> target loop check -> payload vs params_schema -> deadline ->
-dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
+Order of a call: loop guard -> route -> target loop check -> dependency-loop watch -> payload vs params_schema ->
+deadline -> dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
 breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
 retry (full jitter, budget) or fail over -> trace and span.
 
@@ -32,6 +32,7 @@ from reach_plugins.attempts.driver import run_unary
 from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Flight
 from reach_plugins.attempts.hooks import AttemptHooks
+from reach_plugins.attempts.loopwatch import LoopWatch
 from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
 from reach_plugins.attempts.streaming import StreamTally, stream_attempts
 from reach_plugins.clock import Clock, as_clock
@@ -47,13 +48,14 @@ from reach_plugins.model import AgentDescriptor, ErrorInfo, Instance, ReachReque
 from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
+from reach_plugins.policy.dependency import LoopSettings
 from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
 from reach_plugins.policy.outliers import Standing
 from reach_plugins.policy.validation import check_payload
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
 from reach_plugins.stores.keys import ScopedKey
-from reach_plugins.telemetry.metrics import global_metrics
+from reach_plugins.telemetry.metrics import global_metrics, metrics_in
 from reach_plugins.telemetry.spans import (
     ATTR_ATTEMPTS,
     ATTR_STREAM_CHARS,
@@ -123,8 +125,11 @@ class Pipeline:
         default_timeout: float = 30.0,
         stream_batching: BatchPolicy | None = None,
         hooks: Sequence[AttemptHooks] = (),
+        loops: LoopSettings | None = None,
     ) -> None:
         """``hooks`` hear of every request's attempts and breaker/consistency changes (metrics, logs).
+
+        ``loops``: the dependency-loop watch (:mod:`reach_plugins.attempts.loopwatch`), on by default.
 
         ``sink`` gets every finished request's trace; without one, traces go to :class:`ReachMetrics` on the global
         ``MeterProvider`` once an SDK is installed there (like spans; nothing is built until then).
@@ -146,6 +151,8 @@ class Pipeline:
         self._max_hops = max_hops
         self._default_timeout = default_timeout
         self._batching = stream_batching or BatchPolicy()
+        self.loops = LoopWatch(loops or LoopSettings(), lambda: metrics_in(self._sink))
+        """Agent pairs reaching each other too often, seen from this pipeline's reaches."""
         self._engine = Engine(
             router=router,
             transport=transport,
@@ -242,6 +249,7 @@ class Pipeline:
         route = routed if routed is not None else engine.router.route(request)
         rec.route = route
         check_target(request.hops, route.agent.name, route.capability.name)
+        self.loops.check(request.hops, route.agent.name, self._clock.monotonic())
         check_payload(route.capability, request.payload)
         deadline = resolve_deadline(
             request, route.agent, route.capability, started_at=rec.started_at, default_timeout=self._default_timeout
