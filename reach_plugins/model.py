@@ -161,6 +161,26 @@ class Hedging(Strict):
         return self
 
 
+OnLoop = Literal["alert", "shed"]
+"""What a loop does: ``alert`` (log and count only) or ``shed`` (also refuse the newer direction)."""
+
+
+class LoopSettings(Strict):
+    """The ``loops:`` config section (:mod:`reach_plugins.policy.dependency`): window, two-way threshold, action."""
+
+    enabled: bool = True
+    """On by default; ``false`` turns the alerts off (and the pipeline logs a warning saying so)."""
+    window: Duration = 300.0
+    """Seconds of the sliding window (the seed's 5 minutes)."""
+    buckets: int = Field(default=60, ge=1, le=3600)
+    """Buckets the window slides by (60: the window moves in ``window / 60`` steps)."""
+    threshold: float = Field(default=1.0, gt=0)
+    """Reaches per second, each way, at or above which a pair is a loop."""
+    max_edges: int = Field(default=10_000, ge=2)
+    """Directed edges kept; the least recently reached goes first."""
+    on_loop: OnLoop = "alert"
+
+
 class PoolConfig(Strict):
     """Connection pool per agent; 64 / 90 s is what the seeds settled on under load."""
 

@@ -10,6 +10,7 @@ from reach_plugins.attempts.loopwatch import LoopWatch
 from reach_plugins.errors import ConfigError, LoopDetected
 from reach_plugins.model import Hop
 from reach_plugins.policy.dependency import DependencyRates, LoopSettings
+from reach_plugins.testing.clock import FakeClock
 
 FAST = LoopSettings(window=10.0, buckets=10, threshold=1.0)
 """10 s window: a loop needs 10 reaches each way inside it."""
@@ -94,16 +95,17 @@ def hop(agent: str) -> list[Hop]:
 def test_watch_logs_and_sheds_only_the_newer_direction(caplog: pytest.LogCaptureFixture) -> None:
     """``on_loop: shed``: one WARNING on ``reach_plugins.loops``; the newer way is refused, the older one is not."""
     caplog.set_level(logging.WARNING, logger="reach_plugins.loops")
-    watch = LoopWatch(FAST.model_copy(update={"on_loop": "shed"}), lambda: None)
+    clock = FakeClock(0.0)
+    watch = LoopWatch(FAST.model_copy(update={"on_loop": "shed"}), clock, lambda: None)
     refused = []
-    for n in range(30):
-        now = n * 0.5
-        watch.check(hop("ops"), "orders", now)  # the older direction: never shed
+    for _ in range(30):
+        watch.check(hop("ops"), "orders")  # the older direction: never shed
         try:
-            watch.check(hop("orders"), "ops", now)
+            watch.check(hop("orders"), "ops")
         except LoopDetected as exc:
-            refused.append(now)
+            refused.append(clock.monotonic())
             assert "orders -> ops is shed" in exc.message
+        clock.advance(0.5)
     assert refused and refused[0] == 4.5
     loops = [r for r in caplog.records if r.name == "reach_plugins.loops"]
     assert len(loops) == 1 and "ops and orders" in loops[0].getMessage()
@@ -111,14 +113,14 @@ def test_watch_logs_and_sheds_only_the_newer_direction(caplog: pytest.LogCapture
 
 def test_a_reach_from_outside_any_agent_is_not_counted() -> None:
     """No hop chain, no caller: nothing counted."""
-    watch = LoopWatch(FAST, lambda: None)
-    watch.check([], "orders", 0.0)
+    watch = LoopWatch(FAST, FakeClock(), lambda: None)
+    watch.check([], "orders")
     assert watch.rates is not None and len(watch.rates) == 0
 
 
 def test_opting_out_warns(caplog: pytest.LogCaptureFixture) -> None:
     """``loops.enabled: false`` is named and logged: the alerts are off."""
     caplog.set_level(logging.WARNING, logger="reach_plugins.loops")
-    watch = LoopWatch(LoopSettings(enabled=False), lambda: None)
-    watch.check(hop("ops"), "orders", 0.0)
-    assert watch.pairs(0.0) == [] and "alerts are off" in caplog.text
+    watch = LoopWatch(LoopSettings(enabled=False), FakeClock(), lambda: None)
+    watch.check(hop("ops"), "orders")
+    assert watch.pairs() == [] and "alerts are off" in caplog.text

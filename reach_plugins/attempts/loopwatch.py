@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from reach_plugins.clock import Clock
 from reach_plugins.errors import LoopDetected
-from reach_plugins.model import Hop
-from reach_plugins.policy.dependency import DependencyRates, LoopPair, LoopSettings
+from reach_plugins.model import Hop, LoopSettings
+from reach_plugins.policy.dependency import DependencyRates, LoopPair
 from reach_plugins.telemetry.metrics import ReachMetrics
 
 logger = logging.getLogger("reach_plugins.loops")
@@ -23,23 +24,24 @@ logger = logging.getLogger("reach_plugins.loops")
 class LoopWatch:
     """The dependency-loop check of one pipeline (a client, a gateway's forwarder, a node)."""
 
-    def __init__(self, settings: LoopSettings, metrics: Callable[[], ReachMetrics | None]) -> None:
+    def __init__(self, settings: LoopSettings, clock: Clock, metrics: Callable[[], ReachMetrics | None]) -> None:
         if not settings.enabled:
             logger.warning(
                 "dependency-loop alerts are off (loops.enabled: false): two agents reaching each other "
                 "with fresh request ids will not be noticed"
             )
         self.rates = DependencyRates(settings) if settings.enabled else None
+        self._clock = clock
         self._metrics = metrics
         self._shed = settings.on_loop == "shed"
 
-    def check(self, hops: Sequence[Hop], target: str, now: float) -> None:
+    def check(self, hops: Sequence[Hop], target: str) -> None:
         """Count the reach ``hops[-1].agent -> target``; alert on a new loop; refuse its newer way when shedding."""
         rates = self.rates
         if rates is None or not hops:
             return
         caller = hops[-1].agent
-        pair = rates.observe(caller, target, now)
+        pair = rates.observe(caller, target, self._clock.monotonic())
         if pair is None:
             return
         if pair.alert:
@@ -53,9 +55,14 @@ class LoopWatch:
                 cycle=[caller, target, caller],
             )
 
-    def pairs(self, now: float) -> list[LoopPair]:
+    def pairs(self) -> list[LoopPair]:
         """The pairs that are loops now (none when the alerts are off)."""
-        return [] if self.rates is None else self.rates.pairs(now)
+        return [] if self.rates is None else self.rates.pairs(self._clock.monotonic())
+
+    @property
+    def looping(self) -> int:
+        """How many pairs are loops, as of the last reach or listing (for a gauge read from another thread)."""
+        return 0 if self.rates is None else self.rates.looping
 
     def _alert(self, pair: LoopPair) -> None:
         logger.warning(

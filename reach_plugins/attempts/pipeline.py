@@ -44,11 +44,10 @@ from reach_plugins.errors import (
     OutcomeUnknown,
     ReachError,
 )
-from reach_plugins.model import AgentDescriptor, ErrorInfo, Instance, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, ErrorInfo, Instance, LoopSettings, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
-from reach_plugins.policy.dependency import LoopSettings
 from reach_plugins.policy.loopguard import DEFAULT_MAX_HOPS, check_length, check_target, hops_header
 from reach_plugins.policy.outliers import Standing
 from reach_plugins.policy.validation import check_payload
@@ -151,7 +150,7 @@ class Pipeline:
         self._max_hops = max_hops
         self._default_timeout = default_timeout
         self._batching = stream_batching or BatchPolicy()
-        self.loops = LoopWatch(loops or LoopSettings(), lambda: metrics_in(self._sink))
+        self.loops = LoopWatch(loops or LoopSettings(), self._clock, lambda: metrics_in(self._sink))
         """Agent pairs reaching each other too often, seen from this pipeline's reaches."""
         self._engine = Engine(
             router=router,
@@ -249,7 +248,7 @@ class Pipeline:
         route = routed if routed is not None else engine.router.route(request)
         rec.route = route
         check_target(request.hops, route.agent.name, route.capability.name)
-        self.loops.check(request.hops, route.agent.name, self._clock.monotonic())
+        self.loops.check(request.hops, route.agent.name)
         check_payload(route.capability, request.payload)
         deadline = resolve_deadline(
             request, route.agent, route.capability, started_at=rec.started_at, default_timeout=self._default_timeout

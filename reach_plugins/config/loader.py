@@ -48,6 +48,7 @@ from reach_plugins.model import (
     HealthCheck,
     Hedging,
     Idempotency,
+    LoopSettings,
     PoolConfig,
     Protocol,
     RetryPolicy,
@@ -277,6 +278,8 @@ class ReachConfig(BaseModel):
     """Top-level ``tools:`` catalogue: capability declarations merged into agents offering them."""
     secrets: SecretsPolicy = NO_SECRETS_POLICY
     """Which variables descriptors may name as their secrets."""
+    loops: LoopSettings = Field(default_factory=LoopSettings)
+    """``loops:``: dependency-loop alerts (two agents reaching each other too often), on by default."""
     source: str = "<config>"
 
     @model_validator(mode="after")
@@ -366,6 +369,7 @@ def parse_config(
     agents = [_agent(one, defaults_body, catalogue_body, problems) for one in shaped]
     tenants = _tenants(doc.get("tenants", {}), problems)
     secrets = _validate(SecretsPolicy, Shaped("secrets", doc.get("secrets", {})), problems)
+    loops = _validate(LoopSettings, Shaped("loops", doc.get("loops") or {}), problems)
     _raise_if(problems, source)
     secrets = secrets or NO_SECRETS_POLICY
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
@@ -377,6 +381,7 @@ def parse_config(
         defaults=defaults or AgentDefaults(),
         tools=catalogue,
         secrets=secrets,
+        loops=loops or LoopSettings(),
         source=source,
     )
 

@@ -20,32 +20,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Literal
-
-from pydantic import Field
 
 from reach_plugins.errors import ConfigError
-from reach_plugins.model import Strict
-from reach_plugins.units import Duration
+from reach_plugins.model import LoopSettings
 
-OnLoop = Literal["alert", "shed"]
-"""What a loop does: ``alert`` (log and count only) or ``shed`` (also refuse the newer direction)."""
-
-
-class LoopSettings(Strict):
-    """The ``loops:`` config section: the window, the two-way threshold and what a loop does."""
-
-    enabled: bool = True
-    """On by default; ``false`` turns the alerts off (and the pipeline logs a warning saying so)."""
-    window: Duration = 300.0
-    """Seconds of the sliding window (the seed's 5 minutes)."""
-    buckets: int = Field(default=60, ge=1, le=3600)
-    """Buckets the window slides by (60: the window moves in ``window / 60`` steps)."""
-    threshold: float = Field(default=1.0, gt=0)
-    """Reaches per second, each way, at or above which a pair is a loop."""
-    max_edges: int = Field(default=10_000, ge=2)
-    """Directed edges kept; the least recently reached goes first."""
-    on_loop: OnLoop = "alert"
+__all__ = ["DependencyRates", "LoopPair", "LoopSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +109,11 @@ class DependencyRates:
 
     def __len__(self) -> int:
         return len(self._edges)
+
+    @property
+    def looping(self) -> int:
+        """Pairs held as loops as of the last observation or listing (reads without sliding: safe for a gauge)."""
+        return len(self._loops)
 
     def observe(self, caller: str, target: str, now: float) -> LoopPair | None:
         """Count one reach ``caller -> target`` at ``now``; the pair if it is a loop now (``alert``: it just became)."""

@@ -77,5 +77,6 @@ def build_forwarder(
         direct=agent_transport(issuer or build_issuer(tenants, environ=environ), via=via, audit=audit),
         sink=sink,
         store=store,
+        loops=loaded.loops,
     )
     return forwarder, access

@@ -31,7 +31,7 @@ from reach_plugins.config.loader import (
     token_envs,
 )
 from reach_plugins.errors import UnknownCapability
-from reach_plugins.model import AgentDescriptor, Instance, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, Instance, LoopSettings, ReachRequest, ReachResponse
 from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
@@ -128,6 +128,7 @@ class Forwarder:
         sink: TraceSink | None = None,
         probes: bool = True,
         direct: Transport | None = None,
+        loops: LoopSettings | None = None,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -150,6 +151,7 @@ class Forwarder:
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
             sink=sink,
+            loops=loops,
         )
         self._watch: asyncio.Task[None] | None = None
         self.prober = Prober.shared(self.table) if probes else None
@@ -227,6 +229,11 @@ class Forwarder:
                 {"name": name, "description": agent.description, "capabilities": capabilities, "instances": instances}
             )
         return listed
+
+    def loops(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
+        """The dependency loops this server sees now, between agents ``tenant`` may reach from ``source``."""
+        seen = {agent["name"] for agent in self.visible(tenant, source)}
+        return [pair.as_json() for pair in self.pipeline.loops.pairs() if {pair.first, pair.second} <= seen]
 
     def status(self, inst: Instance, now: float, tenant: str | None = None) -> InstanceStatus:
         """What this server's router would decide about ``inst`` now (``now``: the registry's clock), and why;
