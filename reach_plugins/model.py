@@ -486,6 +486,8 @@ class RouteDecision(BaseModel):
     elapsed_us: float = 0.0
     outliers: dict[str, str] = Field(default_factory=dict)
     """Candidates judged outliers against their peers (``agent/instance`` -> why): a cut weight, or ejected."""
+    relieved_from: str | None = None
+    """``agent/instance`` a conversation was moved off because it stayed hot (hot-spot relief), else None."""
 
 
 class Attempt(BaseModel):

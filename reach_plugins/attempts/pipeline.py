@@ -33,7 +33,7 @@ from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Flight
 from reach_plugins.attempts.hooks import AttemptHooks
 from reach_plugins.attempts.loopwatch import LoopWatch
-from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
+from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike, TurnHook
 from reach_plugins.attempts.streaming import StreamTally, stream_attempts
 from reach_plugins.clock import Clock, as_clock
 from reach_plugins.errors import (
@@ -54,6 +54,7 @@ from reach_plugins.policy.validation import check_payload
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
 from reach_plugins.stores.keys import ScopedKey
+from reach_plugins.stores.sessions import session_key
 from reach_plugins.telemetry.metrics import global_metrics, metrics_in
 from reach_plugins.telemetry.spans import (
     ATTR_ATTEMPTS,
@@ -125,10 +126,12 @@ class Pipeline:
         stream_batching: BatchPolicy | None = None,
         hooks: Sequence[AttemptHooks] = (),
         loops: LoopSettings | None = None,
+        turns: TurnHook | None = None,
     ) -> None:
         """``hooks`` hear of every request's attempts and breaker/consistency changes (metrics, logs).
 
         ``loops``: the dependency-loop watch (:mod:`reach_plugins.attempts.loopwatch`), on by default.
+        ``turns`` hears each conversation's turn start and end (the router's hot-spot relief).
 
         ``sink`` gets every finished request's trace; without one, traces go to :class:`ReachMetrics` on the global
         ``MeterProvider`` once an SDK is installed there (like spans; nothing is built until then).
@@ -150,6 +153,7 @@ class Pipeline:
         self._max_hops = max_hops
         self._default_timeout = default_timeout
         self._batching = stream_batching or BatchPolicy()
+        self._turns = turns
         self.loops = LoopWatch(loops or LoopSettings(), self._clock, lambda: metrics_in(self._sink))
         """Agent pairs reaching each other too often, seen from this pipeline's reaches."""
         self._engine = Engine(
@@ -272,6 +276,19 @@ class Pipeline:
         retries_here = not (request.retried_upstream or owns_retries)
         return Flight(request, rec, route, deadline, key, retries_here, headers)
 
+    def _turn_started(self, flight: Flight) -> ScopedKey | None:
+        """Tell the turn hook a conversation's turn is in flight where it was routed; its key, to end it."""
+        request, turns = flight.request, self._turns
+        if turns is None or request.session_id is None:
+            return None
+        conversation = session_key(request.tenant, request.session_id)
+        turns.turn_started(conversation, (flight.route.agent.name, flight.route.instance.instance_id))
+        return conversation
+
+    def _turn_ended(self, conversation: ScopedKey | None) -> None:
+        if conversation is not None and self._turns is not None:
+            self._turns.turn_ended(conversation, self._clock.now())
+
     def _spans_off(self, now: float) -> bool:
         """Whether spans would record nothing (no SDK): asked of OpenTelemetry at most once a second.
 
@@ -304,10 +321,14 @@ class Pipeline:
         start_client_span(span, request)
         try:
             flight = self._prepare(request, rec, None, routed)
-            if flight.key is None:
-                response = await run_unary(self._engine, flight)
-            else:
-                response = await self._deduplicated(flight, flight.key)
+            turn = self._turn_started(flight)
+            try:
+                if flight.key is None:
+                    response = await run_unary(self._engine, flight)
+                else:
+                    response = await self._deduplicated(flight, flight.key)
+            finally:
+                self._turn_ended(turn)
         except ReachError as exc:
             self._refused(rec, exc)
             raise
@@ -473,9 +494,11 @@ class Pipeline:
         rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink)
         start_client_span(span, request)
         flight: Flight | None = None
+        turn: ScopedKey | None = None
         tally = StreamTally()
         try:
             flight = self._prepare(request, rec, otel.set_span_in_context(span))
+            turn = self._turn_started(flight)
             explicit = has_explicit_deadline(request)
             attempts = stream_attempts(self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching)
             async with aclosing(attempts) as batches:
@@ -485,6 +508,7 @@ class Pipeline:
             self._refused(rec, exc)
             raise
         finally:
+            self._turn_ended(turn)
             if flight is not None:
                 self._streamed(rec, flight, tally)
             if owned:

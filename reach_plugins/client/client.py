@@ -150,6 +150,7 @@ class ReachClient:
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
             loops=loops,
+            turns=self.router.relief,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 

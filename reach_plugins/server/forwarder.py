@@ -152,6 +152,7 @@ class Forwarder:
             default_timeout=default_timeout,
             sink=sink,
             loops=loops,
+            turns=self.router.relief,
         )
         self._watch: asyncio.Task[None] | None = None
         self.prober = Prober.shared(self.table) if probes else None
