@@ -181,6 +181,23 @@ class LoopSettings(Strict):
     on_loop: OnLoop = "alert"
 
 
+class ReliefPolicy(Strict):
+    """The ``relief:`` config section (:mod:`reach_plugins.routing.relief`): when an instance gives conversations
+    back — above ``threshold`` load for ``hold`` seconds, ``share`` of those idle for ``idle`` seconds or more, then
+    again after another ``hold`` if it is still hot."""
+
+    enabled: bool = True
+    """On by default; ``false`` keeps every conversation where it was pinned."""
+    threshold: float = Field(default=0.8, gt=0, le=1)
+    """The instance's load (0..1, as its heartbeats report it) from which it counts as hot."""
+    hold: Duration = Field(default=30.0, ge=0)
+    share: float = Field(default=0.25, gt=0, le=1)
+    """The part of a hot instance's idle conversations moved at a time (rounded up)."""
+    idle: Duration = Field(default=60.0, ge=0)
+    check_every: Duration = Field(default=1.0, ge=0)
+    """Seconds between two looks at the instances' loads (the look is O(instances))."""
+
+
 class PoolConfig(Strict):
     """Connection pool per agent; 64 / 90 s is what the seeds settled on under load."""
 

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 from registry_conformance import FakeClock
 
 from reach_plugins import ReachClient
+from reach_plugins.config.loader import parse_config
 from reach_plugins.errors import ConfigError
 from reach_plugins.model import AgentDescriptor, Instance, ReachRequest
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing import Router
 from reach_plugins.routing.relief import ReliefPolicy, ReliefTracker
+from reach_plugins.server.build import build_forwarder
 from reach_plugins.stores.sessions import session_key
 from reach_plugins.testing.clock import FakeClock as CoreClock
 from reach_plugins.transport import Call, MockTransport
@@ -76,9 +79,22 @@ def test_a_mark_is_not_taken_mid_call_or_from_elsewhere() -> None:
     ("field", "value"), [("threshold", 0.0), ("threshold", 1.5), ("share", 0.0), ("hold", -1.0), ("idle", -1.0)]
 )
 def test_bad_policies_say_what_to_fix(field: str, value: float) -> None:
-    """Out-of-range settings are ConfigErrors naming the setting."""
-    with pytest.raises(ConfigError, match=field):
-        ReliefPolicy(**{field: value})
+    """Out-of-range settings are refused naming the setting; in a config file, as a ConfigError at its path."""
+    with pytest.raises(ValueError, match=field):
+        ReliefPolicy.model_validate({field: value})
+    with pytest.raises(ConfigError, match=rf"relief\.{field}"):
+        parse_config({"agents": [], "relief": {field: value}})
+
+
+def test_the_config_sections_reach_the_gateway_forwarder(tmp_path: Path) -> None:
+    """``loops:`` and ``relief:`` in a server's config file are what its forwarder's pipeline and router run with."""
+    config = tmp_path / "agents.yaml"
+    config.write_text("agents: []\nloops: {window: 60s, on_loop: shed}\nrelief: {hold: 10s, share: 0.5}\n")
+    forwarder, _ = build_forwarder(config, allow_open=True)
+    assert forwarder.router.relief is not None and forwarder.router.relief.policy.hold == 10.0
+    assert forwarder.pipeline.loops.rates is not None and forwarder.pipeline.loops.rates.settings.window == 60.0
+    config.write_text("agents: []\nrelief: {enabled: false}\n")
+    assert build_forwarder(config, allow_open=True)[0].router.relief is None
 
 
 def instance(instance_id: str, clock: FakeClock, load: float = 0.0) -> Instance:

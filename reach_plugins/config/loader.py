@@ -51,6 +51,7 @@ from reach_plugins.model import (
     LoopSettings,
     PoolConfig,
     Protocol,
+    ReliefPolicy,
     RetryPolicy,
     Routing,
     Strict,
@@ -280,6 +281,8 @@ class ReachConfig(BaseModel):
     """Which variables descriptors may name as their secrets."""
     loops: LoopSettings = Field(default_factory=LoopSettings)
     """``loops:``: dependency-loop alerts (two agents reaching each other too often), on by default."""
+    relief: ReliefPolicy = Field(default_factory=ReliefPolicy)
+    """``relief:``: hot-spot relief (idle conversations leave an instance that stays hot), on by default."""
     source: str = "<config>"
 
     @model_validator(mode="after")
@@ -370,6 +373,7 @@ def parse_config(
     tenants = _tenants(doc.get("tenants", {}), problems)
     secrets = _validate(SecretsPolicy, Shaped("secrets", doc.get("secrets", {})), problems)
     loops = _validate(LoopSettings, Shaped("loops", doc.get("loops") or {}), problems)
+    relief = _validate(ReliefPolicy, Shaped("relief", doc.get("relief") or {}), problems)
     _raise_if(problems, source)
     secrets = secrets or NO_SECRETS_POLICY
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
@@ -382,6 +386,7 @@ def parse_config(
         tools=catalogue,
         secrets=secrets,
         loops=loops or LoopSettings(),
+        relief=relief or ReliefPolicy(),
         source=source,
     )
 

@@ -21,35 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from reach_plugins.errors import ConfigError
+from reach_plugins.model import ReliefPolicy
 from reach_plugins.routing.affinity import InstanceKey
 from reach_plugins.stores.keys import ScopedKey
 
+__all__ = ["MAX_CONVERSATIONS", "ReliefPolicy", "ReliefTracker", "Relieved"]
+
 MAX_CONVERSATIONS: Final = 100_000
 """Conversations followed (least recently served first out), as the router's pin table."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReliefPolicy:
-    """When an instance gives conversations back: above ``threshold`` load for ``hold`` seconds, ``share`` of
-    those idle for at least ``idle`` seconds, then again after another ``hold`` if it is still hot."""
-
-    threshold: float = 0.8
-    hold: float = 30.0
-    share: float = 0.25
-    idle: float = 60.0
-    check_every: float = 1.0
-    """Seconds between two looks at the instances' loads (the look is O(instances))."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.threshold <= 1.0:
-            raise ConfigError(f"relief threshold is a load in (0, 1], got {self.threshold}")
-        if not 0.0 < self.share <= 1.0:
-            raise ConfigError(f"relief share is the part of the idle conversations moved, in (0, 1], got {self.share}")
-        if min(self.hold, self.idle, self.check_every) < 0 or not math.isfinite(self.hold + self.idle):
-            raise ConfigError(
-                f"relief hold, idle and check_every are seconds >= 0, got {self.hold}, {self.idle}, {self.check_every}"
-            )
 
 
 @dataclass(slots=True)

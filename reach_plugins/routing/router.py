@@ -39,13 +39,13 @@ from time import perf_counter_ns
 from typing import Final
 
 from reach_plugins.errors import CircuitOpen, ConfigError, NoHealthyAgent, UnknownCapability
-from reach_plugins.model import CandidateScore, Instance, ReachRequest, RouteDecision
+from reach_plugins.model import CandidateScore, Instance, ReachRequest, ReliefPolicy, RouteDecision
 from reach_plugins.registry.base import Clock, RegistryView
 from reach_plugins.routing.affinity import InstanceKey, Placement, Rendezvous, SessionTable
 from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.policy import Plan, make_plan, payload_tokens
 from reach_plugins.routing.pool import Entry, Look, Pool, Skip
-from reach_plugins.routing.relief import ReliefPolicy, ReliefTracker
+from reach_plugins.routing.relief import ReliefTracker
 from reach_plugins.routing.route import Affinity, AvailabilityHook, Route, StandingHook, TenantLike
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.keys import ScopedKey
@@ -78,9 +78,9 @@ class Router:
         bounded_load: float = 1.25,
         max_sessions: int = 100_000,
         refresh: float = 1.0,
-        relief: ReliefPolicy | None = ReliefPolicy(),  # noqa: B008 (frozen: shared safely)
+        relief: ReliefPolicy | None = None,
     ) -> None:
-        """``relief``: hot-spot relief (:mod:`reach_plugins.routing.relief`), on by default; ``None`` turns it off."""
+        """``relief``: hot-spot relief (:mod:`reach_plugins.routing.relief`), on by default (``enabled=False``: off)."""
         if not refresh > 0:
             raise ConfigError(f"refresh must be a positive number of seconds (how stale a pool may get), got {refresh}")
         self.view = view
@@ -97,7 +97,8 @@ class Router:
         self._index = CapabilityIndex.build(view)
         self._pools: dict[tuple[object, ...], Pool] = {}
         self._card_cache: dict[tuple[str, str, float | None, str | None], CandidateScore] = {}
-        self.relief = ReliefTracker(relief, max_conversations=max_sessions) if relief is not None else None
+        relief = relief or ReliefPolicy()
+        self.relief = ReliefTracker(relief, max_conversations=max_sessions) if relief.enabled else None
         """Turns of conversations (the pipeline reports them) and the idle ones marked to leave a hot instance."""
 
     # ------------------------------------------------------------------ public

@@ -78,5 +78,6 @@ def build_forwarder(
         sink=sink,
         store=store,
         loops=loaded.loops,
+        relief=loaded.relief,
     )
     return forwarder, access

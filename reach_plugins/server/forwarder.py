@@ -31,7 +31,7 @@ from reach_plugins.config.loader import (
     token_envs,
 )
 from reach_plugins.errors import UnknownCapability
-from reach_plugins.model import AgentDescriptor, Instance, LoopSettings, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, Instance, LoopSettings, ReachRequest, ReachResponse, ReliefPolicy
 from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
@@ -129,6 +129,7 @@ class Forwarder:
         probes: bool = True,
         direct: Transport | None = None,
         loops: LoopSettings | None = None,
+        relief: ReliefPolicy | None = None,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -138,7 +139,9 @@ class Forwarder:
         self._tenant_tokens = token_envs(tenants)
         """The tenants' own token variables: never sent as an agent's secret, whatever a descriptor names."""
         self.table = RouteTable(registry, ttl=route_ttl)
-        self.router = Router(self.table, tenants=tenants, is_available=self._available, standing=self._standing)
+        self.router = Router(
+            self.table, tenants=tenants, is_available=self._available, standing=self._standing, relief=relief
+        )
         self.rule = SourceRule(self.router, self.table, tenants)
         self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
         self._owned_store = open_store(store) if isinstance(store, str) else None
