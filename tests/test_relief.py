@@ -182,3 +182,12 @@ async def test_relief_through_the_client_reports_context_restore_and_the_source(
         assert reply.trace is not None and reply.trace.route is not None
         assert reply.trace.route.relieved_from == "chat/c1" and "relieved from chat/c1" in reply.trace.route.reason
     assert all(r.instance == "c1" and not r.context_restore for r in replies if r not in relieved)
+
+
+def test_followed_conversations_are_bounded_oldest_out() -> None:
+    """Past ``max_conversations`` the least recently served goes, and is no longer a candidate."""
+    relief = ReliefTracker(ReliefPolicy(hold=0.0, idle=0.0, share=1.0), max_conversations=3)
+    for n in range(5):
+        relief.turn_started(key(n), HOT)
+        relief.turn_ended(key(n), 0.0)
+    assert sorted(map(str, relief.relieve({HOT: 0.9}, 1.0))) == sorted(map(str, [key(2), key(3), key(4)]))

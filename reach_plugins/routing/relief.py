@@ -55,6 +55,8 @@ class ReliefTracker:
         self.policy = policy or ReliefPolicy()
         self._max = max_conversations
         self._turns: OrderedDict[ScopedKey, _Turns] = OrderedDict()
+        self._on: dict[InstanceKey, dict[ScopedKey, None]] = {}
+        """The conversations last served on each instance (a relieve pass reads only the hot ones')."""
         self._hot_since: dict[InstanceKey, float] = {}
         self._marked: dict[ScopedKey, Relieved] = {}
         self._next_look = -math.inf
@@ -68,13 +70,16 @@ class ReliefTracker:
         turns = self._turns.get(conversation)
         if turns is None:
             if len(self._turns) >= self._max:
-                gone, _ = self._turns.popitem(last=False)
-                self._marked.pop(gone, None)
+                self.forget(next(iter(self._turns)))
             self._turns[conversation] = _Turns(where, 1, -math.inf)
+            self._on.setdefault(where, {})[conversation] = None
             return
         self._turns.move_to_end(conversation)
-        turns.where = where
         turns.open += 1
+        if turns.where != where:
+            self._leave(conversation, turns.where)
+            self._on.setdefault(where, {})[conversation] = None
+            turns.where = where
 
     def turn_ended(self, conversation: ScopedKey, now: float) -> None:
         """A turn of ``conversation`` ended (answered, failed or given up) at ``now``."""
@@ -84,9 +89,18 @@ class ReliefTracker:
             turns.ended = now
 
     def forget(self, conversation: ScopedKey) -> None:
-        """The conversation was closed."""
-        self._turns.pop(conversation, None)
+        """The conversation was closed (or is the oldest one past the bound)."""
+        turns = self._turns.pop(conversation, None)
+        if turns is not None:
+            self._leave(conversation, turns.where)
         self._marked.pop(conversation, None)
+
+    def _leave(self, conversation: ScopedKey, where: InstanceKey) -> None:
+        held = self._on.get(where)
+        if held is not None:
+            held.pop(conversation, None)
+            if not held:
+                del self._on[where]
 
     # ------------------------------------------------------------------ relief (the router's side)
 
@@ -113,14 +127,16 @@ class ReliefTracker:
                     due[key] = load
         if not due:
             return []
-        idle: dict[InstanceKey, list[ScopedKey]] = {key: [] for key in due}
-        marks = self._marked
-        for conversation, turns in self._turns.items():
-            found = idle.get(turns.where)
-            if found is not None and not turns.open and now - turns.ended >= policy.idle and conversation not in marks:
-                found.append(conversation)
+        marks, turns_of = self._marked, self._turns
         marked = []
-        for key, conversations in idle.items():
+        for key in due:
+            conversations = [
+                conversation
+                for conversation in self._on.get(key, {})
+                if conversation not in marks
+                and not (turns := turns_of[conversation]).open
+                and now - turns.ended >= policy.idle
+            ]
             hot[key] = now  # another hold before this instance gives more back
             count = math.ceil(policy.share * len(conversations))
             why = (
