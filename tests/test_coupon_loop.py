@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,19 @@ class Loop:
 
 @pytest.fixture
 def loop(tmp_path: Path) -> Iterator[Loop]:
+    with serve_loop(tmp_path, "alert") as world:
+        yield world
+
+
+@pytest.fixture
+def shedding(tmp_path: Path) -> Iterator[Loop]:
+    with serve_loop(tmp_path, "shed") as world:
+        yield world
+
+
+@contextmanager
+def serve_loop(tmp_path: Path, on_loop: str) -> Iterator[Loop]:
+    """The two agents and a gateway whose config has a short ``loops:`` window, and ``on_loop``."""
     world = Loop()
     ops, orders = world.agents()
     with BackgroundServer(ops.app) as ops_server, BackgroundServer(orders.app) as orders_server:
@@ -84,7 +98,8 @@ def loop(tmp_path: Path) -> Iterator[Loop]:
             },
             demo_tenants(),
         )
-        doc = config.read_text() + f"loops:\n  window: {WINDOW}\n  buckets: 30\n  threshold: {THRESHOLD}\n"
+        loops = f"loops:\n  window: {WINDOW}\n  buckets: 30\n  threshold: {THRESHOLD}\n  on_loop: {on_loop}\n"
+        doc = config.read_text() + loops
         config.write_text(doc)
         world.config = config
         world.registry = open_registry(str(config))
@@ -128,3 +143,22 @@ async def test_the_coupon_loop_is_alerted_within_the_window(loop: Loop, caplog: 
     )
     assert shown.exit_code == 0, shown.output
     assert [p["pair"] for p in json.loads(shown.stdout)] == [["ops_config", "orders"]]
+
+
+async def test_shedding_refuses_the_newer_direction_only(shedding: Loop) -> None:
+    """``on_loop: shed``: once the pair loops, orders -> ops_config is refused (409), ops_config -> orders is not."""
+    assert shedding.config is not None
+    transport = GatewayTransport(shedding.gateway_url, token=TOKENS["DEMO_TOKEN"])
+    async with ReachClient(str(shedding.config), transport, tenant="demo", environ=TOKENS) as user:
+        async with asyncio.timeout(30):
+            while (await user.reach("explain_coupon", {"coupon": "c-9"})).ok:
+                pass
+        async with httpx.AsyncClient(base_url=shedding.gateway_url) as http:
+            newer = {"capability": "coupon_rules", "payload": {"coupon": "c-9"}}
+            older = {"capability": "coupon_order", "payload": {"coupon": "c-9"}}
+            refused = await http.post("/v1/reach", json=newer, headers={**DEMO, "X-Reach-Hops": "orders/coupon_order"})
+            allowed = await http.post(
+                "/v1/reach", json=older, headers={**DEMO, "X-Reach-Hops": "ops_config/explain_coupon"}
+            )
+    assert refused.status_code == 409 and "orders -> ops_config is shed" in refused.json()["error"]["message"]
+    assert allowed.status_code == 200  # routed and answered (its own onward reach is the shed one)
