@@ -197,7 +197,7 @@ def gateway(
     log_format: LogFormat = "text",
     log_level: LogLevel = "info",
 ) -> None:
-    """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /v1/loops, /metrics, JWKS."""
+    """Serve the Reach gateway (HTTP): POST /v1/reach(/stream), GET /v1/agents, /v1/loops, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
     from reach_plugins.gateway.workers import serve_workers
 
