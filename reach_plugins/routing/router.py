@@ -18,7 +18,9 @@ Draining instances take no new work, but a session already pinned to one stays
 there: draining exists to let open conversations finish. A pinned session also
 stays when a better priority tier recovers: moving it would lose its context.
 Pins live in a bounded LRU table in this process, per tenant; ``release(key)`` drops
-them when the conversation closes.
+them when the conversation closes. An instance that stays above its load threshold has
+some of its idle conversations marked by hot-spot relief (:mod:`reach_plugins.routing.relief`);
+a marked one is placed on a peer at its next turn, as a context restore naming where it came from.
 
 The router is synchronous and not thread-safe: use it from one event loop. Its
 caches (index, per-request plans and their pools) are keyed by the view's
