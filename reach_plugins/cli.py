@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -110,14 +111,28 @@ def demo(
 
 @app.command()
 def agents(
-    registry: Annotated[str, typer.Option(help="Registry URL: memory://, file://agents.yaml, etcd://host:port.")],
+    registry: Annotated[
+        str | None, typer.Option(help="Registry URL: memory://, file://agents.yaml, etcd://host:port.")
+    ] = None,
     load: Annotated[Path | None, typer.Option(help="Upsert the agents of this YAML file first.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the same data as JSON.")] = False,
     probe: Annotated[bool, typer.Option(help="Probe each instance's liveness now, as a gateway would.")] = True,
+    loops: Annotated[
+        str | None, typer.Option(metavar="GATEWAY_URL", help="List the dependency loops this gateway sees instead.")
+    ] = None,
+    token_env: Annotated[str, typer.Option(help="Variable holding the tenant token --loops presents.")] = "REACH_TOKEN",
 ) -> None:
-    """List agents and, per instance, what a router would decide now (lease, probe) and why; --load upserts first."""
+    """List agents and, per instance, what a router would decide now (lease, probe) and why; --load upserts first.
+
+    With ``--loops GATEWAY_URL``: the agent pairs that gateway sees reaching each other too often (``GET /v1/loops``).
+    """
     with _named_errors():
-        asyncio.run(_agents(registry, load, as_json=json_, probe=probe))
+        if loops is not None:
+            _loops(loops, os.environ.get(token_env), as_json=json_)
+        elif registry is None:
+            raise ConfigError("reach agents needs --registry URL (or --loops GATEWAY_URL for the dependency loops)")
+        else:
+            asyncio.run(_agents(registry, load, as_json=json_, probe=probe))
 
 
 @app.command()
@@ -182,7 +197,7 @@ def gateway(
     log_format: LogFormat = "text",
     log_level: LogLevel = "info",
 ) -> None:
-    """Serve the Reach gateway (HTTP): POST /v1/reach, /v1/reach/stream, GET /v1/agents, /metrics, tokens + JWKS."""
+    """Serve the Reach gateway (HTTP): POST /v1/reach(/stream), GET /v1/agents, /v1/loops, /metrics, tokens + JWKS."""
     from reach_plugins.gateway import serve_gateway
     from reach_plugins.gateway.workers import serve_workers
 
@@ -310,6 +325,8 @@ def ops(
     with _named_errors():
         _ports(port=port)
         serve_ops(registry, host, port, token_env=token_env, trace_file=trace_file)
+
+
 @app.command()
 def up(
     fleet: Annotated[Path, typer.Argument(help="A fleet file (see examples/fleet.yaml).")],
@@ -399,6 +416,27 @@ async def _agents(url: str, load: Path | None, *, as_json: bool, probe: bool) ->
     finally:
         await prober.aclose()
         await reg.aclose()
+
+
+def _loops(url: str, token: str | None, *, as_json: bool) -> None:
+    """Print the pairs of ``GET {url}/v1/loops`` (as JSON, or a table)."""
+    route = url.rstrip("/") + "/v1/loops"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        answer = httpx.get(route, headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"cannot reach {route}: {type(exc).__name__}: {exc}; is the gateway up?") from None
+    if answer.status_code != 200:
+        raise ConfigError(f"GET {route} answered {answer.status_code}: {answer.text[:300]}")
+    pairs: list[dict[str, Any]] = answer.json()["loops"]
+    if as_json:
+        print(json.dumps(pairs, indent=2))
+        return
+    table = Table("agents", "two-way rate /s", "forward /s", "backward /s", "newer direction", title="dependency loops")
+    for pair in pairs:
+        cells = (" <-> ".join(pair["pair"]), str(pair["rate"]), str(pair["forward"]), str(pair["backward"]))
+        table.add_row(*(terminal_text(cell) for cell in (*cells, pair["newer"])))
+    console.print(table if pairs else "no dependency loops")
 
 
 def _agent_statuses(reg: Registry, prober: Prober) -> list[dict[str, Any]]:

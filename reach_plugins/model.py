@@ -161,6 +161,43 @@ class Hedging(Strict):
         return self
 
 
+OnLoop = Literal["alert", "shed"]
+"""What a loop does: ``alert`` (log and count only) or ``shed`` (also refuse the newer direction)."""
+
+
+class LoopSettings(Strict):
+    """The ``loops:`` config section (:mod:`reach_plugins.policy.dependency`): window, two-way threshold, action."""
+
+    enabled: bool = True
+    """On by default; ``false`` turns the alerts off (and the pipeline logs a warning saying so)."""
+    window: Duration = 300.0
+    """Seconds of the sliding window (the seed's 5 minutes)."""
+    buckets: int = Field(default=60, ge=1, le=3600)
+    """Buckets the window slides by (60: the window moves in ``window / 60`` steps)."""
+    threshold: float = Field(default=1.0, gt=0)
+    """Reaches per second, each way, at or above which a pair is a loop."""
+    max_edges: int = Field(default=10_000, ge=2)
+    """Directed edges kept; the least recently reached goes first."""
+    on_loop: OnLoop = "alert"
+
+
+class ReliefPolicy(Strict):
+    """The ``relief:`` config section (:mod:`reach_plugins.routing.relief`): when an instance gives conversations
+    back — above ``threshold`` load for ``hold`` seconds, ``share`` of those idle for ``idle`` seconds or more, then
+    again after another ``hold`` if it is still hot."""
+
+    enabled: bool = True
+    """On by default; ``false`` keeps every conversation where it was pinned."""
+    threshold: float = Field(default=0.8, gt=0, le=1)
+    """The instance's load (0..1, as its heartbeats report it) from which it counts as hot."""
+    hold: Duration = Field(default=30.0, ge=0)
+    share: float = Field(default=0.25, gt=0, le=1)
+    """The part of a hot instance's idle conversations moved at a time (rounded up)."""
+    idle: Duration = Field(default=60.0, ge=0)
+    check_every: Duration = Field(default=1.0, ge=0)
+    """Seconds between two looks at the instances' loads (the look is O(instances))."""
+
+
 class PoolConfig(Strict):
     """Connection pool per agent; 64 / 90 s is what the seeds settled on under load."""
 
@@ -466,6 +503,8 @@ class RouteDecision(BaseModel):
     elapsed_us: float = 0.0
     outliers: dict[str, str] = Field(default_factory=dict)
     """Candidates judged outliers against their peers (``agent/instance`` -> why): a cut weight, or ejected."""
+    relieved_from: str | None = None
+    """``agent/instance`` a conversation was moved off because it stayed hot (hot-spot relief), else None."""
 
 
 class Attempt(BaseModel):

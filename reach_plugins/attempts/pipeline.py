@@ -1,7 +1,7 @@
 """The one async pipeline every transport goes through.
 
-Order of a call: loop guard -> route -> target loop check -> payload vs params_schema -> deadline ->
-fleet-wide quotas (once per request, where its retries are owned) ->
+Order of a call: loop guard -> route -> target loop check -> dependency-loop watch -> payload vs params_schema ->
+deadline -> fleet-wide quotas (once per request, where its retries are owned) ->
 dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
 breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
 retry (full jitter, budget) or fail over -> trace and span.
@@ -33,7 +33,8 @@ from reach_plugins.attempts.driver import run_unary
 from reach_plugins.attempts.engine import Engine
 from reach_plugins.attempts.flight import Flight
 from reach_plugins.attempts.hooks import AttemptHooks
-from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike
+from reach_plugins.attempts.loopwatch import LoopWatch
+from reach_plugins.attempts.ports import CredentialResolver, RouteLike, RouterLike, TurnHook
 from reach_plugins.attempts.quotas import Lease, Quotas
 from reach_plugins.attempts.streaming import StreamTally, stream_attempts
 from reach_plugins.clock import Clock, as_clock
@@ -45,7 +46,7 @@ from reach_plugins.errors import (
     OutcomeUnknown,
     ReachError,
 )
-from reach_plugins.model import AgentDescriptor, ErrorInfo, Instance, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, ErrorInfo, Instance, LoopSettings, ReachRequest, ReachResponse
 from reach_plugins.policy.batching import BatchPolicy
 from reach_plugins.policy.deadline import has_explicit_deadline, resolve_deadline
 from reach_plugins.policy.dedup import payload_hash, resolve_key
@@ -55,7 +56,8 @@ from reach_plugins.policy.validation import check_payload
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
 from reach_plugins.stores.keys import ScopedKey
-from reach_plugins.telemetry.metrics import global_metrics
+from reach_plugins.stores.sessions import session_key
+from reach_plugins.telemetry.metrics import global_metrics, metrics_in
 from reach_plugins.telemetry.spans import (
     ATTR_ATTEMPTS,
     ATTR_STREAM_CHARS,
@@ -126,11 +128,15 @@ class Pipeline:
         stream_batching: BatchPolicy | None = None,
         hooks: Sequence[AttemptHooks] = (),
         quotas: Quotas | None = None,
+        loops: LoopSettings | None = None,
+        turns: TurnHook | None = None,
     ) -> None:
         """``hooks`` hear of every request's attempts and breaker/consistency changes (metrics, logs).
 
         ``quotas`` are applied to every request unless the transport is a hop owning its retries (a gateway or
         node: it applies its own, so a call is counted once); the caller owns (and closes) them.
+        ``loops``: the dependency-loop watch (:mod:`reach_plugins.attempts.loopwatch`), on by default.
+        ``turns`` hears each conversation's turn start and end (the router's hot-spot relief).
 
         ``sink`` gets every finished request's trace; without one, traces go to :class:`ReachMetrics` on the global
         ``MeterProvider`` once an SDK is installed there (like spans; nothing is built until then).
@@ -153,6 +159,9 @@ class Pipeline:
         self._default_timeout = default_timeout
         self._batching = stream_batching or BatchPolicy()
         self._quotas = None if quotas is None or transport.owns_retries else quotas
+        self._turns = turns
+        self.loops = LoopWatch(loops or LoopSettings(), self._clock, lambda: metrics_in(self._sink))
+        """Agent pairs reaching each other too often, seen from this pipeline's reaches."""
         self._engine = Engine(
             router=router,
             transport=transport,
@@ -249,6 +258,7 @@ class Pipeline:
         route = routed if routed is not None else engine.router.route(request)
         rec.route = route
         check_target(request.hops, route.agent.name, route.capability.name)
+        self.loops.check(request.hops, route.agent.name)
         check_payload(route.capability, request.payload)
         deadline = resolve_deadline(
             request, route.agent, route.capability, started_at=rec.started_at, default_timeout=self._default_timeout
@@ -271,6 +281,19 @@ class Pipeline:
             inject_context(headers, context)
         retries_here = not (request.retried_upstream or owns_retries)
         return Flight(request, rec, route, deadline, key, retries_here, headers)
+
+    def _turn_started(self, flight: Flight) -> ScopedKey | None:
+        """Tell the turn hook a conversation's turn is in flight where it was routed; its key, to end it."""
+        request, turns = flight.request, self._turns
+        if turns is None or request.session_id is None:
+            return None
+        conversation = session_key(request.tenant, request.session_id)
+        turns.turn_started(conversation, (flight.route.agent.name, flight.route.instance.instance_id))
+        return conversation
+
+    def _turn_ended(self, conversation: ScopedKey | None) -> None:
+        if conversation is not None and self._turns is not None:
+            self._turns.turn_ended(conversation, self._clock.now())
 
     def _spans_off(self, now: float) -> bool:
         """Whether spans would record nothing (no SDK): asked of OpenTelemetry at most once a second.
@@ -305,12 +328,14 @@ class Pipeline:
         try:
             flight = self._prepare(request, rec, None, routed)
             lease = await self._admit(flight)
+            turn = self._turn_started(flight)
             try:
                 if flight.key is None:
                     response = await run_unary(self._engine, flight)
                 else:
                     response = await self._deduplicated(flight, flight.key)
             finally:
+                self._turn_ended(turn)
                 await self._leave(lease)
         except ReachError as exc:
             self._refused(rec, exc)
@@ -488,11 +513,13 @@ class Pipeline:
         rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink)
         start_client_span(span, request)
         flight: Flight | None = None
+        turn: ScopedKey | None = None
         tally = StreamTally()
         try:
             flight = self._prepare(request, rec, otel.set_span_in_context(span))
             lease = await self._admit(flight)
             try:
+                turn = self._turn_started(flight)
                 explicit = has_explicit_deadline(request)
                 attempts = stream_attempts(
                     self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching
@@ -506,6 +533,7 @@ class Pipeline:
             self._refused(rec, exc)
             raise
         finally:
+            self._turn_ended(turn)
             if flight is not None:
                 self._streamed(rec, flight, tally)
             if owned:

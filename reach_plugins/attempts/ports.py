@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection
 from typing import Protocol
 
 from reach_plugins.model import AgentDescriptor, Capability, Instance, ReachRequest, RouteDecision
+from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.transport import Credential
 
 
@@ -46,6 +47,14 @@ class RouterLike(Protocol):
     """
 
     def route(self, request: ReachRequest, *, exclude: Collection[tuple[str, str]] = ()) -> RouteLike: ...
+
+
+class TurnHook(Protocol):
+    """Hears when a conversation's turn starts (routed, where to) and ends: hot-spot relief moves idle ones only."""
+
+    def turn_started(self, conversation: ScopedKey, where: tuple[str, str]) -> None: ...
+
+    def turn_ended(self, conversation: ScopedKey, now: float) -> None: ...
 
 
 CredentialResolver = Callable[[AgentDescriptor, str | None], Credential]

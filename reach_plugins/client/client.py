@@ -18,7 +18,16 @@ from reach_plugins.client.broadcast import Aggregate, AgreeKey, BroadcastResult,
 from reach_plugins.config.loader import TenantConfig, resolve_credential
 from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.errors import ConfigError, InvalidPayload
-from reach_plugins.model import AgentDescriptor, Auth, Hop, Priority, ReachRequest, ReachResponse
+from reach_plugins.model import (
+    AgentDescriptor,
+    Auth,
+    Hop,
+    LoopSettings,
+    Priority,
+    ReachRequest,
+    ReachResponse,
+    ReliefPolicy,
+)
 from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import Registry, open_registry
 from reach_plugins.routing import Router
@@ -90,6 +99,8 @@ class ReachClient:
     Each direct reach carries a per-hop token for its target (DESIGN.md 11.4)
     from ``tokens`` (``RemoteTokens(issuer_url, bearer=...)``, ``LocalTokens(issuer)``),
     by default from this process's in-process issuer; ``tokens=False`` sends none.
+    ``loops`` tunes the dependency-loop alerts (:class:`~reach_plugins.model.LoopSettings`) and ``relief`` the
+    hot-spot relief of pinned conversations (:class:`~reach_plugins.model.ReliefPolicy`); both are on by default.
     The client serves the event loop of its first call (its waits, limits and
     pools belong to it); blocking code uses :class:`~reach_plugins.client.blocking.SyncReachClient`,
     which runs a client of its own on a private loop.
@@ -113,6 +124,8 @@ class ReachClient:
         probes: bool = False,
         tokens: TokenSource | Literal[False] | None = None,
         quotas: QuotaConfig | Quotas | None = None,
+        loops: LoopSettings | None = None,
+        relief: ReliefPolicy | None = None,
     ) -> None:
         self.registry = open_registry(registry, clock=clock)
         self._opened: list[Any] = [self.registry] if isinstance(registry, str) else []
@@ -143,6 +156,7 @@ class ReachClient:
             standing=self._standing,
             clock=clock,
             rng=rng,
+            relief=relief,
         )
         self.pipeline = Pipeline(
             router=TargetedRouter(self.router),
@@ -155,6 +169,8 @@ class ReachClient:
             tracer_provider=tracer_provider,
             default_timeout=default_timeout,
             quotas=self.quotas,
+            loops=loops,
+            turns=self.router.relief,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -51,8 +51,10 @@ from reach_plugins.model import (
     HealthCheck,
     Hedging,
     Idempotency,
+    LoopSettings,
     PoolConfig,
     Protocol,
+    ReliefPolicy,
     RetryPolicy,
     Routing,
     Strict,
@@ -298,6 +300,10 @@ class ReachConfig(BaseModel):
     """Which variables descriptors may name as their secrets."""
     quotas: QuotaConfig | None = None
     """Fleet-wide budgets (:mod:`reach_plugins.config.quotas`), applied by every client and server given this file."""
+    loops: LoopSettings = Field(default_factory=LoopSettings)
+    """``loops:``: dependency-loop alerts (two agents reaching each other too often), on by default."""
+    relief: ReliefPolicy = Field(default_factory=ReliefPolicy)
+    """``relief:``: hot-spot relief (idle conversations leave an instance that stays hot), on by default."""
     source: str = "<config>"
 
     @model_validator(mode="after")
@@ -389,6 +395,8 @@ def parse_config(
     secrets = _validate(SecretsPolicy, Shaped("secrets", doc.get("secrets", {})), problems)
     quotas = _validate(QuotaConfig, Shaped("quotas", doc["quotas"]), problems) if "quotas" in doc else None
     matching = _validate(MatchingConfig, Shaped("matching", doc.get("matching", {})), problems)
+    loops = _validate(LoopSettings, Shaped("loops", doc.get("loops") or {}), problems)
+    relief = _validate(ReliefPolicy, Shaped("relief", doc.get("relief") or {}), problems)
     _raise_if(problems, source)
     secrets = secrets or NO_SECRETS_POLICY
     placed = [(one.path, agent) for one, agent in zip(shaped, agents, strict=True) if agent is not None]
@@ -402,6 +410,8 @@ def parse_config(
         matching=matching or MatchingConfig(),
         secrets=secrets,
         quotas=quotas,
+        loops=loops or LoopSettings(),
+        relief=relief or ReliefPolicy(),
         source=source,
     )
 

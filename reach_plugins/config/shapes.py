@@ -46,7 +46,9 @@ from reach_plugins.errors import ConfigError
 Loc = tuple[str | int, ...]
 Problems = list[tuple[str, str]]
 
-TOP_LEVEL_KEYS = ("agents", "agent", "connectors", "tools", "defaults", "tenants", "secrets", "quotas", "matching")
+TOP_LEVEL_KEYS = (
+    "agents", "agent", "connectors", "tools", "defaults", "tenants", "secrets", "quotas", "matching", "loops", "relief"
+)
 _PROTOCOL_ALIASES = {"http": "raw-http"}
 _ROUTING_KEYS = ("weight", "priority", "cost")
 _ENDPOINT_KEYS = ("endpoint", "endpoints", "base_url")

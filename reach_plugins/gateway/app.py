@@ -1,4 +1,5 @@
-"""The gateway's Starlette app: ``POST /v1/reach``, ``/v1/reach/stream`` (SSE), ``GET /v1/agents``, health, metrics.
+"""The gateway's Starlette app: ``POST /v1/reach``, ``/v1/reach/stream`` (SSE), ``GET /v1/agents``, ``/v1/loops``,
+health, metrics.
 
 Every route goes through the server layer (authenticated, body read within
 its budgets, parsed strictly into a :class:`~reach_plugins.wire.body.WireBody`)
@@ -63,6 +64,7 @@ REQUESTS = "reach_gateway_requests_total"
 LATENCY = "reach_gateway_request_seconds"
 INFLIGHT = "reach_gateway_inflight"
 REFUSED = "reach_gateway_refused_total"
+LOOPS = "reach_gateway_dependency_loops"
 KEEPALIVE = 15.0
 """Seconds of silence after which the trace stream sends a comment (so a follower that left is noticed)."""
 
@@ -158,7 +160,8 @@ class Gateway:
         self.metrics.declare(LATENCY, "histogram", "Time to answer, by endpoint.")
         self.metrics.declare(INFLIGHT, "gauge", "Requests being served now.")
         self.metrics.declare(REFUSED, "counter", "Requests refused before routing, by error type.")
-        self.metrics.before_render(lambda: self.metrics.set(INFLIGHT, self.inflight))
+        self.metrics.declare(LOOPS, "gauge", "Agent pairs reaching each other too often (GET /v1/loops).")
+        self.metrics.before_render(self._gauges)
         self.metrics_port = metrics_port
         """Where ``/metrics`` is served instead of on the gateway's port (from a thread, on ``metrics_host``)."""
         self.metrics_host = metrics_host
@@ -340,6 +343,16 @@ class Gateway:
         tenant = inbound.caller
         return _json({"tenant": tenant, "agents": self.forwarder.visible(tenant, client.host if client else None)})
 
+    async def loops(self, inbound: Inbound) -> Response:
+        """The dependency loops among the agents the caller may reach: pairs reaching each other too often."""
+        client = inbound.request.client
+        tenant = inbound.caller
+        return _json({"tenant": tenant, "loops": self.forwarder.loops(tenant, client.host if client else None)})
+
+    def _gauges(self) -> None:
+        self.metrics.set(INFLIGHT, self.inflight)
+        self.metrics.set(LOOPS, self.forwarder.pipeline.loops.looping)
+
     async def _mcp_counted(self, request: Request, serve: Callable[[], Awaitable[Response]]) -> Response:
         """Around ``/mcp``: counted in flight (over ``max_inflight``: 429, come back) and in the request metrics."""
         self.inflight += 1
@@ -458,6 +471,7 @@ class Gateway:
                 around=self._streamed,
             ),
             ServerRoute("/v1/agents", ("GET",), self.agents, auth=self.caller, refuse=self._refuser("agents")),
+            ServerRoute("/v1/loops", ("GET",), self.loops, auth=self.caller, refuse=self._refuser("loops")),
             ServerRoute("/healthz", ("GET",), self.healthz, auth=OPEN),
             ServerRoute("/readyz", ("GET",), self.readyz, auth=OPEN),
             *self._metrics_routes(),

@@ -18,7 +18,9 @@ Draining instances take no new work, but a session already pinned to one stays
 there: draining exists to let open conversations finish. A pinned session also
 stays when a better priority tier recovers: moving it would lose its context.
 Pins live in a bounded LRU table in this process, per tenant; ``release(key)`` drops
-them when the conversation closes.
+them when the conversation closes. An instance that stays above its load threshold has
+some of its idle conversations marked by hot-spot relief (:mod:`reach_plugins.routing.relief`);
+a marked one is placed on a peer at its next turn, as a context restore naming where it came from.
 
 The router is synchronous and not thread-safe: use it from one event loop. Its
 caches (index, per-request plans and their pools) are keyed by the view's
@@ -39,12 +41,13 @@ from time import perf_counter_ns
 from typing import Final
 
 from reach_plugins.errors import CircuitOpen, ConfigError, NoHealthyAgent, UnknownCapability
-from reach_plugins.model import CandidateScore, Instance, ReachRequest, RouteDecision
+from reach_plugins.model import CandidateScore, Instance, ReachRequest, ReliefPolicy, RouteDecision
 from reach_plugins.registry.base import Clock, RegistryView
 from reach_plugins.routing.affinity import InstanceKey, Placement, Rendezvous, SessionTable
 from reach_plugins.routing.index import CapabilityIndex, Offer
 from reach_plugins.routing.policy import Plan, make_plan, payload_tokens
 from reach_plugins.routing.pool import Entry, Look, Pool, Skip
+from reach_plugins.routing.relief import ReliefTracker
 from reach_plugins.routing.route import Affinity, AvailabilityHook, Route, StandingHook, TenantLike
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.keys import ScopedKey
@@ -77,7 +80,9 @@ class Router:
         bounded_load: float = 1.25,
         max_sessions: int = 100_000,
         refresh: float = 1.0,
+        relief: ReliefPolicy | None = None,
     ) -> None:
+        """``relief``: hot-spot relief (:mod:`reach_plugins.routing.relief`), on by default (``enabled=False``: off)."""
         if not refresh > 0:
             raise ConfigError(f"refresh must be a positive number of seconds (how stale a pool may get), got {refresh}")
         self.view = view
@@ -94,6 +99,9 @@ class Router:
         self._index = CapabilityIndex.build(view)
         self._pools: dict[tuple[object, ...], Pool] = {}
         self._card_cache: dict[tuple[str, str, float | None, str | None], CandidateScore] = {}
+        relief = relief or ReliefPolicy()
+        self.relief = ReliefTracker(relief, max_conversations=max_sessions) if relief.enabled else None
+        """Turns of conversations (the pipeline reports them) and the idle ones marked to leave a hot instance."""
 
     # ------------------------------------------------------------------ public
 
@@ -107,6 +115,9 @@ class Router:
         pool = self._pool(request)
         now = self._clock()
         if request.session_id is not None:
+            relief = self.relief
+            if relief is not None and relief.due(now):
+                relief.relieve(self._loads(), now)
             return self._route_session(request, request.session_id, pool, now, exclude, started)
         if exclude:
             return self._route_excluding(request, pool, now, exclude, started)
@@ -172,6 +183,8 @@ class Router:
 
     def release(self, key: ScopedKey) -> bool:
         """Forget a conversation's pins (it was closed; ``key`` from ``session_key``); return whether it had any."""
+        if self.relief is not None:
+            self.relief.forget(key)
         return self._sessions.release(key)
 
     forget = release
@@ -205,16 +218,24 @@ class Router:
         if offer is not None:
             inst = self.view.instances(pinned_agent).get(pinned_id)
             trouble = "deregistered" if inst is None else self._unusable(inst, now, exclude, sticky=True)
-            if inst is not None and trouble is None:
+            relieved = self.relief.take(key, (pinned_agent, pinned_id)) if self.relief and trouble is None else None
+            if inst is not None and trouble is None and relieved is None:
                 self._sessions.pin(key, capability, pinned_agent, pinned_id)
                 told = self._told_one(pinned_agent, pinned_id, "session pinned")
                 return self._answer(request, offer, inst, "pinned", started, told)
+            if relieved is not None:
+                trouble, exclude = relieved.why, {*exclude, (pinned_agent, pinned_id)}
             skipped: list[Skip] = [(pinned_agent, pinned_id, trouble or "unusable")]
             entries = self._judge((offer,), now, exclude, skipped)
             if any(entry.weight > 0 for entry in entries):
                 look = Look(entries, offer.priority, skipped, offer.cost)
                 reason = f"pinned instance {pinned_agent}/{pinned_id} unusable ({trouble}); context restore"
-                return self._place(request, session_id, look.usable, look, "restored", reason, started)
+                placed = self._place(request, session_id, look.usable, look, "restored", reason, started)
+                return placed if relieved is None else _moved(placed, f"{pinned_agent}/{pinned_id}")
+            if inst is not None and relieved is not None:  # no peer to take it: it stays
+                self._sessions.pin(key, capability, pinned_agent, pinned_id)
+                told = self._told_one(pinned_agent, pinned_id, "session pinned (no peer to relieve it)")
+                return self._answer(request, offer, inst, "pinned", started, told)
             why = f"no usable instance of pinned agent {pinned_agent}"
         reason = f"{why}; degraded to another agent offering {capability!r}"
         return self._place_new(request, session_id, pool, now, exclude, "degraded", reason, started)
@@ -291,6 +312,11 @@ class Router:
             return self._cards([(*key, score) for score, key in ranked], skipped), reason
 
         return self._answer(request, entry.offer, entry.instance, affinity, started, told)
+
+    def _loads(self) -> dict[InstanceKey, float]:
+        """Every registered instance's load, as the registry has it (relief looks at most every ``check_every``)."""
+        view = self.view
+        return {(agent, i): inst.load for agent in view.agents() for i, inst in view.instances(agent).items()}
 
     def _ranks(self, session_id: str, keys: list[InstanceKey]) -> dict[InstanceKey, float]:
         return {key: score for score, key in self._hrw.scores(session_id, keys)}
@@ -500,6 +526,17 @@ class Router:
                 self._card_cache.clear()
             card = self._card_cache[key] = CandidateScore(agent=agent, instance=instance, score=score, skipped=skipped)
         return card
+
+
+def _moved(route: Route, source: str) -> Route:
+    """``route`` with its decision naming the hot instance the conversation was relieved from."""
+    return Route(
+        route.agent,
+        route.instance,
+        route.capability,
+        explain=lambda: route.decision.model_copy(update={"relieved_from": source}),
+        affinity=route.affinity,
+    )
 
 
 def _told(shown: list[CandidateScore], reason: str) -> Told:

@@ -78,5 +78,7 @@ def build_forwarder(
         sink=sink,
         store=store,
         quotas=loaded.quotas,
+        loops=loaded.loops,
+        relief=loaded.relief,
     )
     return forwarder, access

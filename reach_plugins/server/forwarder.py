@@ -33,7 +33,7 @@ from reach_plugins.config.loader import (
 )
 from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.errors import UnknownCapability
-from reach_plugins.model import AgentDescriptor, Instance, ReachRequest, ReachResponse
+from reach_plugins.model import AgentDescriptor, Instance, LoopSettings, ReachRequest, ReachResponse, ReliefPolicy
 from reach_plugins.policy.outliers import Standing
 from reach_plugins.registry import FileRegistry
 from reach_plugins.registry.base import Registry
@@ -131,6 +131,8 @@ class Forwarder:
         probes: bool = True,
         direct: Transport | None = None,
         quotas: QuotaConfig | None = None,
+        loops: LoopSettings | None = None,
+        relief: ReliefPolicy | None = None,
     ) -> None:
         self.registry = registry
         self._owns_registry = owns_registry
@@ -140,7 +142,9 @@ class Forwarder:
         self._tenant_tokens = token_envs(tenants)
         """The tenants' own token variables: never sent as an agent's secret, whatever a descriptor names."""
         self.table = RouteTable(registry, ttl=route_ttl)
-        self.router = Router(self.table, tenants=tenants, is_available=self._available, standing=self._standing)
+        self.router = Router(
+            self.table, tenants=tenants, is_available=self._available, standing=self._standing, relief=relief
+        )
         self.rule = SourceRule(self.router, self.table, tenants)
         self.transport = transport if transport is not None else HopTransport(direct, node_id=node_id)
         self._owned_store = open_store(store) if isinstance(store, str) else None
@@ -156,6 +160,8 @@ class Forwarder:
             default_timeout=default_timeout,
             sink=sink,
             quotas=self.quotas,
+            loops=loops,
+            turns=self.router.relief,
         )
         self._watch: asyncio.Task[None] | None = None
         self.prober = Prober.shared(self.table) if probes else None
@@ -233,6 +239,11 @@ class Forwarder:
                 {"name": name, "description": agent.description, "capabilities": capabilities, "instances": instances}
             )
         return listed
+
+    def loops(self, tenant: str | None, source: str | None) -> list[dict[str, Any]]:
+        """The dependency loops this server sees now, between agents ``tenant`` may reach from ``source``."""
+        seen = {agent["name"] for agent in self.visible(tenant, source)}
+        return [pair.as_json() for pair in self.pipeline.loops.pairs() if {pair.first, pair.second} <= seen]
 
     def status(self, inst: Instance, now: float, tenant: str | None = None) -> InstanceStatus:
         """What this server's router would decide about ``inst`` now (``now``: the registry's clock), and why;

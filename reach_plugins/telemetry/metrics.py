@@ -49,6 +49,7 @@ from reach_plugins.telemetry.spans import (
     ATTR_GEN_AI_TOOL_NAME,
     ATTR_GEN_AI_TOOL_TYPE,
     ATTR_INSTANCE,
+    ATTR_LOOP_PAIR,
     ATTR_OUTCOME,
     ATTR_RESULT,
     ATTR_RULE,
@@ -97,6 +98,8 @@ QUOTA_FALLBACKS: Final = "reach.quota.fallbacks"
 QUOTA_REFUSALS: Final = "reach.quota.refusals"
 CONSISTENCY_SCORES: Final = "reach.consistency.score"
 CONSISTENCY_EJECTIONS: Final = "reach.consistency.ejections"
+LOOP_ALERTS: Final = "reach.dependency.loop_alerts"
+"""Agent pairs that became dependency loops (:mod:`reach_plugins.policy.dependency`)."""
 
 BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
 """``reach.breaker.state`` values: 0 closed, 1 half-open, 2 open."""
@@ -207,6 +210,9 @@ class ReachMetrics:
         self.consistency_ejections = meter.create_counter(
             CONSISTENCY_EJECTIONS, unit="{ejection}", description="Instances ejected for replies beside the question."
         )
+        self.loop_alerts = meter.create_counter(
+            LOOP_ALERTS, unit="{alert}", description="Agent pairs found reaching each other above the threshold."
+        )
         self._lock = threading.Lock()
         self._breakers: dict[str, int] = {}
         meter.create_observable_gauge(
@@ -308,6 +314,10 @@ class ReachMetrics:
         """A call in flight was cancelled because its conversation closed."""
         self.cancellations.add(1, self._labels(CANCELLATIONS, {ATTR_CAPABILITY: capability}))
 
+    def loop_alert(self, first: str, second: str) -> None:
+        """Agents ``first`` and ``second`` became a dependency loop (reaching each other above the threshold)."""
+        self.loop_alerts.add(1, self._labels(LOOP_ALERTS, {ATTR_LOOP_PAIR: f"{first}<->{second}"}))
+
     def registration(self, agent: str, ok: bool) -> None:
         """An instance of ``agent`` tried to register (the agent SDK's registration reports each try)."""
         registered = {ATTR_AGENT: agent, ATTR_RESULT: "success" if ok else "failure"}
@@ -366,6 +376,17 @@ def global_metrics() -> ReachMetrics | None:
         if _global is None:
             _global = ReachMetrics(provider)
         return _global
+
+
+def metrics_in(sink: TraceSink | None) -> ReachMetrics | None:
+    """The :class:`ReachMetrics` a sink is or fans out to (a server's), else the global one (or None)."""
+    if isinstance(sink, ReachMetrics):
+        return sink
+    if isinstance(sink, FanOut):
+        found = next((one for one in sink.sinks if isinstance(one, ReachMetrics)), None)
+        if found is not None:
+            return found
+    return global_metrics()
 
 
 class FanOut:
