@@ -1,0 +1,104 @@
+"""Review of the merged pipeline: quotas, turns and dedup in the order issue 30 asks, on unary and stream paths."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from reach_plugins import AgentDescriptor, ReachClient
+from reach_plugins.attempts.quotas import Quotas
+from reach_plugins.config.quotas import QuotaConfig
+from reach_plugins.errors import RateLimited
+from reach_plugins.policy.gcra import QuotaLayer, Refusal
+from reach_plugins.registry import MemoryRegistry
+from reach_plugins.routing.affinity import InstanceKey
+from reach_plugins.stores.keys import ScopedKey
+from reach_plugins.stores.quotas import MemoryQuotaStore
+from reach_plugins.testing.clock import FakeClock
+from reach_plugins.transport import Call, MockTransport
+
+ORDERS: dict[str, Any] = {
+    "name": "orders",
+    "endpoints": ["http://127.0.0.1:9"],
+    "capabilities": [{"name": "query_order"}],
+}
+
+
+def echo(call: Call) -> dict[str, Any]:
+    return {"ok": True}
+
+
+class Recorded(MemoryQuotaStore):
+    """A memory quota store that writes each acquire and release into a shared log."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def acquire(self, layers: Sequence[QuotaLayer], share: float, lease: str, ttl: float) -> Refusal | None:
+        self.log.append("admit")
+        return await super().acquire(layers, share, lease, ttl)
+
+    async def release(self, layers: Sequence[QuotaLayer], lease: str) -> None:
+        self.log.append("leave")
+        await super().release(layers, lease)
+
+
+async def client_logging(log: list[str], config: QuotaConfig) -> ReachClient:
+    registry = MemoryRegistry()
+    await registry.register_agent(AgentDescriptor.model_validate(ORDERS))
+    quotas = Quotas(config, store=Recorded(log))
+    client = ReachClient(registry, MockTransport(echo), tenant="demo", quotas=quotas, clock=FakeClock())
+    relief = client.router.relief
+    assert relief is not None
+    started, ended = relief.turn_started, relief.turn_ended
+
+    def turn_started(conversation: ScopedKey, where: InstanceKey) -> None:
+        log.append("turn start")
+        started(conversation, where)
+
+    def turn_ended(conversation: ScopedKey, now: float) -> None:
+        log.append("turn end")
+        ended(conversation, now)
+
+    relief.turn_started = turn_started  # type: ignore[method-assign]
+    relief.turn_ended = turn_ended  # type: ignore[method-assign]
+    return client
+
+
+ORDER = ["admit", "turn start", "turn end", "leave"]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_admit_turn_start_turn_end_leave_on_both_paths(streamed: bool) -> None:
+    """A conversation's call: the quota admits it, its turn starts, ends, then its slot is given back."""
+    log: list[str] = []
+    client = await client_logging(log, QuotaConfig.model_validate({"tenants": {"demo": {"concurrency": 2}}}))
+    try:
+        if streamed:
+            async for _ in client.stream("query_order", session_id="s1"):
+                pass
+        else:
+            assert (await client.reach("query_order", session_id="s1")).ok
+        assert log == ORDER
+    finally:
+        await client.aclose()
+
+
+async def test_a_replayed_duplicate_is_not_charged_to_the_quota() -> None:
+    """A retry with the same idempotency key is answered from the dedup store: it sends nothing, so the quota
+    (like the per-attempt limits) does not charge it and does not refuse it."""
+    log: list[str] = []
+    config = QuotaConfig.model_validate({"tenants": {"demo": {"rate": 1, "burst": 1}}})
+    client = await client_logging(log, config)
+    try:
+        first = await client.reach("query_order", idempotency_key="order-1")
+        again = await client.reach("query_order", idempotency_key="order-1")
+        assert first.ok and again.ok and again.attempts == 0
+        assert len(client.transport.calls) == 1  # type: ignore[attr-defined]
+        with pytest.raises(RateLimited):
+            await client.reach("query_order", idempotency_key="order-2")
+    finally:
+        await client.aclose()
