@@ -1,13 +1,13 @@
 """The one async pipeline every transport goes through.
 
 Order of a call: loop guard -> route -> target loop check -> dependency-loop watch -> payload vs params_schema ->
-deadline -> fleet-wide quotas (once per request, where its retries are owned) ->
-dedup (single-flight + window) -> per attempt: rate limit / concurrency ->
+deadline -> dedup (single-flight + window) -> fleet-wide quotas (once per request that sends, where its retries
+are owned) -> per attempt: rate limit / concurrency ->
 breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
 retry (full jitter, budget) or fail over -> trace and span.
 
 Dedup comes before the limits (DESIGN.md lists it after them) so that a
-duplicate waiting for its in-flight twin neither burns a rate-limit token nor
+duplicate waiting for its in-flight twin (or answered by it) neither burns a rate-limit or quota token nor
 sits on a concurrency slot; limits are taken per attempt so that a retry
 counts as load and a backoff sleep holds no slot. Raise-vs-return follows
 :mod:`reach_plugins.errors`: raise when nothing was sent, return a
@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
 from opentelemetry import trace as otel
@@ -327,20 +327,33 @@ class Pipeline:
         start_client_span(span, request)
         try:
             flight = self._prepare(request, rec, None, routed)
-            lease = await self._admit(flight)
-            turn = self._turn_started(flight)
-            try:
-                if flight.key is None:
-                    response = await run_unary(self._engine, flight)
-                else:
-                    response = await self._deduplicated(flight, flight.key)
-            finally:
-                self._turn_ended(turn)
-                await self._leave(lease)
+            if flight.key is None:
+                response = await self._attempted(flight)
+            else:
+                response = await self._deduplicated(flight, flight.key)
         except ReachError as exc:
             self._refused(rec, exc)
             raise
         return self._finish(rec, response, trace)
+
+    @asynccontextmanager
+    async def _held(self, flight: Flight) -> AsyncIterator[None]:
+        """Around a flight's attempts: admit (quotas) -> turn start -> ... -> turn end -> leave, on every exit.
+
+        Only a flight that will send is held: a duplicate answered by its twin is charged nothing.
+        """
+        lease = await self._admit(flight)
+        turn = self._turn_started(flight)
+        try:
+            yield
+        finally:
+            self._turn_ended(turn)
+            await self._leave(lease)
+
+    async def _attempted(self, flight: Flight) -> ReachResponse:
+        """The flight's unary attempts, held (:meth:`_held`)."""
+        async with self._held(flight):
+            return await run_unary(self._engine, flight)
 
     async def _admit(self, flight: Flight) -> Lease | None:
         """The request's claim on the fleet's quotas (None without any); raises RateLimited."""
@@ -367,7 +380,7 @@ class Pipeline:
             return self._replay(flight, stored)
         response: ReachResponse | None = None
         try:
-            response = await run_unary(self._engine, flight)
+            response = await self._attempted(flight)
         finally:
             ran_at = flight.pin.where if flight.pin is not None else None if response is not None else flight.ran_at
             ending = on_end(response is not None and response.ok, ran_at is not None)
@@ -513,27 +526,18 @@ class Pipeline:
         rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink)
         start_client_span(span, request)
         flight: Flight | None = None
-        turn: ScopedKey | None = None
         tally = StreamTally()
         try:
             flight = self._prepare(request, rec, otel.set_span_in_context(span))
-            lease = await self._admit(flight)
-            try:
-                turn = self._turn_started(flight)
-                explicit = has_explicit_deadline(request)
-                attempts = stream_attempts(
-                    self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching
-                )
-                async with aclosing(attempts) as batches:
-                    async for batch in batches:
-                        yield batch
-            finally:
-                await self._leave(lease)
+            explicit = has_explicit_deadline(request)
+            attempts = stream_attempts(self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching)
+            async with self._held(flight), aclosing(attempts) as batches:
+                async for batch in batches:
+                    yield batch
         except ReachError as exc:
             self._refused(rec, exc)
             raise
         finally:
-            self._turn_ended(turn)
             if flight is not None:
                 self._streamed(rec, flight, tally)
             if owned:
