@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.attempts.quotas import Quotas
 from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.errors import RateLimited
+from reach_plugins.model import Instance, ReliefPolicy
 from reach_plugins.policy.gcra import QuotaLayer, Refusal
 from reach_plugins.registry import MemoryRegistry
 from reach_plugins.routing.affinity import InstanceKey
@@ -102,3 +104,62 @@ async def test_a_replayed_duplicate_is_not_charged_to_the_quota() -> None:
             await client.reach("query_order", idempotency_key="order-2")
     finally:
         await client.aclose()
+
+
+class Gated(MemoryQuotaStore):
+    """A quota store whose answers wait for ``gate`` (a shared store's round trip, held open by the test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = 0
+
+    async def acquire(self, layers: Sequence[QuotaLayer], share: float, lease: str, ttl: float) -> Refusal | None:
+        self.waiting += 1
+        await self.gate.wait()
+        return await super().acquire(layers, share, lease, ttl)
+
+
+def chat_instance(instance_id: str, clock: FakeClock, load: float = 0.0) -> Instance:
+    return Instance(
+        agent="chat",
+        instance_id=instance_id,
+        endpoint=f"http://127.0.0.1:{9000 + int(instance_id[1:])}",
+        last_heartbeat=clock(),
+        load=load,
+    )
+
+
+async def test_relief_does_not_move_a_conversation_whose_turn_is_routed_but_not_sent_yet() -> None:
+    """Turn A of s-0 is routed to c1 and waits on the quota store; c1 turns hot and turn B of s-0 is routed:
+    A is in flight on c1, so B must stay on c1 too (relief never splits a conversation mid-call)."""
+    clock = FakeClock(1_000.0)
+    registry = MemoryRegistry(clock=clock)
+    await registry.register_agent(AgentDescriptor.model_validate({"name": "chat", "capabilities": ["talk"]}))
+    await registry.register_instance(chat_instance("c1", clock))
+    store = Gated()
+    quotas = Quotas(QuotaConfig.model_validate({"other": {"concurrency": 10}}), store=store)
+    relief = ReliefPolicy(hold=0.0, idle=0.0, share=1.0, check_every=0.0)
+
+    def answer(call: Call) -> dict[str, Any]:
+        return {"by": call.instance.instance_id}
+
+    async with ReachClient(
+        registry, MockTransport(answer), clock=clock, tokens=False, quotas=quotas, relief=relief
+    ) as client:
+        assert (await client.reach("talk", session_id="s-0")).instance == "c1"
+        await registry.register_instance(chat_instance("c2", clock))
+        store.gate.clear()
+        first = asyncio.create_task(client.reach("talk", session_id="s-0"))
+        while store.waiting < 2:
+            await asyncio.sleep(0)
+        await registry.heartbeat("chat", "c1", 1, load=0.95)
+        await registry.heartbeat("chat", "c2", 1, load=0.1)
+        second = asyncio.create_task(client.reach("talk", session_id="s-0"))
+        while store.waiting < 3:
+            await asyncio.sleep(0)
+        store.gate.set()
+        replies = await asyncio.wait_for(asyncio.gather(first, second), 5.0)
+    assert [reply.instance for reply in replies] == ["c1", "c1"]
+    assert not any(reply.context_restore for reply in replies)
