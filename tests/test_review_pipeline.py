@@ -70,12 +70,13 @@ async def client_logging(log: list[str], config: QuotaConfig) -> ReachClient:
     return client
 
 
-ORDER = ["admit", "turn start", "turn end", "leave"]
+ORDER = ["turn start", "admit", "leave", "turn end"]
 
 
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_admit_turn_start_turn_end_leave_on_both_paths(streamed: bool) -> None:
-    """A conversation's call: the quota admits it, its turn starts, ends, then its slot is given back."""
+    """A conversation's call: its turn starts as it is routed, the quota admits it, gives its slot back once the
+    call is over, then the turn ends (the lease never outlives the turn, the turn covers every await)."""
     log: list[str] = []
     client = await client_logging(log, QuotaConfig.model_validate({"tenants": {"demo": {"concurrency": 2}}}))
     try:

@@ -1,8 +1,8 @@
 """The one async pipeline every transport goes through.
 
 Order of a call: loop guard -> route -> target loop check -> dependency-loop watch -> payload vs params_schema ->
-deadline -> dedup (single-flight + window) -> fleet-wide quotas (once per request that sends, where its retries
-are owned) -> per attempt: rate limit / concurrency ->
+deadline -> conversation turn start (relief) -> dedup (single-flight + window) -> fleet-wide quotas (once per
+request that sends, where its retries are owned) -> per attempt: rate limit / concurrency ->
 breaker -> send within ``min(remaining, per-attempt timeout)`` -> classify ->
 retry (full jitter, budget) or fail over -> trace and span.
 
@@ -283,7 +283,11 @@ class Pipeline:
         return Flight(request, rec, route, deadline, key, retries_here, headers)
 
     def _turn_started(self, flight: Flight) -> ScopedKey | None:
-        """Tell the turn hook a conversation's turn is in flight where it was routed; its key, to end it."""
+        """Tell the turn hook a conversation's turn is in flight where it was routed; its key, to end it.
+
+        Called right after routing, before any await (dedup, quotas): a turn routed but not yet sent is in
+        flight already, so relief cannot move a later turn of its conversation elsewhere meanwhile.
+        """
         request, turns = flight.request, self._turns
         if turns is None or request.session_id is None:
             return None
@@ -327,10 +331,14 @@ class Pipeline:
         start_client_span(span, request)
         try:
             flight = self._prepare(request, rec, None, routed)
-            if flight.key is None:
-                response = await self._attempted(flight)
-            else:
-                response = await self._deduplicated(flight, flight.key)
+            turn = self._turn_started(flight)
+            try:
+                if flight.key is None:
+                    response = await self._attempted(flight)
+                else:
+                    response = await self._deduplicated(flight, flight.key)
+            finally:
+                self._turn_ended(turn)
         except ReachError as exc:
             self._refused(rec, exc)
             raise
@@ -338,16 +346,14 @@ class Pipeline:
 
     @asynccontextmanager
     async def _held(self, flight: Flight) -> AsyncIterator[None]:
-        """Around a flight's attempts: admit (quotas) -> turn start -> ... -> turn end -> leave, on every exit.
+        """Around a flight's attempts: its quota lease, taken (or RateLimited) and given back on every exit.
 
         Only a flight that will send is held: a duplicate answered by its twin is charged nothing.
         """
         lease = await self._admit(flight)
-        turn = self._turn_started(flight)
         try:
             yield
         finally:
-            self._turn_ended(turn)
             await self._leave(lease)
 
     async def _attempted(self, flight: Flight) -> ReachResponse:
@@ -526,9 +532,11 @@ class Pipeline:
         rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink)
         start_client_span(span, request)
         flight: Flight | None = None
+        turn: ScopedKey | None = None
         tally = StreamTally()
         try:
             flight = self._prepare(request, rec, otel.set_span_in_context(span))
+            turn = self._turn_started(flight)
             explicit = has_explicit_deadline(request)
             attempts = stream_attempts(self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching)
             async with self._held(flight), aclosing(attempts) as batches:
@@ -538,6 +546,7 @@ class Pipeline:
             self._refused(rec, exc)
             raise
         finally:
+            self._turn_ended(turn)
             if flight is not None:
                 self._streamed(rec, flight, tally)
             if owned:
