@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reach_plugins import AgentDescriptor, ReachClient
 from reach_plugins.attempts.quotas import Quotas
@@ -20,6 +24,10 @@ from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.quotas import MemoryQuotaStore
 from reach_plugins.testing.clock import FakeClock
 from reach_plugins.transport import Call, MockTransport
+from reach_plugins.wire.body import refusal
+from reach_plugins.wire.headers import ERROR_TYPE, RETRY_AFTER
+from transports.gateway.transport import _error as gateway_error
+from transports.grpcnode.transport import _refusal as node_refusal
 
 ORDERS: dict[str, Any] = {
     "name": "orders",
@@ -164,3 +172,18 @@ async def test_relief_does_not_move_a_conversation_whose_turn_is_routed_but_not_
         replies = await asyncio.wait_for(asyncio.gather(first, second), 5.0)
     assert [reply.instance for reply in replies] == ["c1", "c1"]
     assert not any(reply.context_restore for reply in replies)
+
+
+@given(st.one_of(st.floats(), st.sampled_from(["nan", "inf", "-inf", "-5", "1e400", "0.5", "2"])))
+def test_a_hops_retry_after_is_a_finite_non_negative_number_or_none(told: object) -> None:
+    """A node (its trailer) or a gateway (its JSON body) telling a hostile ``retry_after`` (nan, inf, negative)
+    does not make it into the refusal: a caller sleeping on it, or a gateway writing ``Retry-After``, would fail."""
+    text = told if isinstance(told, str) else repr(told)
+    trailers = grpc.aio.Metadata((ERROR_TYPE, "rate_limited"), (RETRY_AFTER, text))
+    failed = grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), trailers, "the quota")
+    from_node = node_refusal(failed)
+    told_by_gateway = gateway_error({"type": "rate_limited", "message": "q", "retry_after": float(text)}, 429)
+    from_gateway = refusal(told_by_gateway.type, told_by_gateway.message, told_by_gateway.retry_after)
+    assert isinstance(from_node, RateLimited) and isinstance(from_gateway, RateLimited)
+    for retry_after in (from_node.retry_after, from_gateway.retry_after):
+        assert retry_after is None or (math.isfinite(retry_after) and retry_after >= 0)

@@ -11,6 +11,7 @@ are the agent protocol's, plus routing hints between hops: ``X-Reach-Prefer``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -217,7 +218,13 @@ def error_body(exc: ReachError, request_id: str | None = None) -> dict[str, Any]
 
 
 def refusal(kind: str, message: str, retry_after: float | None = None) -> ReachError:
-    """The error a hop's refusal names, marked ``refused`` so the client's core raises it as it is."""
+    """The error a hop's refusal names, marked ``refused`` so the client's core raises it as it is.
+
+    A ``retry_after`` that is not a finite number of seconds >= 0 (a hostile or broken hop's nan, inf or -1)
+    is dropped: a caller sleeping on it, or a gateway writing it as ``Retry-After``, would fail.
+    """
+    if retry_after is not None and not (math.isfinite(retry_after) and retry_after >= 0):
+        retry_after = None
     error = from_wire(ErrorInfo(type=kind, message=message, retry_after=retry_after))
     error.refused = True
     return error
