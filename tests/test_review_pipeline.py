@@ -23,7 +23,7 @@ from reach_plugins.routing.affinity import InstanceKey
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.quotas import MemoryQuotaStore
 from reach_plugins.testing.clock import FakeClock
-from reach_plugins.transport import Call, MockTransport
+from reach_plugins.transport import Call, EventStream, MockTransport, StreamEvent
 from reach_plugins.wire.body import refusal
 from reach_plugins.wire.headers import ERROR_TYPE, RETRY_AFTER
 from transports.gateway.transport import _error as gateway_error
@@ -187,3 +187,35 @@ def test_a_hops_retry_after_is_a_finite_non_negative_number_or_none(told: object
     assert isinstance(from_node, RateLimited) and isinstance(from_gateway, RateLimited)
     for retry_after in (from_node.retry_after, from_gateway.retry_after):
         assert retry_after is None or (math.isfinite(retry_after) and retry_after >= 0)
+
+
+class Ticking(MockTransport):
+    """Streams six data events (the caller's reads pace them), then ``end``."""
+
+    async def stream(self, call: Call) -> EventStream:
+        for n in range(6):
+            yield StreamEvent("data", {"n": n})
+        yield StreamEvent("end")
+
+
+async def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot() -> None:
+    """A stream without an explicit deadline runs as long as events come (only ``stream_idle`` bounds a gap);
+    its lease, made for the default deadline, is renewed as it flows: 40 s in, a second call is still refused."""
+    clock = FakeClock()
+    registry = MemoryRegistry()
+    await registry.register_agent(AgentDescriptor.model_validate(ORDERS))
+    config = QuotaConfig.model_validate({"tenants": {"demo": {"concurrency": 1}}})
+    client = ReachClient(registry, Ticking(echo), tenant="demo", quotas=config, clock=clock)
+    try:
+        events = client.stream("query_order")
+        for _ in range(4):
+            await anext(events)
+            clock.advance(10.0)
+        with pytest.raises(RateLimited) as refused:
+            await client.reach("query_order")
+        assert "calls in flight" in refused.value.message
+        async for _ in events:
+            pass
+        assert (await client.reach("query_order")).ok
+    finally:
+        await client.aclose()
