@@ -133,6 +133,23 @@ async def test_concurrency_leases_are_released_or_expire(make_store: Store) -> N
     assert await store.acquire([slots], 1.0, "e", 5.0) is not None
 
 
+async def test_a_renewed_lease_holds_its_slot_a_released_one_is_not_revived(make_store: Store) -> None:
+    """One slot: a lease renewed before its expiry still holds it past the first ttl; renewing a released
+    lease does not take the slot back."""
+    ticks = Ticks()
+    store = make_store(ticks)
+    slots = layer("tenant", rate=None, concurrency=1)
+    assert await store.acquire([slots], 1.0, "a", 10.0) is None
+    ticks.now += 8.0
+    await store.renew([slots], "a", 10.0)
+    ticks.now += 7.0  # 15 s after the acquire, 7 s after the renewal
+    refused = await store.acquire([slots], 1.0, "b", 10.0)
+    assert refused is not None and refused.kind == "concurrency"
+    await store.release([slots], "a")
+    await store.renew([slots], "a", 10.0)
+    assert await store.acquire([slots], 1.0, "b", 10.0) is None
+
+
 async def test_a_lower_priority_share_is_shed_first(make_store: Store) -> None:
     """Share 0.5 of burst 10 and of 4 slots: batch calls stop at 5 back to back and 2 in flight, online go on."""
     ticks = Ticks()

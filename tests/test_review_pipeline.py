@@ -190,10 +190,15 @@ def test_a_hops_retry_after_is_a_finite_non_negative_number_or_none(told: object
 
 
 class Ticking(MockTransport):
-    """Streams six data events (the caller's reads pace them), then ``end``."""
+    """Streams one data event per item put in ``ticks`` (the test paces the agent), ``end`` after six."""
+
+    def __init__(self) -> None:
+        super().__init__(echo)
+        self.ticks: asyncio.Queue[None] = asyncio.Queue()
 
     async def stream(self, call: Call) -> EventStream:
         for n in range(6):
+            await self.ticks.get()
             yield StreamEvent("data", {"n": n})
         yield StreamEvent("end")
 
@@ -205,15 +210,19 @@ async def test_a_stream_longer_than_its_lease_keeps_its_concurrency_slot() -> No
     registry = MemoryRegistry()
     await registry.register_agent(AgentDescriptor.model_validate(ORDERS))
     config = QuotaConfig.model_validate({"tenants": {"demo": {"concurrency": 1}}})
-    client = ReachClient(registry, Ticking(echo), tenant="demo", quotas=config, clock=clock)
+    agent = Ticking()
+    client = ReachClient(registry, agent, tenant="demo", quotas=config, clock=clock)
     try:
         events = client.stream("query_order")
         for _ in range(4):
+            agent.ticks.put_nowait(None)
             await anext(events)
             clock.advance(10.0)
         with pytest.raises(RateLimited) as refused:
             await client.reach("query_order")
         assert "calls in flight" in refused.value.message
+        for _ in range(2):
+            agent.ticks.put_nowait(None)
         async for _ in events:
             pass
         assert (await client.reach("query_order")).ok

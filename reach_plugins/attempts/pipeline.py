@@ -345,14 +345,14 @@ class Pipeline:
         return self._finish(rec, response, trace)
 
     @asynccontextmanager
-    async def _held(self, flight: Flight) -> AsyncIterator[None]:
+    async def _held(self, flight: Flight) -> AsyncIterator[Lease | None]:
         """Around a flight's attempts: its quota lease, taken (or RateLimited) and given back on every exit.
 
         Only a flight that will send is held: a duplicate answered by its twin is charged nothing.
         """
         lease = await self._admit(flight)
         try:
-            yield
+            yield lease
         finally:
             await self._leave(lease)
 
@@ -539,9 +539,11 @@ class Pipeline:
             turn = self._turn_started(flight)
             explicit = has_explicit_deadline(request)
             attempts = stream_attempts(self._engine, flight, tally, explicit_deadline=explicit, batching=self._batching)
-            async with self._held(flight), aclosing(attempts) as batches:
+            async with self._held(flight) as lease, aclosing(attempts) as batches:
                 async for batch in batches:
                     yield batch
+                    if lease is not None and self._quotas is not None:
+                        lease = await self._quotas.keep(lease)
         except ReachError as exc:
             self._refused(rec, exc)
             raise

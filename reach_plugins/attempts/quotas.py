@@ -4,7 +4,9 @@
 tenant and agent: :func:`~reach_plugins.stores.quotas.layers_of`) in the shared
 store and hands back a :class:`Lease` its concurrency slots are returned with.
 A refusal is :class:`~reach_plugins.errors.RateLimited` naming the layer and
-``retry_after``. A client whose transport is a gateway or node leaves quotas to
+``retry_after``. A lease lasts the request's deadline plus :data:`LEASE_GRACE`; a
+stream, which only ``stream_idle`` bounds, renews it as it flows (:meth:`Quotas.keep`).
+A client whose transport is a gateway or node leaves quotas to
 that hop (it owns the request's retries too), so a call is counted once.
 
 While the shared store is unreachable each process enforces its share of every
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from opentelemetry.metrics import MeterProvider, get_meter
@@ -48,6 +50,10 @@ class Lease:
     layers: tuple[QuotaLayer, ...]
     id: str
     store: QuotaStore
+    ttl: float
+    """Seconds the store holds its slots from the last acquire or renewal."""
+    renew_at: float
+    """Monotonic time past which a call still running renews it (half its ttl): :meth:`Quotas.keep`."""
 
 
 class Quotas:
@@ -93,7 +99,20 @@ class Quotas:
         if refusal is not None:
             self._refusals.add(1, {"layer": refusal.layer.name, "kind": refusal.kind})
             raise _refused(refusal, request, share)
-        return Lease(layers, lease, store)
+        return Lease(layers, lease, store, ttl, self._clock.monotonic() + ttl / 2)
+
+    async def keep(self, lease: Lease) -> Lease:
+        """``lease`` renewed for another ttl once half of it passed (a stream outliving its deadline's lease holds
+        its slots while it flows); a store that cannot be reached is logged and tried again at the next event."""
+        now = self._clock.monotonic()
+        if now < lease.renew_at:
+            return lease
+        try:
+            await lease.store.renew(lease.layers, lease.id, lease.ttl)
+        except BackendUnavailable as exc:
+            logger.info("%s", exc.message)
+            return lease
+        return replace(lease, renew_at=now + lease.ttl / 2)
 
     async def release(self, lease: Lease) -> None:
         """Return ``lease``'s slots; a store that cannot be reached lets them expire."""

@@ -106,6 +106,13 @@ class QuotaLedger:
                 self._leases[layer.key][lease] = now + ttl
         return None
 
+    def renew(self, layers: Sequence[QuotaLayer], lease: str, until: float) -> None:
+        """Hold a call's live slots until ``until`` (a long stream); a lease already expired or released stays so."""
+        for layer in layers:
+            held = self._leases.get(layer.key, {})
+            if lease in held:
+                held[lease] = until
+
     def release(self, layers: Sequence[QuotaLayer], lease: str) -> None:
         """Give a call's slots back."""
         for layer in layers:

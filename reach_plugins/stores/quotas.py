@@ -38,6 +38,11 @@ class QuotaStore(Protocol):
         none of them and say which refused. Raises ``BackendUnavailable`` when the store cannot be reached."""
         ...
 
+    async def renew(self, layers: Sequence[QuotaLayer], lease: str, ttl: float) -> None:
+        """Hold ``lease``'s live slots ``ttl`` s from now (a call outliving its first ttl, a long stream).
+        Raises ``BackendUnavailable`` when the store cannot be reached."""
+        ...
+
     async def release(self, layers: Sequence[QuotaLayer], lease: str) -> None:
         """Give back ``lease``'s slots (an unreachable store lets them expire instead)."""
         ...
@@ -54,6 +59,9 @@ class MemoryQuotaStore:
 
     async def acquire(self, layers: Sequence[QuotaLayer], share: float, lease: str, ttl: float) -> Refusal | None:
         return self.ledger.acquire(layers, share, lease, ttl, self._clock())
+
+    async def renew(self, layers: Sequence[QuotaLayer], lease: str, ttl: float) -> None:
+        self.ledger.renew(layers, lease, self._clock() + ttl)
 
     async def release(self, layers: Sequence[QuotaLayer], lease: str) -> None:
         self.ledger.release(layers, lease)

@@ -65,6 +65,24 @@ the longest concurrency retry_after, then per layer: seconds per call (0: no rat
 for this call's share, slots this call may see taken (0: no concurrency). Returns {0}, or {layer index (from 1),
 'rate'|'concurrency', retry_after}."""
 
+RENEW_LUA: Final = (
+    NOW_LUA
+    + """
+local ttl = tonumber(ARGV[2])
+local id = ARGV[3]
+for i = 1, #KEYS do
+  if redis.call('ZSCORE', KEYS[i], id) then
+    redis.call('ZADD', KEYS[i], 'XX', now + ttl, id)
+    local last = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIRE', KEYS[i], math.ceil((tonumber(last[2]) - now) * 1000) + 1000)
+  end
+end
+return 0
+"""
+)
+"""KEYS: the leases keys of a call's concurrency layers. ARGV: now ('' = Redis TIME), ttl, lease id. A lease
+still held is moved to ``now + ttl``; one that expired or was released is not brought back."""
+
 
 class RedisQuotaStore:
     """:class:`~reach_plugins.stores.quotas.QuotaStore` in Redis, shared by every process that names it."""
@@ -83,6 +101,7 @@ class RedisQuotaStore:
         self._clock = clock
         self._owns_client = owns_client
         self._acquire = redis.register_script(ACQUIRE_LUA)
+        self._renew = redis.register_script(RENEW_LUA)
 
     def _keys(self, layer: QuotaLayer) -> tuple[str, str]:
         base = f"{self._prefix}{layer.key}"
@@ -108,6 +127,16 @@ class RedisQuotaStore:
             return None
         kind = verdict[1].decode() if isinstance(verdict[1], bytes) else str(verdict[1])
         return Refusal(layers[int(verdict[0]) - 1], "rate" if kind == "rate" else "concurrency", float(verdict[2]))
+
+    async def renew(self, layers: Sequence[QuotaLayer], lease: str, ttl: float) -> None:
+        counted = [self._keys(layer)[1] for layer in layers if layer.concurrency is not None]
+        if not counted:
+            return
+        now = "" if self._clock is None else repr(self._clock())
+        try:
+            await self._renew(keys=counted, args=[now, repr(ttl), lease])
+        except OUTAGE_ERRORS as exc:
+            raise unavailable(self.redis, f"lease {lease} was not renewed (it may expire mid-call)", exc) from exc
 
     async def release(self, layers: Sequence[QuotaLayer], lease: str) -> None:
         counted = [self._keys(layer)[1] for layer in layers if layer.concurrency is not None]
