@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import struct
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hop_support import TOKENS, write_config
+from transport_conformance import make_call
 
 from reach_plugins import MediaPart, ReachClient, errors
 from reach_plugins.agent import BackgroundServer, ReachAgent, ReachContext, WithMedia
 from reach_plugins.gateway import create_app
 from reach_plugins.media import parts_from_wire
+from reach_plugins.model import AgentDescriptor
 from reach_plugins.node import build_node
-from reach_plugins.transport import Transport
+from reach_plugins.protocols.a2a_files import file_part, media_of_parts
+from reach_plugins.protocols.base import HttpResponse
+from reach_plugins.protocols.mcp import McpAdapter
+from reach_plugins.protocols.openai import OpenAIAdapter
+from reach_plugins.registry import MemoryRegistry
+from reach_plugins.transport import Call, Transport
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
 from transports.grpcnode import GrpcNodeTransport
@@ -40,7 +49,7 @@ def png(width: int = 4, height: int = 3) -> bytes:
 
 def studio() -> ReachAgent:
     """An agent that returns the media it got, reversed in order, with a summary of what it saw."""
-    agent = ReachAgent("studio")
+    agent = ReachAgent("studio", tokens="open")
 
     @agent.capability("echo_media", max_media_bytes=LIMIT)
     def echo_media(note: str, media: list[MediaPart], ctx: ReachContext) -> WithMedia:
@@ -137,7 +146,7 @@ def test_a_size_is_checked_before_any_base64_is_decoded() -> None:
     """Parts whose base64 text says more bytes than the limit are refused even when the text is not base64."""
     with pytest.raises(errors.MediaTooLarge, match="at most 10"):
         parts_from_wire([{"media_type": "image/png", "data": "!" * 40}], limit=10, capability="c")
-    with pytest.raises(errors.RequestError, match="media.0.data: not base64"):
+    with pytest.raises(errors.RequestError, match=r"media\.0\.data: not base64"):
         parts_from_wire([{"media_type": "image/png", "data": "!" * 8}], limit=10, capability="c")
 
 
@@ -155,3 +164,97 @@ def test_a_bad_part_is_refused_with_what_to_fix(fields: dict[str, Any], problem:
     """A part with no source, two sources, a non-web URL, credentials in it or no type/subtype is refused."""
     with pytest.raises(ValueError, match=problem):
         MediaPart(**fields)
+
+
+# --------------------------------------------------------------------------- the peers' shapes
+
+
+async def test_a2a_file_parts_round_trip_through_an_sdk_agent(tmp_path: Path) -> None:
+    """Over A2A (a ``protocol: a2a`` client to the SDK's A2A server), media go as file parts and come back so."""
+    image, blob = png(), os.urandom(200_000)
+    sent = [MediaPart(media_type="image/png", data=image, name="red.png"), MediaPart(media_type="audio/wav", data=blob)]
+    with served() as url:
+        agent = AgentDescriptor(name="studio", protocol="a2a", endpoints=[url], capabilities=["echo_media"])
+        registry = MemoryRegistry()
+        registry.put_agent(agent)
+        async with ReachClient(registry, DirectTransport(), tenant="demo") as client:
+            response = await client.reach("echo_media", {"note": "hi"}, media=sent, timeout_ms=10_000)
+    response.raise_for_status()
+    assert response.media == list(reversed(sent))
+    assert '"seen"' in response.data["reply_content"] and "red.png" in response.data["reply_content"]
+
+
+@pytest.mark.parametrize("dialect", ["1.0", "0.3"])
+def test_a2a_file_parts_of_either_dialect_read_back_as_the_parts_written(dialect: Literal["1.0", "0.3"]) -> None:
+    """A part by value and one by URL, written as file parts of a dialect, read back equal (text parts skipped)."""
+    parts = [MediaPart(media_type="image/png", data=png(), name="a.png"), MediaPart(media_type="text/csv", url=CSV)]
+    written = [{"text": "hello"}, *(file_part(part, dialect) for part in parts)]
+    assert media_of_parts(written) == parts
+
+
+CSV = "http://127.0.0.1:9/table.csv"
+
+
+def _mcp_call() -> Call:
+    return make_call("http://127.0.0.1:9/mcp", "render", {"prompt": "a dot"})
+
+
+def _mcp_reply(content: list[dict[str, Any]]) -> HttpResponse:
+    body = {"jsonrpc": "2.0", "id": 1, "result": {"content": content, "isError": False}}
+    return HttpResponse(200, {"Content-Type": "application/json"}, json.dumps(body).encode())
+
+
+def test_mcp_image_audio_and_resource_content_become_media_parts() -> None:
+    """A tools/call result's image, audio, blob resource and http resource_link items are the reply's media."""
+    image, sound, blob = png(), os.urandom(300), os.urandom(50)
+    content = [
+        {"type": "text", "text": "here"},
+        {"type": "image", "data": base64.b64encode(image).decode(), "mimeType": "image/png"},
+        {"type": "audio", "data": base64.b64encode(sound).decode(), "mimeType": "audio/wav"},
+        {"type": "resource", "resource": {"uri": "file:///x.bin", "mimeType": "application/zip", "blob": b64(blob)}},
+        {"type": "resource", "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "notes"}},
+        {"type": "resource_link", "uri": CSV, "name": "table", "mimeType": "text/csv"},
+    ]
+    reply = McpAdapter().parse(_mcp_call(), _mcp_reply(content))
+    assert reply.status == "success" and reply.data["reply_content"] == "here"
+    assert [(p.media_type, p.data, p.url, p.name) for p in reply.media] == [
+        ("image/png", image, None, None),
+        ("audio/wav", sound, None, None),
+        ("application/zip", blob, None, "file:///x.bin"),
+        ("text/csv", None, CSV, "table"),
+    ]
+
+
+def test_mcp_content_with_bytes_that_are_not_base64_is_an_invalid_response() -> None:
+    """An image item whose data is not base64 is refused as an invalid response naming the item."""
+    with pytest.raises(errors.InvalidResponse, match=r"content\[0\] \(image\)"):
+        McpAdapter().parse(_mcp_call(), _mcp_reply([{"type": "image", "data": "not base64!", "mimeType": "image/png"}]))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_openai_content_parts_carry_media_and_reply_audio_comes_back_as_media() -> None:
+    """Request media are image_url (data: URL or URL), input_audio and file parts of the user's message after its
+    text; a reply's audio is a media part."""
+    image, sound, pdf = png(), os.urandom(400), os.urandom(100)
+    media = [
+        MediaPart(media_type="image/png", data=image),
+        MediaPart(media_type="image/jpeg", url="https://127.0.0.1/cat.jpg"),
+        MediaPart(media_type="audio/wav", data=sound),
+        MediaPart(media_type="application/pdf", data=pdf, name="spec.pdf"),
+    ]
+    call = make_call("http://127.0.0.1:9/v1", "describe", {"query": "what is this?"}, media=media)
+    sent = json.loads(OpenAIAdapter().build(call).body)
+    assert sent["messages"][-1]["content"] == [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(image)}"}},
+        {"type": "image_url", "image_url": {"url": "https://127.0.0.1/cat.jpg"}},
+        {"type": "input_audio", "input_audio": {"data": b64(sound), "format": "wav"}},
+        {"type": "file", "file": {"file_data": f"data:application/pdf;base64,{b64(pdf)}", "filename": "spec.pdf"}},
+    ]
+    message = {"role": "assistant", "content": None, "audio": {"id": "a1", "data": b64(sound), "format": "wav"}}
+    body = {"id": "c1", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    reply = OpenAIAdapter().parse(call, HttpResponse(200, {}, json.dumps(body).encode()))
+    assert reply.status == "success" and [(p.media_type, p.data) for p in reply.media] == [("audio/wav", sound)]
