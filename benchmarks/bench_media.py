@@ -1,0 +1,156 @@
+"""What a 1 MB media part costs per transport: direct HTTP, through the gateway, through the node.
+
+One agent (the SDK, uvicorn) on loopback; a gateway and a node in front of it.
+For each transport, calls made one after another: without media (``base``),
+with a 1 MB part sent and a small answer (``up``), and with the part sent and
+returned (``round``). Overhead = p50(up or round) - p50(base). HTTP carries
+parts as base64 in the JSON body, gRPC as a ``bytes`` field; the table also
+gives the base64 encode + checked decode of 1 MB alone (``codec``).
+
+    python benchmarks/bench_media.py          # prints the table, writes benchmarks/results/media.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reach_plugins import MediaPart, ReachClient
+from reach_plugins.agent import BackgroundServer, ReachAgent, WithMedia
+from reach_plugins.gateway import create_app
+from reach_plugins.media import parts_from_wire
+from reach_plugins.node import build_node
+from reach_plugins.transport import Transport
+from transports.direct import DirectTransport
+from transports.gateway import GatewayTransport
+from transports.grpcnode import GrpcNodeTransport
+
+CALLS = 40
+WARMUP = 5
+SIZE = 1_000_000
+TOKEN = "tok-bench"
+ENVIRON = {"BENCH_TOKEN": TOKEN}
+RESULTS = Path(__file__).parent / "results" / "media.json"
+
+
+def agent() -> ReachAgent:
+    served = ReachAgent("studio", tokens="open")
+
+    @served.capability("sizes")
+    def sizes(media: list[MediaPart]) -> list[int]:
+        return [part.size for part in media]
+
+    @served.capability("echo_media")
+    def echo_media(media: list[MediaPart]) -> WithMedia:
+        return WithMedia(data=len(media), media=tuple(media))
+
+    return served
+
+
+def write_config(folder: Path, url: str) -> Path:
+    doc = {
+        "agents": [{"name": "studio", "endpoints": [url], "capabilities": ["sizes", "echo_media"]}],
+        "tenants": {"bench": {"token_env": "BENCH_TOKEN", "agents": "*", "networks": ["127.0.0.0/8"]}},
+    }
+    path = folder / "agents.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@asynccontextmanager
+async def transports(config: Path) -> AsyncIterator[dict[str, Callable[[], Transport]]]:
+    with BackgroundServer(create_app(config, environ=ENVIRON), proxy_headers=False) as gateway:
+        async with build_node(config, environ=ENVIRON) as node:
+            yield {
+                "direct": DirectTransport,
+                "gateway": lambda: GatewayTransport(gateway.url, token=TOKEN),
+                "node": lambda: GrpcNodeTransport(node.target, token=TOKEN),
+            }
+
+
+async def p50_ms(call: Callable[[], Awaitable[Any]]) -> float:
+    for _ in range(WARMUP):
+        await call()
+    times = []
+    for _ in range(CALLS):
+        started = time.perf_counter()
+        await call()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+async def measure(client: ReachClient, part: MediaPart) -> dict[str, float]:
+    async def base() -> None:
+        (await client.reach("sizes", timeout_ms=10_000)).raise_for_status()
+
+    async def up() -> None:
+        (await client.reach("sizes", media=[part], timeout_ms=10_000)).raise_for_status()
+
+    async def round_trip() -> None:
+        response = (await client.reach("echo_media", media=[part], timeout_ms=10_000)).raise_for_status()
+        assert response.media[0].data == part.data
+
+    figures = {"base_p50_ms": await p50_ms(base), "up_p50_ms": await p50_ms(up)}
+    figures["round_p50_ms"] = await p50_ms(round_trip)
+    figures["up_overhead_ms"] = figures["up_p50_ms"] - figures["base_p50_ms"]
+    figures["round_overhead_ms"] = figures["round_p50_ms"] - figures["base_p50_ms"]
+    return figures
+
+
+def codec_ms(part: MediaPart) -> float:
+    times = []
+    for _ in range(CALLS):
+        started = time.perf_counter()
+        wire = json.loads(json.dumps([part.to_wire()]))
+        parts_from_wire(wire, limit=SIZE, capability="sizes")
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+async def main() -> None:
+    part = MediaPart(media_type="application/octet-stream", data=os.urandom(SIZE))
+    load_before = os.getloadavg()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder, BackgroundServer(agent().app) as served:
+        config = write_config(Path(folder), served.url)
+        async with transports(config) as made:
+            for name, make in made.items():
+                registry = f"file://{config}"
+                async with ReachClient(registry, make(), tenant="bench") as client:
+                    results[name] = await measure(client, part)
+    results["codec"] = {"p50_ms": codec_ms(part)}
+    report = {
+        "size_bytes": SIZE,
+        "calls": CALLS,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "results": results,
+    }
+    print(f"1 MB media part, p50 of {CALLS} sequential calls (load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f})")
+    print(f"{'transport':<10}{'base ms':>10}{'up ms':>10}{'+up ms':>10}{'round ms':>10}{'+round ms':>11}")
+    for name in ("direct", "gateway", "node"):
+        r = results[name]
+        print(
+            f"{name:<10}{r['base_p50_ms']:>10.2f}{r['up_p50_ms']:>10.2f}{r['up_overhead_ms']:>10.2f}"
+            f"{r['round_p50_ms']:>10.2f}{r['round_overhead_ms']:>11.2f}"
+        )
+    print(f"base64 encode + JSON + checked decode of 1 MB alone: {results['codec']['p50_ms']:.2f} ms")
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
