@@ -1,6 +1,7 @@
 """What a 1 MB media part costs per transport: direct HTTP, through the gateway, through the node.
 
-One agent (the SDK, uvicorn) on loopback; a gateway and a node in front of it.
+One agent (the SDK, uvicorn), a gateway (``reach gateway``) and a node (``reach node``) in front of it, each
+its own process on loopback; the client in this one.
 For each transport, calls made one after another: without media (``base``),
 with a 1 MB part sent and a small answer (``up``), and with the part sent and
 returned (``round``). Overhead = p50(up or round) - p50(base). HTTP carries
@@ -16,22 +17,22 @@ import asyncio
 import json
 import os
 import platform
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from reach_plugins import MediaPart, ReachClient
-from reach_plugins.agent import BackgroundServer, ReachAgent, WithMedia
-from reach_plugins.gateway import create_app
 from reach_plugins.media import parts_from_wire
-from reach_plugins.node import build_node
 from reach_plugins.transport import Transport
 from transports.direct import DirectTransport
 from transports.gateway import GatewayTransport
@@ -45,18 +46,53 @@ ENVIRON = {"BENCH_TOKEN": TOKEN}
 RESULTS = Path(__file__).parent / "results" / "media.json"
 
 
-def agent() -> ReachAgent:
-    served = ReachAgent("studio", tokens="open")
+AGENT = textwrap.dedent(
+    """
+    import sys
+    from reach_plugins import MediaPart
+    from reach_plugins.agent import ReachAgent, WithMedia, serve
 
-    @served.capability("sizes")
+    agent = ReachAgent("studio", tokens="open")
+
+    @agent.capability("sizes")
     def sizes(media: list[MediaPart]) -> list[int]:
         return [part.size for part in media]
 
-    @served.capability("echo_media")
+    @agent.capability("echo_media")
     def echo_media(media: list[MediaPart]) -> WithMedia:
         return WithMedia(data=len(media), media=tuple(media))
 
-    return served
+    serve(agent, port=int(sys.argv[1]), log_level="warning")
+    """
+)
+CLI = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@contextmanager
+def process(command: list[str], port: int) -> Iterator[None]:
+    """``command`` running until it listens on ``port``; stopped on exit."""
+    env = {**os.environ, **ENVIRON}
+    running = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while time.monotonic() < end and running.poll() is None:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"{command[:4]} did not listen on {port}")
+        yield
+    finally:
+        running.terminate()
+        running.wait(10)
 
 
 def write_config(folder: Path, url: str) -> Path:
@@ -69,15 +105,21 @@ def write_config(folder: Path, url: str) -> Path:
     return path
 
 
-@asynccontextmanager
-async def transports(config: Path) -> AsyncIterator[dict[str, Callable[[], Transport]]]:
-    with BackgroundServer(create_app(config, environ=ENVIRON), proxy_headers=False) as gateway:
-        async with build_node(config, environ=ENVIRON) as node:
+@contextmanager
+def servers(folder: Path) -> Iterator[tuple[dict[str, Callable[[], Transport]], str]]:
+    """The agent, a gateway and a node, each a process; how to reach the agent through each."""
+    agent_port, gateway_port, node_port = free_port(), free_port(), free_port()
+    with process([sys.executable, "-c", AGENT, str(agent_port)], agent_port):
+        config = str(write_config(folder, f"http://127.0.0.1:{agent_port}"))
+        with (
+            process([*CLI, "gateway", "--config", config, "--port", str(gateway_port)], gateway_port),
+            process([*CLI, "node", "--config", config, "--port", str(node_port)], node_port),
+        ):
             yield {
                 "direct": DirectTransport,
-                "gateway": lambda: GatewayTransport(gateway.url, token=TOKEN),
-                "node": lambda: GrpcNodeTransport(node.target, token=TOKEN),
-            }
+                "gateway": lambda: GatewayTransport(f"http://127.0.0.1:{gateway_port}", token=TOKEN),
+                "node": lambda: GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN),
+            }, config
 
 
 async def p50_ms(call: Callable[[], Awaitable[Any]]) -> float:
@@ -123,13 +165,10 @@ async def main() -> None:
     part = MediaPart(media_type="application/octet-stream", data=os.urandom(SIZE))
     load_before = os.getloadavg()
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as folder, BackgroundServer(agent().app) as served:
-        config = write_config(Path(folder), served.url)
-        async with transports(config) as made:
-            for name, make in made.items():
-                registry = f"file://{config}"
-                async with ReachClient(registry, make(), tenant="bench") as client:
-                    results[name] = await measure(client, part)
+    with tempfile.TemporaryDirectory() as folder, servers(Path(folder)) as (made, config):
+        for name, make in made.items():
+            async with ReachClient(f"file://{config}", make(), tenant="bench") as client:
+                results[name] = await measure(client, part)
     results["codec"] = {"p50_ms": codec_ms(part)}
     report = {
         "size_bytes": SIZE,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -76,6 +77,17 @@ class MediaPart(BaseModel):
         if self.url is not None:
             return self.url
         return f"data:{self.media_type};base64,{base64.b64encode(self.data or b'').decode('ascii')}"
+
+
+def digests(parts: Iterable[MediaPart]) -> list[str]:
+    """One SHA-256 per part, over its type, name and bytes or URL: what an idempotency key's fingerprint includes,
+    so the same key with other media is a conflict, never a replay."""
+    found = []
+    for part in parts:
+        digest = hashlib.sha256(f"{part.media_type}\0{part.name or ''}\0{part.url or ''}\0".encode())
+        digest.update(part.data or b"")
+        found.append(digest.hexdigest())
+    return found
 
 
 def total_size(parts: Iterable[MediaPart]) -> int:

@@ -258,3 +258,17 @@ def test_openai_content_parts_carry_media_and_reply_audio_comes_back_as_media() 
     body = {"id": "c1", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
     reply = OpenAIAdapter().parse(call, HttpResponse(200, {}, json.dumps(body).encode()))
     assert reply.status == "success" and [(p.media_type, p.data) for p in reply.media] == [("audio/wav", sound)]
+
+
+async def test_the_same_key_with_other_media_is_a_conflict_not_a_replay() -> None:
+    """An idempotency key names its media too: resent with the same image it replays, with another it conflicts."""
+    first, other = MediaPart(media_type="image/png", data=png()), MediaPart(media_type="image/png", data=png(5, 5))
+    with served() as url:
+        registry = MemoryRegistry()
+        registry.put_agent(AgentDescriptor(name="studio", endpoints=[url], capabilities=["echo_media"]))
+        async with ReachClient(registry, DirectTransport(), tenant="demo") as client:
+            sent = await client.reach("echo_media", {"note": "a"}, media=[first], idempotency_key="k-1")
+            again = await client.reach("echo_media", {"note": "a"}, media=[first], idempotency_key="k-1")
+            with pytest.raises(errors.IdempotencyConflict):
+                await client.reach("echo_media", {"note": "a"}, media=[other], idempotency_key="k-1")
+    assert sent.ok and again.media == sent.media == [first]

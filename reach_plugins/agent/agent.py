@@ -62,7 +62,7 @@ from reach_plugins.errors import (
     UnknownCapability,
     is_retryable,
 )
-from reach_plugins.media import MAX_MEDIA_BYTES, check_size, parts_from_wire, total_size
+from reach_plugins.media import MAX_MEDIA_BYTES, check_size, digests, parts_from_wire, total_size
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, ErrorInfo, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
@@ -411,7 +411,8 @@ class ReachAgent:
         if not ctx.idempotency_key:
             return await self._execute(prepared)
         key = scope(ctx.tenant, self.name, ctx.capability, ctx.idempotency_key)
-        fingerprint = json.dumps(prepared.payload, sort_keys=True, default=str)
+        meant = [prepared.payload, *digests(ctx.media)] if ctx.media else prepared.payload  # unchanged without media
+        fingerprint = json.dumps(meant, sort_keys=True, default=str)
         try:
             claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
         except IdempotencyConflict as exc:
