@@ -10,6 +10,7 @@ from reach_plugins import errors
 from reach_plugins.client.blocking import SyncReachClient
 from reach_plugins.client.client import ReachClient, ReachOptions
 from reach_plugins.frameworks.enhancer import ReachEnhancer
+from reach_plugins.media import MediaPart
 from reach_plugins.model import (
     AgentDescriptor,
     Attempt,
@@ -25,6 +26,7 @@ __all__ = [
     "Attempt",
     "Capability",
     "Instance",
+    "MediaPart",
     "ReachClient",
     "ReachEnhancer",
     "ReachOptions",

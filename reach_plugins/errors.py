@@ -20,6 +20,7 @@ whose ``status`` is ``fail`` or ``timeout`` when an agent was tried;
     │   │   │   └── ExchangeDenied   the issuer refused to exchange a token (presenter, audience, chain)
     │   │   └── AuditRefused         the content audit refused an L3 exchange
     │   ├── BodyTooLarge             a request body over the server's limit (HTTP 413)
+    │   │   └── MediaTooLarge        media parts over the capability's max_media_bytes (HTTP 413)
     │   ├── BodyTimeout              a body that did not arrive in time (HTTP 408)
     │   ├── UnsupportedMediaType     a POST that is not application/json (HTTP 415)
     │   ├── LoopDetected             target already in the hop chain, or too many hops
@@ -224,6 +225,12 @@ class BodyTooLarge(RequestError):
     code = "body_too_large"
     http_status = 413
     grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class MediaTooLarge(BodyTooLarge):
+    """The media parts of a request or reply are larger than the capability's ``max_media_bytes`` (HTTP 413)."""
+
+    code = "media_too_large"
 
 
 class BodyTimeout(RequestError):

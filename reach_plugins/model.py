@@ -17,6 +17,7 @@ from reach_plugins.endpoints import endpoint_problem
 from reach_plugins.errors import WIRE_CODES, DeadlineExceeded, OutcomeUnknown, ReachError, RemoteError
 from reach_plugins.ids import new_request_id
 from reach_plugins.jsonsafe import json_problem
+from reach_plugins.media import MAX_MEDIA_BYTES, MediaPart
 from reach_plugins.units import Duration, Ratio
 
 NAME_PATTERN = r"^[a-z][a-z0-9_.\-]*$"
@@ -296,6 +297,9 @@ class Capability(Strict):
     input_tokens_required: int | None = Field(default=None, ge=1)
     """The largest input this capability takes, in estimated tokens (the payload's JSON at about four characters
     a token): the router skips it for a larger request and refuses with ``InputTooLong`` when nobody is left."""
+    max_media_bytes: int = Field(default=MAX_MEDIA_BYTES, ge=0)
+    """The most media bytes (images, audio: :class:`~reach_plugins.media.MediaPart`) one request or reply carries;
+    servers refuse more with ``MediaTooLarge`` before decoding them."""
     retry: RetryPolicy | None = None
     timeouts: Timeouts | None = None
     consistency: ConsistencyPolicy | None = None
@@ -454,6 +458,8 @@ class ReachRequest(BaseModel):
     scope_tags: list[str] = Field(default_factory=list)
     """Required tags: only capabilities carrying all of them qualify."""
     metadata: dict[str, str] = Field(default_factory=dict)
+    media: list[MediaPart] = Field(default_factory=list)
+    """Binary parts beside the JSON payload (images, audio, files), by value or by URL."""
 
     @field_validator("payload")
     @classmethod
@@ -583,6 +589,8 @@ class ReachResponse(BaseModel):
     cost_ms: float = 0.0
     context_restore: bool = False
     degraded: bool = False
+    media: list[MediaPart] = Field(default_factory=list)
+    """Binary parts the agent returned beside ``data``."""
     trace: ReachTrace | None = None
 
     @property

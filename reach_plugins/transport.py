@@ -41,6 +41,7 @@ from typing import Any, Literal, Protocol, Self, runtime_checkable
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from reach_plugins.errors import ConfigError
+from reach_plugins.media import MediaPart
 from reach_plugins.model import AgentDescriptor, Capability, ErrorInfo, Instance, ReachRequest
 
 
@@ -91,6 +92,8 @@ class Reply:
     instance: str | None = None
     attempts: int = 1
     """Attempts the far side made (a gateway or node that retried reports more than one)."""
+    media: tuple[MediaPart, ...] = ()
+    """Binary parts of the answer, beside ``data``."""
 
 
 @dataclass(frozen=True, slots=True)

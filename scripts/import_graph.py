@@ -30,7 +30,7 @@ FLOORS: dict[str, int] = {
         ],
         0,
     ),
-    "reach_plugins.endpoints": 1,
+    **dict.fromkeys(["reach_plugins.endpoints", "reach_plugins.media"], 1),
     "reach_plugins.model": 2,
     **dict.fromkeys(["reach_plugins.transport", "reach_plugins.matching", "reach_plugins.telemetry"], 3),
     **dict.fromkeys(["reach_plugins.policy", "reach_plugins.config"], 4),

@@ -232,9 +232,9 @@ async def test_the_node_refuses_a_caller_before_decoding_its_message(tmp_path: P
 
 
 async def test_the_node_bounds_a_message_before_it_is_handled(tmp_path: Path) -> None:
-    """A message over the node's 1 MiB receive limit is RESOURCE_EXHAUSTED, whoever sends it."""
+    """A message over the node's receive limit (1 MiB and 8 MiB of media) is RESOURCE_EXHAUSTED, whoever sends it."""
     config = write_config(tmp_path / "agents.yaml", {"orders": ["http://127.0.0.1:9"]}, demo_tenants())
     async with build_node(config, environ=TOKENS) as node, grpc.aio.insecure_channel(node.target) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await channel.unary_unary("/reach.v1.ReachNode/Call")(b"\x00" * (2 << 20), timeout=5)
+            await channel.unary_unary("/reach.v1.ReachNode/Call")(b"\x00" * (10 << 20), timeout=5)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from reach_plugins.agent.a2a_parts import File, Reply, ask
 from reach_plugins.agent.agent import ReachAgent
 from reach_plugins.agent.approval import ApprovalDecision, ApprovalRequest, CallerApproval, WebhookApprover
-from reach_plugins.agent.handlers import Final, ReachContext
+from reach_plugins.agent.handlers import Final, ReachContext, WithMedia
 from reach_plugins.agent.langgraph import ServedAgent, add_langgraph, serve_graph, serve_langgraph
 from reach_plugins.agent.outcome import Outcome
 from reach_plugins.agent.registration import Registration
@@ -38,6 +38,7 @@ __all__ = [
     "ServedAgent",
     "SnapshotStore",
     "WebhookApprover",
+    "WithMedia",
     "add_langgraph",
     "ask",
     "mtls",

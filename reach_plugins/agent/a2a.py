@@ -32,7 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from reach_plugins.agent.a2a_parts import as_json, ask_of, files_of, in_dialect, normal, parts, reply_of
+from reach_plugins.agent.a2a_parts import (
+    as_json,
+    ask_of,
+    files_of,
+    in_dialect,
+    media_of,
+    media_parts,
+    normal,
+    parts,
+    reply_of,
+)
 from reach_plugins.agent.a2a_rpc import (
     EXTENDED_CARD,
     INTERNAL,
@@ -220,13 +230,17 @@ class A2AServer:
         sent = _mapping(params.get("message"))
         given, new = sent.get("contextId"), sent.get("taskId") is None
         task = None if new else self.book.continued(tenant, sent["taskId"], given)
-        message, name, payload = self._read(params, None if task is None else task.capability)
+        message, name, payload, media = self._read(params, None if task is None else task.capability)
         if task is None:
             context = given if isinstance(given, str) and given else uuid.uuid4().hex
             task = A2ATask(uuid.uuid4().hex, context, name, "submitted", self.wall())
         try:
             body = WireBody(
-                request_id=str(message["messageId"]), capability=name, payload=payload, session_id=task.context_id
+                request_id=str(message["messageId"]),
+                capability=name,
+                payload=payload,
+                session_id=task.context_id,
+                media=media,
             )
         except ValidationError as exc:
             raise RpcError(INVALID_PARAMS, invalid(exc, "message").message) from None
@@ -377,6 +391,9 @@ class A2AServer:
                 task.refusal = why
             self._move(tenant, task, "failed", why, str(error.get("type")))
         elif not self._result(tenant, task, as_json(outcome.body.get("data")), append=False):
+            media = outcome.body.get("media")
+            if media:
+                self._artifact(tenant, task, media_parts(media), append=outcome.body.get("data") is not None)
             self._move(tenant, task, "completed")
 
     def _result(self, tenant: str | None, task: A2ATask, value: Any, *, append: bool) -> bool:
@@ -424,9 +441,11 @@ class A2AServer:
 
     # ------------------------------------------------------------------ reading a message
 
-    def _read(self, params: Mapping[str, Any], continued: str | None) -> tuple[Mapping[str, Any], str, dict[str, Any]]:
-        """(message, capability, payload) of a send request (a continued task keeps its ``continued`` capability);
-        -32602 naming what is missing."""
+    def _read(
+        self, params: Mapping[str, Any], continued: str | None
+    ) -> tuple[Mapping[str, Any], str, dict[str, Any], list[dict[str, Any]]]:
+        """(message, capability, payload, media) of a send request (a continued task keeps its ``continued``
+        capability); -32602 naming what is missing. File parts are media for a handler taking ``media``."""
         message = params.get("message")
         if not isinstance(message, Mapping):
             raise RpcError(INVALID_PARAMS, "params.message is required (a Message object)")
@@ -447,14 +466,15 @@ class A2AServer:
         for value in data_parts(found):
             if isinstance(value, Mapping):
                 payload.update(value)
-        files = files_of(found, takes_files)
+        takes_media = self.agent.handler(capability.name).wants_media
+        files = [] if takes_media else files_of(found, takes_files)
         if files:
             payload["files"] = files
         text = texts(found)
         slot = next((n for n in slots if n not in payload), None)
         if text and slot:
             payload[slot] = text
-        return {**message, "parts": found}, capability.name, payload
+        return {**message, "parts": found}, capability.name, payload, media_of(found) if takes_media else []
 
     def _slots(self, name: str) -> tuple[list[str], bool]:
         """Where a text part may go (the required string parameters of the schema, else of the signature) and
@@ -469,7 +489,7 @@ class A2AServer:
         slots = [
             p.name
             for p in parameters.values()
-            if p.name not in ("ctx", "files") and p.default is inspect.Parameter.empty
+            if p.name not in ("ctx", "files", "media") and p.default is inspect.Parameter.empty
         ]
         return slots, "files" in parameters
 

@@ -16,8 +16,11 @@ only text; the data part comes first, where A2A readers look for it). For A2A it
 Each is a pydantic model with a ``kind`` tag, so it crosses ``/reach``, the
 stream and the idempotency store as JSON and is still recognised here.
 A message's file parts reach a handler that declares a ``files`` parameter
-(a list of :class:`File` fields as JSON); a media type the agent does not
-accept is refused with ContentTypeNotSupported (-32005).
+(a list of :class:`File` fields as JSON), or one that declares ``media`` (as
+:class:`~reach_plugins.media.MediaPart` objects, within the capability's
+``max_media_bytes``); a media type the agent does not accept is refused with
+ContentTypeNotSupported (-32005). Media parts a handler returns are file parts
+of the task's artifact.
 """
 
 from __future__ import annotations
@@ -165,6 +168,28 @@ def _media(part: Mapping[str, Any]) -> str:
 def _accepts(media: str, modes: Sequence[str]) -> bool:
     media = media.partition(";")[0].strip().lower()
     return any(mode == media or (mode.endswith("/*") and media.startswith(mode[:-1])) for mode in modes)
+
+
+def media_of(found: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The (1.0) message's file parts as media parts in their JSON form (``raw`` is already base64 text)."""
+    media: list[dict[str, Any]] = []
+    for part in found:
+        if "raw" not in part and "url" not in part:
+            continue
+        wire = {"media_type": _media(part).partition(";")[0].strip().lower()}
+        wire |= {"data": part["raw"]} if "raw" in part else {"url": part["url"]}
+        media.append(wire | ({"name": part["filename"]} if part.get("filename") else {}))
+    return media
+
+
+def media_parts(media: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Media parts in their JSON form (a reply's ``media``) as 1.0 file parts."""
+    found: list[dict[str, Any]] = []
+    for wire in media:
+        part: dict[str, Any] = {"raw": wire["data"]} if "data" in wire else {"url": wire.get("url")}
+        part["mediaType"] = wire.get("media_type")
+        found.append(part | ({"filename": wire["name"]} if wire.get("name") else {}))
+    return found
 
 
 def files_of(found: Sequence[Mapping[str, Any]], takes_files: bool) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from reach_plugins.agent.approval import ApprovalGate, Approver
 from reach_plugins.agent.asgi import build_app
 from reach_plugins.agent.faults import failed
-from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps
+from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps, split_media
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, commit_key, open_key_store, scope
 from reach_plugins.agent.outcome import Outcome, fail, refused
 from reach_plugins.agent.registration import Registration
@@ -62,6 +62,7 @@ from reach_plugins.errors import (
     UnknownCapability,
     is_retryable,
 )
+from reach_plugins.media import MAX_MEDIA_BYTES, check_size, digests, parts_from_wire, total_size
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, ErrorInfo, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
@@ -229,6 +230,7 @@ class ReachAgent:
         idempotency_key: str | None = None,
         retryable: bool = True,
         max_concurrency: int | None = None,
+        max_media_bytes: int = MAX_MEDIA_BYTES,
     ) -> Callable[[F], F]:
         """Register the decorated function (sync, async or a generator for streaming) as capability ``name``."""
 
@@ -245,6 +247,7 @@ class ReachAgent:
                     idempotency_key=idempotency_key,
                     retryable=retryable,
                     max_concurrency=max_concurrency,
+                    max_media_bytes=max_media_bytes,
                 )
             except ValidationError as exc:
                 raise ConfigError(f"invalid capability {name!r}: {exc.errors()[0]['msg']}") from None
@@ -309,8 +312,16 @@ class ReachAgent:
     # ------------------------------------------------------------------ serving
 
     def _context(
-        self, body: WireBody, headers: Mapping[str, str], capability: str, claims: TokenClaims | None
+        self,
+        body: WireBody,
+        headers: Mapping[str, str],
+        handler: CapabilityHandler,
+        claims: TokenClaims | None,
     ) -> ReachContext:
+        """The handler's context; the body's media parts are decoded once their size fits the capability's
+        ``max_media_bytes`` (``MediaTooLarge`` else)."""
+        capability = handler.capability.name
+        media = parts_from_wire(body.media, limit=handler.capability.max_media_bytes, capability=capability)
         session_id = body.session_id
         hops = headers.get("x-reach-hops")
         tenant = _tenant(body, headers, claims)
@@ -325,6 +336,7 @@ class ReachAgent:
             idempotency_scope=commit_key(scope(tenant, self.name, capability, key)) if key else None,
             deadline=_deadline(headers, body),
             hops=tuple(str(Hop.parse(hop)) for hop in hops.split(",") if hop.strip()) if hops else (),
+            media=tuple(media),
             headers=headers,
             state=self.sessions.state(tenant, session_id) if session_id else {},
         )
@@ -356,10 +368,10 @@ class ReachAgent:
         if problem is not None:
             return refused(request_id, RequestError(problem))
         try:
-            ctx = self._context(body, headers, name, claims)
+            ctx = self._context(body, headers, handler, claims)
         except ValueError as exc:
             return refused(request_id, RequestError(f"bad X-Reach-Hops header: {exc}"))
-        except EntryTooLarge as exc:
+        except (EntryTooLarge, RequestError) as exc:
             return refused(request_id, exc)
         remaining = ctx.remaining()
         if remaining is not None and remaining <= 0:
@@ -399,7 +411,8 @@ class ReachAgent:
         if not ctx.idempotency_key:
             return await self._execute(prepared)
         key = scope(ctx.tenant, self.name, ctx.capability, ctx.idempotency_key)
-        fingerprint = json.dumps(prepared.payload, sort_keys=True, default=str)
+        meant = [prepared.payload, *digests(ctx.media)] if ctx.media else prepared.payload  # unchanged without media
+        fingerprint = json.dumps(meant, sort_keys=True, default=str)
         try:
             claimed = await self._claims.run(key, fingerprint, ctx.remaining(), lambda: self._execute(prepared))
         except IdempotencyConflict as exc:
@@ -437,8 +450,11 @@ class ReachAgent:
             await self._approve(prepared)
             with self._serving(ctx):
                 async with deadline:
-                    data = await prepared.handler.call(prepared.kwargs)
+                    data, media = split_media(await prepared.handler.call(prepared.kwargs))
             body = {"request_id": ctx.request_id, "status": "success", "data": data, "error": None}
+            if media:
+                check_size(total_size(media), prepared.handler.capability.max_media_bytes, ctx.capability)
+                body["media"] = [part.to_wire() for part in media]
             return Outcome(200, body)
         except ReachError as exc:
             if is_retryable(exc):  # a transient error of its own reaches: it ran, so a failure (Retryable stays so)

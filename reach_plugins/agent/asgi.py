@@ -23,7 +23,7 @@ from reach_plugins.agent.a2a_rest import RestRoutes
 from reach_plugins.agent.cancellation import while_connected
 from reach_plugins.agent.outcome import Outcome, fail
 from reach_plugins.errors import ReachError
-from reach_plugins.server.inbound import BodyPlaces
+from reach_plugins.server.inbound import BodyPlaces, InputLimits
 from reach_plugins.server.layer import JSON, OPEN, Authenticate, Handler, Inbound, Refuse, ServerApp, ServerRoute, Stage
 from reach_plugins.wire.body import WireBody, check_deadline
 
@@ -53,7 +53,7 @@ def _a2a_routes(a2a: A2AServer, agent: Served, auth: Authenticate, large: BodyPl
         (REST_PATH + "/message:send", rest.send, rest.refuse),
         (REST_PATH + "/message:stream", rest.stream, rest.refuse),
     ]
-    limits = agent.limits
+    limits = _media_limits(agent)
     return [
         ServerRoute(CARD_PATH, ("GET",), CardRoute(agent), auth=OPEN),
         *(
@@ -64,6 +64,11 @@ def _a2a_routes(a2a: A2AServer, agent: Served, auth: Authenticate, large: BodyPl
         ),
         ServerRoute(REST_PATH + "/{path:path}", ("GET", "POST", "DELETE"), rest.tasks, auth=auth, refuse=rest.refuse),
     ]
+
+
+def _media_limits(agent: Served) -> InputLimits:
+    """The agent's limits for routes whose bodies carry media: room for its largest ``max_media_bytes``."""
+    return agent.limits.with_media(max((cap.max_media_bytes for cap in agent.capabilities), default=0))
 
 
 def build_app(agent: Served) -> ServerApp:
@@ -110,7 +115,7 @@ def build_app(agent: Served) -> ServerApp:
             finally:
                 await a2a.close()
 
-    limits = agent.limits
+    limits = _media_limits(agent)
     routes = [
         ServerRoute("/reach", ("POST",), reach, auth=caller, body=WireBody, limits=limits, large=large, refuse=_refuse),
         *_a2a_routes(a2a, agent, caller, large),

@@ -1,8 +1,11 @@
 """Capability handlers: plain Python functions (sync, async, generators) called with the payload as keywords.
 
 A handler takes the payload's fields as keyword arguments, plus ``ctx`` (a
-:class:`ReachContext`) when it declares a parameter of that name. Generators
-and async generators stream: each item is one event.
+:class:`ReachContext`) and ``media`` (the request's
+:class:`~reach_plugins.media.MediaPart` list) when it declares parameters of
+those names. It answers with media by returning a part, a list of parts, or
+:class:`WithMedia` (data and parts). Generators and async generators stream:
+each item is one event.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pydantic import BaseModel
 
 from reach_plugins.attempts.limiter import ConcurrencyLimiter
 from reach_plugins.errors import ConfigError, InvalidPayload, RateLimited
+from reach_plugins.media import MediaPart
 from reach_plugins.model import Capability
 from reach_plugins.policy.limits import AGENT_QUEUE
 from reach_plugins.wire.items import collected, result_item
@@ -50,6 +54,8 @@ class ReachContext:
     deadline: float | None = None
     """``time.monotonic()`` value by which the caller stops waiting (from ``X-Reach-Deadline``)."""
     hops: tuple[str, ...] = ()
+    media: tuple[MediaPart, ...] = ()
+    """The request's media parts (images, audio, files), as the ``media`` argument also gets them."""
     headers: Mapping[str, str] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     """The session's state (kept across calls of one ``session_id``, saved by the snapshot store)."""
@@ -85,6 +91,25 @@ class Final:
     data: Any
 
 
+@dataclass(frozen=True, slots=True)
+class WithMedia:
+    """A handler's answer carrying media parts beside its JSON ``data``."""
+
+    data: Any = None
+    media: tuple[MediaPart, ...] = ()
+
+
+def split_media(result: Any) -> tuple[Any, tuple[MediaPart, ...]]:
+    """A handler's result as ``(data, media)``: a part or a non-empty list of parts is media alone."""
+    if isinstance(result, WithMedia):
+        return result.data, tuple(result.media)
+    if isinstance(result, MediaPart):
+        return None, (result,)
+    if isinstance(result, list) and result and all(isinstance(item, MediaPart) for item in result):
+        return None, tuple(result)
+    return result, ()
+
+
 def to_jsonable(value: Any) -> Any:
     """``json.dumps`` fallback for pydantic models and dataclasses a handler may return."""
     if isinstance(value, BaseModel):
@@ -106,6 +131,7 @@ class CapabilityHandler:
         self.fn = fn
         self.signature = inspect.signature(fn)
         self.wants_ctx = "ctx" in self.signature.parameters
+        self.wants_media = "media" in self.signature.parameters
         self.streaming = inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
         schema = capability.params_schema
@@ -148,10 +174,14 @@ class CapabilityHandler:
         kwargs = dict(payload)
         if self.wants_ctx:
             kwargs["ctx"] = ctx
+        if self.wants_media:
+            if "media" in payload:
+                raise InvalidPayload(f"payload of {name!r} has a field 'media'; send media parts as media, not payload")
+            kwargs["media"] = list(ctx.media)
         try:
             self.signature.bind(**kwargs)
         except TypeError as exc:
-            takes = ", ".join(p for p in self.signature.parameters if p != "ctx") or "no fields"
+            takes = ", ".join(p for p in self.signature.parameters if p not in ("ctx", "media")) or "no fields"
             raise InvalidPayload(f"payload of {name!r} does not fit its handler ({exc}); it takes: {takes}") from None
         return kwargs
 

@@ -590,6 +590,7 @@ class Engine:
             cost_ms=(self.clock.now() - flight.rec.started_at) * 1000.0,
             context_restore=affinity == "restored",
             degraded=affinity == "degraded",
+            media=list(reply.media) if reply is not None else [],
         )
 
     def give_up(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, TypedDict, Unpack
@@ -18,6 +18,7 @@ from reach_plugins.client.broadcast import Aggregate, AgreeKey, BroadcastResult,
 from reach_plugins.config.loader import TenantConfig, resolve_credential
 from reach_plugins.config.quotas import QuotaConfig
 from reach_plugins.errors import ConfigError, InvalidPayload
+from reach_plugins.media import MediaPart
 from reach_plugins.model import (
     AgentDescriptor,
     Auth,
@@ -69,6 +70,8 @@ class ReachOptions(TypedDict, total=False):
     scope_tags: Iterable[str]
     retried_upstream: bool
     """An upstream layer owns retries: this one sends each attempt once."""
+    media: Sequence[MediaPart]
+    """Binary parts beside the payload (images, audio, files): :class:`~reach_plugins.media.MediaPart`."""
 
 
 class BroadcastOptions(ReachOptions, total=False):
@@ -215,6 +218,7 @@ class ReachClient:
         priority: Priority = "online",
         scope_tags: Iterable[str] = (),
         retried_upstream: bool = False,
+        media: Sequence[MediaPart] = (),
     ) -> ReachRequest:
         """Build the :class:`ReachRequest` that :meth:`reach` would send.
 
@@ -241,6 +245,8 @@ class ReachClient:
             fields["scope_tags"] = list(scope_tags)
         if retried_upstream:
             fields["retried_upstream"] = True
+        if media:
+            fields["media"] = list(media)
         try:
             return ReachRequest(**fields)
         except ValidationError as exc:

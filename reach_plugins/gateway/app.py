@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, Unauthenticated
 from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.gateway.ops import OpsPage, Recent
+from reach_plugins.media import MAX_MEDIA_BYTES, parts_from_wire
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.issuer import TokenIssuer
@@ -128,6 +129,7 @@ class Gateway:
         retry_after: float = 1.0,
         metrics: Metrics | None = None,
         limits: InputLimits | None = None,
+        max_media_bytes: int = MAX_MEDIA_BYTES,
         issuer: TokenIssuer | None = None,
         exchangers: Mapping[str, str] | None = None,
         worker: int | None = None,
@@ -145,6 +147,9 @@ class Gateway:
         self.limits = limits or InputLimits()
         self.large = self.limits.places()
         """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
+        self.max_media_bytes = max_media_bytes
+        """The most media bytes one reach body carries here; each capability's own ``max_media_bytes`` is enforced
+        where it is served (the agent SDK)."""
         self.issuer = issuer
         """The token issuer role (DESIGN.md 11.4): ``POST /v1/tokens`` and the JWKS, when given."""
         self.exchangers = dict(exchangers or {})
@@ -193,7 +198,8 @@ class Gateway:
             tenant = self.access.authenticate(headers.get("authorization"), body.tenant)
         request = inbound.request
         source = request.client.host if request.client else None
-        reach = to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source)
+        media = parts_from_wire(body.media, limit=self.max_media_bytes, capability=body.capability)
+        reach = to_request(body, lambda name: headers.get(name.lower()), tenant=tenant, source=source, media=media)
         bind_request_id(reach.request_id)
         return reach
 
@@ -444,6 +450,7 @@ class Gateway:
                 await self.forwarder.aclose()
 
         limits, large = self.limits, self.large
+        bodies = limits.with_media(self.max_media_bytes)
         mcp = McpEndpoint(self.forwarder, metrics=self.metrics.reach)
         routes = [
             ServerRoute(
@@ -452,7 +459,7 @@ class Gateway:
                 self.reach,
                 auth=self._gate,
                 body=WireBody,
-                limits=limits,
+                limits=bodies,
                 large=large,
                 json_only=True,
                 refuse=self._refuser("reach"),
@@ -464,7 +471,7 @@ class Gateway:
                 self.reach_stream,
                 auth=self._gate,
                 body=WireBody,
-                limits=limits,
+                limits=bodies,
                 large=large,
                 json_only=True,
                 refuse=self._refuser("stream"),

@@ -16,6 +16,7 @@ import grpc
 
 from reach_plugins.config.loader import load_config
 from reach_plugins.errors import ConfigError
+from reach_plugins.media import MAX_MEDIA_BYTES
 from reach_plugins.node.gate import AuthFirst
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.service import NodeService
@@ -45,9 +46,10 @@ log = logging.getLogger("reach_plugins.node")
 SLOW_CLIENTS: Final[tuple[tuple[str, Any], ...]] = (
     ("grpc.server_handshake_timeout_ms", 10_000),
     ("grpc.max_connection_idle_ms", 300_000),
-    ("grpc.max_receive_message_length", MAX_BODY),
+    ("grpc.max_receive_message_length", MAX_BODY + MAX_MEDIA_BYTES),
 )
-"""Default server options: a connection must finish its handshake in 10 s, idle ones go after 5 min, 1 MiB messages."""
+"""Default server options: a connection must finish its handshake in 10 s, idle ones go after 5 min, messages of
+1 MiB plus the media parts they may carry (8 MiB)."""
 
 
 class NodeServer:

@@ -20,6 +20,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from reach_plugins.errors import Backpressure, ConfigError, ReachError
+from reach_plugins.media import MAX_MEDIA_BYTES
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets
@@ -48,7 +49,7 @@ from reach_plugins.wire.headers import (
     RETRY_AFTER,
 )
 from reach_plugins.wire.proto import reach_pb2 as pb
-from reach_plugins.wire.protocodec import body_from_message, dumps, error_message, result_message
+from reach_plugins.wire.protocodec import body_from_message, dumps, error_message, media_parts, result_message
 from reach_plugins.wire.redact import without_addresses
 
 log = logging.getLogger("reach_plugins.node")
@@ -126,7 +127,8 @@ class NodeService:
         if claimed is None and body.tenant and (self.access.open or body.tenant != tenant):
             tenant = self.access.authenticate(authorization, body.tenant)
         source = peer_address(context.peer())
-        request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source)
+        media = media_parts(message.media, limit=MAX_MEDIA_BYTES, capability=body.capability)
+        request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source, media=media)
         bind_request_id(request.request_id)
         return request, metadata
 

@@ -24,6 +24,7 @@ import re
 from typing import Any, Literal
 
 from reach_plugins.errors import ConfigError, InvalidPayload
+from reach_plugins.media import digests
 from reach_plugins.model import AgentDescriptor, Capability, ReachRequest
 
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -79,8 +80,9 @@ def resolve_key(request: ReachRequest, agent: AgentDescriptor, capability: Capab
 
 
 def payload_hash(request: ReachRequest) -> str:
-    """A digest of what the key promises to mean: capability, action and payload."""
-    body = json.dumps([request.capability, request.action, request.payload], sort_keys=True, default=str)
+    """A digest of what the key promises to mean: capability, action, payload and media parts."""
+    meant = [request.capability, request.action, request.payload, *digests(request.media)]
+    body = json.dumps(meant, sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
 
 

@@ -39,7 +39,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+from reach_plugins.media import MediaPart
 from reach_plugins.model import ErrorInfo
+from reach_plugins.protocols.a2a_files import file_part, media_of_parts
 from reach_plugins.protocols.a2a_wire import (
     REST_SEND,
     VERSION_HEADER,
@@ -208,6 +210,7 @@ class A2AAdapter(NoHandshake):
             context_id=request.session_id,
             task_id=self.open_tasks.get(call),
         )
+        message["parts"] += [file_part(part, binding.dialect) for part in request.media]
         params: dict[str, Any] = {
             "message": message,
             "metadata": {"reach.capability": request.capability, "reach.action": request.action},
@@ -262,14 +265,15 @@ class A2AAdapter(NoHandshake):
         kind, item = unwrap(result)
         if kind == "message":
             meta = {"kind": "message", "message_id": item.get("messageId"), "context_id": item.get("contextId")}
-            return success(call, normalised(parts_of(item), meta), response.status)
+            found = parts_of(item)
+            return success(call, normalised(found, meta), response.status, _media(call, found))
         if kind == "task":
             state, parts = state_of(item), task_parts(item)
             self.open_tasks.settle(call, item.get("id"), state)
             if state in FAILED_STATES:
                 return failure(call, ErrorInfo(type=failure_type(item), message=texts(parts) or f"A2A task {state}"))
             meta = {"kind": "task", "task_id": item.get("id"), "context_id": item.get("contextId"), "state": state}
-            return success(call, normalised(parts, meta), response.status)
+            return success(call, normalised(parts, meta), response.status, _media(call, parts))
         raise invalid(call, f"expected a Message or a Task result, got kind {kind!r}")
 
     def decoder(self, call: Call) -> A2AStreamDecoder:
@@ -338,6 +342,14 @@ class A2AStreamDecoder(EndsOnce):
 
     def _cut(self) -> str:
         return f"the A2A stream from instance {self._call.instance.instance_id} was cut"
+
+
+def _media(call: Call, parts: list[Mapping[str, Any]]) -> list[MediaPart]:
+    """The answer's file parts as media parts (a malformed one is an invalid response)."""
+    try:
+        return media_of_parts(parts)
+    except ValueError as exc:
+        raise invalid(call, str(exc)) from None
 
 
 def _result(body: Any) -> Any:

@@ -12,13 +12,14 @@ import email.utils
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
-from reach_plugins.errors import WIRE_CODES, InvalidResponse
+from reach_plugins.errors import WIRE_CODES, InvalidResponse, RequestError
+from reach_plugins.media import MAX_MEDIA_BYTES, MediaPart, parts_from_wire
 from reach_plugins.model import ErrorInfo
 from reach_plugins.policy.validation import compiled
 from reach_plugins.transport import Call, Reply, StreamEvent
@@ -267,12 +268,31 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
     return headers.get(name) or headers.get(name.lower())
 
 
-def success(call: Call, data: Any, status_code: int = 200) -> Reply:
+def success(call: Call, data: Any, status_code: int = 200, media: Sequence[MediaPart] = ()) -> Reply:
     """A success reply, after checking ``data`` against the capability's ``return_schema``."""
     check_return(call, data)
     return Reply(
-        status="success", data=data, status_code=status_code, agent=call.agent.name, instance=call.instance.instance_id
+        status="success",
+        data=data,
+        status_code=status_code,
+        agent=call.agent.name,
+        instance=call.instance.instance_id,
+        media=tuple(media),
     )
+
+
+def reply_media(call: Call, raw: Any) -> tuple[MediaPart, ...]:
+    """The media parts of a JSON reply (``media``: base64 parts), within the capability's ``max_media_bytes``;
+    a reply whose parts are malformed or too large is an :class:`InvalidResponse`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise invalid(call, "'media' must be a list of parts")
+    limit = call.capability.max_media_bytes if call.capability is not None else MAX_MEDIA_BYTES
+    try:
+        return tuple(parts_from_wire(raw, limit=limit, capability=call.request.capability))
+    except RequestError as exc:
+        raise invalid(call, exc.message) from None
 
 
 def failure(call: Call, error: ErrorInfo, status_code: int = 200, retry_after: float | None = None) -> Reply:

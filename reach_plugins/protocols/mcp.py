@@ -22,7 +22,8 @@ priming events, reconnection, progress, elicitation); an ``input_required``
 result is answered through the caller's elicitation handler and resent once.
 Replies become ``reply_content`` (the text content),
 ``content`` (every content item, when some are not text: image, audio,
-resource), ``structured_content`` (when the tool has an output schema),
+resource; their bytes are also the reply's media parts,
+:mod:`~reach_plugins.protocols.mcp_media`), ``structured_content`` (when the tool has an output schema),
 ``tool_calls`` (empty) and ``raw_meta``; a tool error (``isError``) is a
 ``business`` failure.
 """
@@ -52,6 +53,7 @@ from reach_plugins.protocols.base import (
     reach_headers,
     success,
 )
+from reach_plugins.protocols.mcp_media import media_of_content
 from reach_plugins.protocols.mcp_oauth import MAX_FLOWS, OAuthClient, OAuthSettings, Running, needs_authorization
 from reach_plugins.protocols.mcp_sessions import SESSIONS_KEPT, McpSession, McpSessions
 from reach_plugins.protocols.mcp_stream import ELICITATION, SESSION_HEADER, McpExchange
@@ -419,7 +421,11 @@ class McpAdapter(NoDiscovery):
             data["structured_content"] = result["structuredContent"]
         if session is not None and session.session_id:
             data["raw_meta"]["mcp_session_id"] = session.session_id
-        return success(call, data, response.status)
+        try:
+            media = media_of_content(content)
+        except ValueError as exc:
+            raise invalid(call, str(exc)) from None
+        return success(call, data, response.status, media)
 
     def decoder(self, call: Call) -> None:
         """A tool call answers once: a stream is that one reply."""

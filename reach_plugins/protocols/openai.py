@@ -34,7 +34,14 @@ from reach_plugins.protocols.base import (
     success,
 )
 from reach_plugins.protocols.openai_stream import OpenAIStreamDecoder, refused
-from reach_plugins.protocols.openai_wire import first_choice, meta_of, request_body, text_of, tool_calls_of
+from reach_plugins.protocols.openai_wire import (
+    first_choice,
+    meta_of,
+    reply_audio,
+    request_body,
+    text_of,
+    tool_calls_of,
+)
 from reach_plugins.transport import Call, Reply
 
 
@@ -45,7 +52,7 @@ class OpenAIAdapter(NoDiscovery):
 
     def build(self, call: Call, *, stream: bool = False, discovered: Any = None) -> HttpRequest:
         options = call.agent.protocol_options
-        body = request_body(call.request.payload, options, call.agent.name, stream=stream)
+        body = request_body(call.request.payload, options, call.agent.name, stream=stream, media=call.request.media)
         accept = "text/event-stream" if stream else "application/json"
         url = endpoint_url(call, str(options.get("path", "/chat/completions")))
         return HttpRequest("POST", url, reach_headers(call, accept=accept), encode_json(body))
@@ -63,14 +70,19 @@ class OpenAIAdapter(NoDiscovery):
         content = text_of(message.get("content"))
         tool_calls = tool_calls_of(message.get("tool_calls"))
         refusal = message.get("refusal")
-        if not content and not tool_calls and isinstance(refusal, str) and refusal:
+        try:
+            audio = reply_audio(message)
+        except ValueError:
+            raise invalid(call, "choices[0].message.audio.data is not base64") from None
+        if not content and not tool_calls and not audio and isinstance(refusal, str) and refusal:
             return refused(call, refusal, meta_of(body, choice))
-        if content is None and not tool_calls:
-            raise invalid(call, "choices[0].message has neither 'content', 'tool_calls' nor 'refusal'")
+        if content is None and not tool_calls and not audio:
+            raise invalid(call, "choices[0].message has neither 'content', 'tool_calls', 'audio' nor 'refusal'")
         return success(
             call,
             {"reply_content": content or "", "tool_calls": tool_calls, "raw_meta": meta_of(body, choice)},
             response.status,
+            audio,
         )
 
     def decoder(self, call: Call) -> OpenAIStreamDecoder:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reach_plugins.media import MediaPart
 from reach_plugins.protocols.base import mapping_at, payload_text
+
+AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+"""Media types chat completions take inline as ``input_audio``, and the ``format`` each is sent as."""
 
 REQUEST_FIELDS = frozenset(
     {
@@ -64,13 +69,64 @@ def chat_messages(payload: Mapping[str, Any]) -> list[Any]:
     return [{"role": "user", "content": text}]
 
 
-def request_body(payload: Mapping[str, Any], options: Mapping[str, Any], default_model: str, *, stream: bool) -> Any:
-    """The chat-completions body; streaming asks for the usage chunk unless told otherwise."""
+def content_part(part: MediaPart) -> dict[str, Any]:
+    """A media part as a chat content part: ``image_url`` (its URL or a ``data:`` URL), ``input_audio`` (wav and
+    mp3 bytes), else ``file`` (``file_data`` as a ``data:`` URL)."""
+    if part.media_type.startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": part.data_url()}}
+    audio = AUDIO_FORMATS.get(part.media_type)
+    if audio is not None and part.data is not None:
+        return {"type": "input_audio", "input_audio": {"data": base64.b64encode(part.data).decode(), "format": audio}}
+    file: dict[str, Any] = {"file_data": part.data_url()}
+    return {"type": "file", "file": file | ({"filename": part.name} if part.name else {})}
+
+
+def with_media(messages: list[Any], media: Sequence[MediaPart]) -> list[Any]:
+    """``messages`` with ``media`` as content parts of the last user message (after its text)."""
+    if not media:
+        return messages
+    at = next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "user"), None)
+    if at is None:
+        return [*messages, {"role": "user", "content": [content_part(part) for part in media]}]
+    message = dict(messages[at])
+    content = message.get("content")
+    text = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    message["content"] = text + [content_part(part) for part in media]
+    return [*messages[:at], message, *messages[at + 1 :]]
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, Mapping) else None
+
+
+def reply_audio(message: Mapping[str, Any]) -> list[MediaPart]:
+    """A reply message's ``audio`` (base64 ``data``) as a media part; its transcript stays text. ``ValueError``
+    when ``data`` is not base64."""
+    audio = mapping_at(message, "audio")
+    data = audio.get("data")
+    if not isinstance(data, str):
+        return []
+    kind = str(audio.get("format") or "wav")
+    media_type = f"audio/{'mpeg' if kind == 'mp3' else kind}"
+    return [MediaPart(media_type=media_type, data=base64.b64decode(data, validate=True))]
+
+
+def request_body(
+    payload: Mapping[str, Any],
+    options: Mapping[str, Any],
+    default_model: str,
+    *,
+    stream: bool,
+    media: Sequence[MediaPart] = (),
+) -> Any:
+    """The chat-completions body (``media`` as content parts of the user's message); streaming asks for the usage
+    chunk unless told otherwise."""
     if isinstance(payload.get("messages"), list) and payload["messages"]:
         body = dict(payload)
+        body["messages"] = with_media(list(payload["messages"]), media)
     else:
         body = {key: value for key, value in payload.items() if key in REQUEST_FIELDS}
-        body["messages"] = chat_messages(payload)
+        body["messages"] = with_media(chat_messages(payload), media)
     body["model"] = payload.get("model") or options.get("model") or default_model
     if stream:
         body["stream"] = True

@@ -23,6 +23,7 @@ from reach_plugins.protocols.base import (
     http_failure,
     invalid,
     reach_headers,
+    reply_media,
     success,
 )
 from reach_plugins.transport import Call, Reply, StreamEvent
@@ -30,9 +31,10 @@ from reach_plugins.wire.sse import SseEvent
 
 
 def reach_body(call: Call) -> dict[str, Any]:
-    """The wire body of DESIGN.md section 4; ``deadline_ms`` is the remaining budget, as in ``X-Reach-Deadline``."""
+    """The wire body of DESIGN.md section 4; ``deadline_ms`` is the remaining budget, as in ``X-Reach-Deadline``;
+    ``media`` (base64 parts) only when the request carries some."""
     request = call.request
-    return {
+    body: dict[str, Any] = {
         "request_id": request.request_id,
         "capability": request.capability,
         "action": request.action,
@@ -42,6 +44,9 @@ def reach_body(call: Call) -> dict[str, Any]:
         "idempotency_key": request.idempotency_key,
         "deadline_ms": max(0, int(call.timeout * 1000)),
     }
+    if request.media:
+        body["media"] = [part.to_wire() for part in request.media]
+    return body
 
 
 class ReachAdapter(NoDiscovery):
@@ -64,7 +69,7 @@ class ReachAdapter(NoDiscovery):
         if body["status"] == "fail":
             info = error_info(body.get("error"), "transient", "the agent replied fail without an error")
             return failure(call, info, response.status, info.retry_after)
-        return success(call, body.get("data"), response.status)
+        return success(call, body.get("data"), response.status, reply_media(call, body.get("media")))
 
     def decoder(self, call: Call) -> ReachStreamDecoder:
         return ReachStreamDecoder(call)

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Lifespan, Receive, Scope, Send
 
-from reach_plugins.errors import ConfigError, ReachError
+from reach_plugins.errors import BodyTooLarge, ConfigError, MediaTooLarge, ReachError
 from reach_plugins.security.claims import Claims
 from reach_plugins.server.inbound import BodyPlaces, InputLimits, loads, read_body, require_json, single_headers
 from reach_plugins.wire.body import invalid
@@ -128,8 +128,10 @@ class ServerRoute:
         large = None if self.large is None else self.large.of(_tenant(caller))
         try:
             raw = await read_body(
-                request.stream(), headers, limit=limits.max_body, timeout=limits.body_timeout, large=large
+                request.stream(), headers, limit=limits.bound, timeout=limits.body_timeout, large=large
             )
+        except BodyTooLarge as exc:
+            return self._unread(self.refuse(_too_large(exc, limits), "read"))
         except ReachError as exc:
             return self._unread(self.refuse(exc, "read"))
         try:
@@ -158,6 +160,16 @@ class ServerRoute:
             return self.body.model_validate(value)
         except ValidationError as exc:
             raise invalid(exc) from None
+
+
+def _too_large(exc: BodyTooLarge, limits: InputLimits) -> BodyTooLarge:
+    """On a route carrying media, a body past its bound is a :class:`MediaTooLarge` saying what to raise."""
+    if not limits.max_media:
+        return exc
+    return MediaTooLarge(
+        f"{exc.message}: {limits.max_body} bytes of JSON plus {limits.max_media} media bytes as base64; "
+        "send large media by url, or raise the server's max_media_bytes"
+    )
 
 
 def _tenant(caller: Any) -> str | None:

@@ -2,7 +2,8 @@
 
 The body is DESIGN.md section 4's (``request_id``, ``capability``, ``action``,
 ``payload``, ``session_id``, ``tenant``, ``idempotency_key``, ``deadline_ms``)
-plus three routing fields an agent never needs: ``intent``, ``priority`` and
+plus ``media`` (binary parts, base64 in JSON: :mod:`reach_plugins.media`) and three routing fields an agent never
+needs: ``intent``, ``priority`` and
 ``scope_tags``. Unknown fields are refused so a typo fails loudly. The headers
 are the agent protocol's, plus routing hints between hops: ``X-Reach-Prefer``
 / ``X-Reach-Target`` (the instance the caller picked, softly or strictly) and
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reach_plugins.errors import Backpressure, DeadlineExceeded, ReachError, RequestError, from_wire
 from reach_plugins.ids import new_request_id
+from reach_plugins.media import MAX_PARTS, MediaPart
 from reach_plugins.model import ErrorInfo, HeaderText, Hop, Priority, ReachRequest, ReachResponse
 from reach_plugins.policy.loopguard import parse_hops_header
 from reach_plugins.wire.headers import (
@@ -66,6 +68,8 @@ class WireBody(BaseModel):
     intent: HeaderText | None = Field(default=None, max_length=200)
     priority: Priority = "online"
     scope_tags: list[str] = Field(default_factory=list, max_length=32)
+    media: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_PARTS)
+    """Media parts in their JSON form, kept undecoded until their size is checked (``parts_from_wire``)."""
 
 
 def invalid(exc: ValidationError, what: str = "request body") -> RequestError:
@@ -121,8 +125,10 @@ def to_request(
     *,
     tenant: str | None,
     source: str | None,
+    media: list[MediaPart],
 ) -> ReachRequest:
-    """The :class:`ReachRequest` a server runs: the body, completed by headers (headers win), for ``tenant``.
+    """The :class:`ReachRequest` a server runs: the body, completed by headers (headers win), for ``tenant``,
+    carrying ``media`` (the body's parts, decoded once their size was checked).
 
     ``header(name)`` looks a header up case-insensitively. A remaining budget
     of 0 ms means the caller has already given up: ``DeadlineExceeded``.
@@ -145,7 +151,7 @@ def to_request(
     # servers append what they saw, so the last entries are observed ones; a caller's own only restrict it
     metadata[SOURCE] = ",".join([*carried[-16:], source or UNKNOWN_SOURCE])
     try:
-        return _request(body, header, tenant=tenant, deadline_ms=deadline_ms, metadata=metadata)
+        return _request(body, header, tenant=tenant, deadline_ms=deadline_ms, metadata=metadata, media=media)
     except ValidationError as exc:
         raise invalid(exc, "request headers") from None
 
@@ -157,6 +163,7 @@ def _request(
     tenant: str | None,
     deadline_ms: int | None,
     metadata: dict[str, str],
+    media: list[MediaPart],
 ) -> ReachRequest:
     return ReachRequest(
         request_id=body.request_id or new_request_id(),
@@ -173,12 +180,13 @@ def _request(
         scope_tags=body.scope_tags,
         retried_upstream=(header(HEADER_RETRY) or "").strip().lower() == RETRY_UPSTREAM,
         metadata=metadata,
+        media=media,
     )
 
 
 def response_body(response: ReachResponse) -> dict[str, Any]:
     """A routed outcome on the wire: the agent reply's fields plus who served it, how many tries, how long."""
-    return {
+    body = {
         "request_id": response.request_id,
         "status": response.status,
         "data": response.data,
@@ -190,6 +198,9 @@ def response_body(response: ReachResponse) -> dict[str, Any]:
         "context_restore": response.context_restore,
         "degraded": response.degraded,
     }
+    if response.media:
+        body["media"] = [part.to_wire() for part in response.media]
+    return body
 
 
 def _error_info(error: ErrorInfo) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Between our records and the node's protobuf messages, both directions; shared by the transport and the node.
 
-Payloads and data are JSON bytes (exact for integers, unlike ``Struct``).
+Payloads and data are JSON bytes (exact for integers, unlike ``Struct``);
+media parts are ``Media`` messages whose bytes travel as they are.
 Headers travel as gRPC metadata under their HTTP names, lowercased. A node
 refuses a request with a gRPC status plus ``x-reach-error-type`` and
 ``x-reach-http-status`` trailers, so the caller gets the same error type and
@@ -10,10 +11,11 @@ status as from the HTTP gateway; backpressure is its own message type.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from reach_plugins.errors import Backpressure, DeadlineExceeded, InvalidResponse, RemoteError
+from reach_plugins.errors import Backpressure, DeadlineExceeded, InvalidResponse, RemoteError, RequestError
+from reach_plugins.media import MAX_MEDIA_BYTES, MAX_PARTS, MediaPart, check_size
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.body import WireBody, check_headers, parse_body
@@ -48,6 +50,30 @@ def loads(raw: bytes, what: str) -> Any:
         raise InvalidResponse(f"{what} is not JSON ({raw[:80]!r})") from None
 
 
+def media_messages(parts: Iterable[MediaPart]) -> list[pb.Media]:
+    return [
+        pb.Media(media_type=part.media_type, data=part.data or b"", url=part.url or "", name=part.name or "")
+        for part in parts
+    ]
+
+
+def media_parts(messages: Sequence[pb.Media], *, limit: int, capability: str) -> list[MediaPart]:
+    """Media parts from their messages, refused with ``MediaTooLarge`` above ``limit`` bytes before being built;
+    a malformed part is a ``RequestError`` naming its index."""
+    if len(messages) > MAX_PARTS:
+        raise RequestError(f"media: at most {MAX_PARTS} parts travel with one request or reply, got {len(messages)}")
+    check_size(sum(len(message.data) for message in messages), limit, capability)
+    parts = []
+    for index, message in enumerate(messages):
+        fields: dict[str, Any] = {"media_type": message.media_type, "name": message.name or None}
+        fields.update({"url": message.url} if message.url else {"data": message.data})
+        try:
+            parts.append(MediaPart.model_validate(fields))
+        except ValueError as exc:
+            raise RequestError(f"media.{index}: {str(exc).splitlines()[-1].strip()}") from None
+    return parts
+
+
 # --------------------------------------------------------------------------- caller side
 
 
@@ -66,6 +92,7 @@ def call_message(call: Call) -> pb.ReachCall:
         intent=request.intent or "",
         priority=pb.BATCH if request.priority == "batch" else pb.ONLINE,
         scope_tags=request.scope_tags,
+        media=media_messages(request.media),
     )
 
 
@@ -95,6 +122,14 @@ def error_info(message: pb.Error) -> ErrorInfo:
     return ErrorInfo(type=kind, message=message.message, retry_after=message.retry_after or None)
 
 
+def _reply_media(call: Call, result: pb.Result) -> tuple[MediaPart, ...]:
+    limit = call.capability.max_media_bytes if call.capability is not None else MAX_MEDIA_BYTES
+    try:
+        return tuple(media_parts(result.media, limit=limit, capability=call.request.capability))
+    except RequestError as exc:
+        raise InvalidResponse(f"the node's reply to request {result.request_id}: {exc.message}") from None
+
+
 def reply_from_result(call: Call, result: pb.Result) -> Reply:
     """A node's routed outcome as the Reply of this attempt (``attempts`` = what the node tried)."""
     data = loads(result.data, f"the data of request {result.request_id}")
@@ -104,7 +139,7 @@ def reply_from_result(call: Call, result: pb.Result) -> Reply:
         "attempts": max(1, result.attempts),
     }
     if result.status == pb.SUCCESS:
-        return Reply(status="success", data=data, **common)
+        return Reply(status="success", data=data, media=_reply_media(call, result), **common)
     error = error_info(result.error) if result.HasField("error") else ErrorInfo(type=RemoteError.code, message="failed")
     if result.status == pb.TIMEOUT and error.type == RemoteError.code:
         error = error.model_copy(update={"type": DeadlineExceeded.code})
@@ -129,6 +164,7 @@ def response_from_result(result: pb.Result) -> ReachResponse:
         cost_ms=result.cost_ms,
         context_restore=result.context_restore,
         degraded=result.degraded,
+        media=media_parts(result.media, limit=MAX_MEDIA_BYTES, capability=result.request_id),
     )
 
 
@@ -167,6 +203,7 @@ def result_message(response: ReachResponse) -> pb.Result:
         cost_ms=response.cost_ms,
         context_restore=response.context_restore,
         degraded=response.degraded,
+        media=media_messages(response.media),
     )
     if response.error is not None:
         result.error.CopyFrom(error_message(response.error))

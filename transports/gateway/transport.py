@@ -21,6 +21,7 @@ import aiohttp
 from reach_plugins.errors import WIRE_CODES, ConfigError, DeadlineExceeded, InvalidResponse, RemoteError, RequestError
 from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols import HttpRequest, SseDecoder
+from reach_plugins.protocols.base import reply_media
 from reach_plugins.protocols.reach import ReachStreamDecoder
 from reach_plugins.telemetry.spans import note_http_request, note_http_status
 from reach_plugins.transport import BaseTransport, Call, EventStream, Reply, StreamEvent
@@ -57,6 +58,8 @@ def wire_body(call: Call) -> dict[str, Any]:
     body.update({key: value for key, value in optional.items() if value is not None})
     if request.scope_tags:
         body["scope_tags"] = request.scope_tags
+    if request.media:
+        body["media"] = [part.to_wire() for part in request.media]
     return body
 
 
@@ -113,7 +116,8 @@ def parse_reply(call: Call, status: int, body: bytes) -> Reply:
         "attempts": attempts if isinstance(attempts, int) and attempts > 0 else 1,
     }
     if status == 200 and kind == "success":
-        return Reply(status="success", data=decoded.get("data"), **common)
+        media = reply_media(call, decoded.get("media"))
+        return Reply(status="success", data=decoded.get("data"), media=media, **common)
     error = _error(decoded.get("error"), status)
     if decoded.get(REFUSED) is True:
         raise refusal(error.type, error.message, error.retry_after)

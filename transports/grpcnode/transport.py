@@ -29,7 +29,7 @@ from reach_plugins.errors import (
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry.spans import note_rpc
 from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, StreamEvent
-from reach_plugins.wire.body import refusal
+from reach_plugins.wire.body import MAX_REPLY, refusal
 from reach_plugins.wire.headers import ERROR_TYPE, RETRY_AFTER
 from reach_plugins.wire.proto import reach_pb2 as pb
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
@@ -78,6 +78,9 @@ def _mapped(exc: grpc.aio.AioRpcError, target: str) -> ReachError:
     return RemoteError(f"{where} failed with {code.name}: {details}")
 
 
+_RECEIVE = "grpc.max_receive_message_length"
+
+
 class GrpcNodeTransport(BaseTransport):
     """Send each call to the Reach node at ``target`` (``host:port``).
 
@@ -106,7 +109,8 @@ class GrpcNodeTransport(BaseTransport):
         self.hop: str | None = f"grpc://{target}"
         self._token = token
         self._use_credential = use_credential
-        self._options = options or []
+        self._options = list({_RECEIVE: MAX_REPLY, **dict(options or [])}.items())
+        """Channel options; replies up to :data:`MAX_REPLY` (data and media parts) by default, not grpc's 4 MiB."""
         self._credentials = credentials
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None

@@ -33,7 +33,7 @@ DONE: TicketState
 UNKNOWN: TicketState
 
 class ReachCall(_message.Message):
-    __slots__ = ("request_id", "capability", "action", "payload", "session_id", "tenant", "idempotency_key", "deadline_ms", "intent", "priority", "scope_tags")
+    __slots__ = ("request_id", "capability", "action", "payload", "session_id", "tenant", "idempotency_key", "deadline_ms", "intent", "priority", "scope_tags", "media")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class ReachCall(_message.Message):
     INTENT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SCOPE_TAGS_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     capability: str
     action: str
@@ -56,7 +57,20 @@ class ReachCall(_message.Message):
     intent: str
     priority: Priority
     scope_tags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., capability: _Optional[str] = ..., action: _Optional[str] = ..., payload: _Optional[bytes] = ..., session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., intent: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., scope_tags: _Optional[_Iterable[str]] = ...) -> None: ...
+    media: _containers.RepeatedCompositeFieldContainer[Media]
+    def __init__(self, request_id: _Optional[str] = ..., capability: _Optional[str] = ..., action: _Optional[str] = ..., payload: _Optional[bytes] = ..., session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., intent: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., scope_tags: _Optional[_Iterable[str]] = ..., media: _Optional[_Iterable[_Union[Media, _Mapping]]] = ...) -> None: ...
+
+class Media(_message.Message):
+    __slots__ = ("media_type", "data", "url", "name")
+    MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    media_type: str
+    data: bytes
+    url: str
+    name: str
+    def __init__(self, media_type: _Optional[str] = ..., data: _Optional[bytes] = ..., url: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("type", "message", "retry_after")
@@ -69,7 +83,7 @@ class Error(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., retry_after: _Optional[float] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("request_id", "status", "data", "error", "agent", "instance", "attempts", "cost_ms", "context_restore", "degraded")
+    __slots__ = ("request_id", "status", "data", "error", "agent", "instance", "attempts", "cost_ms", "context_restore", "degraded", "media")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +94,7 @@ class Result(_message.Message):
     COST_MS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_RESTORE_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     status: Status
     data: bytes
@@ -90,7 +105,8 @@ class Result(_message.Message):
     cost_ms: float
     context_restore: bool
     degraded: bool
-    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data: _Optional[bytes] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., agent: _Optional[str] = ..., instance: _Optional[str] = ..., attempts: _Optional[int] = ..., cost_ms: _Optional[float] = ..., context_restore: _Optional[bool] = ..., degraded: _Optional[bool] = ...) -> None: ...
+    media: _containers.RepeatedCompositeFieldContainer[Media]
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data: _Optional[bytes] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., agent: _Optional[str] = ..., instance: _Optional[str] = ..., attempts: _Optional[int] = ..., cost_ms: _Optional[float] = ..., context_restore: _Optional[bool] = ..., degraded: _Optional[bool] = ..., media: _Optional[_Iterable[_Union[Media, _Mapping]]] = ...) -> None: ...
 
 class Backpressure(_message.Message):
     __slots__ = ("retry_after", "reason", "queue_depth", "queue_capacity")

@@ -5,7 +5,7 @@ import warnings
 
 from reach_plugins.wire.proto import reach_pb2 as reach__plugins_dot_wire_dot_proto_dot_reach__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
