@@ -63,4 +63,10 @@ if [[ " $* " == *" --bench-peers "* ]]; then
   if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx-light
   fi
+  # The Python peers, each in its own venv (their pins clash with ours): LiteLLM's proxy and ContextForge.
+  for peer in "litellm:litellm[proxy]" "contextforge:mcp-contextforge-gateway"; do
+    venv=".venv-${peer%%:*}"
+    [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
+    timeout 1500 "$venv/bin/pip" install --quiet "${peer#*:}"
+  done
 fi
