@@ -56,6 +56,7 @@ from python_peers import Peer, contextforge, litellm, venv_python
 from targets import print_verdict, verdict
 
 from reach_plugins import ReachClient
+from reach_plugins.errors import ReachError
 from reach_plugins.transport import Transport
 from reach_plugins.wire.proto import reach_pb2, reach_pb2_grpc
 from transports.direct import DirectTransport
@@ -322,19 +323,29 @@ def summarise(latencies: list[float], elapsed: float) -> dict[str, float]:
 
 
 async def loaded(call: Call, *, concurrency: int, requests: int) -> dict[str, float]:
-    """p50/p99 latency (ms) and throughput (requests/s) of ``requests`` calls from ``concurrency`` workers."""
+    """p50/p99 latency (ms) and throughput (requests/s) of ``requests`` calls from ``concurrency`` workers.
+
+    A refused call (a hop shedding load answers 429, the client's limiter raises) is counted in ``errors`` and
+    left out of the latencies and the throughput, so a loaded machine shows as refusals instead of ending the run.
+    """
     latencies: list[float] = []
+    errors = 0
     share = max(1, requests // concurrency)
 
     async def worker() -> None:
+        nonlocal errors
         for _ in range(share):
             started = time.perf_counter()
-            await call()
+            try:
+                await call()
+            except (RuntimeError, ReachError):
+                errors += 1
+                continue
             latencies.append(time.perf_counter() - started)
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return summarise(latencies, time.perf_counter() - began)
+    return {**summarise(latencies, time.perf_counter() - began), "errors": errors}
 
 
 async def alone(paths: dict[str, Hop], requests: int) -> dict[str, dict[str, float]]:
@@ -360,7 +371,7 @@ async def one_round(paths: dict[str, Hop], requests: int) -> dict[str, Any]:
         before = {server: cpu_seconds(pid) for server, pid in path.servers.items()}
         busy = await loaded(path.call, concurrency=64, requests=path.calls(requests * 3))
         busy["cpu_us_per_request"] = {
-            server: round((cpu_seconds(pid) - before[server]) / busy["requests"] * 1e6, 1)
+            server: round((cpu_seconds(pid) - before[server]) / (busy["requests"] + busy["errors"]) * 1e6, 1)
             for server, pid in path.servers.items()
         }
         figures[name]["c64"] = busy
@@ -573,6 +584,8 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             out[path][level] = {
                 key: round(statistics.median(f[key] for f in figures), 3) for key in ("p50_ms", "p99_ms", "rps")
             }
+            if level == "c64":
+                out[path][level]["errors"] = sum(f["errors"] for f in figures)
             cpu = figures[0]["cpu_us_per_request"] if level == "c64" else {}
             out[path][level]["cpu_us_per_request"] = {
                 server: round(statistics.median(f["cpu_us_per_request"][server] for f in figures), 1) for server in cpu
