@@ -83,10 +83,10 @@ AGENTS_PROCESS = textwrap.dedent(
     }
     clients = {}
 
-    def client(via):
-        if via not in clients:
-            clients[via] = ReachClient(config, transports[via](), tenant="bench", environ=os.environ)
-        return clients[via]
+    def client(via, work_ms):
+        if (via, work_ms) not in clients:  # one per agent time: a limiter learns one latency
+            clients[via, work_ms] = ReachClient(config, transports[via](), tenant="bench", environ=os.environ)
+        return clients[via, work_ms]
 
     def agent(number):
         agent = ReachAgent(f"agent-{number:02d}", tokens="open")
@@ -99,7 +99,7 @@ AGENTS_PROCESS = textwrap.dedent(
 
         @agent.capability("relay")
         async def relay(work_ms: int, via: str) -> dict:
-            answer = await client(via).reach("work", {"work_ms": work_ms}, timeout_ms=TIMEOUT_MS)
+            answer = await client(via, work_ms).reach("work", {"work_ms": work_ms}, timeout_ms=TIMEOUT_MS)
             answer.raise_for_status()
             return answer.data
 
@@ -168,8 +168,9 @@ async def broadcast(client: ReachClient, via: str, work_ms: int) -> float:
     result = await client.broadcast(
         "work", {"work_ms": work_ms}, k=BROADCAST_K, aggregate="all", stagger=0.0, timeout_ms=TIMEOUT_MS
     )
+    failed = [f"{r.status} {r.error.code if r.error else ''}" for r in result.responses if not r.ok]
     if result.status != "success" or len(result.responses) != BROADCAST_K:
-        raise RuntimeError(f"broadcast ended {result.status} with {len(result.responses)} answers")
+        raise RuntimeError(f"broadcast ended {result.status} with {len(result.responses)} answers; failed: {failed}")
     return max(float(response.data["own_ms"]) for response in result.responses)
 
 
@@ -213,25 +214,27 @@ async def capacity(url: str, concurrency: int) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     latencies: list[float] = []
     errors = 0
+    first_error = ""
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_MS / 1000)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def caller(number: int) -> None:
-            nonlocal errors
+            nonlocal errors, first_error
             for turn in range(2):
                 began = time.perf_counter()
                 try:
                     request = {**body, "request_id": f"c{concurrency}-{number}-{turn}"}
                     async with session.post(url, json=request, headers=headers) as answer:
-                        await answer.read()
-                        ok = answer.status == 200
-                except (aiohttp.ClientError, TimeoutError):
-                    ok = False
-                if ok:
+                        text = await answer.text()
+                        error = "" if answer.status == 200 else f"{answer.status} {text[:200]}"
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    error = repr(exc)
+                if not error:
                     latencies.append((time.perf_counter() - began) * 1000)
                 else:
                     errors += 1
+                    first_error = first_error or error
 
         began = time.perf_counter()
         await asyncio.gather(*(caller(n) for n in range(concurrency)))
@@ -244,6 +247,7 @@ async def capacity(url: str, concurrency: int) -> dict[str, Any]:
         "p99_ms": figures.get("p99_ms"),
         "error_rate": round(errors / (2 * concurrency), 4),
         "rps": round(2 * concurrency / elapsed, 1),
+        "first_error": first_error,
     }
 
 
@@ -272,10 +276,12 @@ async def bench(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         rng = random.Random(args.seed)
         workload: dict[str, Any] = {}
         for via, transport in transports.items():
-            async with ReachClient(str(config), transport(), tenant="bench", environ=ENV) as client:
-                for _ in range(3 * CONCURRENCY):  # warm-up: pools open, every agent's relay client made
-                    await chain(client, via, 0)
-                for work_ms, calls in AGENT_TIMES_MS.items():
+            for work_ms, calls in AGENT_TIMES_MS.items():
+                async with ReachClient(str(config), transport(), tenant="bench", environ=ENV) as client:
+                    warm = [chain(client, via, work_ms) for _ in range(CONCURRENCY)]
+                    await asyncio.gather(
+                        *warm, *(single(client, via, work_ms) for _ in range(CONCURRENCY)), return_exceptions=True
+                    )
                     result = await mixed(client, via, work_ms, max(CONCURRENCY, round(calls * args.scale)), rng)
                     workload.setdefault(via, {})[f"{work_ms}ms"] = result
                     print(
