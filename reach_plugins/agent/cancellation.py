@@ -2,8 +2,9 @@
 
 When the caller goes away — it gave up, or its conversation was closed and
 the client cut the call — the HTTP connection closes and the server sees
-``http.disconnect``. :func:`while_connected` runs the handler beside a
-watcher of that event: an async handler is cancelled at its next ``await``;
+``http.disconnect``. :func:`while_connected` runs the handler in the
+request's task and, once it suspends, watches for that event: an async
+handler is cancelled at its next ``await``;
 a sync handler (running in a worker thread, which nothing can interrupt)
 sees :func:`cancelled` turn true and is expected to check it between steps::
 
