@@ -234,9 +234,12 @@ def wait_port(port: int, process: subprocess.Popen[str], timeout: float = 20.0) 
     raise RuntimeError(f"nothing listens on {port} after {timeout}s")
 
 
-def start(command: list[str], port: int) -> subprocess.Popen[str]:
-    """Start a server and wait until it listens on ``port``."""
-    process = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+def start(command: list[str], port: int, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start a server process (``env`` adds to the bench environment) and wait until it listens on ``port``."""
+    environment = ENV if env is None else {**ENV, **env}
+    process = subprocess.Popen(
+        command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
+    )
     wait_port(port, process)
     return process
 

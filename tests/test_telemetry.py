@@ -82,6 +82,20 @@ async def test_one_client_span_per_request_with_attempt_events(
     assert span.events[0].attributes is not None and span.events[0].attributes["outcome"] == "transient"
 
 
+async def test_a_first_attempt_that_succeeds_records_no_span_event(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """A call answered at once is the span alone: who answered in its attributes, no event, no dedup attribute."""
+    _, pipeline = setup(provider)
+    response = await pipeline.run(order().model_copy(update={"session_id": "s1"}))
+    span = only_span(exporter)
+    assert response.status == "success" and span.events == ()
+    assert span.attributes is not None
+    assert span.attributes[telemetry.ATTR_GEN_AI_AGENT_NAME] == "orders"
+    assert span.attributes[telemetry.ATTR_GEN_AI_CONVERSATION_ID] == "s1"
+    assert "reach.session_id" not in span.attributes and telemetry.ATTR_DEDUP_HIT not in span.attributes
+
+
 async def test_traceparent_carries_the_request_span(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     """The traceparent header sent downstream names this request's span as parent."""
     fake, pipeline = setup(provider)

@@ -132,4 +132,4 @@ def build_app(agent: Served) -> ServerApp:
         ServerRoute("/healthz", ("GET",), healthz, auth=OPEN),
         ServerRoute("/readyz", ("GET",), readyz, auth=OPEN),
     ]
-    return ServerApp(routes, lifespan=lifespan)
+    return ServerApp(routes, lifespan=lifespan, hot="/reach")

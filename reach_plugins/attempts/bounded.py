@@ -28,11 +28,11 @@ async def within(clock: Clock, deadline: float, coro: Coroutine[Any, Any, T]) ->
         result: T = done.value
         return result
     async with clock.timeout_at(deadline):
-        return await _resume(coro, waiting)
+        return await resume(coro, waiting)
 
 
 @types.coroutine
-def _resume(coro: Coroutine[Any, Any, T], waiting: Any) -> Generator[Any, Any, T]:
+def resume(coro: Coroutine[Any, Any, T], waiting: Any) -> Generator[Any, Any, T]:
     """Carry on driving ``coro`` from where its first step left it, passing sends and throws through."""
     while True:
         try:

@@ -534,11 +534,12 @@ class Engine:
     ) -> None:
         """Tell the subscribers of the attempt at ``route`` (the flight may have failed over since); a success
         only when someone will read it."""
-        if verdict.ok and not flight.rec.keep and not self.hooks:
+        keeps = flight.rec.keeps(flight.attempts)
+        if verdict.ok and not keeps and not self.hooks:
             return
         error = verdict.error.message if verdict.error else None
         record = self._record(flight, route, admission, started, now, verdict.outcome, error, delay, verdict.delivery)
-        self._publish(flight, record, kept=not verdict.ok or flight.rec.keep)
+        self._publish(flight, record, kept=not verdict.ok or keeps)
 
     def _record(
         self,

@@ -39,7 +39,6 @@ ATTR_REQUEST_ID: Final = "reach.request_id"
 ATTR_TENANT: Final = "reach.tenant"
 ATTR_USAGE_SOURCE: Final = "reach.usage.source"
 """``reported`` (the agent's own usage) or ``estimated`` (from streamed text)."""
-ATTR_SESSION_ID: Final = "reach.session_id"
 ATTR_AGENT: Final = "reach.agent"
 ATTR_INSTANCE: Final = "reach.instance"
 ATTR_ENDPOINT: Final = "reach.endpoint"
@@ -202,8 +201,7 @@ def start_client_span(span: Span, request: ReachRequest) -> None:
         }
         if request.tenant:
             started[ATTR_TENANT] = request.tenant
-        if request.session_id:
-            started[ATTR_SESSION_ID] = request.session_id
+        if request.session_id:  # the GenAI conventions' name for it; reach.session_id would say it twice
             started[ATTR_GEN_AI_CONVERSATION_ID] = request.session_id
         span.set_attributes(started)
 
@@ -226,8 +224,13 @@ def name_client_span(span: Span, agent: str, instance: str, protocol: str) -> di
 def end_client_span(
     span: Span, status: str, error: ErrorInfo | None, dedup_hit: bool, more: dict[str, AttributeValue] | None = None
 ) -> None:
-    """The span's closing attributes (and error status), set in one call: the SDK locks once per call."""
-    ended: dict[str, AttributeValue] = {ATTR_STATUS: status, ATTR_DEDUP_HIT: dedup_hit}
+    """The span's closing attributes (and error status), set in one call: the SDK locks once per call.
+
+    ``reach.dedup.hit`` is set only on a replayed answer (its absence says the call ran).
+    """
+    ended: dict[str, AttributeValue] = {ATTR_STATUS: status}
+    if dedup_hit:
+        ended[ATTR_DEDUP_HIT] = True
     if status != "success":
         ended[ATTR_ERROR_TYPE] = error.type if error else status
         span.set_status(Status(StatusCode.ERROR, error.message if error else status))

@@ -246,8 +246,11 @@ class TraceRecorder:
     (:class:`~reach_plugins.attempts.hooks.AttemptHooks`): ``attempt`` and ``moved``.
 
     ``keep`` says whether anyone will read a successful attempt (a trace was
-    asked for, a ``sink`` is set, or the span records): when nobody will, the
-    pipeline skips recording it — the common case, and a hot path.
+    asked for, or a ``sink`` is set): when nobody will, the pipeline skips
+    recording it — the common case, and a hot path. A recording span reads
+    attempts only once the request retried (:meth:`keeps`): a first attempt
+    that succeeded is the span itself, whose attributes say who answered, so
+    span events mark retries, failovers and failed attempts only.
 
     Events carry wall-clock times (``started_at``'s clock), so a trace can be
     drawn beside anything else timed by that clock. State changes arrive timed
@@ -285,7 +288,7 @@ class TraceRecorder:
         self.span = span
         self.sink = sink
         """Where the finished request's trace goes (None: nowhere)."""
-        self.keep = keep or sink is not None or span.is_recording()
+        self.keep = keep or sink is not None
         self.route: Routed | None = None
         """The latest route; its decision is read (and so built) only by :meth:`build`."""
         self.attempts: list[AttemptRecord] = []
@@ -300,10 +303,17 @@ class TraceRecorder:
         if self.span.is_recording():
             self.span.add_event(name, attributes=_attributes(attrs))
 
+    def keeps(self, number: int) -> bool:
+        """Whether anyone reads attempt ``number`` should it succeed: a kept trace, or a span once retried."""
+        return self.keep or (number > 1 and self.span.is_recording())
+
     def attempt(self, record: AttemptRecord) -> None:
-        """One finished attempt; the :class:`Attempt` model is built only if the trace is."""
+        """One finished attempt; the :class:`Attempt` model is built only if the trace is.
+
+        A span event only for a retried request's attempts or a failed one (not a first attempt that succeeded).
+        """
         self.attempts.append(record)
-        if self.span.is_recording():
+        if (record.number > 1 or record.outcome != "success") and self.span.is_recording():
             self.span.add_event(EVENT_ATTEMPT, attributes=_attributes(_fields(record)))
 
     def moved(self, change: StateChange) -> None:
