@@ -170,13 +170,14 @@ def test_trickling_sockets_on_every_route_are_closed_within_the_timeout(servers:
 
 
 def test_every_body_route_refuses_an_oversized_body_from_an_authenticated_caller(servers: list[Served]) -> None:
-    """An authenticated caller's body past the limit (1 MiB; 16 KiB for the token route), declared or chunked, is
-    a 413 on every route taking a body, and the connection is closed rather than read on."""
-    over = LIMITS.max_body + 1
+    """An authenticated caller's body past its route's bound (1 MiB; plus the base64 of its media limit on routes
+    carrying media; 16 KiB for the token route), declared or chunked, is a 413 on every route taking a body, and
+    the connection is closed rather than read on."""
     for one in servers:
         for route, method in one.every():
             if route.body is None:
                 continue
+            over = max(route.limits.bound, LIMITS.max_body) + 1
             headers = {**one.credentials, "Content-Type": "application/json"}
             for framing in ({"Content-Length": str(over)}, {"Transfer-Encoding": "chunked"}):
                 with socket.create_connection(("127.0.0.1", one.server.port), timeout=5) as sock:
