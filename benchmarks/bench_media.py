@@ -41,6 +41,8 @@ from transports.grpcnode import GrpcNodeTransport
 CALLS = 40
 WARMUP = 5
 SIZE = 1_000_000
+LIMIT = 2 << 20
+"""Each capability's ``max_media_bytes`` (media is opted into): room for one part of SIZE."""
 TOKEN = "tok-bench"
 ENVIRON = {"BENCH_TOKEN": TOKEN}
 RESULTS = Path(__file__).parent / "results" / "media.json"
@@ -54,11 +56,11 @@ AGENT = textwrap.dedent(
 
     agent = ReachAgent("studio", tokens="open")
 
-    @agent.capability("sizes")
+    @agent.capability("sizes", max_media_bytes=LIMIT)
     def sizes(media: list[MediaPart]) -> list[int]:
         return [part.size for part in media]
 
-    @agent.capability("echo_media")
+    @agent.capability("echo_media", max_media_bytes=LIMIT)
     def echo_media(media: list[MediaPart]) -> WithMedia:
         return WithMedia(data=len(media), media=tuple(media))
 
@@ -97,7 +99,13 @@ def process(command: list[str], port: int) -> Iterator[None]:
 
 def write_config(folder: Path, url: str) -> Path:
     doc = {
-        "agents": [{"name": "studio", "endpoints": [url], "capabilities": ["sizes", "echo_media"]}],
+        "agents": [
+            {
+                "name": "studio",
+                "endpoints": [url],
+                "capabilities": [{"name": name, "max_media_bytes": LIMIT} for name in ("sizes", "echo_media")],
+            }
+        ],
         "tenants": {"bench": {"token_env": "BENCH_TOKEN", "agents": "*", "networks": ["127.0.0.0/8"]}},
     }
     path = folder / "agents.yaml"
@@ -115,11 +123,14 @@ def servers(folder: Path) -> Iterator[tuple[dict[str, Callable[[], Transport]], 
             process([*CLI, "gateway", "--config", config, "--port", str(gateway_port)], gateway_port),
             process([*CLI, "node", "--config", config, "--port", str(node_port)], node_port),
         ):
-            yield {
-                "direct": DirectTransport,
-                "gateway": lambda: GatewayTransport(f"http://127.0.0.1:{gateway_port}", token=TOKEN),
-                "node": lambda: GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN),
-            }, config
+            yield (
+                {
+                    "direct": DirectTransport,
+                    "gateway": lambda: GatewayTransport(f"http://127.0.0.1:{gateway_port}", token=TOKEN),
+                    "node": lambda: GrpcNodeTransport(f"127.0.0.1:{node_port}", token=TOKEN),
+                },
+                config,
+            )
 
 
 async def p50_ms(call: Callable[[], Awaitable[Any]]) -> float:

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from reach_plugins.errors import MediaTooLarge, RequestError
 
 MAX_MEDIA_BYTES: Final = 8 << 20
-"""Default largest total of media bytes one request or reply of a capability carries (8 MiB)."""
+"""Largest total of media bytes a reply carries when its capability is unknown, and the node's gRPC bound (8 MiB);
+a capability takes media only when it declares ``max_media_bytes`` (0 by default, so every body stays 1 MiB)."""
 MAX_PARTS: Final = 64
 """The most media parts one request or reply carries."""
 MEDIA_TYPE: Final = r"^[a-z0-9][a-z0-9!#$&^_.+\-]*/[a-z0-9][a-z0-9!#$&^_.+\-]*$"
@@ -94,8 +95,19 @@ def total_size(parts: Iterable[MediaPart]) -> int:
     return sum(part.size for part in parts)
 
 
+def reply_limit(declared: int | None) -> int:
+    """The most media bytes a caller takes in one reply: what the capability declares, or :data:`MAX_MEDIA_BYTES`
+    when its record declares none (the caller's view of a capability may be older or written by hand)."""
+    return declared or MAX_MEDIA_BYTES
+
+
 def check_size(size: int, limit: int, capability: str) -> None:
     """Refuse ``size`` media bytes above ``limit`` with an error naming both and how to raise the limit."""
+    if size and not limit:
+        raise MediaTooLarge(
+            f"{capability!r} takes no media parts ({size} bytes sent); declare max_media_bytes on the capability "
+            "(and the gateway) to accept them, or send the media by url"
+        )
     if size > limit:
         raise MediaTooLarge(
             f"the media parts of {capability!r} are {size} bytes; it accepts at most {limit} "

@@ -17,7 +17,7 @@ from reach_plugins.endpoints import endpoint_problem
 from reach_plugins.errors import WIRE_CODES, DeadlineExceeded, OutcomeUnknown, ReachError, RemoteError
 from reach_plugins.ids import new_request_id
 from reach_plugins.jsonsafe import json_problem
-from reach_plugins.media import MAX_MEDIA_BYTES, MediaPart
+from reach_plugins.media import MediaPart
 from reach_plugins.units import Duration, Ratio
 
 NAME_PATTERN = r"^[a-z][a-z0-9_.\-]*$"
@@ -297,9 +297,10 @@ class Capability(Strict):
     input_tokens_required: int | None = Field(default=None, ge=1)
     """The largest input this capability takes, in estimated tokens (the payload's JSON at about four characters
     a token): the router skips it for a larger request and refuses with ``InputTooLong`` when nobody is left."""
-    max_media_bytes: int = Field(default=MAX_MEDIA_BYTES, ge=0)
+    max_media_bytes: int = Field(default=0, ge=0)
     """The most media bytes (images, audio: :class:`~reach_plugins.media.MediaPart`) one request or reply carries;
-    servers refuse more with ``MediaTooLarge`` before decoding them."""
+    servers refuse more with ``MediaTooLarge`` before decoding them. 0 (the default) takes none: a server reads a
+    body up to 1 MiB plus the base64 of the largest limit its capabilities declare, so media is opted into."""
     retry: RetryPolicy | None = None
     timeouts: Timeouts | None = None
     consistency: ConsistencyPolicy | None = None

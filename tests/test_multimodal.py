@@ -12,6 +12,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, context
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import pytest
 from hop_support import TOKENS, write_config
 from transport_conformance import make_call
@@ -34,6 +35,8 @@ from transports.grpcnode import GrpcNodeTransport
 
 LIMIT = 2 << 20
 """The ``echo_media`` capability's ``max_media_bytes`` (2 MiB): a 1 MB blob fits, 3 MiB does not."""
+DRAWN = 1 << 16
+"""The ``draw`` capability's ``max_media_bytes``: its reply carries a small PNG."""
 
 
 def png(width: int = 4, height: int = 3) -> bytes:
@@ -57,9 +60,13 @@ def studio() -> ReachAgent:
         assert [part.size for part in ctx.media] == [part.size for part in media]
         return WithMedia(data={"note": note, "seen": seen}, media=tuple(reversed(media)))
 
-    @agent.capability("draw")
+    @agent.capability("draw", max_media_bytes=DRAWN)
     def draw() -> MediaPart:
         return MediaPart(media_type="image/png", data=png(2, 2), name="dot.png")
+
+    @agent.capability("note")
+    def note(text: str = "") -> dict[str, str]:
+        return {"text": text}
 
     return agent
 
@@ -98,7 +105,11 @@ TRANSPORTS: dict[str, Route] = {"direct": _direct, "gateway": _gateway, "node": 
 async def client_over(transport: str, tmp_path: Path) -> AsyncIterator[ReachClient]:
     """A client of tenant demo reaching the studio agent over ``transport``."""
     with served() as url:
-        capabilities = [{"name": "echo_media", "max_media_bytes": LIMIT}, "draw"]
+        capabilities = [
+            {"name": "echo_media", "max_media_bytes": LIMIT},
+            {"name": "draw", "max_media_bytes": DRAWN},
+            "note",
+        ]
         config = write_config(
             tmp_path / "agents.yaml", {"studio": {"endpoints": [url], "capabilities": capabilities}}, TENANTS
         )
@@ -135,11 +146,50 @@ async def test_media_over_the_capability_limit_is_refused_by_name(tmp_path: Path
     over (the agent counts the base64 text before decoding it), or a body past its read bound (never read whole)."""
     big = MediaPart(media_type="application/octet-stream", data=os.urandom(size))
     async with client_over(transport, tmp_path) as client:
-        response = await client.reach("echo_media", {"note": "big"}, media=[big], timeout_ms=10_000)
-        with pytest.raises(errors.MediaTooLarge) as raised:
+        attempts = []
+        with pytest.raises(errors.MediaTooLarge) as raised:  # the gateway refuses past its own bound itself
+            response = await client.reach("echo_media", {"note": "big"}, media=[big], timeout_ms=10_000)
+            attempts.append(response.attempts)
             response.raise_for_status()
     assert str(LIMIT) in raised.value.message and "max_media_bytes" in raised.value.message
-    assert response.attempts == 1
+    assert attempts in ([], [1])
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+async def test_a_capability_that_declared_no_media_refuses_it_by_name(tmp_path: Path, transport: str) -> None:
+    """Media is opted into: a capability without ``max_media_bytes`` refuses even a small image over each
+    transport, saying to declare it, and its payload-only calls still succeed."""
+    async with client_over(transport, tmp_path) as client:
+        refused = await client.reach("note", {"text": "x"}, media=[MediaPart(media_type="image/png", data=png())])
+        with pytest.raises(errors.MediaTooLarge, match="declare max_media_bytes"):
+            refused.raise_for_status()
+        plain = (await client.reach("note", {"text": "x"})).raise_for_status()
+    assert plain.data == {"text": "x"}
+
+
+def test_a_server_without_media_capabilities_reads_bodies_of_1_mib_at_most(tmp_path: Path) -> None:
+    """With no capability declaring media, the agent's and the gateway's reach bodies are bound by 1 MiB."""
+    agent = ReachAgent("plain", tokens="open")
+
+    @agent.capability("note")
+    def note(text: str = "") -> dict[str, str]:
+        return {"text": text}
+
+    config = write_config(tmp_path / "agents.yaml", {"plain": {"endpoints": ["http://127.0.0.1:9"]}}, TENANTS)
+    bodies = {"agent": agent.app, "gateway": create_app(config, environ=TOKENS)}
+    for name, app in bodies.items():
+        with BackgroundServer(app, proxy_headers=False) as server:
+            over = httpx.post(
+                f"{server.url}/reach" if name == "agent" else f"{server.url}/v1/reach",
+                content=b"{" + b" " * (1 << 20) + b"}",
+                headers={
+                    "Content-Type": "application/json",
+                    "Authorization": f"Bearer {TOKENS['DEMO_TOKEN']}",
+                    "X-Tenant": "demo",
+                },
+            )
+        assert over.status_code == 413, (name, over.text)
+        assert "media" not in over.json()["error"]["message"], name
 
 
 def test_a_size_is_checked_before_any_base64_is_decoded() -> None:

@@ -62,7 +62,7 @@ from reach_plugins.errors import (
     UnknownCapability,
     is_retryable,
 )
-from reach_plugins.media import MAX_MEDIA_BYTES, check_size, digests, parts_from_wire, total_size
+from reach_plugins.media import check_size, digests, parts_from_wire, total_size
 from reach_plugins.model import AgentDescriptor, Capability, DangerLevel, ErrorInfo, Hop, Idempotency
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.context import Served, serving
@@ -230,7 +230,7 @@ class ReachAgent:
         idempotency_key: str | None = None,
         retryable: bool = True,
         max_concurrency: int | None = None,
-        max_media_bytes: int = MAX_MEDIA_BYTES,
+        max_media_bytes: int = 0,
     ) -> Callable[[F], F]:
         """Register the decorated function (sync, async or a generator for streaming) as capability ``name``."""
 

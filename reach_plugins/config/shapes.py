@@ -47,7 +47,17 @@ Loc = tuple[str | int, ...]
 Problems = list[tuple[str, str]]
 
 TOP_LEVEL_KEYS = (
-    "agents", "agent", "connectors", "tools", "defaults", "tenants", "secrets", "quotas", "matching", "loops", "relief"
+    "agents",
+    "agent",
+    "connectors",
+    "tools",
+    "defaults",
+    "tenants",
+    "secrets",
+    "quotas",
+    "matching",
+    "loops",
+    "relief",
 )
 _PROTOCOL_ALIASES = {"http": "raw-http"}
 _ROUTING_KEYS = ("weight", "priority", "cost")

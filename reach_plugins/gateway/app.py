@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 from reach_plugins.errors import Backpressure, ConfigError, RateLimited, ReachError, Unauthenticated
 from reach_plugins.gateway.mcp import McpEndpoint
 from reach_plugins.gateway.ops import OpsPage, Recent
-from reach_plugins.media import MAX_MEDIA_BYTES, parts_from_wire
+from reach_plugins.media import parts_from_wire
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.protocols import encode_sse
 from reach_plugins.security.issuer import TokenIssuer
@@ -129,7 +129,7 @@ class Gateway:
         retry_after: float = 1.0,
         metrics: Metrics | None = None,
         limits: InputLimits | None = None,
-        max_media_bytes: int = MAX_MEDIA_BYTES,
+        max_media_bytes: int = 0,
         issuer: TokenIssuer | None = None,
         exchangers: Mapping[str, str] | None = None,
         worker: int | None = None,
@@ -148,8 +148,9 @@ class Gateway:
         self.large = self.limits.places()
         """Places for bodies over 64 KiB, shared by every endpoint of this gateway."""
         self.max_media_bytes = max_media_bytes
-        """The most media bytes one reach body carries here; each capability's own ``max_media_bytes`` is enforced
-        where it is served (the agent SDK)."""
+        """The most media bytes one reach body carries here (0: none, bodies stay within ``limits.max_body``);
+        :func:`create_app` sets the largest ``max_media_bytes`` its configured capabilities declare. Each
+        capability's own limit is enforced where it is served (the agent SDK)."""
         self.issuer = issuer
         """The token issuer role (DESIGN.md 11.4): ``POST /v1/tokens`` and the JWKS, when given."""
         self.exchangers = dict(exchangers or {})

@@ -105,6 +105,7 @@ def create_app(
         max_inflight=max_inflight,
         tracer_provider=tracer_provider,
         limits=limits,
+        max_media_bytes=max((cap.max_media_bytes for agent in loaded.agents for cap in agent.capabilities), default=0),
         issuer=issuer,
         exchangers=presenter_tokens(agent_tokens or {}, environ, access),
         metrics=metrics,

@@ -22,7 +22,6 @@ Vectors = Sequence[Sequence[float]]
 EmbedFunction = Callable[[Sequence[str]], Vectors]
 
 
-
 @runtime_checkable
 class Embedder(Protocol):
     """Texts in, one vector per text out (any length, the same for every text of one embedder)."""

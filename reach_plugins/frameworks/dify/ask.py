@@ -97,7 +97,7 @@ def _arguments(capability: str, value: Any) -> dict[str, Any]:
         ) from exc
     if not isinstance(parsed, dict):
         raise InvalidPayload(
-            f"the arguments for {capability!r} must be a JSON object such as {{\"order_id\": \"A1001\"}}, "
+            f'the arguments for {capability!r} must be a JSON object such as {{"order_id": "A1001"}}, '
             f"got a {type(parsed).__name__}",
             capability=capability,
         )

@@ -110,7 +110,7 @@ class ReachTool(Tool):  # type: ignore[misc]
 
 
 class AskAgent(ReachTool):
-    """"Ask an agent": a question in plain words (``query``) or ``arguments``, shaped by the capability's schema.
+    """ "Ask an agent": a question in plain words (``query``) or ``arguments``, shaped by the capability's schema.
 
     The question goes into the schema's one text field (``message`` of a served
     LangGraph agent, ``order_id`` of ``query_order``); see
