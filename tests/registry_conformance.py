@@ -184,6 +184,18 @@ class RegistryConformance:
         inst = registry.instances("orders")["o-1"]
         assert (inst.heartbeat_seq, inst.last_heartbeat, inst.load, inst.status) == (1, clock(), 0.4, "draining")
 
+    async def test_health_moves_when_a_heartbeat_reports_another_status(
+        self, registry: Registry, clock: FakeClock
+    ) -> None:
+        """``health`` (what the router's pools are kept by) moves when an instance reports another status, so a
+        pool holding it looks again without polling."""
+        await registry.register_agent(agent("orders", "query_order"))
+        await registry.register_instance(tracked("orders", "o-1", clock))
+        await registry.heartbeat("orders", "o-1", 1, load=0.2)
+        before = registry.health
+        await registry.heartbeat("orders", "o-1", 2, status="draining")
+        assert registry.health > before
+
     async def test_stale_heartbeat_is_ignored(self, registry: Registry, clock: FakeClock) -> None:
         """A heartbeat whose seq is not above the last one changes nothing."""
         await registry.register_agent(agent("orders", "query_order"))

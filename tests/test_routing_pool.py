@@ -29,6 +29,10 @@ class CountingView:
     def revision(self) -> int:
         return self.registry.revision
 
+    @property
+    def health(self) -> int:
+        return self.registry.health
+
     def agents(self) -> Mapping[str, object]:
         return self.registry.agents()
 
@@ -140,19 +144,54 @@ def test_refresh_must_be_positive() -> None:
 
 
 async def test_a_full_look_only_when_the_rotation_fell_behind() -> None:
-    """Past ``refresh``, a router whose rotation re-checked every entry keeps its pool; an idle one looks in full."""
+    """Past ``refresh``, a pool that skipped an instance that heals with time (an open breaker) is kept by a busy
+    router whose rotation re-checked every entry, and looked at in full by an idle one; the healed instance
+    comes back."""
     clock = FakeClock()
     registry = MemoryRegistry(clock=clock)
     await estate(registry, 2, 3)
     view = CountingView(registry)
-    r = Router(view, clock=clock, rng=random.Random(7), refresh=1.0)  # type: ignore[arg-type]
+    open_breakers = {("a0", "a0-0")}
+    r = Router(
+        view,  # type: ignore[arg-type]
+        clock=clock,
+        rng=random.Random(7),
+        refresh=1.0,
+        is_available=lambda agent, instance: (agent, instance) not in open_breakers,
+    )
     for _ in range(10):  # more calls than the 6 entries: the rotation went all the way round
         r.route(ask())
     clock.advance(1.5)
     view.reads = 0
     r.route(ask())
     assert view.reads <= 2 * 3
+    open_breakers.clear()  # the breaker closes with time alone: nothing is pushed
     clock.advance(1.5)  # one call in the period: the rotation saw one entry of six
     view.reads = 0
     r.route(ask())
     assert view.reads >= 2 * 3 + 3
+    assert "a0-0" in {r.route(ask()).instance.instance_id for _ in range(12)}
+
+
+async def test_an_idle_caller_keeps_its_pool_until_a_health_change_is_pushed() -> None:
+    """With every instance usable, a caller making one call per ``refresh`` or slower never looks in full; a
+    pushed change (a heartbeat reporting ``draining``, an instance back up) makes the next call look once."""
+    clock = FakeClock()
+    registry = MemoryRegistry(clock=clock)
+    await estate(registry, 100, 3)
+    view = CountingView(registry)
+    r = Router(view, clock=clock, rng=random.Random(8), refresh=1.0)  # type: ignore[arg-type]
+    r.route(ask())
+    for _ in range(10):
+        clock.advance(2.0)
+        view.reads = 0
+        r.route(ask())
+        assert view.reads <= 2 * 3  # the pick and one rotating re-check
+    await registry.heartbeat("a5", "a5-1", next(SEQ), status="draining")
+    view.reads = 0
+    r.route(ask())
+    assert view.reads >= 100 * 3
+    assert all(r.route(ask()).instance.instance_id != "a5-1" for _ in range(600))
+    view.reads = 0
+    r.route(ask())
+    assert view.reads <= 2 * 3  # draining is pushed back when it ends: no time-based look meanwhile

@@ -43,10 +43,17 @@ class RegistryView(Protocol):
 
     ``revision`` changes whenever agents or the set of instances change (not on
     mere heartbeats), so an index built from the view can be cached by it.
+    ``health`` also moves when an instance's standing changes without time
+    passing (it comes back up, is judged down, reports another status): the
+    router's pools keep a look until it moves, instead of re-checking every
+    instance of an idle caller's pool (:mod:`reach_plugins.routing.pool`).
     """
 
     @property
     def revision(self) -> int: ...
+
+    @property
+    def health(self) -> int: ...
 
     def agents(self) -> Mapping[str, AgentDescriptor]: ...
 

@@ -164,6 +164,10 @@ class EtcdRegistry:
         self._ensure_started()
         return self._cache.revision
 
+    @property
+    def health(self) -> int:
+        return self._cache.health
+
     def agents(self) -> Mapping[str, AgentDescriptor]:
         self._ensure_started()
         return self._cache.agents()

@@ -151,6 +151,10 @@ class FileRegistry:
     def revision(self) -> int:
         return self._memory.revision
 
+    @property
+    def health(self) -> int:
+        return self._memory.health
+
     def agents(self) -> Mapping[str, AgentDescriptor]:
         return self._memory.agents()
 

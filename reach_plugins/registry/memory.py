@@ -109,6 +109,7 @@ class MemoryRegistry:
         self._grace: dict[str, float] = {}
         self._down: set[tuple[str, str]] = set()
         self._revision = 0
+        self._health = 0
         self._watchers: weakref.WeakSet[_Watcher] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ read side (sync)
@@ -116,6 +117,11 @@ class MemoryRegistry:
     @property
     def revision(self) -> int:
         return self._revision
+
+    @property
+    def health(self) -> int:
+        """Moves on every event and on a heartbeat that reports another status (see :class:`RegistryView`)."""
+        return self._health
 
     @property
     def tenants(self) -> None:
@@ -241,6 +247,7 @@ class MemoryRegistry:
             changes["load"] = load
         if status is not None:
             changes["status"] = status
+            self._health += status != current.status
         refreshed = current.model_copy(update=changes)
         self._instances[agent][instance_id] = refreshed
         self._judge(refreshed, now)
@@ -306,6 +313,7 @@ class MemoryRegistry:
     ) -> RegistryEvent:
         if bump:
             self._revision += 1
+        self._health += 1
         event = RegistryEvent(kind=kind, agent=agent, instance_id=instance_id, revision=self._revision, status=status)
         for watcher in list(self._watchers):
             watcher.push(event)

@@ -36,6 +36,7 @@ class RouteTable:
         self._ttl = ttl
         self._clock = clock
         self._revision = 0
+        self._health = 0
         self._seen: int | None = None
         self._taken = 0.0
         self._stale = True
@@ -59,6 +60,7 @@ class RouteTable:
         if source.revision != self._seen:
             self._seen = source.revision
             self._revision += 1
+        self._health = source.health
         self._taken, self._stale = now, False
         self.refreshes += 1
 
@@ -66,6 +68,12 @@ class RouteTable:
     def revision(self) -> int:
         self._refresh()
         return self._revision
+
+    @property
+    def health(self) -> int:
+        """The source's ``health`` as of the snapshot the instances are read from."""
+        self._refresh()
+        return self._health
 
     def agents(self) -> Mapping[str, AgentDescriptor]:
         self._refresh()

@@ -10,9 +10,14 @@ the round-robin state) and keeps it honest at O(1) a call:
   again in full when it fails: an unusable instance is never handed out;
 * each call re-checks one more entry in rotation, so a recovered instance,
   a closed breaker or a new load figure is seen within ``n`` calls;
-* the whole pool is looked at again when the registry revision moves, and
-  every ``refresh`` seconds of the router's clock unless the rotation has
-  re-checked every entry meanwhile (so a busy router never pays a full look).
+* health changes are pushed, not polled: the whole pool is looked at again
+  when the registry's ``revision`` or ``health`` moves (an instance added,
+  removed, back up, judged down, or reporting another status), so an idle
+  caller's call stays O(1) however many instances the pool holds;
+* only a look that skipped an instance for a reason that heals with time
+  alone (an open breaker, an ejected outlier, a missed heartbeat) is looked at
+  again every ``refresh`` seconds of the router's clock, unless the rotation
+  has re-checked every entry meanwhile (so a busy router never pays a full look).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class Entry:
     instance: Instance
     weight: int
     why: str | None = None
-    """Why the weight is cut (an outlier against its peers), when it is."""
+    """Why the weight is cut (an outlier against its peers) or 0 (why it was skipped), when it is."""
 
     @property
     def key(self) -> InstanceKey:
@@ -57,6 +62,9 @@ class Look:
     """The cost of the tier the usable entries belong to: the cheapest with a healthy instance in ``priority``."""
     priced: bool = False
     """Whether offers of ``priority`` differ in cost (then the reason says cost chose among them)."""
+    heals: bool = False
+    """Whether an instance was skipped for a reason that can end with time alone, no registry change pushed
+    (an open breaker, an ejected outlier, a missed heartbeat): then the look expires after ``refresh``."""
 
     @property
     def usable(self) -> list[Entry]:
@@ -82,6 +90,7 @@ class Pool:
         "by_key",
         "expires",
         "flagged",
+        "health",
         "keys",
         "look",
         "plan",
@@ -89,6 +98,7 @@ class Pool:
         "rr",
         "seeds",
         "shown",
+        "taken",
         "usable",
     )
 
@@ -100,6 +110,10 @@ class Pool:
         self.keys: list[InstanceKey] = []
         self.by_key: dict[InstanceKey, Entry] = {}
         self.expires = 0.0
+        self.taken = 0.0
+        """When the look was taken (the router's clock): a clock that went back before it forces a new look."""
+        self.health = -1
+        """The registry view's ``health`` the look was taken at; the look is kept until it moves."""
         self.shown: list[CandidateScore] | None = None
         self.seeds: list[int] | None = None
         """The rendezvous digests of ``keys`` (computed on the first session placed over this look)."""
@@ -109,14 +123,15 @@ class Pool:
         self._cursor = 0
         self._rechecked = 0
 
-    def load(self, look: Look, expires: float) -> None:
-        """Adopt a fresh look (it has at least one usable entry); the round robin keeps its place."""
+    def load(self, look: Look, *, taken: float, expires: float, health: int) -> None:
+        """Adopt a fresh look (it has at least one usable entry), taken at ``taken`` at the view's ``health``;
+        the round robin keeps its place."""
         self.look = look
         self.usable = look.usable
         self.keys = [(entry.offer.name, entry.instance.instance_id) for entry in self.usable]  # ``key``, inlined
         self.by_key = dict(zip(self.keys, self.usable, strict=True))
         self.rr.update((key, entry.weight) for key, entry in zip(self.keys, self.usable, strict=True))
-        self.expires = expires
+        self.expires, self.taken, self.health = expires, taken, health
         self._rechecked = 0
         self.shown = None
         self.seeds = None

@@ -27,12 +27,14 @@ caches (index, per-request plans and their pools) are keyed by the view's
 ``revision``, so a registry change is picked up on the next call. Health is not
 re-read for every instance on every call (that made a call O(n)): a
 :class:`~reach_plugins.routing.pool.Pool` keeps the last full look, checks the
-picked instance live, re-checks one other per call in rotation and looks in
-full again every ``refresh`` seconds unless that rotation went all the way round.
+picked instance live, re-checks one other per call in rotation, and looks in
+full again when the view's ``health`` moves (a change pushed by the registry),
+or every ``refresh`` seconds while it skips an instance that heals with time.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from bisect import bisect_left
@@ -371,9 +373,10 @@ class Router:
         return pool
 
     def _keep_fresh(self, pool: Pool, now: float) -> None:
-        """Load the pool if it is stale, else re-check the next entry of its rotation (O(1))."""
+        """Load the pool if a health change was pushed or it is due, else re-check the next entry of its rotation
+        (O(1))."""
         entry = pool.due()
-        if entry is None or now < pool.expires - self.refresh:  # no look yet, or the clock went back
+        if entry is None or pool.health != self.view.health or now < pool.taken:  # no look, a change, time went back
             self._reload(pool, now)
             return
         if now >= pool.expires and not pool.prolong(now + self.refresh):
@@ -386,7 +389,10 @@ class Router:
             self._adopt(pool, entry, live)
 
     def _reload(self, pool: Pool, now: float) -> None:
-        pool.load(self._look(pool.plan, now, ()), now + self.refresh)
+        """A full look (O(n)); it expires after ``refresh`` only if it skipped an instance that heals with time."""
+        health = self.view.health
+        look = self._look(pool.plan, now, ())
+        pool.load(look, taken=now, expires=now + self.refresh if look.heals else math.inf, health=health)
 
     def _usable_now(self, pool: Pool, entry: Entry, now: float) -> bool:
         """Whether the picked entry can take the request now; it adopts the registry's latest record of it."""
@@ -415,12 +421,14 @@ class Router:
         """Judge every instance, tier by tier, up to the first tier with a usable one (O(n): on reloads only)."""
         skipped: list[Skip] = list(plan.oversized)
         judged: list[Entry] = []
+        heals = False
         for tier in plan.tiers:
             entries = self._judge(tier, now, exclude, skipped)
             judged += entries
+            heals = heals or any(not entry.weight and entry.why != entry.instance.status for entry in entries)
             if any(entry.weight > 0 for entry in entries):
                 best = tier[0]
-                return Look(judged, best.priority, skipped, best.cost, best.priority in plan.priced)
+                return Look(judged, best.priority, skipped, best.cost, best.priority in plan.priced, heals)
         raise _nobody(plan.tiers[0][0].capability.name, skipped)
 
     def _judge(
@@ -445,7 +453,7 @@ class Router:
                 if why is None:
                     judged.append(Entry(offer, inst, *self._weigh(offer, inst)))
                 else:
-                    judged.append(Entry(offer, inst, 0))
+                    judged.append(Entry(offer, inst, 0, why))
                     skipped.append((offer.name, inst.instance_id, why))
         return judged
 
