@@ -229,3 +229,20 @@ async def test_a_hop_refuses_past_the_tenant_quota_naming_the_layer(tmp_path: Pa
         assert first.ok and second.ok and agents[0].count("query_order") == 2
     assert refused.value.layer == "tenant" and "quotas.tenants.demo" in refused.value.message
     assert refused.value.retry_after is not None and 5.0 < refused.value.retry_after <= 10.0
+
+
+@pytest.mark.parametrize("kind", ["gateway", "node"])
+async def test_a_hop_makes_an_online_caller_wait_for_the_quota(tmp_path: Path, kind: str) -> None:
+    """Behind a real ``reach gateway`` or ``reach node``, a 10 req/s burst-2 tenant with ``waits: {online: 500ms}``:
+    four calls in a row all pass, the last two after waiting their turn (the four span at least 0.2 s)."""
+    with serve_agents(("orders", "o1")) as agents:
+        config = write_config(tmp_path / "agents.yaml", {"orders": [agents[0].url]}, demo_tenants())
+        doc = yaml.safe_load(config.read_text())
+        doc["quotas"] = {"tenants": {"demo": {"rate": 10, "burst": 2}}, "waits": {"online": "500ms"}}
+        config.write_text(yaml.safe_dump(doc))
+        async with hop(kind, config, TOKENS) as transport, ReachClient(str(config), transport, tenant="demo") as client:
+            start = time.monotonic()
+            answers = [await client.reach("query_order", {"order_id": str(n)}, timeout_ms=5000) for n in range(4)]
+            elapsed = time.monotonic() - start
+        assert all(answer.ok for answer in answers) and agents[0].count("query_order") == 4
+    assert elapsed >= 0.2 - 0.01

@@ -65,6 +65,7 @@ from reach_plugins.telemetry.spans import (
     EVENT_DEDUP_HIT,
     EVENT_DEDUP_UNAVAILABLE,
     EVENT_DEDUP_WAIT,
+    EVENT_QUOTA_WAIT,
     EVENT_STREAMED,
     end_client_span,
     get_tracer,
@@ -362,11 +363,17 @@ class Pipeline:
             return await run_unary(self._engine, flight)
 
     async def _admit(self, flight: Flight) -> Lease | None:
-        """The request's claim on the fleet's quotas (None without any); raises RateLimited."""
+        """The request's claim on the fleet's quotas (None without any), a wait for it on the trace; raises
+        RateLimited."""
         if self._quotas is None:
             return None
         remaining = flight.deadline.remaining(self._clock.now())
-        return await self._quotas.acquire(flight.request, flight.route.agent.name, remaining)
+        lease = await self._quotas.acquire(flight.request, flight.route.agent.name, remaining)
+        if lease is not None and lease.rechecks:
+            flight.rec.event(
+                EVENT_QUOTA_WAIT, self._clock.now(), waited_ms=lease.waited * 1000.0, rechecks=lease.rechecks
+            )
+        return lease
 
     async def _leave(self, lease: Lease | None) -> None:
         if lease is not None and self._quotas is not None:

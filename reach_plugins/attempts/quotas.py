@@ -9,6 +9,15 @@ stream, which only ``stream_idle`` bounds, renews it as it flows (:meth:`Quotas.
 A client whose transport is a gateway or node leaves quotas to
 that hop (it owns the request's retries too), so a call is counted once.
 
+A refused call whose priority may wait (``quotas.waits``) waits here, the one
+place every path (client, gateway worker, node) judges its quotas: it sleeps
+the refusal's ``retry_after`` (a concurrency refusal: until this process gives
+a slot back, or its ``retry_after``) and is judged again, within its wait, its
+deadline and :data:`~reach_plugins.policy.quota_wait.MAX_RECHECKS` re-checks
+(:class:`~reach_plugins.policy.quota_wait.QuotaWait` decides). Waiting holds
+no lease and is charged nothing; each call that waited is recorded on
+``reach.quota.waits`` (seconds, by priority and outcome).
+
 While the shared store is unreachable each process enforces its share of every
 budget alone (``fallback.processes``: ``rate / processes``, burst and slots
 rounded up), never an unlimited one; the switch is logged as a warning, every
@@ -18,6 +27,8 @@ again ``fallback.recheck`` seconds later.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -32,10 +43,11 @@ from reach_plugins.errors import BackendUnavailable, RateLimited
 from reach_plugins.ids import new_request_id
 from reach_plugins.model import ReachRequest
 from reach_plugins.policy.gcra import QuotaLayer, Refusal
+from reach_plugins.policy.quota_wait import QuotaWait
 from reach_plugins.stores.keys import DEFAULT_TENANT
 from reach_plugins.stores.quotas import MemoryQuotaStore, QuotaStore, layers_of
 from reach_plugins.stores.urls import open_quota_store
-from reach_plugins.telemetry.metrics import QUOTA_FALLBACKS, QUOTA_REFUSALS
+from reach_plugins.telemetry.metrics import DURATION_BUCKETS, QUOTA_FALLBACKS, QUOTA_REFUSALS, QUOTA_WAITS
 
 logger = logging.getLogger("reach_plugins.quotas")
 
@@ -54,6 +66,10 @@ class Lease:
     """Seconds the store holds its slots from the last acquire or renewal."""
     renew_at: float
     """Monotonic time past which a call still running renews it (half its ttl): :meth:`Quotas.keep`."""
+    waited: float = 0.0
+    """Seconds the call waited for its quota before it was admitted (0: admitted at once)."""
+    rechecks: int = 0
+    """Times it was judged again after a refusal."""
 
 
 class Quotas:
@@ -80,6 +96,12 @@ class Quotas:
             QUOTA_FALLBACKS, unit="{request}", description="Calls judged by a process's local share of the quotas."
         )
         self._refusals = meter.create_counter(QUOTA_REFUSALS, unit="{request}", description="Calls refused by quotas.")
+        self._waits = meter.create_histogram(
+            QUOTA_WAITS, unit="s", description="Time calls refused by a quota waited to be judged again.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )  # fmt: skip
+        self._freed = asyncio.Event()
+        """Set (then replaced) whenever this process gives slots back: wakes its calls waiting for a slot."""
 
     @property
     def on_fallback(self) -> bool:
@@ -87,19 +109,43 @@ class Quotas:
         return self._clock.monotonic() < self._local_until
 
     async def acquire(self, request: ReachRequest, agent: str, remaining: float) -> Lease | None:
-        """Admit ``request`` to ``agent`` (``remaining`` seconds to its deadline) or raise RateLimited."""
+        """Admit ``request`` to ``agent`` (``remaining`` seconds to its deadline), after waiting for it if its
+        priority may wait, or raise RateLimited."""
         tenant = request.tenant or DEFAULT_TENANT
         layers = layers_of(self.config, tenant, agent)
         if not layers:
             return None
         share = self.config.share(request.priority, tenant)
         lease = new_request_id()
-        ttl = max(remaining, 0.0) + LEASE_GRACE
-        store, refusal = await self._judge(layers, share, lease, ttl)
+        start = self._clock.monotonic()
+        wait = QuotaWait.start(start, max_wait=self.config.wait(request.priority, tenant), remaining=remaining)
+        while True:
+            freed = self._freed
+            ttl = max(wait.deadline - self._clock.monotonic(), 0.0) + LEASE_GRACE
+            store, refusal = await self._judge(layers, share, lease, ttl)
+            now = self._clock.monotonic()
+            delay = None if refusal is None else wait.delay(refusal, now)
+            if refusal is None or delay is None:
+                break
+            await self._pause(delay, freed if refusal.kind == "concurrency" else None)
+            wait = wait.again()
+        waited = wait.waited(now) if wait.rechecked else 0.0
+        if wait.rechecked:
+            outcome = "refused" if refusal is not None else "admitted"
+            self._waits.record(waited, {"priority": request.priority, "outcome": outcome})
         if refusal is not None:
             self._refusals.add(1, {"layer": refusal.layer.name, "kind": refusal.kind})
-            raise _refused(refusal, request, share)
-        return Lease(layers, lease, store, ttl, self._clock.monotonic() + ttl / 2)
+            raise _refused(refusal, request, share, waited)
+        return Lease(layers, lease, store, ttl, now + ttl / 2, waited, wait.rechecked)
+
+    async def _pause(self, seconds: float, freed: asyncio.Event | None) -> None:
+        """Sleep ``seconds``, or until ``freed`` is set (a slot given back here) if that comes first."""
+        if freed is None:
+            await self._clock.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with self._clock.timeout_at(self._clock.now() + seconds):
+                await freed.wait()
 
     async def keep(self, lease: Lease) -> Lease:
         """``lease`` renewed for another ttl once half of it passed (a stream outliving its deadline's lease holds
@@ -115,11 +161,15 @@ class Quotas:
         return replace(lease, renew_at=now + lease.ttl / 2)
 
     async def release(self, lease: Lease) -> None:
-        """Return ``lease``'s slots; a store that cannot be reached lets them expire."""
+        """Return ``lease``'s slots (waking this process's calls waiting for one); a store that cannot be reached
+        lets them expire."""
         try:
             await lease.store.release(lease.layers, lease.id)
         except BackendUnavailable as exc:
             logger.info("%s", exc.message)
+        if any(layer.concurrency is not None for layer in lease.layers):
+            self._freed.set()
+            self._freed = asyncio.Event()
 
     async def _judge(
         self, layers: tuple[QuotaLayer, ...], share: float, lease: str, ttl: float
@@ -148,16 +198,17 @@ class Quotas:
             await self.store.aclose()
 
 
-def _refused(refusal: Refusal, request: ReachRequest, share: float) -> RateLimited:
-    """The RateLimited of ``refusal``: which layer, whose budget, and what to do."""
+def _refused(refusal: Refusal, request: ReachRequest, share: float, waited: float) -> RateLimited:
+    """The RateLimited of ``refusal``: which layer, whose budget, how long the call waited, and what to do."""
     layer = refusal.layer
     if refusal.kind == "rate":
         budget = f"{layer.rate:g} requests/s (burst {layer.burst})"
     else:
         budget = f"{layer.concurrency} calls in flight"
     part = "" if share >= 1 else f"; {request.priority} calls may use {share:g} of it"
+    after = f" after waiting {waited:.3g}s" if waited > 0 else ""
     return RateLimited(
-        f"the {layer.name} quota of {layer.label} ({budget}{part}) refused request {request.request_id}; "
+        f"the {layer.name} quota of {layer.label} ({budget}{part}) refused request {request.request_id}{after}; "
         f"retry after {refusal.retry_after:.3g}s, or raise {layer.path}",
         layer=layer.name,
         retry_after=refusal.retry_after,

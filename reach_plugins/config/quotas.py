@@ -14,6 +14,7 @@
           agents: {order_agent: {rate: 20}}
       other: {rate: 10}                   # every tenant not listed shares this one budget
       priorities: {online: 1.0, batch: 0.5}
+      waits: {online: 250ms, batch: 0s}   # how long a refused call of each priority may wait (default 0s)
       fallback: {processes: 4, recheck: 1s}
 
 Priorities: a call of priority ``p`` (its request's ``priority``, lowered to
@@ -21,8 +22,12 @@ its tenant's ``priority`` when that is lower) may fill each layer only up to
 ``priorities[p]`` of it: a GCRA layer's burst allowance and a concurrency
 layer's slots. Under a shared budget the lower shares are refused first
 (their allowance runs out while the higher still have room); uncontested,
-every priority gets the layer's full rate. Only tenants named here (and
-``other``) get quota keys, so the keys are as many as the config says.
+every priority gets the layer's full rate. ``waits`` says who waits: a
+refused call whose priority may wait sleeps until its quota says it may pass
+(within that wait and its deadline) and is judged again
+(:mod:`reach_plugins.policy.quota_wait`); a priority without a wait is refused
+at once. Only tenants named here (and ``other``) get quota keys, so the keys
+are as many as the config says.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Final
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from reach_plugins.model import Priority, Strict
 from reach_plugins.units import Duration
@@ -39,6 +44,21 @@ Share = Annotated[float, Field(gt=0, le=1)]
 """A share of a budget, in (0, 1]."""
 DEFAULT_SHARES: Final[dict[Priority, float]] = {"online": 1.0, "batch": 0.5}
 """How much of each layer a call of each priority may fill, unless ``priorities:`` says otherwise."""
+LONGEST_WAIT: Final = 10.0
+"""The longest ``waits:`` entry (seconds): a caller that can wait longer should retry after ``retry_after``."""
+
+
+def _bounded_wait(seconds: float) -> float:
+    if seconds > LONGEST_WAIT:
+        raise ValueError(
+            f"a quota wait of {seconds:g}s holds its caller that long; at most {LONGEST_WAIT:g}s (a caller that "
+            "can wait longer retries after the refusal's retry_after)"
+        )
+    return seconds
+
+
+Wait = Annotated[Duration, AfterValidator(_bounded_wait)]
+"""How long a refused call may wait for its quota: a duration of at most :data:`LONGEST_WAIT`."""
 
 
 class Limit(Strict):
@@ -99,6 +119,9 @@ class QuotaConfig(Strict):
     """The budget shared by every tenant not in ``tenants`` (a request naming none is tenant ``default``)."""
     priorities: dict[Priority, Share] = Field(default_factory=lambda: dict(DEFAULT_SHARES))
     """The share of every layer a call of each priority may fill (module docstring)."""
+    waits: dict[Priority, Wait] = Field(default_factory=dict)
+    """Seconds a refused call of each priority may wait for its quota and be judged again (missing: 0, refused at
+    once); lowered to its tenant's ``priority:`` wait, and never past the request's deadline."""
     fallback: QuotaFallback = Field(default_factory=QuotaFallback)
 
     @model_validator(mode="after")
@@ -119,6 +142,14 @@ class QuotaConfig(Strict):
         if ceiling is not None and ceiling.priority is not None:
             share = min(share, self.share_of(ceiling.priority))
         return share
+
+    def wait(self, priority: Priority, tenant: str) -> float:
+        """Seconds a refused ``priority`` call of ``tenant`` may wait for its quota (its tenant's ceiling applied)."""
+        ceiling = self.tenant(tenant)
+        wait = self.waits.get(priority, 0.0)
+        if ceiling is not None and ceiling.priority is not None:
+            wait = min(wait, self.waits.get(ceiling.priority, 0.0))
+        return wait
 
     def tenant(self, tenant: str) -> TenantQuota | None:
         """The budget ``tenant`` draws from: its own, else ``other``'s (None: no tenant layer)."""

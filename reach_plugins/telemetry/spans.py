@@ -121,6 +121,8 @@ EVENT_DEDUP_HIT: Final = "reach.dedup_hit"
 EVENT_DEDUP_WAIT: Final = "reach.dedup_wait"
 EVENT_DEDUP_UNAVAILABLE: Final = "reach.dedup_unavailable"
 EVENT_RATE_WAIT: Final = "reach.rate_limit_wait"
+EVENT_QUOTA_WAIT: Final = "reach.quota_wait"
+"""A call refused by a fleet quota waited for it, then was admitted: ``waited_ms`` and ``rechecks``."""
 EVENT_STREAMED: Final = "reach.streamed"
 """End of a stream, with ``events`` and ``chars`` handed to the caller (also in the stream's trace)."""
 
