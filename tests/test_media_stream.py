@@ -13,11 +13,16 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from hop_support import write_config
 from raw_upstream import RawUpstream
-from test_multimodal import BLOB, LIMIT, TENANTS, TRANSPORTS, client_over
+from test_gateway_mcp_features import call, session
+from test_multimodal import BLOB, LIMIT, TENANTS, TRANSPORTS, b64, client_over, png, studio
 
 from reach_plugins import MediaPart, ReachClient, errors
+from reach_plugins.agent import BackgroundServer
+from reach_plugins.gateway import create_app
+from reach_plugins.protocols.mcp_media import content_of_media, media_of_content
 from reach_plugins.transport import StreamEvent
 from reach_plugins.wire.media_stream import CHUNK_BYTES, MediaAssembler, sse_frames
 from reach_plugins.wire.proto import reach_pb2 as pb
@@ -217,3 +222,38 @@ async def test_a_bad_chunk_sequence_from_a_node_is_refused(tmp_path: Path, seque
         events = await _events(client, MB)
     assert [event.kind for event in events] == ["data", "error"]
     assert events[1].error is not None and events[1].error.type == kind, events[1].error
+
+
+# --------------------------------------------------------------------------- the gateway's /mcp
+
+
+def test_mcp_content_and_media_parts_map_both_ways_in_one_place() -> None:
+    """Parts written as MCP content (image, audio, blob resource, resource_link) read back as the same parts."""
+    parts = [
+        MediaPart(media_type="image/png", data=png()),
+        MediaPart(media_type="audio/wav", data=BLOB[:300]),
+        MediaPart(media_type="application/zip", data=BLOB[:50], name="file:///x.zip"),
+        MediaPart(media_type="text/csv", url="http://127.0.0.1:9/table.csv", name="table"),
+    ]
+    items = content_of_media(parts)
+    assert [item["type"] for item in items] == ["image", "audio", "resource", "resource_link"]
+    assert media_of_content(items) == parts
+
+
+def test_the_gateways_mcp_answers_a_reach_replys_media_as_mcp_content(tmp_path: Path) -> None:
+    """tools/call of a capability returning an image is an image item; a stream's text and part are a text item
+    and an image item (its bytes base64, its type as mimeType)."""
+    with BackgroundServer(studio().app) as agent:
+        descriptor = studio().descriptor(agent.url).model_dump(mode="json", exclude_defaults=True)
+        config = tmp_path / "agents.yaml"
+        config.write_text(yaml.safe_dump({"agents": [descriptor]}))
+        with BackgroundServer(create_app(config, allow_open=True), proxy_headers=False) as gateway:
+            url = f"{gateway.url}/mcp"
+            headers = session(url)
+            drawn = call(url, headers, "tools/call", {"name": "draw", "arguments": {}})["result"]
+            filmed = call(url, headers, "tools/call", {"name": "film", "arguments": {"size": 1000}})["result"]
+    assert drawn["content"] == [{"type": "image", "data": b64(png(2, 2)), "mimeType": "image/png"}]
+    assert filmed["content"] == [
+        {"type": "text", "text": "beforeafter"},
+        {"type": "image", "data": b64(BLOB[:1000]), "mimeType": "image/x-raw"},
+    ]
