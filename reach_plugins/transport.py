@@ -98,11 +98,19 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """One event of a streamed reply: ``data`` chunks, then ``end`` or ``error``."""
+    """One event of a streamed reply: ``data`` chunks and ``media`` parts in the order sent, then ``end`` or
+    ``error``. A ``media`` event carries one whole part: transports reassemble the chunks it travelled in
+    (:mod:`reach_plugins.wire.media_stream`)."""
 
-    kind: Literal["data", "end", "error"]
+    kind: Literal["data", "media", "end", "error"]
     data: Any = None
     error: ErrorInfo | None = None
+    media: MediaPart | None = None
+
+    @property
+    def last(self) -> bool:
+        """Whether the stream ends with this event (``end`` or ``error``)."""
+        return self.kind == "end" or self.kind == "error"
 
 
 EventStream = AsyncGenerator[StreamEvent, None]

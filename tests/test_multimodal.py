@@ -8,7 +8,7 @@ import os
 import struct
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,7 +68,17 @@ def studio() -> ReachAgent:
     def note(text: str = "") -> dict[str, str]:
         return {"text": text}
 
+    @agent.capability("film", max_media_bytes=LIMIT)
+    async def film(size: int) -> AsyncIterator[str | MediaPart]:
+        yield "before"
+        yield MediaPart(media_type="image/x-raw", data=BLOB[:size], name="frame.raw")
+        yield "after"
+
     return agent
+
+
+BLOB = os.urandom(3 << 20)
+"""What ``film`` streams the first ``size`` bytes of, between two text events."""
 
 
 @contextmanager
@@ -102,13 +112,17 @@ TRANSPORTS: dict[str, Route] = {"direct": _direct, "gateway": _gateway, "node": 
 
 
 @asynccontextmanager
-async def client_over(transport: str, tmp_path: Path) -> AsyncIterator[ReachClient]:
-    """A client of tenant demo reaching the studio agent over ``transport``."""
-    with served() as url:
+async def client_over(
+    transport: str, tmp_path: Path, *, film_limit: int = LIMIT, url: str | None = None
+) -> AsyncIterator[ReachClient]:
+    """A client of tenant demo reaching the studio agent (or the server at ``url``) over ``transport``; the
+    config (the client's, the gateway's, the node's) declares ``film_limit`` for ``film``."""
+    with served() if url is None else nullcontext(url) as url:
         capabilities = [
             {"name": "echo_media", "max_media_bytes": LIMIT},
             {"name": "draw", "max_media_bytes": DRAWN},
             "note",
+            {"name": "film", "max_media_bytes": film_limit},
         ]
         config = write_config(
             tmp_path / "agents.yaml", {"studio": {"endpoints": [url], "capabilities": capabilities}}, TENANTS

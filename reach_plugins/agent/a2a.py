@@ -71,6 +71,7 @@ from reach_plugins.server.layer import Inbound
 from reach_plugins.stores.budget import DEFAULT_BUDGET, Budget
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.wire.body import WireBody, invalid
+from reach_plugins.wire.media_stream import MEDIA_EVENTS, MediaAssembler
 from reach_plugins.wire.sse import SseDecoder
 
 if TYPE_CHECKING:
@@ -424,10 +425,18 @@ class A2AServer:
             self._answered(tenant, task, opened)
             return
         decoder, first = SseDecoder(), True
+        limit = self.agent.handler(body.capability).capability.max_media_bytes  # the agent checked it already
+        media = MediaAssembler(limit=limit, capability=body.capability)
         frames = aiter(opened)
         try:
             async for frame in frames:
                 for event in decoder.feed(frame):
+                    if event.event in MEDIA_EVENTS:
+                        part = media.feed_sse(event.event, event.data)
+                        if part is not None:
+                            self._artifact(tenant, task, media_parts([part.to_wire()]), append=not first)
+                            first = False
+                        continue
                     if event.event == "error":
                         error = json.loads(event.data)
                         self._move(tenant, task, "failed", str(error.get("message", "failed")), str(error.get("type")))

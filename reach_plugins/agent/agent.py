@@ -44,6 +44,7 @@ from reach_plugins.agent.handlers import CapabilityHandler, ReachContext, dumps,
 from reach_plugins.agent.idempotency import IN_PROGRESS_RETRY, Claims, Committed, commit_key, open_key_store, scope
 from reach_plugins.agent.outcome import Outcome, fail, refused
 from reach_plugins.agent.registration import Registration
+from reach_plugins.agent.streamed import StreamedItems
 from reach_plugins.agent.tokens import TokenGate, TrustLevel, serving_holding
 from reach_plugins.clock import as_clock
 from reach_plugins.endpoints import endpoint_problem
@@ -492,6 +493,7 @@ class ReachAgent:
             attributes={"reach.agent": self.name, "reach.capability": ctx.capability, "reach.stream": True},
         )
         deadline = asyncio.timeout(None)
+        items = StreamedItems(prepared.handler.capability)
         try:
             while True:
                 deadline = asyncio.timeout(ctx.remaining())
@@ -501,7 +503,8 @@ class ReachAgent:
                             chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
-                yield encode_sse(dumps(chunk), "data")
+                for frame in items.frames(chunk):
+                    yield frame
             yield encode_sse("", "end")
         except ReachError as exc:
             yield self._stream_error(span, failed(exc, ctx.capability) if is_retryable(exc) else exc)

@@ -186,9 +186,14 @@ class CapabilityHandler:
         return kwargs
 
     async def call(self, kwargs: dict[str, Any]) -> Any:
-        """The handler's result; a streaming handler's items are :func:`collected`."""
+        """The handler's result; a streaming handler's items are :func:`collected`, the parts among them its media."""
         if self.streaming:
-            return collected([item async for item in self.chunks(kwargs)])
+            items = [item async for item in self.chunks(kwargs)]
+            media = tuple(item for item in items if isinstance(item, MediaPart))
+            if not media:
+                return collected(items)
+            rest = [item for item in items if not isinstance(item, MediaPart)]
+            return WithMedia(collected(rest) if rest else None, media)
         if self._is_async:
             return await self.fn(**kwargs)
         return await anyio.to_thread.run_sync(lambda: self.fn(**kwargs))

@@ -58,6 +58,7 @@ from reach_plugins.telemetry.trace import RecentTraces
 from reach_plugins.transport import EventStream, StreamEvent
 from reach_plugins.wire.body import WireBody, error_body, response_body, to_request
 from reach_plugins.wire.headers import HEADER_TRACEPARENT
+from reach_plugins.wire.media_stream import sse_frames
 
 log = logging.getLogger("reach_plugins.gateway")
 
@@ -333,10 +334,14 @@ class Gateway:
     async def _frames(
         self, first: StreamEvent, events: AsyncIterator[StreamEvent], stream: _Stream
     ) -> AsyncIterator[bytes]:
-        """SSE frames in the agent's format: ``data`` chunks, then ``end`` or ``error``."""
+        """SSE frames in the agent's format: ``data`` chunks and media parts in chunks, then ``end`` or ``error``."""
         event = first
-        while event.kind == "data":
-            yield encode_sse(_dumps(event.data).decode(), "data")
+        while not event.last:
+            if event.media is not None:
+                for frame in sse_frames(event.media):
+                    yield frame
+            else:
+                yield encode_sse(_dumps(event.data).decode(), "data")
             event = await anext(events, StreamEvent("end"))
         if event.kind == "end":
             stream.status = "success"

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from reach_plugins.errors import ReachError
 from reach_plugins.gateway.mcp_replay import POLL
+from reach_plugins.media import MediaPart
 from reach_plugins.model import ReachRequest
 from reach_plugins.protocols.mcp_tools import tool_result
 from reach_plugins.stores.keys import ScopedKey
@@ -154,6 +155,7 @@ async def run_call(
     arguments = call.arguments
     for _ in range(MAX_ROUNDS):
         chunks: list[Any] = []
+        media: list[MediaPart] = []
         try:
             async with aclosing(forwarder.stream(call.request(arguments))) as events:
                 async for event in events:
@@ -161,6 +163,8 @@ async def run_call(
                         why = event.error.message if event.error else "the reach failed"
                         yield _response(call.rpc_id, _failed(why))
                         return
+                    if event.media is not None:
+                        media.append(event.media)
                     if event.kind != "data":
                         continue
                     if isinstance(event.data, Mapping) and event.data.get("method") == POLL:
@@ -178,7 +182,7 @@ async def run_call(
         data = _joined(chunks)
         asked = data.get("inputRequests") if isinstance(data, Mapping) else None
         if not isinstance(asked, Mapping) or not asked:
-            yield _response(call.rpc_id, tool_result(data, output_schema=call.output_schema))
+            yield _response(call.rpc_id, tool_result(data, output_schema=call.output_schema, media=media))
             return
         if hand_back is not None:
             yield hand_back(call.rpc_id, data)

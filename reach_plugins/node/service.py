@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import nullcontext
 from typing import Any, Final, NoReturn
 
@@ -49,7 +49,14 @@ from reach_plugins.wire.headers import (
     RETRY_AFTER,
 )
 from reach_plugins.wire.proto import reach_pb2 as pb
-from reach_plugins.wire.protocodec import body_from_message, dumps, error_message, media_parts, result_message
+from reach_plugins.wire.protocodec import (
+    body_from_message,
+    dumps,
+    error_message,
+    media_parts,
+    media_replies,
+    result_message,
+)
 from reach_plugins.wire.redact import without_addresses
 
 log = logging.getLogger("reach_plugins.node")
@@ -194,8 +201,9 @@ class NodeService:
                     events = self.forwarder.stream(request)
                     event = await anext(events, None)
                 while event is not None:
-                    yield _stream_reply(event)
-                    event = await anext(events, None) if event.kind == "data" else None
+                    for reply in _stream_replies(event):
+                        yield reply
+                    event = None if event.last else await anext(events, None)
         except Backpressure as exc:
             yield pb.StreamReply(backpressure=_backpressure(exc))
         except ReachError as exc:
@@ -262,10 +270,14 @@ class NodeService:
         await self.tickets.aclose()
 
 
-def _stream_reply(event: StreamEvent) -> pb.StreamReply:
+def _stream_replies(event: StreamEvent) -> Iterator[pb.StreamReply]:
+    """The messages of one event: a data chunk, a media part in chunks, the end or the error."""
     if event.kind == "data":
-        return pb.StreamReply(data=dumps(event.data))
-    if event.kind == "end":
-        return pb.StreamReply(end=True)
-    error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
-    return pb.StreamReply(error=error_message(error))
+        yield pb.StreamReply(data=dumps(event.data))
+    elif event.kind == "media" and event.media is not None:
+        yield from media_replies(event.media)
+    elif event.kind == "end":
+        yield pb.StreamReply(end=True)
+    else:
+        error = event.error or ErrorInfo(type="transient", message="the stream failed without details")
+        yield pb.StreamReply(error=error_message(error))

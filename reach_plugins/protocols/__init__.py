@@ -15,6 +15,7 @@ from reach_plugins.protocols.base import (
     HttpResponse,
     StreamDecoder,
     check_return,
+    decoded,
     parse_retry_after,
     reach_headers,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "adapter_for",
     "answering_elicitation",
     "check_return",
+    "decoded",
     "encode_sse",
     "parse_retry_after",
     "reach_headers",

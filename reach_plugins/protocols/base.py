@@ -12,7 +12,7 @@ import email.utils
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -78,6 +78,15 @@ class StreamDecoder(Protocol):
         """The caller left before the end: a request that stops the far side's work (given the one that opened
         the stream), or ``None``."""
         ...
+
+
+def decoded(decoder: StreamDecoder, frames: Iterable[SseEvent], *, closing: bool) -> Iterator[StreamEvent]:
+    """The events of ``frames`` one by one (then the final ones when the connection ``closing`` ended): events
+    decoded before a bad frame are passed on before its error is raised."""
+    for frame in frames:
+        yield from decoder.feed(frame)
+    if closing:
+        yield from decoder.close()
 
 
 class Exchange(Protocol):

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reach_plugins.errors import ConfigError, from_wire
+from reach_plugins.media import MediaPart
 from reach_plugins.model import NAME_PATTERN, AgentDescriptor, Capability, ErrorInfo, ReachRequest
 from reach_plugins.protocols.base import list_at, mapping_at
 from reach_plugins.protocols.mcp import LIST_TOOLS
+from reach_plugins.protocols.mcp_media import content_of_media
 from reach_plugins.protocols.mcp_wire import header_params
 from reach_plugins.registry.base import Registry
 from reach_plugins.transport import Call, Transport
@@ -148,10 +150,15 @@ def as_text(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, default=str)
 
 
-def tool_result(data: Any, *, output_schema: bool) -> dict[str, Any]:
-    """A capability's reply as a ``tools/call`` result (structured only where ``outputSchema`` promises it)."""
+def tool_result(data: Any, *, output_schema: bool, media: Sequence[MediaPart] = ()) -> dict[str, Any]:
+    """A capability's reply as a ``tools/call`` result (structured only where ``outputSchema`` promises it); its
+    ``media`` as image, audio and resource items after the text, unless the reply brought MCP content of its own
+    (an MCP server's reply, whose items already hold its media)."""
     items = content_items(data)
-    result: dict[str, Any] = {"content": items or [{"type": "text", "text": as_text(data)}], "isError": False}
+    if items is None:
+        text = [] if media and data in (None, []) else [{"type": "text", "text": as_text(data)}]
+        items = text + content_of_media(media)
+    result: dict[str, Any] = {"content": items, "isError": False}
     if output_schema:
         structured = data.get("structured_content", data) if isinstance(data, Mapping) else None
         if isinstance(structured, Mapping):

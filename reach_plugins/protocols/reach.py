@@ -1,8 +1,9 @@
 """The ``reach`` protocol (DESIGN.md section 4): ``POST /reach`` and ``POST /reach/stream`` (SSE).
 
-Stream frames are ``event: data`` (a JSON chunk), ``event: end`` and
-``event: error`` (``{"type", "message"}``); a stream that closes without
-``end`` was cut.
+Stream frames are ``event: data`` (a JSON chunk), a media part as
+``event: media`` / ``media.chunk`` / ``media.end`` (:mod:`reach_plugins.wire.media_stream`),
+``event: end`` and ``event: error`` (``{"type", "message"}``); a stream that
+closes without ``end`` was cut.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from reach_plugins.errors import InvalidResponse, MediaTooLarge
+from reach_plugins.media import reply_limit
+from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols.base import (
     EndsOnce,
     HttpRequest,
@@ -27,6 +31,7 @@ from reach_plugins.protocols.base import (
     success,
 )
 from reach_plugins.transport import Call, Reply, StreamEvent
+from reach_plugins.wire.media_stream import MEDIA_EVENTS, MediaAssembler
 from reach_plugins.wire.sse import SseEvent
 
 
@@ -76,11 +81,30 @@ class ReachAdapter(NoDiscovery):
 
 
 class ReachStreamDecoder(EndsOnce):
-    """``data`` / ``end`` / ``error`` SSE frames into stream events."""
+    """``data`` / ``media`` (in chunks) / ``end`` / ``error`` SSE frames into stream events.
+
+    Media parts are reassembled within the capability's ``max_media_bytes`` (:func:`reply_limit`): a part past
+    it ends the stream with a ``media_too_large`` error, a chunk out of sequence is an invalid response.
+    """
+
+    def __init__(self, call: Call) -> None:
+        super().__init__(call)
+        limit = reply_limit(call.capability.max_media_bytes if call.capability is not None else None)
+        self._media = MediaAssembler(limit=limit, capability=call.request.capability)
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
         if self._done:
             return []
+        try:
+            if event.event in MEDIA_EVENTS:
+                part = self._media.feed_sse(event.event, event.data)
+                return [] if part is None else [StreamEvent("media", media=part)]
+            if self._media.open:
+                raise InvalidResponse(f"an {event.event!r} event came inside a media part")
+        except MediaTooLarge as exc:
+            return self._finish(StreamEvent("error", error=ErrorInfo(type=exc.error_type, message=exc.message)))
+        except InvalidResponse as exc:
+            raise invalid(self._call, exc.message) from None
         if event.event == "end":
             return self._finish(StreamEvent("end"))
         try:

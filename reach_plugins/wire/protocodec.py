@@ -11,7 +11,7 @@ status as from the HTTP gateway; backpressure is its own message type.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from reach_plugins.errors import Backpressure, DeadlineExceeded, InvalidResponse, RemoteError, RequestError
@@ -28,6 +28,7 @@ from reach_plugins.wire.headers import (
     TARGET,
     VIA,
 )
+from reach_plugins.wire.media_stream import chunks
 from reach_plugins.wire.proto import reach_pb2 as pb
 from reach_plugins.wire.redact import without_addresses
 
@@ -72,6 +73,22 @@ def media_parts(messages: Sequence[pb.Media], *, limit: int, capability: str) ->
         except ValueError as exc:
             raise RequestError(f"media.{index}: {str(exc).splitlines()[-1].strip()}") from None
     return parts
+
+
+def media_replies(part: MediaPart) -> Iterator[pb.StreamReply]:
+    """A streamed part as messages: its start, its bytes in chunks of at most 64 KiB (raw), its end."""
+    start = pb.MediaStart(media_type=part.media_type, name=part.name or "", size=part.size, url=part.url or "")
+    yield pb.StreamReply(media_start=start)
+    for chunk in chunks(part):
+        yield pb.StreamReply(media_chunk=bytes(chunk))
+    yield pb.StreamReply(media_end=True)
+
+
+def start_of(message: pb.MediaStart) -> dict[str, Any]:
+    """A ``MediaStart`` as the fields :meth:`~reach_plugins.wire.media_stream.MediaAssembler.start` reads."""
+    fields: dict[str, Any] = {"media_type": message.media_type, "name": message.name or None}
+    fields.update({"url": message.url} if message.url else {"size": message.size})
+    return fields
 
 
 # --------------------------------------------------------------------------- caller side

@@ -37,6 +37,7 @@ from reach_plugins.protocols import (
     SseEvent,
     StreamDecoder,
     adapter_for,
+    decoded,
 )
 from reach_plugins.protocols.base import Pending
 from reach_plugins.telemetry.spans import note_http_request, note_http_status
@@ -260,7 +261,7 @@ class DirectTransport(BaseTransport):
             key = self._leaving.hold(engine, lambda: decoder.abandoned(request))
             try:
                 async for event in _events(wire, decoder):
-                    if event.kind != "data":
+                    if event.last:
                         self._leaving.done(key)
                     yield event
             finally:
@@ -403,16 +404,15 @@ async def _events(wire: WireStream, decoder: StreamDecoder) -> AsyncIterator[Str
     while True:
         try:
             chunk = await wire.next_chunk()
-            events = [event for frame in sse.feed(chunk) for event in decoder.feed(frame)] if chunk else decoder.close()
+            for event in decoded(decoder, sse.feed(chunk) if chunk else (), closing=not chunk):
+                started = True
+                yield event
+                if event.last:
+                    return
         except (TransportError, InvalidResponse) as exc:
             if not started:
                 raise
             yield _error_event(exc)
             return
-        for event in events:
-            started = True
-            yield event
-            if event.kind != "data":
-                return
         if not chunk:
             return

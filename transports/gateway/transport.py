@@ -20,7 +20,7 @@ import aiohttp
 
 from reach_plugins.errors import WIRE_CODES, ConfigError, DeadlineExceeded, InvalidResponse, RemoteError, RequestError
 from reach_plugins.model import ErrorInfo
-from reach_plugins.protocols import HttpRequest, SseDecoder
+from reach_plugins.protocols import HttpRequest, SseDecoder, decoded
 from reach_plugins.protocols.base import reply_media
 from reach_plugins.protocols.reach import ReachStreamDecoder
 from reach_plugins.telemetry.spans import note_http_request, note_http_status
@@ -202,11 +202,9 @@ class GatewayTransport(BaseTransport):
             decoder, sse = ReachStreamDecoder(call), SseDecoder()
             while True:
                 chunk = await _read(response.content.readany(), request)
-                events = [event for frame in sse.feed(chunk) for event in decoder.feed(frame)] if chunk else []
-                events += [] if chunk else decoder.close()
-                for event in events:
+                for event in decoded(decoder, sse.feed(chunk) if chunk else (), closing=not chunk):
                     yield event
-                    if event.kind != "data":
+                    if event.last:
                         return
                 if not chunk:
                     return

@@ -21,16 +21,20 @@ from reach_plugins.errors import (
     ConfigError,
     ConnectError,
     ConnectionLost,
+    InvalidResponse,
+    MediaTooLarge,
     ReachError,
     ReadTimeout,
     RemoteError,
     RequestError,
 )
+from reach_plugins.media import reply_limit
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry.spans import note_rpc
 from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, StreamEvent
 from reach_plugins.wire.body import MAX_REPLY, refusal
 from reach_plugins.wire.headers import ERROR_TYPE, RETRY_AFTER
+from reach_plugins.wire.media_stream import MediaAssembler
 from reach_plugins.wire.proto import reach_pb2 as pb
 from reach_plugins.wire.proto import reach_pb2_grpc as pb_grpc
 from reach_plugins.wire.protocodec import (
@@ -43,6 +47,7 @@ from reach_plugins.wire.protocodec import (
     metadata_lookup,
     reply_from_result,
     response_from_result,
+    start_of,
 )
 
 NODE_SCHEME = "grpc://"
@@ -147,18 +152,25 @@ class GrpcNodeTransport(BaseTransport):
         metadata = call_metadata(call, self._token_for(call.credential))
         note_rpc(call.span, self.target, _STREAM)
         responses = self._node().Stream(call_message(call), timeout=call.timeout, metadata=metadata)
+        limit = reply_limit(call.capability.max_media_bytes if call.capability is not None else None)
+        media = MediaAssembler(limit=limit, capability=call.request.capability)
         try:
             async for reply in responses:
                 kind = reply.WhichOneof("kind")
                 if kind == "backpressure":
                     hint = reply.backpressure
                     raise Backpressure(hint.reason or "the node's queue is full", retry_after=hint.retry_after or None)
-                if kind == "data":
-                    yield StreamEvent("data", loads(reply.data, "a stream chunk"))
+                try:
+                    event = _event(reply, kind, media)
+                except MediaTooLarge as exc:
+                    event = StreamEvent("error", error=ErrorInfo(type=exc.error_type, message=exc.message))
+                if event is None:
                     continue
-                note_rpc(call.span, self.target, _STREAM, grpc.StatusCode.OK.name)
-                yield StreamEvent("end") if kind == "end" else StreamEvent("error", error=error_info(reply.error))
-                return
+                if event.last:
+                    note_rpc(call.span, self.target, _STREAM, grpc.StatusCode.OK.name)
+                yield event
+                if event.last:
+                    return
             yield StreamEvent("error", error=ErrorInfo(type="transient", message="the node's stream ended early"))
         except grpc.aio.AioRpcError as exc:
             note_rpc(call.span, self.target, _STREAM, exc.code().name)
@@ -203,6 +215,23 @@ class GrpcNodeTransport(BaseTransport):
             await self._channel.close()
             self._channel = None
             self._stub = None
+
+
+def _event(reply: pb.StreamReply, kind: str | None, media: MediaAssembler) -> StreamEvent | None:
+    """The event one message completes (``None`` while a media part is still arriving)."""
+    if kind == "media_start":
+        media.start(start_of(reply.media_start))
+        return None
+    if kind == "media_chunk":
+        media.add(reply.media_chunk)
+        return None
+    if kind == "media_end":
+        return StreamEvent("media", media=media.end())
+    if media.open:
+        raise InvalidResponse(f"a {kind!r} message came inside a media part of the node's stream")
+    if kind == "data":
+        return StreamEvent("data", loads(reply.data, "a stream chunk"))
+    return StreamEvent("end") if kind == "end" else StreamEvent("error", error=error_info(reply.error))
 
 
 def _submitted(request: ReachRequest) -> pb.ReachCall:

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$reach_plugins/wire/proto/reach.proto\x12\x08reach.v1\"\x90\x02\n\tReachCall\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ncapability\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x08 \x01(\x03\x12\x0e\n\x06intent\x18\t \x01(\t\x12$\n\x08priority\x18\n \x01(\x0e\x32\x12.reach.v1.Priority\x12\x12\n\nscope_tags\x18\x0b \x03(\t\x12\x1e\n\x05media\x18\x0c \x03(\x0b\x32\x0f.reach.v1.Media\"D\n\x05Media\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\";\n\x05\x45rror\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bretry_after\x18\x03 \x01(\x01\"\xfb\x01\n\x06Result\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x06status\x18\x02 \x01(\x0e\x32\x10.reach.v1.Status\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x1e\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0f.reach.v1.Error\x12\r\n\x05\x61gent\x18\x05 \x01(\t\x12\x10\n\x08instance\x18\x06 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x07 \x01(\x05\x12\x0f\n\x07\x63ost_ms\x18\x08 \x01(\x01\x12\x17\n\x0f\x63ontext_restore\x18\t \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\n \x01(\x08\x12\x1e\n\x05media\x18\x0b \x03(\x0b\x32\x0f.reach.v1.Media\"`\n\x0c\x42\x61\x63kpressure\x12\x13\n\x0bretry_after\x18\x01 \x01(\x01\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\x05\x12\x16\n\x0equeue_capacity\x18\x04 \x01(\x05\"g\n\tCallReply\x12\"\n\x06result\x18\x01 \x01(\x0b\x32\x10.reach.v1.ResultH\x00\x12.\n\x0c\x62\x61\x63kpressure\x18\x02 \x01(\x0b\x32\x16.reach.v1.BackpressureH\x00\x42\x06\n\x04kind\"\x86\x01\n\x0bStreamReply\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\r\n\x03\x65nd\x18\x02 \x01(\x08H\x00\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.reach.v1.ErrorH\x00\x12.\n\x0c\x62\x61\x63kpressure\x18\x04 \x01(\x0b\x32\x16.reach.v1.BackpressureH\x00\x42\x06\n\x04kind\"D\n\rSubmitRequest\x12!\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x13.reach.v1.ReachCall\x12\x10\n\x08\x63\x61llback\x18\x02 \x01(\t\"&\n\x06Ticket\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"i\n\x0bSubmitReply\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x10.reach.v1.TicketH\x00\x12.\n\x0c\x62\x61\x63kpressure\x18\x02 \x01(\x0b\x32\x16.reach.v1.BackpressureH\x00\x42\x06\n\x04kind\"0\n\rResultRequest\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12\x0f\n\x07wait_ms\x18\x02 \x01(\x03\"U\n\x0bResultReply\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.reach.v1.TicketState\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.reach.v1.Result\"<\n\x08\x44\x65livery\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.reach.v1.Result\"\r\n\x0b\x44\x65liveryAck*!\n\x08Priority\x12\n\n\x06ONLINE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*,\n\x06Status\x12\x0b\n\x07SUCCESS\x10\x00\x12\x08\n\x04\x46\x41IL\x10\x01\x12\x0b\n\x07TIMEOUT\x10\x02*1\n\x0bTicketState\x12\x0b\n\x07PENDING\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\x0b\n\x07UNKNOWN\x10\x02\x32\xe9\x01\n\tReachNode\x12\x30\n\x04\x43\x61ll\x12\x13.reach.v1.ReachCall\x1a\x13.reach.v1.CallReply\x12\x36\n\x06Stream\x12\x13.reach.v1.ReachCall\x1a\x15.reach.v1.StreamReply0\x01\x12\x38\n\x06Submit\x12\x17.reach.v1.SubmitRequest\x1a\x15.reach.v1.SubmitReply\x12\x38\n\x06Result\x12\x17.reach.v1.ResultRequest\x1a\x15.reach.v1.ResultReply2E\n\rReachCallback\x12\x34\n\x07\x44\x65liver\x12\x12.reach.v1.Delivery\x1a\x15.reach.v1.DeliveryAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$reach_plugins/wire/proto/reach.proto\x12\x08reach.v1\"\x90\x02\n\tReachCall\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ncapability\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x08 \x01(\x03\x12\x0e\n\x06intent\x18\t \x01(\t\x12$\n\x08priority\x18\n \x01(\x0e\x32\x12.reach.v1.Priority\x12\x12\n\nscope_tags\x18\x0b \x03(\t\x12\x1e\n\x05media\x18\x0c \x03(\x0b\x32\x0f.reach.v1.Media\"D\n\x05Media\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03url\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\";\n\x05\x45rror\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bretry_after\x18\x03 \x01(\x01\"\xfb\x01\n\x06Result\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12 \n\x06status\x18\x02 \x01(\x0e\x32\x10.reach.v1.Status\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x1e\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x0f.reach.v1.Error\x12\r\n\x05\x61gent\x18\x05 \x01(\t\x12\x10\n\x08instance\x18\x06 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x07 \x01(\x05\x12\x0f\n\x07\x63ost_ms\x18\x08 \x01(\x01\x12\x17\n\x0f\x63ontext_restore\x18\t \x01(\x08\x12\x10\n\x08\x64\x65graded\x18\n \x01(\x08\x12\x1e\n\x05media\x18\x0b \x03(\x0b\x32\x0f.reach.v1.Media\"`\n\x0c\x42\x61\x63kpressure\x12\x13\n\x0bretry_after\x18\x01 \x01(\x01\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\x05\x12\x16\n\x0equeue_capacity\x18\x04 \x01(\x05\"g\n\tCallReply\x12\"\n\x06result\x18\x01 \x01(\x0b\x32\x10.reach.v1.ResultH\x00\x12.\n\x0c\x62\x61\x63kpressure\x18\x02 \x01(\x0b\x32\x16.reach.v1.BackpressureH\x00\x42\x06\n\x04kind\"I\n\nMediaStart\x12\x12\n\nmedia_type\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x0b\n\x03url\x18\x04 \x01(\t\"\xdf\x01\n\x0bStreamReply\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\r\n\x03\x65nd\x18\x02 \x01(\x08H\x00\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x0f.reach.v1.ErrorH\x00\x12.\n\x0c\x62\x61\x63kpressure\x18\x04 \x01(\x0b\x32\x16.reach.v1.BackpressureH\x00\x12+\n\x0bmedia_start\x18\x05 \x01(\x0b\x32\x14.reach.v1.MediaStartH\x00\x12\x15\n\x0bmedia_chunk\x18\x06 \x01(\x0cH\x00\x12\x13\n\tmedia_end\x18\x07 \x01(\x08H\x00\x42\x06\n\x04kind\"D\n\rSubmitRequest\x12!\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x13.reach.v1.ReachCall\x12\x10\n\x08\x63\x61llback\x18\x02 \x01(\t\"&\n\x06Ticket\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\"i\n\x0bSubmitReply\x12\"\n\x06ticket\x18\x01 \x01(\x0b\x32\x10.reach.v1.TicketH\x00\x12.\n\x0c\x62\x61\x63kpressure\x18\x02 \x01(\x0b\x32\x16.reach.v1.BackpressureH\x00\x42\x06\n\x04kind\"0\n\rResultRequest\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12\x0f\n\x07wait_ms\x18\x02 \x01(\x03\"U\n\x0bResultReply\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.reach.v1.TicketState\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.reach.v1.Result\"<\n\x08\x44\x65livery\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12 \n\x06result\x18\x02 \x01(\x0b\x32\x10.reach.v1.Result\"\r\n\x0b\x44\x65liveryAck*!\n\x08Priority\x12\n\n\x06ONLINE\x10\x00\x12\t\n\x05\x42\x41TCH\x10\x01*,\n\x06Status\x12\x0b\n\x07SUCCESS\x10\x00\x12\x08\n\x04\x46\x41IL\x10\x01\x12\x0b\n\x07TIMEOUT\x10\x02*1\n\x0bTicketState\x12\x0b\n\x07PENDING\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\x0b\n\x07UNKNOWN\x10\x02\x32\xe9\x01\n\tReachNode\x12\x30\n\x04\x43\x61ll\x12\x13.reach.v1.ReachCall\x1a\x13.reach.v1.CallReply\x12\x36\n\x06Stream\x12\x13.reach.v1.ReachCall\x1a\x15.reach.v1.StreamReply0\x01\x12\x38\n\x06Submit\x12\x17.reach.v1.SubmitRequest\x1a\x15.reach.v1.SubmitReply\x12\x38\n\x06Result\x12\x17.reach.v1.ResultRequest\x1a\x15.reach.v1.ResultReply2E\n\rReachCallback\x12\x34\n\x07\x44\x65liver\x12\x12.reach.v1.Delivery\x1a\x15.reach.v1.DeliveryAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'reach_plugins.wire.proto.reach_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PRIORITY']._serialized_start=1481
-  _globals['_PRIORITY']._serialized_end=1514
-  _globals['_STATUS']._serialized_start=1516
-  _globals['_STATUS']._serialized_end=1560
-  _globals['_TICKETSTATE']._serialized_start=1562
-  _globals['_TICKETSTATE']._serialized_end=1611
+  _globals['_PRIORITY']._serialized_start=1645
+  _globals['_PRIORITY']._serialized_end=1678
+  _globals['_STATUS']._serialized_start=1680
+  _globals['_STATUS']._serialized_end=1724
+  _globals['_TICKETSTATE']._serialized_start=1726
+  _globals['_TICKETSTATE']._serialized_end=1775
   _globals['_REACHCALL']._serialized_start=51
   _globals['_REACHCALL']._serialized_end=323
   _globals['_MEDIA']._serialized_start=325
@@ -49,24 +49,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BACKPRESSURE']._serialized_end=806
   _globals['_CALLREPLY']._serialized_start=808
   _globals['_CALLREPLY']._serialized_end=911
-  _globals['_STREAMREPLY']._serialized_start=914
-  _globals['_STREAMREPLY']._serialized_end=1048
-  _globals['_SUBMITREQUEST']._serialized_start=1050
-  _globals['_SUBMITREQUEST']._serialized_end=1118
-  _globals['_TICKET']._serialized_start=1120
-  _globals['_TICKET']._serialized_end=1158
-  _globals['_SUBMITREPLY']._serialized_start=1160
-  _globals['_SUBMITREPLY']._serialized_end=1265
-  _globals['_RESULTREQUEST']._serialized_start=1267
-  _globals['_RESULTREQUEST']._serialized_end=1315
-  _globals['_RESULTREPLY']._serialized_start=1317
-  _globals['_RESULTREPLY']._serialized_end=1402
-  _globals['_DELIVERY']._serialized_start=1404
-  _globals['_DELIVERY']._serialized_end=1464
-  _globals['_DELIVERYACK']._serialized_start=1466
-  _globals['_DELIVERYACK']._serialized_end=1479
-  _globals['_REACHNODE']._serialized_start=1614
-  _globals['_REACHNODE']._serialized_end=1847
-  _globals['_REACHCALLBACK']._serialized_start=1849
-  _globals['_REACHCALLBACK']._serialized_end=1918
+  _globals['_MEDIASTART']._serialized_start=913
+  _globals['_MEDIASTART']._serialized_end=986
+  _globals['_STREAMREPLY']._serialized_start=989
+  _globals['_STREAMREPLY']._serialized_end=1212
+  _globals['_SUBMITREQUEST']._serialized_start=1214
+  _globals['_SUBMITREQUEST']._serialized_end=1282
+  _globals['_TICKET']._serialized_start=1284
+  _globals['_TICKET']._serialized_end=1322
+  _globals['_SUBMITREPLY']._serialized_start=1324
+  _globals['_SUBMITREPLY']._serialized_end=1429
+  _globals['_RESULTREQUEST']._serialized_start=1431
+  _globals['_RESULTREQUEST']._serialized_end=1479
+  _globals['_RESULTREPLY']._serialized_start=1481
+  _globals['_RESULTREPLY']._serialized_end=1566
+  _globals['_DELIVERY']._serialized_start=1568
+  _globals['_DELIVERY']._serialized_end=1628
+  _globals['_DELIVERYACK']._serialized_start=1630
+  _globals['_DELIVERYACK']._serialized_end=1643
+  _globals['_REACHNODE']._serialized_start=1778
+  _globals['_REACHNODE']._serialized_end=2011
+  _globals['_REACHCALLBACK']._serialized_start=2013
+  _globals['_REACHCALLBACK']._serialized_end=2082
 # @@protoc_insertion_point(module_scope)

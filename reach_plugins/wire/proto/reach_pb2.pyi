@@ -128,17 +128,35 @@ class CallReply(_message.Message):
     backpressure: Backpressure
     def __init__(self, result: _Optional[_Union[Result, _Mapping]] = ..., backpressure: _Optional[_Union[Backpressure, _Mapping]] = ...) -> None: ...
 
+class MediaStart(_message.Message):
+    __slots__ = ("media_type", "name", "size", "url")
+    MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    media_type: str
+    name: str
+    size: int
+    url: str
+    def __init__(self, media_type: _Optional[str] = ..., name: _Optional[str] = ..., size: _Optional[int] = ..., url: _Optional[str] = ...) -> None: ...
+
 class StreamReply(_message.Message):
-    __slots__ = ("data", "end", "error", "backpressure")
+    __slots__ = ("data", "end", "error", "backpressure", "media_start", "media_chunk", "media_end")
     DATA_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     BACKPRESSURE_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_START_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_END_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     end: bool
     error: Error
     backpressure: Backpressure
-    def __init__(self, data: _Optional[bytes] = ..., end: _Optional[bool] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., backpressure: _Optional[_Union[Backpressure, _Mapping]] = ...) -> None: ...
+    media_start: MediaStart
+    media_chunk: bytes
+    media_end: bool
+    def __init__(self, data: _Optional[bytes] = ..., end: _Optional[bool] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., backpressure: _Optional[_Union[Backpressure, _Mapping]] = ..., media_start: _Optional[_Union[MediaStart, _Mapping]] = ..., media_chunk: _Optional[bytes] = ..., media_end: _Optional[bool] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("call", "callback")

@@ -67,7 +67,7 @@ class ReachNodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stream(self, request, context):
-        """A streamed answer: data chunks, then end or error (or a single Backpressure message).
+        """A streamed answer: data chunks and media parts (in chunks), then end or error (or a single Backpressure message).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
