@@ -40,8 +40,8 @@ from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from reach_plugins.errors import ConfigError
-from reach_plugins.media import MediaPart
+from reach_plugins.errors import ConfigError, ReachError
+from reach_plugins.media import MediaPart, reply_limit
 from reach_plugins.model import AgentDescriptor, Capability, ErrorInfo, Instance, ReachRequest
 
 
@@ -78,6 +78,11 @@ class Call:
     """The request's ``invoke_agent`` CLIENT span: a transport adds its protocol's attributes (HTTP method, URL
     and status; RPC system, method and status) with :mod:`reach_plugins.telemetry.spans`' ``note_*`` helpers."""
 
+    @property
+    def media_limit(self) -> int:
+        """The most media bytes the reply to this call may carry (:func:`~reach_plugins.media.reply_limit`)."""
+        return reply_limit(self.capability.max_media_bytes if self.capability is not None else None)
+
 
 @dataclass(frozen=True, slots=True)
 class Reply:
@@ -111,6 +116,11 @@ class StreamEvent:
     def last(self) -> bool:
         """Whether the stream ends with this event (``end`` or ``error``)."""
         return self.kind == "end" or self.kind == "error"
+
+    @classmethod
+    def failed(cls, exc: ReachError) -> StreamEvent:
+        """The ``error`` event ending a stream with ``exc``."""
+        return cls("error", error=ErrorInfo(type=exc.error_type, message=exc.message))
 
 
 EventStream = AsyncGenerator[StreamEvent, None]

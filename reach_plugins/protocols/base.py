@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import orjson
 
 from reach_plugins.errors import WIRE_CODES, InvalidResponse, RequestError
-from reach_plugins.media import MediaPart, parts_from_wire, reply_limit
+from reach_plugins.media import MediaPart, parts_from_wire
 from reach_plugins.model import ErrorInfo
 from reach_plugins.policy.validation import compiled
 from reach_plugins.transport import Call, Reply, StreamEvent
@@ -297,7 +297,7 @@ def reply_media(call: Call, raw: Any) -> tuple[MediaPart, ...]:
         return ()
     if not isinstance(raw, list):
         raise invalid(call, "'media' must be a list of parts")
-    limit = reply_limit(call.capability.max_media_bytes if call.capability is not None else None)
+    limit = call.media_limit
     try:
         return tuple(parts_from_wire(raw, limit=limit, capability=call.request.capability))
     except RequestError as exc:

@@ -12,8 +12,6 @@ import json
 from typing import Any
 
 from reach_plugins.errors import InvalidResponse, MediaTooLarge
-from reach_plugins.media import reply_limit
-from reach_plugins.model import ErrorInfo
 from reach_plugins.protocols.base import (
     EndsOnce,
     HttpRequest,
@@ -89,7 +87,7 @@ class ReachStreamDecoder(EndsOnce):
 
     def __init__(self, call: Call) -> None:
         super().__init__(call)
-        limit = reply_limit(call.capability.max_media_bytes if call.capability is not None else None)
+        limit = call.media_limit
         self._media = MediaAssembler(limit=limit, capability=call.request.capability)
 
     def feed(self, event: SseEvent) -> list[StreamEvent]:
@@ -102,7 +100,7 @@ class ReachStreamDecoder(EndsOnce):
             if self._media.open:
                 raise InvalidResponse(f"an {event.event!r} event came inside a media part")
         except MediaTooLarge as exc:
-            return self._finish(StreamEvent("error", error=ErrorInfo(type=exc.error_type, message=exc.message)))
+            return self._finish(StreamEvent.failed(exc))
         except InvalidResponse as exc:
             raise invalid(self._call, exc.message) from None
         if event.event == "end":

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 from reach_plugins.errors import Backpressure, DeadlineExceeded, InvalidResponse, RemoteError, RequestError
-from reach_plugins.media import MAX_MEDIA_BYTES, MAX_PARTS, MediaPart, check_size, reply_limit
+from reach_plugins.media import MAX_MEDIA_BYTES, MAX_PARTS, MediaPart, check_size
 from reach_plugins.model import ErrorInfo, ReachResponse
 from reach_plugins.transport import Call, Reply
 from reach_plugins.wire.body import WireBody, check_headers, parse_body
@@ -140,7 +140,7 @@ def error_info(message: pb.Error) -> ErrorInfo:
 
 
 def _reply_media(call: Call, result: pb.Result) -> tuple[MediaPart, ...]:
-    limit = reply_limit(call.capability.max_media_bytes if call.capability is not None else None)
+    limit = call.media_limit
     try:
         return tuple(media_parts(result.media, limit=limit, capability=call.request.capability))
     except RequestError as exc:

@@ -27,7 +27,7 @@ from reach_plugins.errors import (
     SessionClosed,
     TransportError,
 )
-from reach_plugins.model import ErrorInfo, Timeouts
+from reach_plugins.model import Timeouts
 from reach_plugins.protocols import (
     Adapter,
     Exchange,
@@ -73,10 +73,6 @@ def _connect_timeout(call: Call) -> float:
     own = call.capability.timeouts if call.capability else None
     connect = own.connect if own is not None and "connect" in own.model_fields_set else agent.connect
     return min(connect, call.timeout * CONNECT_SHARE)
-
-
-def _error_event(exc: ReachError) -> StreamEvent:
-    return StreamEvent("error", error=ErrorInfo(type=exc.error_type, message=exc.message))
 
 
 class DirectTransport(BaseTransport):
@@ -412,7 +408,7 @@ async def _events(wire: WireStream, decoder: StreamDecoder) -> AsyncIterator[Str
         except (TransportError, InvalidResponse) as exc:
             if not started:
                 raise
-            yield _error_event(exc)
+            yield StreamEvent.failed(exc)
             return
         if not chunk:
             return

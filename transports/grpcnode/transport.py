@@ -28,7 +28,6 @@ from reach_plugins.errors import (
     RemoteError,
     RequestError,
 )
-from reach_plugins.media import reply_limit
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
 from reach_plugins.telemetry.spans import note_rpc
 from reach_plugins.transport import BaseTransport, Call, Credential, EventStream, Reply, StreamEvent
@@ -152,7 +151,7 @@ class GrpcNodeTransport(BaseTransport):
         metadata = call_metadata(call, self._token_for(call.credential))
         note_rpc(call.span, self.target, _STREAM)
         responses = self._node().Stream(call_message(call), timeout=call.timeout, metadata=metadata)
-        limit = reply_limit(call.capability.max_media_bytes if call.capability is not None else None)
+        limit = call.media_limit
         media = MediaAssembler(limit=limit, capability=call.request.capability)
         try:
             async for reply in responses:
@@ -163,7 +162,7 @@ class GrpcNodeTransport(BaseTransport):
                 try:
                     event = _event(reply, kind, media)
                 except MediaTooLarge as exc:
-                    event = StreamEvent("error", error=ErrorInfo(type=exc.error_type, message=exc.message))
+                    event = StreamEvent.failed(exc)
                 if event is None:
                     continue
                 if event.last:
