@@ -48,6 +48,45 @@ def _head_end(window: bytes, start: int) -> int:
     return min(ends) if ends else -1
 
 
+class _Joined:
+    """A request cycle's view of its connection: the response head waits for the body's first bytes.
+
+    uvicorn writes a response's head and its body with a write each, so a small answer leaves in two segments and
+    wakes the caller twice. Held here, the head joins the first body write of the same turn of the loop (or leaves
+    on its own at the end of that turn: a stream's head is never kept waiting for an event); a close sends what is
+    held first. Everything else is the transport's.
+    """
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = b""  # b"": nothing written yet (the first write is held); None: passing through
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held == b"":
+            self._held = bytes(data)
+            self._loop.call_soon(self.flush)
+            return
+        self._held = None
+        self._transport.write(held + data if held else data)
+
+    def flush(self) -> None:
+        """Send a held head (the turn of the loop that wrote it ended, or the connection closes)."""
+        held, self._held = self._held, None
+        if held:
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) -> type[asyncio.Protocol]:
     """A subclass of uvicorn's ``base`` protocol (httptools or h11) enforcing the two head limits."""
 
@@ -117,6 +156,14 @@ def guarded(base: type[Any], *, header_timeout: float, max_header_bytes: int) ->
             super().data_received(data)
             if self.cycle is not before:
                 self._disarm()
+                if self.cycle is not None:
+                    self.cycle.transport = _Joined(self.transport, self.loop)
+
+        def shutdown(self) -> None:
+            cycle = self.cycle
+            if cycle is not None and isinstance(cycle.transport, _Joined):
+                cycle.transport.flush()
+            super().shutdown()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
