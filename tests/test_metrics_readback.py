@@ -10,13 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+from core_fakes import FakeRouter, make_agent
 from opentelemetry.sdk.metrics import Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import format_span_id
-from core_fakes import FakeRouter, make_agent
 
 from reach_plugins.attempts.pipeline import Pipeline
 from reach_plugins.errors import ConnectError, ReachError
@@ -97,17 +98,13 @@ async def scripted(pipeline: Pipeline, after_each: list[Callable[[], object]]) -
         await pipeline.run(ReachRequest(capability="query_order", **fields))
         for collect in after_each:
             collect()
-    try:
+    with pytest.raises(ReachError):
         await pipeline.run(ReachRequest(capability="no_such_thing"))
-    except ReachError:
-        pass
     streamed = ReachRequest(capability="query_order", payload={"ms": 8, "do": "text"}, tenant="acme")
     assert [event.kind async for event in pipeline.stream(streamed)][-1] == "end"
 
 
-async def run_script(
-    *readers: InMemoryMetricReader, after_each: list[Callable[[], object]]
-) -> InMemorySpanExporter:
+async def run_script(*readers: InMemoryMetricReader, after_each: list[Callable[[], object]]) -> InMemorySpanExporter:
     clock = FakeClock()
     CLOCKS.append(clock)
     exporter = InMemorySpanExporter()
@@ -149,7 +146,8 @@ async def test_readers_collecting_at_different_times_see_the_same_totals() -> No
                 for point in row["points"]:
                     key = json.dumps(point["attributes"], sort_keys=True)
                     count, buckets = summed.setdefault(key, [0, [0] * len(point["buckets"])])
-                    summed[key] = [count + point["count"], [a + b for a, b in zip(buckets, point["buckets"])]]
+                    added = [a + b for a, b in zip(buckets, point["buckets"], strict=True)]
+                    summed[key] = [count + point["count"], added]
     (expected,) = [row for row in golden if row["name"] == m.REQUEST_DURATION]
     assert summed == {
         json.dumps(point["attributes"], sort_keys=True): [point["count"], point["buckets"]]
