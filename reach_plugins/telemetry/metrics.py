@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from opentelemetry import trace as otel
@@ -138,6 +139,18 @@ def attempt_outcome(attempt: Tried) -> str:
     }.get(attempt.outcome, attempt.outcome)
 
 
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """The label sets one kind of request is recorded under, at a vocabulary revision."""
+
+    revision: int
+    agent: str
+    requests: Mapping[str, Any]
+    duration: Mapping[str, Any]
+    decided: Mapping[str, Any] | None
+    usage: Mapping[str, Any]
+
+
 class ReachMetrics:
     """The instruments of reach-plugins on ``meter_provider`` (the global one by default); a trace sink.
 
@@ -196,6 +209,10 @@ class ReachMetrics:
         )
         self._lock = threading.Lock()
         self._breakers: dict[str, int] = {}
+        self._shown: dict[tuple[str, str | None, tuple[str, str, str, bool] | None, str], _Shown] = {}
+        """Label sets per kind of request (capability, tenant, route, status): built once, not per request."""
+        self._tried: dict[tuple[str, str, str, str], tuple[int, Mapping[str, Any]]] = {}
+        """An attempt's label set per (capability, agent, instance, outcome), with the revision it was shown at."""
         meter.create_observable_gauge(
             BREAKER_STATE, [self._breaker_states], unit="1", description="Breaker state: 0 closed, 1 half-open, 2 open."
         )
@@ -240,33 +257,72 @@ class ReachMetrics:
         span: SpanContext,
     ) -> None:
         """One request: ``where`` is its route's agent, instance, affinity and degradation (None: never routed)."""
+        revision = self.vocabulary.revision
+        shown = self._shown.get((capability, tenant, where, status))
+        if shown is None or shown.revision != revision:
+            shown = self._show(revision, capability, tenant, where, status)
+        self.requests.add(1, shown.requests)
+        self.request_duration.record(seconds, shown.duration, span if span.is_valid else None)
+        if shown.decided is not None:
+            self.route_decisions.add(1, shown.decided)
+        if dedup_hit:
+            self.dedup_hits.add(1, self._labels(DEDUP_HITS, {ATTR_CAPABILITY: capability}))
+        self.usage_calls.add(1, shown.usage)
+        self._tokens(tenant, shown.agent, capability, tokens)
+        for attempt in attempts:
+            outcome = attempt_outcome(attempt)
+            tried = self._tried.get((capability, attempt.agent, attempt.instance, outcome))
+            if tried is None or tried[0] != revision:
+                tried = self._try(revision, capability, attempt.agent, attempt.instance, outcome)
+            self.attempts.add(1, tried[1])
+            if outcome == "cancelled":
+                at = {ATTR_CAPABILITY: capability, ATTR_AGENT: attempt.agent, ATTR_INSTANCE: attempt.instance}
+                self.cancellations.add(1, self._labels(CANCELLATIONS, at))
+        self._events(capability, events)
+
+    def _show(
+        self, revision: int, capability: str, tenant: str | None, where: tuple[str, str, str, bool] | None, status: str
+    ) -> _Shown:
+        """The label sets of a kind of request, as the vocabulary shows them at ``revision`` (kept for the next)."""
         agent, instance, affinity, degraded = where if where is not None else ("", "", "", False)
         at = {ATTR_CAPABILITY: capability, ATTR_AGENT: agent, ATTR_INSTANCE: instance}
         finished = {**at, ATTR_STATUS: status}
-        self.requests.add(1, self._labels(REQUESTS, finished))
-        self.request_duration.record(seconds, self._labels(REQUEST_DURATION, finished), span if span.is_valid else None)
-        if where is not None:
-            decided = {**at, ATTR_AFFINITY: affinity, ATTR_DEGRADED: str(degraded).lower()}
-            self.route_decisions.add(1, self._labels(ROUTE_DECISIONS, decided))
-        if dedup_hit:
-            self.dedup_hits.add(1, self._labels(DEDUP_HITS, {ATTR_CAPABILITY: capability}))
-        self._usage(tenant, agent, capability, tokens)
-        for attempt in attempts:
-            outcome = attempt_outcome(attempt)
-            tried = {ATTR_CAPABILITY: capability, ATTR_AGENT: attempt.agent, ATTR_INSTANCE: attempt.instance}
-            self.attempts.add(1, self._labels(ATTEMPTS, {**tried, ATTR_OUTCOME: outcome}))
-            if outcome == "cancelled":
-                self.cancellations.add(1, self._labels(CANCELLATIONS, tried))
-        self._events(capability, events)
+        decided = {**at, ATTR_AFFINITY: affinity, ATTR_DEGRADED: str(degraded).lower()}
+        who = {ATTR_TENANT: tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: capability}
+        shown = _Shown(
+            revision,
+            agent,
+            requests=self._labels(REQUESTS, finished),
+            duration=self._labels(REQUEST_DURATION, finished),
+            decided=self._labels(ROUTE_DECISIONS, decided) if where is not None else None,
+            usage=self._labels(USAGE_CALLS, who),
+        )
+        self._keep(self._shown, (capability, tenant, where, status), shown)
+        return shown
+
+    def _try(
+        self, revision: int, capability: str, agent: str, instance: str, outcome: str
+    ) -> tuple[int, Mapping[str, Any]]:
+        """An attempt's label set at ``revision`` (kept for the next)."""
+        tried = {ATTR_CAPABILITY: capability, ATTR_AGENT: agent, ATTR_INSTANCE: instance, ATTR_OUTCOME: outcome}
+        shown = (revision, self._labels(ATTEMPTS, tried))
+        self._keep(self._tried, (capability, agent, instance, outcome), shown)
+        return shown
+
+    def _keep(self, memo: dict[Any, Any], key: Any, value: Any) -> None:
+        """Remember ``value`` under ``key`` while ``memo`` holds fewer kinds than the vocabulary admits series."""
+        if key in memo or len(memo) < self.vocabulary.max_series:
+            memo[key] = value
 
     def _labels(self, instrument: str, attributes: Mapping[str, Any]) -> Mapping[str, Any]:
         return self.vocabulary.labels(instrument, attributes)
 
-    def _usage(self, tenant: str | None, agent: str, capability: str, tokens: tuple[int, int]) -> None:
-        """Calls and tokens (reported, estimated) per tenant, agent and capability (see ``telemetry.usage``)."""
-        who = {ATTR_TENANT: tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: capability}
-        self.usage_calls.add(1, self._labels(USAGE_CALLS, who))
+    def _tokens(self, tenant: str | None, agent: str, capability: str, tokens: tuple[int, int]) -> None:
+        """Tokens (reported, estimated) per tenant, agent and capability (see ``telemetry.usage``)."""
         reported, estimated = tokens
+        if not (reported or estimated):
+            return
+        who = {ATTR_TENANT: tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: capability}
         if reported:
             self.usage_tokens.add(reported, self._labels(USAGE_TOKENS, {**who, ATTR_USAGE_SOURCE: "reported"}))
         if estimated:
