@@ -1,6 +1,6 @@
 """What a metrics reader sees of a scripted run: the same names, units, attributes, counts, sums and buckets as
 recorded before the hot path stopped calling the SDK per request (``fixtures/metrics_readback.json``, written by
-the code that recorded straight into the SDK)."""
+main at 818b963, which recorded straight into the SDK)."""
 
 from __future__ import annotations
 

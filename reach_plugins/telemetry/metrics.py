@@ -10,7 +10,8 @@ capability, agent and instance, attempts by outcome (``not_delivered``,
 ``unknown``, ``failed``, ``business``, ``success``, ``cancelled``),
 retries, failovers, breaker transitions and state, dedup hits and route
 decisions (affinity ``new`` / ``pinned`` / ``restored``, degraded); nothing is
-added to the request path but the sink call. Registrations, heartbeat expiry
+added to the request path but the sink call (the pipeline hands it the request's
+recorder, :meth:`ReachMetrics.finished`, so no trace is built for it). Registrations, heartbeat expiry
 (:meth:`ReachMetrics.watch`), session closes and the tool-mapping rule (the
 semantic route distribution) are recorded where they happen.
 
