@@ -57,7 +57,7 @@ from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.stores.dedup import DedupStore, MemoryDedupStore, store_key
 from reach_plugins.stores.keys import ScopedKey
 from reach_plugins.stores.sessions import session_key
-from reach_plugins.telemetry.metrics import global_metrics, metrics_in
+from reach_plugins.telemetry.metrics import ReachMetrics, global_metrics, metrics_in, split_sink
 from reach_plugins.telemetry.spans import (
     ATTR_ATTEMPTS,
     ATTR_STREAM_CHARS,
@@ -75,7 +75,7 @@ from reach_plugins.telemetry.spans import (
     spans_are_noop,
     start_client_span,
 )
-from reach_plugins.telemetry.trace import TraceRecorder, TraceSink, emit_safely
+from reach_plugins.telemetry.trace import TraceRecorder, TraceSink
 from reach_plugins.telemetry.usage import usage_of
 from reach_plugins.transport import StreamEvent, Transport
 from reach_plugins.wire.headers import (
@@ -150,11 +150,12 @@ class Pipeline:
             store if store is not None else MemoryDedupStore(budget=DEFAULT_BUDGET, clock=self._clock)
         )
         self._sink = sink
+        self._reader, self._traces = split_sink(sink)
         self._tracer_provider = tracer_provider
         self._tracer = get_tracer(tracer_provider)
         self._spans_on = False
         self._spans_recheck = -math.inf
-        self._global_metrics: TraceSink | None = None
+        self._global_metrics: ReachMetrics | None = None
         self._metrics_recheck = -math.inf
         self._max_hops = max_hops
         self._default_timeout = default_timeout
@@ -315,20 +316,21 @@ class Pipeline:
         self._spans_recheck = now + (_SPANS_RECHECK if self._tracer_provider is None else math.inf)
         return off
 
-    def _sink_at(self, now: float) -> TraceSink | None:
-        """The ``sink`` given, else the global metrics once an SDK is installed (looked for at most once a second)."""
+    def _sinks_at(self, now: float) -> tuple[ReachMetrics | None, TraceSink | None]:
+        """Who reads a request's recorder (metrics) and who gets its trace: the ``sink`` given, split, else the
+        global metrics once an SDK is installed (looked for at most once a second)."""
         if self._sink is not None:
-            return self._sink
+            return self._reader, self._traces
         if self._global_metrics is None and now >= self._metrics_recheck:
             self._global_metrics = global_metrics()
             self._metrics_recheck = now + _SPANS_RECHECK
-        return self._global_metrics
+        return self._global_metrics, None
 
     async def _run(
         self, request: ReachRequest, span: Span, started: float, trace: bool, routed: RouteLike | None
     ) -> ReachResponse:
-        sink = self._sink_at(started)
-        rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink, keep=trace)
+        reader, sink = self._sinks_at(started)
+        rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink, reader=reader, keep=trace)
         start_client_span(span, request)
         try:
             flight = self._prepare(request, rec, None, routed)
@@ -504,12 +506,12 @@ class Pipeline:
 
     def _finish(self, rec: TraceRecorder, response: ReachResponse, trace: bool) -> ReachResponse:
         failed = response.status != "success"
-        if trace or failed or rec.sink is not None:
+        if trace or failed or rec.read:
             rec.usage = usage_of(response.data)
-            built = rec.build(response.status, response.error, self._clock.now())
-            if rec.sink is not None:
-                emit_safely(rec.sink, built)
-            if trace or failed:
+            now = self._clock.now()
+            built = rec.build(response.status, response.error, now) if trace or failed else None
+            rec.finish(response.status, response.error, now, built)
+            if built is not None:
                 response.trace = built
         span, route = rec.span, rec.route
         if span.is_recording():
@@ -522,8 +524,7 @@ class Pipeline:
 
     def _refused(self, rec: TraceRecorder, exc: ReachError) -> None:
         error = ErrorInfo(type=exc.error_type, message=exc.message)
-        if rec.sink is not None:
-            emit_safely(rec.sink, rec.build("error", error, self._clock.now()))
+        rec.finish("error", error, self._clock.now())
         span, route = rec.span, rec.route
         if span.is_recording():
             span.record_exception(exc)
@@ -535,8 +536,8 @@ class Pipeline:
         owned = not self._spans_off(started)
         span = self._tracer.start_span(invoke_agent_name(None), kind=SpanKind.CLIENT) if owned else None
         span = span or otel.get_current_span()
-        sink = self._sink_at(started)
-        rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink)
+        reader, sink = self._sinks_at(started)
+        rec = TraceRecorder(request, started, self._clock.monotonic(), span, sink=sink, reader=reader)
         start_client_span(span, request)
         flight: Flight | None = None
         turn: ScopedKey | None = None
@@ -566,8 +567,7 @@ class Pipeline:
         status = tally.status if tally.status != "pending" else "cancelled"
         now = self._clock.now()
         rec.event(EVENT_STREAMED, now, events=tally.events, chars=tally.chars)
-        if rec.sink is not None:
-            emit_safely(rec.sink, rec.build(status, tally.error, now))
+        rec.finish(status, tally.error, now)
         span = rec.span
         if span.is_recording():
             route = flight.route

@@ -85,6 +85,11 @@ class Vocabulary:
         """Whether some label set was counted under :data:`OTHER` (warned about once)."""
 
     @property
+    def revision(self) -> int:
+        """The directory's revision (0 without one): label sets worked out at another revision are stale."""
+        return self._directory().revision if self._directory is not None else 0
+
+    @property
     def series(self) -> int:
         """Label sets admitted so far (at most ``max_series``)."""
         return len(self._seen)
@@ -93,7 +98,7 @@ class Vocabulary:
         """``attributes`` of one measurement of ``instrument`` as they may be recorded: known names, under the cap."""
         if not attributes:
             return {}
-        revision = self._directory().revision if self._directory is not None else 0
+        revision = self.revision
         try:
             asked: _Key = (instrument, tuple(attributes.items()))
             memo = self._memo.get(asked)

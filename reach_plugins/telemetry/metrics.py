@@ -10,7 +10,8 @@ capability, agent and instance, attempts by outcome (``not_delivered``,
 ``unknown``, ``failed``, ``business``, ``success``, ``cancelled``),
 retries, failovers, breaker transitions and state, dedup hits and route
 decisions (affinity ``new`` / ``pinned`` / ``restored``, degraded); nothing is
-added to the request path but the sink call. Registrations, heartbeat expiry
+added to the request path but the sink call (the pipeline hands it the request's
+recorder, :meth:`ReachMetrics.finished`, so no trace is built for it). Registrations, heartbeat expiry
 (:meth:`ReachMetrics.watch`), session closes and the tool-mapping rule (the
 semantic route distribution) are recorded where they happen.
 
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from opentelemetry import trace as otel
 from opentelemetry.metrics import (
     CallbackOptions,
-    Meter,
     MeterProvider,
     NoOpMeterProvider,
     Observation,
@@ -34,7 +36,9 @@ from opentelemetry.metrics import (
     get_meter_provider,
 )
 from opentelemetry.metrics._internal import _ProxyMeterProvider
+from opentelemetry.trace import SpanContext
 
+from reach_plugins.telemetry.instruments import QueuedHistogram, RunningTotals
 from reach_plugins.telemetry.labels import Vocabulary
 from reach_plugins.telemetry.spans import (
     _VERSION,
@@ -65,11 +69,11 @@ from reach_plugins.telemetry.spans import (
     INSTRUMENTATION_NAME,
     OPERATION_EXECUTE_TOOL,
 )
-from reach_plugins.telemetry.trace import TraceSink, emit_safely
-from reach_plugins.telemetry.usage import tokens_of
+from reach_plugins.telemetry.trace import TraceRecorder, TraceSink, emit_safely
+from reach_plugins.telemetry.usage import tokens_in, tokens_of
 
 if TYPE_CHECKING:
-    from reach_plugins.model import Attempt, ReachTrace
+    from reach_plugins.model import ReachTrace
     from reach_plugins.registry.base import Registry
 
 # --------------------------------------------------------------------------- instrument names
@@ -108,7 +112,23 @@ BREAKER_STATES: Final = {"closed": 0, "half_open": 1, "open": 2}
 DURATION_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-def attempt_outcome(attempt: Attempt) -> str:
+class Tried(Protocol):
+    """An attempt as metrics read it: an :class:`~reach_plugins.model.Attempt` or the hot path's ``AttemptRecord``."""
+
+    @property
+    def agent(self) -> str: ...
+
+    @property
+    def instance(self) -> str: ...
+
+    @property
+    def delivery(self) -> str: ...
+
+    @property
+    def outcome(self) -> str: ...
+
+
+def attempt_outcome(attempt: Tried) -> str:
     """DESIGN 11.1's name for how an attempt ended: ``not_delivered``, ``unknown``, ``failed``, ``business``, ..."""
     if attempt.delivery != "answered":
         return attempt.delivery
@@ -120,45 +140,16 @@ def attempt_outcome(attempt: Attempt) -> str:
     }.get(attempt.outcome, attempt.outcome)
 
 
-_OVERFLOW: Final = (("otel.metric.overflow", "true"),)
-"""The attribute set of everything past a counter's limit of attribute sets (the SDK's own overflow name)."""
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """The label sets one kind of request is recorded under, at a vocabulary revision."""
 
-
-class RunningTotals:
-    """A monotonic counter kept as running totals per attribute set, which the SDK observes when it collects.
-
-    An SDK ``Counter.add`` costs ~10 us (attribute hashing, aggregation,
-    exemplar sampling) and a finished reach adds to four of them; here an add
-    is a dict update under a lock (~1 us) and the totals reach the SDK as an
-    observable counter, so readers see the same cumulative sums. Attribute
-    sets past ``limit`` fold into one overflow set (``otel.metric.overflow``,
-    as the SDK does), so memory stays bounded with or without an SDK.
-    """
-
-    def __init__(self, meter: Meter, name: str, *, unit: str, description: str, limit: int = 2000) -> None:
-        self._lock = threading.Lock()
-        self._totals: dict[tuple[tuple[str, Any], ...], float] = {}
-        self._limit = limit
-        meter.create_observable_counter(name, [self._observe], unit=unit, description=description)
-
-    def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
-        key = tuple(attributes.items()) if attributes else ()
-        with self._lock:
-            try:
-                self._count(key, amount)
-            except TypeError:  # a sequence value (a list): kept as a tuple, as the SDK keeps it
-                self._count(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in key), amount)
-
-    def _count(self, key: tuple[tuple[str, Any], ...], amount: float) -> None:
-        totals = self._totals
-        if key not in totals and len(totals) >= self._limit:
-            key = _OVERFLOW
-        totals[key] = totals.get(key, 0) + amount
-
-    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:
-            totals = list(self._totals.items())
-        return [Observation(value, dict(key)) for key, value in totals]
+    revision: int
+    agent: str
+    requests: Mapping[str, Any]
+    duration: Mapping[str, Any]
+    decided: Mapping[str, Any] | None
+    usage: Mapping[str, Any]
 
 
 class ReachMetrics:
@@ -176,11 +167,13 @@ class ReachMetrics:
             GEN_AI_EXECUTE_TOOL_DURATION, unit="s", description="Duration of tool execution.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )  # fmt: skip
-        self.requests = RunningTotals(meter, REQUESTS, unit="{request}", description="Finished reaches.")
-        self.request_duration = meter.create_histogram(
-            REQUEST_DURATION, unit="s", description="Time to answer a reach, retries included.",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        self.request_duration = QueuedHistogram(
+            meter, REQUEST_DURATION, unit="s", description="Time to answer a reach, retries included.",
+            boundaries=DURATION_BUCKETS,
         )  # fmt: skip
+        self.requests = RunningTotals(
+            meter, REQUESTS, unit="{request}", description="Finished reaches.", before=[self.request_duration.flush]
+        )
         self.attempts = RunningTotals(meter, ATTEMPTS, unit="{attempt}", description="Attempts by outcome.")
         self.retries = meter.create_counter(RETRIES, unit="{retry}", description="Retries after a failed attempt.")
         self.failovers = meter.create_counter(FAILOVERS, unit="{failover}", description="Moves to another instance.")
@@ -217,6 +210,10 @@ class ReachMetrics:
         )
         self._lock = threading.Lock()
         self._breakers: dict[str, int] = {}
+        self._shown: dict[tuple[str, str | None, tuple[str, str, str, bool] | None, str], _Shown] = {}
+        """Label sets per kind of request (capability, tenant, route, status): built once, not per request."""
+        self._tried: dict[tuple[str, str, str, str], tuple[int, Mapping[str, Any]]] = {}
+        """An attempt's label set per (capability, agent, instance, outcome), with the revision it was shown at."""
         meter.create_observable_gauge(
             BREAKER_STATE, [self._breaker_states], unit="1", description="Breaker state: 0 closed, 1 half-open, 2 open."
         )
@@ -226,34 +223,107 @@ class ReachMetrics:
     def emit(self, trace: ReachTrace) -> None:
         """Record one finished request (what :class:`~reach_plugins.ReachClient` hands its sink)."""
         route = trace.route
-        agent = route.agent if route is not None else ""
-        instance = route.instance if route is not None else ""
-        where = {ATTR_CAPABILITY: trace.capability, ATTR_AGENT: agent, ATTR_INSTANCE: instance}
-        finished = {**where, ATTR_STATUS: trace.status}
-        self.requests.add(1, self._labels(REQUESTS, finished))
-        self.request_duration.record(trace.duration_ms / 1000.0, self._labels(REQUEST_DURATION, finished))
+        where = (route.agent, route.instance, route.affinity, route.degraded) if route is not None else None
+        span = otel.get_current_span().get_span_context()
+        self._request(
+            trace.capability, trace.tenant, where, trace.status, trace.duration_ms / 1000.0, trace.dedup_hit,
+            tokens_of(trace), trace.attempts, trace.events, span,
+        )  # fmt: skip
+
+    def finished(self, rec: TraceRecorder, status: str, now: float) -> None:
+        """Record one finished request read off its recorder: what :meth:`emit` of its trace records, with no
+        trace built (the pipeline's way; ``rec.usage`` must be set)."""
+        route, request = rec.route, rec.request
+        where = None
         if route is not None:
-            decided = {**where, ATTR_AFFINITY: route.affinity, ATTR_DEGRADED: str(route.degraded).lower()}
-            self.route_decisions.add(1, self._labels(ROUTE_DECISIONS, decided))
-        if trace.dedup_hit:
-            self.dedup_hits.add(1, self._labels(DEDUP_HITS, {ATTR_CAPABILITY: trace.capability}))
-        self._usage(trace, agent)
-        for attempt in trace.attempts:
+            affinity = route.affinity
+            where = (route.agent.name, route.instance.instance_id, affinity, affinity == "degraded")
+        seconds = (now - rec.started_at) * 1000.0 / 1000.0  # the trace's duration_ms in seconds, to the last bit
+        self._request(
+            request.capability, request.tenant, where, status, seconds, rec.dedup_hit,
+            tokens_in(rec.usage, rec.events), rec.attempts, rec.events, rec.span.get_span_context(),
+        )  # fmt: skip
+
+    def _request(
+        self,
+        capability: str,
+        tenant: str | None,
+        where: tuple[str, str, str, bool] | None,
+        status: str,
+        seconds: float,
+        dedup_hit: bool,
+        tokens: tuple[int, int],
+        attempts: Iterable[Tried],
+        events: Iterable[Mapping[str, object]],
+        span: SpanContext,
+    ) -> None:
+        """One request: ``where`` is its route's agent, instance, affinity and degradation (None: never routed)."""
+        revision = self.vocabulary.revision
+        shown = self._shown.get((capability, tenant, where, status))
+        if shown is None or shown.revision != revision:
+            shown = self._show(revision, capability, tenant, where, status)
+        self.requests.add(1, shown.requests)
+        self.request_duration.record(seconds, shown.duration, span if span.is_valid else None)
+        if shown.decided is not None:
+            self.route_decisions.add(1, shown.decided)
+        if dedup_hit:
+            self.dedup_hits.add(1, self._labels(DEDUP_HITS, {ATTR_CAPABILITY: capability}))
+        self.usage_calls.add(1, shown.usage)
+        self._tokens(tenant, shown.agent, capability, tokens)
+        for attempt in attempts:
             outcome = attempt_outcome(attempt)
-            at = {ATTR_CAPABILITY: trace.capability, ATTR_AGENT: attempt.agent, ATTR_INSTANCE: attempt.instance}
-            self.attempts.add(1, self._labels(ATTEMPTS, {**at, ATTR_OUTCOME: outcome}))
+            tried = self._tried.get((capability, attempt.agent, attempt.instance, outcome))
+            if tried is None or tried[0] != revision:
+                tried = self._try(revision, capability, attempt.agent, attempt.instance, outcome)
+            self.attempts.add(1, tried[1])
             if outcome == "cancelled":
+                at = {ATTR_CAPABILITY: capability, ATTR_AGENT: attempt.agent, ATTR_INSTANCE: attempt.instance}
                 self.cancellations.add(1, self._labels(CANCELLATIONS, at))
-        self._events(trace.capability, trace.events)
+        self._events(capability, events)
+
+    def _show(
+        self, revision: int, capability: str, tenant: str | None, where: tuple[str, str, str, bool] | None, status: str
+    ) -> _Shown:
+        """The label sets of a kind of request, as the vocabulary shows them at ``revision`` (kept for the next)."""
+        agent, instance, affinity, degraded = where if where is not None else ("", "", "", False)
+        at = {ATTR_CAPABILITY: capability, ATTR_AGENT: agent, ATTR_INSTANCE: instance}
+        finished = {**at, ATTR_STATUS: status}
+        decided = {**at, ATTR_AFFINITY: affinity, ATTR_DEGRADED: str(degraded).lower()}
+        who = {ATTR_TENANT: tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: capability}
+        shown = _Shown(
+            revision,
+            agent,
+            requests=self._labels(REQUESTS, finished),
+            duration=self._labels(REQUEST_DURATION, finished),
+            decided=self._labels(ROUTE_DECISIONS, decided) if where is not None else None,
+            usage=self._labels(USAGE_CALLS, who),
+        )
+        self._keep(self._shown, (capability, tenant, where, status), shown)
+        return shown
+
+    def _try(
+        self, revision: int, capability: str, agent: str, instance: str, outcome: str
+    ) -> tuple[int, Mapping[str, Any]]:
+        """An attempt's label set at ``revision`` (kept for the next)."""
+        tried = {ATTR_CAPABILITY: capability, ATTR_AGENT: agent, ATTR_INSTANCE: instance, ATTR_OUTCOME: outcome}
+        shown = (revision, self._labels(ATTEMPTS, tried))
+        self._keep(self._tried, (capability, agent, instance, outcome), shown)
+        return shown
+
+    def _keep(self, memo: dict[Any, Any], key: Any, value: Any) -> None:
+        """Remember ``value`` under ``key`` while ``memo`` holds fewer kinds than the vocabulary admits series."""
+        if key in memo or len(memo) < self.vocabulary.max_series:
+            memo[key] = value
 
     def _labels(self, instrument: str, attributes: Mapping[str, Any]) -> Mapping[str, Any]:
         return self.vocabulary.labels(instrument, attributes)
 
-    def _usage(self, trace: ReachTrace, agent: str) -> None:
-        """Calls and tokens per tenant, agent and capability (:mod:`reach_plugins.telemetry.usage`)."""
-        who = {ATTR_TENANT: trace.tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: trace.capability}
-        self.usage_calls.add(1, self._labels(USAGE_CALLS, who))
-        reported, estimated = tokens_of(trace)
+    def _tokens(self, tenant: str | None, agent: str, capability: str, tokens: tuple[int, int]) -> None:
+        """Tokens (reported, estimated) per tenant, agent and capability (see ``telemetry.usage``)."""
+        reported, estimated = tokens
+        if not (reported or estimated):
+            return
+        who = {ATTR_TENANT: tenant or "", ATTR_AGENT: agent, ATTR_CAPABILITY: capability}
         if reported:
             self.usage_tokens.add(reported, self._labels(USAGE_TOKENS, {**who, ATTR_USAGE_SOURCE: "reported"}))
         if estimated:
@@ -400,6 +470,17 @@ class FanOut:
     def emit(self, trace: ReachTrace) -> None:
         for sink in self.sinks:
             emit_safely(sink, trace)
+
+
+def split_sink(sink: TraceSink | None) -> tuple[ReachMetrics | None, TraceSink | None]:
+    """The metrics a sink is or fans out to (they read the recorder: no trace is built for them), and the rest."""
+    if isinstance(sink, ReachMetrics):
+        return sink, None
+    if isinstance(sink, FanOut):
+        found = next((one for one in sink.sinks if isinstance(one, ReachMetrics)), None)
+        if found is not None:
+            return found, fan_out(*(one for one in sink.sinks if one is not found))
+    return None, sink
 
 
 def fan_out(*sinks: TraceSink | None) -> TraceSink | None:

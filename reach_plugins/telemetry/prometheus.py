@@ -12,7 +12,7 @@ and the rest, under Prometheus names (``reach.client.requests`` ->
 
 Counters are the hot path's most frequent measurement (five per request in
 a gateway) and an SDK ``Counter.add`` costs ~10 us; they are
-:class:`~reach_plugins.telemetry.metrics.RunningTotals` (a dict update, observed by the
+:class:`~reach_plugins.telemetry.instruments.RunningTotals` (a dict update, observed by the
 SDK when a scrape collects), so ``/metrics`` shows the same figures. The
 SDK's exemplars are off: the Prometheus text format has no place for them.
 
@@ -43,8 +43,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('a server\'s /metrics needs the server extra: pip install "reach-plugins[server]"') from exc
 
+from reach_plugins.telemetry.instruments import RunningTotals
 from reach_plugins.telemetry.labels import Vocabulary
-from reach_plugins.telemetry.metrics import ReachMetrics, RunningTotals
+from reach_plugins.telemetry.metrics import ReachMetrics
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -43,6 +43,12 @@ class TraceSink(Protocol):
     def emit(self, trace: ReachTrace) -> None: ...
 
 
+class RecorderReader(Protocol):
+    """Reads a finished request off its :class:`TraceRecorder`, so no trace is built for it (metrics)."""
+
+    def finished(self, rec: TraceRecorder, status: str, now: float) -> None: ...
+
+
 class JsonLinesSink:
     """Appends one JSON line per request to ``path`` (opened lazily, flushed per line).
 
@@ -201,10 +207,14 @@ def _fields(record: AttemptRecord) -> dict[str, Any]:
 
 
 class Routed(Protocol):
-    """A route as the trace reads it: its decision (built on first read), the agent and the instance it names."""
+    """A route as the trace reads it: its decision (built on first read), how a session was placed, the agent and
+    the instance it names."""
 
     @property
     def decision(self) -> RouteDecision: ...
+
+    @property
+    def affinity(self) -> str: ...
 
     @property
     def agent(self) -> AgentDescriptor: ...
@@ -264,6 +274,7 @@ class TraceRecorder:
         "dedup_hit",
         "events",
         "keep",
+        "reader",
         "request",
         "route",
         "sink",
@@ -280,6 +291,7 @@ class TraceRecorder:
         span: Span,
         *,
         sink: TraceSink | None = None,
+        reader: RecorderReader | None = None,
         keep: bool = False,
     ) -> None:
         self.request = request
@@ -288,7 +300,9 @@ class TraceRecorder:
         self.span = span
         self.sink = sink
         """Where the finished request's trace goes (None: nowhere)."""
-        self.keep = keep or sink is not None
+        self.reader = reader
+        """Who reads the finished request off this recorder (None: nobody)."""
+        self.keep = keep or sink is not None or reader is not None
         self.route: Routed | None = None
         """The latest route; its decision is read (and so built) only by :meth:`build`."""
         self.attempts: list[AttemptRecord] = []
@@ -325,6 +339,21 @@ class TraceRecorder:
             reason=change.reason,
             **{ATTR_BREAKER_FROM: change.before, ATTR_BREAKER_TO: change.after},
         )
+
+    @property
+    def read(self) -> bool:
+        """Whether the finished request goes anywhere (a sink or a reader)."""
+        return self.sink is not None or self.reader is not None
+
+    def finish(self, status: str, error: ErrorInfo | None, now: float, built: ReachTrace | None = None) -> None:
+        """Hand the finished request to its reader, and to its sink as a trace (``built``, else built now)."""
+        if self.reader is not None:
+            try:
+                self.reader.finished(self, status, now)
+            except Exception:
+                logger.exception("reader %r failed; request %s not counted", self.reader, self.request.request_id)
+        if self.sink is not None:
+            emit_safely(self.sink, built if built is not None else self.build(status, error, now))
 
     def build(self, status: str, error: ErrorInfo | None, now: float) -> ReachTrace:
         request = self.request

@@ -53,12 +53,18 @@ class UsageRow:
 
 def tokens_of(trace: ReachTrace) -> tuple[int, int]:
     """(reported, estimated) tokens of one request."""
-    if trace.usage:
-        total = trace.usage.get("total_tokens")
+    return tokens_in(trace.usage, trace.events)
+
+
+def tokens_in(usage: Mapping[str, int] | None, events: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
+    """(reported, estimated) tokens of a request that reported ``usage`` and had ``events`` (a trace's, or its
+    recorder's)."""
+    if usage:
+        total = usage.get("total_tokens")
         if total is None:
-            total = trace.usage.get("prompt_tokens", 0) + trace.usage.get("completion_tokens", 0)
+            total = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
         return total, 0
-    chars = sum(int(event.get("chars", 0)) for event in trace.events if event.get("event") == EVENT_STREAMED)
+    chars = sum(int(event.get("chars", 0)) for event in events if event.get("event") == EVENT_STREAMED)
     return 0, estimate_tokens(chars)
 
 
