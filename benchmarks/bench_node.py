@@ -3,8 +3,8 @@
 Two parts:
 
 * In-process, per call (best of several batches): the node's own work around
-  the forwarder (``NodeService.Call`` with a canned forwarder: metadata, token,
-  strict payload decoding, body rules, request build, reply message), the
+  the forwarder (``NodeService.Call`` behind the node's gate, message as bytes,
+  with a canned forwarder: metadata, token, strict payload decoding, body rules, request build, reply message), the
   forwarder itself with the agent transport replaced by an in-memory one (core
   + token/audit/hop wrappers), and the client side's codec
   (``GrpcNodeTransport``'s metadata, message and reply).
@@ -44,15 +44,18 @@ from reach_plugins import ReachClient
 from reach_plugins.config.loader import load_config
 from reach_plugins.model import AgentDescriptor, ReachRequest, ReachResponse
 from reach_plugins.node import NodeService, Tickets, WorkQueue
+from reach_plugins.node.gate import AuthFirst
+from reach_plugins.node.server import SERVICE
 from reach_plugins.registry import FileRegistry
 from reach_plugins.server.access import Access
 from reach_plugins.server.forwarder import Forwarder
 from reach_plugins.server.issuer_role import agent_transport, build_issuer
 from reach_plugins.stores.budget import DEFAULT_BUDGET
 from reach_plugins.transport import Call, Reply
+from reach_plugins.wire import protocodec as codec
 from reach_plugins.wire.headers import SOURCE
 from reach_plugins.wire.proto import reach_pb2 as pb
-from transports.grpcnode import GrpcNodeTransport, codec
+from transports.grpcnode import GrpcNodeTransport
 
 RESULTS = Path(__file__).parent / "results" / "node.json"
 METADATA = (
@@ -166,13 +169,15 @@ async def in_process(directory: Path) -> dict[str, float]:
     service = NodeService(canned, Access(tenants, ENV), queue=WorkQueue(), tickets=tickets, node_id="bench")
     message = pb.ReachCall(request_id="r", capability="echo", payload=b'{"order_id":"A1"}', deadline_ms=10_000)
     context = Context()
+    gate = AuthFirst(service.access, service.refuse, node_id="bench", service=SERVICE)
+    call, sent = gate.unary("Call", service.Call, pb.ReachCall, pb.CallReply).unary_unary, message.SerializeToString()
     request = ReachRequest(
         capability="echo", payload={"order_id": "A1"}, tenant="bench", timeout_ms=10_000, metadata={SOURCE: "127.0.0.1"}
     )
     await forwarder.start()
     try:
         figures = {
-            "node_service_call_canned_forwarder_us": await per_call(lambda: service.Call(message, context)),
+            "node_service_call_canned_forwarder_us": await per_call(lambda: call(sent, context)),
             "forwarder_run_canned_agents_us": await per_call(lambda: forwarder.run(request)),
         }
     finally:

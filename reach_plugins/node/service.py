@@ -1,10 +1,11 @@
 """The ``ReachNode`` gRPC service: ``Call``, ``Stream``, ``Submit`` and ``Result`` over one forwarder and one queue.
 
-Each request is authenticated from its metadata (``authorization``), its
-remaining budget is ``min(x-reach-deadline, gRPC deadline)``, and it runs
-under a server span continuing the caller's ``traceparent``. Refusals end the
-RPC with a gRPC status plus ``x-reach-error-type`` / ``x-reach-http-status``
-trailers; a full queue is answered with the ``Backpressure`` message instead.
+Each request arrives authenticated from its metadata (``authorization``, by
+the gate of :mod:`reach_plugins.node.gate`), its remaining budget is
+``min(x-reach-deadline, gRPC deadline)``, and it runs under a server span
+continuing the caller's ``traceparent``. Refusals end the RPC with a gRPC
+status plus ``x-reach-error-type`` / ``x-reach-http-status`` trailers; a full
+queue is answered with the ``Backpressure`` message instead.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from reach_plugins.errors import Backpressure, ConfigError, ReachError
 from reach_plugins.media import MAX_MEDIA_BYTES
 from reach_plugins.model import ErrorInfo, ReachRequest, ReachResponse
+from reach_plugins.node.gate import Caller
 from reach_plugins.node.queue import WorkQueue
 from reach_plugins.node.tickets import Tickets
 from reach_plugins.server.access import Access
 from reach_plugins.server.forwarder import Forwarder
-from reach_plugins.server.inbound import loads, single_headers
+from reach_plugins.server.inbound import loads
 from reach_plugins.telemetry.logs import bind_request_id
 from reach_plugins.telemetry.spans import (
     ATTR_CAPABILITY,
@@ -88,7 +90,8 @@ def _backpressure(exc: Backpressure) -> pb.Backpressure:
 
 
 class NodeService:
-    """The servicer registered with ``add_ReachNodeServicer_to_server`` (method names follow the proto)."""
+    """The node's RPCs (method names follow the proto), each served behind :class:`~reach_plugins.node.gate.AuthFirst`:
+    it takes the decoded message, the servicer context and the admitted :class:`~reach_plugins.node.gate.Caller`."""
 
     def __init__(
         self,
@@ -111,18 +114,17 @@ class NodeService:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, message: pb.ReachCall, context: Context) -> tuple[ReachRequest, dict[str, str]]:
+    def _admit(self, message: pb.ReachCall, context: Context, caller: Caller) -> tuple[ReachRequest, dict[str, str]]:
         """The request to run and its metadata (lowercase keys); a ReachError says why not.
 
         The node's gate (:mod:`reach_plugins.node.gate`) already refused loops
-        and unknown callers before the message was decoded; the payload is
-        decoded once (strictly), and the token is looked up again only when the
-        body names a tenant other than the token's.
+        and unknown callers before the message was decoded and named the
+        token's tenant; the payload is decoded once (strictly), and the token is
+        looked up again only when the body names a tenant other than the token's.
         """
-        metadata = single_headers(context.invocation_metadata() or ())
-        authorization = metadata.get(_AUTHORIZATION)
+        metadata = caller.metadata
         claimed = metadata.get(_TENANT)
-        tenant = self.access.authenticate(authorization, claimed)
+        tenant = caller.tenant
         remaining = context.time_remaining()
         if remaining is not None:
             budget = int(remaining * 1000)
@@ -132,7 +134,7 @@ class NodeService:
         payload = loads(message.payload, what="payload") if message.payload else None
         body = body_from_message(message, payload)
         if claimed is None and body.tenant and (self.access.open or body.tenant != tenant):
-            tenant = self.access.authenticate(authorization, body.tenant)
+            tenant = self.access.authenticate(metadata.get(_AUTHORIZATION), body.tenant)
         source = peer_address(context.peer())
         media = media_parts(message.media, limit=MAX_MEDIA_BYTES, capability=body.capability)
         request = to_request(body, lambda name: metadata.get(name.lower()), tenant=tenant, source=source, media=media)
@@ -173,9 +175,9 @@ class NodeService:
 
     # ------------------------------------------------------------------ RPCs
 
-    async def Call(self, message: pb.ReachCall, context: Context) -> pb.CallReply:
+    async def Call(self, message: pb.ReachCall, context: Context, caller: Caller) -> pb.CallReply:
         try:
-            request, metadata = self._admit(message, context)
+            request, metadata = self._admit(message, context, caller)
             span = self._span(metadata, request, "reach.node")
             with _NO_SPAN if span is None else trace.use_span(span, end_on_exit=True):
                 async with self.queue.slot(request.priority):
@@ -188,9 +190,9 @@ class NodeService:
             await self.refuse(context, exc)
         return pb.CallReply(result=result_message(response))
 
-    async def Stream(self, message: pb.ReachCall, context: Context) -> AsyncIterator[pb.StreamReply]:
+    async def Stream(self, message: pb.ReachCall, context: Context, caller: Caller) -> AsyncIterator[pb.StreamReply]:
         try:
-            request, metadata = self._admit(message, context)
+            request, metadata = self._admit(message, context, caller)
         except ReachError as exc:
             await self.refuse(context, exc)
         span = self._span(metadata, request, "reach.node.stream")
@@ -214,9 +216,9 @@ class NodeService:
             if span is not None:
                 span.end()
 
-    async def Submit(self, message: pb.SubmitRequest, context: Context) -> pb.SubmitReply:
+    async def Submit(self, message: pb.SubmitRequest, context: Context, caller: Caller) -> pb.SubmitReply:
         try:
-            request, _ = self._admit(message.call, context)
+            request, _ = self._admit(message.call, context, caller)
             callback = self.tickets.check(message.callback) if message.callback else None
         except ReachError as exc:
             await self.refuse(context, exc)
@@ -228,17 +230,13 @@ class NodeService:
         task.add_done_callback(self._background.discard)
         return pb.SubmitReply(ticket=pb.Ticket(ticket=ticket, node=self.node_id))
 
-    async def Result(self, message: pb.ResultRequest, context: Context) -> pb.ResultReply:
+    async def Result(self, message: pb.ResultRequest, context: Context, caller: Caller) -> pb.ResultReply:
         """A ticket's state, for the tenant that submitted it only (another's is as unknown as a made-up one).
 
         Once a callback was tried, trailers ``x-reach-callback`` (``delivered`` /
         ``failed``) and ``x-reach-callback-error`` say how the push went.
         """
-        try:
-            metadata = single_headers(context.invocation_metadata() or ())
-            tenant = self.access.authenticate(metadata.get(HEADER_AUTHORIZATION.lower()), metadata.get("x-tenant"))
-        except ReachError as exc:
-            await self.refuse(context, exc)
+        tenant = caller.tenant
         try:
             response = await self.tickets.wait(message.ticket, min(max(0, message.wait_ms), 60_000) / 1000.0, tenant)
             delivered, why = self.tickets.delivery(message.ticket, tenant)
