@@ -258,6 +258,7 @@ def config_file(directory: Path, agent_port: int) -> Path:
               - name: orders
                 endpoints: ["http://127.0.0.1:{agent_port}"]
                 capabilities: [echo]
+                pool: {{max_conns: 128}}  # 64 callers never pass the pool's line: a hop is timed, not its limiter
             tenants:
               bench:
                 token_env: BENCH_TOKEN

@@ -172,9 +172,6 @@ async def bench(args: argparse.Namespace, directory: Path) -> list[dict[str, Any
         agent = start([sys.executable, "-c", AGENT, str(agent_port)], agent_port)
         processes.append(agent)
         config = config_file(directory, agent_port)
-        config.write_text(
-            config.read_text().replace("capabilities: [echo]", "capabilities: [echo]\n    pool: {max_conns: 128}")
-        )  # c=64 starts within the node's pool (its adaptive limit may still shrink it: those calls are shed)
         cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
         node = start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port)
         processes.append(node)

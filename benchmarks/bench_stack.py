@@ -114,9 +114,6 @@ async def bench(args: argparse.Namespace, directory: Path, shed: list[int]) -> l
             f"http://127.0.0.1:{agent_port}/reach",
         )
         config = config_file(directory, upstream_port)
-        config.write_text(
-            config.read_text().replace("capabilities: [echo]", "capabilities: [echo]\n    pool: {max_conns: 128}")
-        )  # c=64 never queues past the pool
         gateway_port = free_port()
         cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
         gateway = start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)

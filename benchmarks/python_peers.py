@@ -119,6 +119,7 @@ def contextforge(python: Path, directory: Path, agent_port: int, port: int) -> P
         "OBSERVABILITY_ENABLED": "false",
         "LOG_LEVEL": "ERROR",
         "HEALTH_CHECK_INTERVAL": "3600",
+        "RATE_LIMITING_ENABLED": "false",  # its 100 tools/call a minute would refuse a benchmark, not time it
     }
     binary = python.parent / "mcpgateway"
     process = launch([str(binary), "--host", "127.0.0.1", "--port", str(port)], env, directory / "contextforge.log")
