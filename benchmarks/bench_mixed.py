@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from bench_hops import ENV, TOKEN, free_port, start, wait_port
+from bench_hops import ENV, REACH_CLI, TOKEN, free_port, start, stop, wait_port
 
 from reach_plugins import ReachClient
 from reach_plugins.transport import Transport
@@ -265,9 +265,10 @@ async def bench(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
             processes.append(start([*command, *group], ports[first]))
             for port in ports[first + 1 : first + PER_PROCESS]:
                 wait_port(port, processes[-1])
-        cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
-        processes.append(start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port))
-        processes.append(start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port))
+        processes.append(
+            start([*REACH_CLI, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
+        )
+        processes.append(start([*REACH_CLI, "node", "--config", str(config), "--port", str(node_port)], node_port))
         transports: dict[str, Callable[[], Transport]] = {
             "direct": DirectTransport,
             "gateway": lambda: GatewayTransport(gateway_url, token=TOKEN),
@@ -289,7 +290,7 @@ async def bench(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                     )
         gateways = {"gateway": gateway_url}
         if args.redis:
-            command = [*cli, "gateway", "--config", str(config), "--port", str(workers_port), "--workers", "2"]
+            command = [*REACH_CLI, "gateway", "--config", str(config), "--port", str(workers_port), "--workers", "2"]
             processes.append(start([*command, "--dedup-store", args.redis], workers_port))
             gateways["gateway_workers_2"] = f"http://127.0.0.1:{workers_port}"
         table: dict[str, list[dict[str, Any]]] = {}
@@ -301,10 +302,7 @@ async def bench(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 print(f"{name:>17} {row}", flush=True)
         return {"workload": workload, "capacity": table}
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(10)
+        stop(processes)
 
 
 def main() -> None:

@@ -48,7 +48,20 @@ from typing import Any
 import aiohttp
 import grpc
 import uvloop
-from bench_hops import AGENT, TOKEN, Call, Hop, config_file, free_port, http_path, medians, one_round, start
+from bench_hops import (
+    AGENT,
+    REACH_CLI,
+    TOKEN,
+    Call,
+    Hop,
+    config_file,
+    free_port,
+    http_path,
+    measure,
+    medians,
+    start,
+    stop,
+)
 from targets import print_verdict, verdict
 
 from reach_plugins.wire.proto import reach_pb2, reach_pb2_grpc
@@ -172,29 +185,18 @@ async def bench(args: argparse.Namespace, directory: Path) -> list[dict[str, Any
         agent = start([sys.executable, "-c", AGENT, str(agent_port)], agent_port)
         processes.append(agent)
         config = config_file(directory, agent_port)
-        cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
-        node = start([*cli, "node", "--config", str(config), "--port", str(node_port)], node_port)
+        node = start([*REACH_CLI, "node", "--config", str(config), "--port", str(node_port)], node_port)
         processes.append(node)
         channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{node_port}"))
         paths["reach_node"] = Hop(stub_path(channels[-1]), {"server": node.pid, "agent": agent.pid})
         agent_url = f"http://127.0.0.1:{agent_port}/reach"
         paths["agent_direct"] = Hop(http_path(session, agent_url), {"server": agent.pid})
-        for path in paths.values():  # warm-up: connections open, code paths hot
-            for _ in range(200):
-                await path.call()
-        rounds = []
-        for number in range(args.rounds):
-            print(f"round {number + 1} of {args.rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
-            rounds.append(await one_round(paths, args.requests))
-        return rounds
+        return await measure(paths, args.rounds, args.requests)
     finally:
         await session.close()
         for channel in channels:
             await channel.close()
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(10)
+        stop(processes)
 
 
 def figures(runs: dict[str, Any]) -> dict[str, float]:

@@ -35,7 +35,21 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from bench_hops import AGENT, BODY, TOKEN, Call, Hop, config_file, free_port, http_path, medians, one_round, start
+from bench_hops import (
+    AGENT,
+    BODY,
+    REACH_CLI,
+    TOKEN,
+    Call,
+    Hop,
+    config_file,
+    free_port,
+    http_path,
+    measure,
+    medians,
+    start,
+    stop,
+)
 from targets import print_verdict, verdict
 
 HERE = Path(__file__).parent
@@ -115,26 +129,15 @@ async def bench(args: argparse.Namespace, directory: Path, shed: list[int]) -> l
         )
         config = config_file(directory, upstream_port)
         gateway_port = free_port()
-        cli = [sys.executable, "-c", "from reach_plugins.cli import main; main()"]
-        gateway = start([*cli, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
+        gateway = start([*REACH_CLI, "gateway", "--config", str(config), "--port", str(gateway_port)], gateway_port)
         processes.append(gateway)
         paths["forward_gateway"] = Hop(
             shedding(session, f"http://127.0.0.1:{gateway_port}/v1/reach", shed), {"forward_gateway": gateway.pid}
         )
-        for path in paths.values():  # warm-up: connections open, code paths hot
-            for _ in range(200):
-                await path.call()
-        rounds = []
-        for number in range(args.rounds):
-            print(f"round {number + 1} of {args.rounds} (load average {os.getloadavg()[0]:.2f})", flush=True)
-            rounds.append(await one_round(paths, args.requests))
-        return rounds
+        return await measure(paths, args.rounds, args.requests)
     finally:
         await session.close()
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(10)
+        stop(processes)
 
 
 def figures(paths: dict[str, Any]) -> dict[str, float]:
